@@ -1,0 +1,38 @@
+"""``python -m asr_core COMMAND ...``: one entry point for every trainer-side command.
+
+Each command lives in the module named after what it does and exposes ``cli(argv) -> int``; this file only
+dispatches, so importing it stays cheap and a command's heavy imports happen only when it runs.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+COMMANDS: dict[str, tuple[str, str]] = {
+    "train": ("asr_core.train", "train a model from a config: train CONFIG.yaml [--set k=v ...] [--out DIR]"),
+    "params": ("asr_core.params", "parameter counts per module and in total: params CONFIG.yaml [--set k=v ...]"),
+    "evaluate": ("asr_core.evaluate", "moving-window WER of a checkpoint: evaluate CKPT --data NAME=FORMAT:PATH ..."),
+    "synth": ("asr_core.corpora.synth", "generate the synthetic long-form corpus: synth OUT --hours H --seed S"),
+    "trial": ("asr_core.trial", "one grid trial (train, then evaluate) inside an MLflow run; used by orchestrate"),
+    "bench": ("asr_core.bench", "benchmarks: bench train | bench decode"),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print("usage: python -m asr_core COMMAND [ARGS]\n\ncommands:")
+        for name, (_, text) in COMMANDS.items():
+            print(f"  {name:9s} {text}")
+        return 0 if argv else 2
+    name, rest = argv[0], argv[1:]
+    if name not in COMMANDS:
+        print(f"asr_core: unknown command {name!r}; valid: {', '.join(COMMANDS)}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(COMMANDS[name][0])
+    return int(module.cli(rest) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,386 @@
+"""Frozen, validated configuration for one training run (one trial of the study).
+
+A run is fully described by a :class:`Config`: the model, the data it is trained on, the optimiser and the
+evaluation that follows training. Configs load from YAML, take ``--set section.field=value`` overrides, and hash
+stably so the same settings always name the same trial.
+
+Defaults are the paper's main model (paper 000 §3, ``../shared/REFERENCE.md``): 6 layers, d=768, 6 heads, rotary
+θ=1.5M, 4095 BPE pieces + blank, Madgrad at 3e-3, one hour of audio per step, sequence-length warmup from 5 s.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A configuration key or value is invalid; the message names it and says what is valid."""
+
+
+POSITIONAL_ENCODINGS = ("rotary", "sinusoidal", "fourier", "none")
+ATTENTION_BACKENDS = ("auto", "sdpa", "flash")
+FEATURE_VARIANTS = ("paper", "code")
+SEQLEN_WARMUPS = ("paper", "code", "none")
+PRECISIONS = ("auto", "bf16", "fp32")
+DEVICES = ("auto", "cpu", "cuda")
+
+
+def _require(cond: bool, key: str, value: Any, valid: str) -> None:
+    if not cond:
+        raise ConfigError(f"invalid value for '{key}': {value!r}; valid: {valid}")
+
+
+def _choice(key: str, value: Any, options: tuple[str, ...]) -> None:
+    _require(value in options, key, value, "one of " + ", ".join(repr(o) for o in options))
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The FastConformer-CTC acoustic model (paper 000 §3.2)."""
+
+    d_model: int = 768  # hidden width of every Conformer layer
+    layers: int = 6
+    heads: int = 6  # d_model must split evenly; head dims below 32 hurt long context (paper 000 §4.3)
+    ff_expansion: int = 4  # macaron feed-forward hidden = ff_expansion * d_model
+    conv_kernel: int = 9  # depthwise kernel of the convolution module
+    subsampling_factor: int = 8  # FastConformer: three stride-2 depthwise-separable convolutions
+    subsampling_channels: int = 256
+    posenc: str = "rotary"  # one of POSITIONAL_ENCODINGS
+    rotary_theta: float = 1.5e6  # base period; 1.5M was the only setting gaining beyond 328 s
+    vocab_size: int = 4096  # outputs = BPE pieces + 1 CTC blank (blank is the last id)
+    self_conditioning: bool = True  # SC-CTC without intermediate losses
+    batch_renorm_eps: float = 1e-3
+    batch_renorm_momentum: float = 0.01
+    batch_renorm_warmup_steps: int = 25_000  # r_max ramps 1->3 and d_max 0->5 over this many steps
+    activation_checkpointing: bool = False
+    attention_backend: str = "auto"  # flash-attn varlen on CUDA when installed, else SDPA
+
+    def __post_init__(self) -> None:
+        for name in ("d_model", "layers", "heads", "ff_expansion", "conv_kernel", "subsampling_channels"):
+            v = getattr(self, name)
+            _require(isinstance(v, int) and v > 0, f"model.{name}", v, "a positive integer")
+        _require(self.d_model % self.heads == 0, "model.heads", self.heads,
+                 f"a divisor of model.d_model={self.d_model} (head dimension must be whole)")
+        _require((self.d_model // self.heads) % 2 == 0 or self.posenc != "rotary", "model.heads", self.heads,
+                 "a head split with an even head dimension (rotary encodings rotate pairs of channels)")
+        _require(self.conv_kernel % 2 == 1, "model.conv_kernel", self.conv_kernel, "an odd integer (same padding)")
+        _require(self.subsampling_factor in (2, 4, 8, 16), "model.subsampling_factor", self.subsampling_factor,
+                 "2, 4, 8 or 16")
+        _choice("model.posenc", self.posenc, POSITIONAL_ENCODINGS)
+        _require(self.rotary_theta > 0, "model.rotary_theta", self.rotary_theta, "a positive number")
+        _require(isinstance(self.vocab_size, int) and self.vocab_size >= 3, "model.vocab_size", self.vocab_size,
+                 "an integer >= 3 (pieces + blank)")
+        _require(0 < self.batch_renorm_momentum <= 1, "model.batch_renorm_momentum", self.batch_renorm_momentum,
+                 "a number in (0, 1]")
+        _require(self.batch_renorm_eps > 0, "model.batch_renorm_eps", self.batch_renorm_eps, "a positive number")
+        _require(self.batch_renorm_warmup_steps >= 0, "model.batch_renorm_warmup_steps",
+                 self.batch_renorm_warmup_steps, "a non-negative integer")
+        _choice("model.attention_backend", self.attention_backend, ATTENTION_BACKENDS)
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.heads
+
+
+@dataclass(frozen=True)
+class FeatureConfig:
+    """Log-mel features (paper 000 §3.1); ``variant='code'`` is the authors' release (n_fft 512, no log)."""
+
+    sample_rate: int = 16_000
+    n_mels: int = 80
+    win_length: int = 400
+    hop_length: int = 160  # 10 ms frames
+    variant: str = "paper"
+
+    def __post_init__(self) -> None:
+        for name in ("sample_rate", "n_mels", "win_length", "hop_length"):
+            v = getattr(self, name)
+            _require(isinstance(v, int) and v > 0, f"data.features.{name}", v, "a positive integer")
+        _choice("data.features.variant", self.variant, FEATURE_VARIANTS)
+
+    @property
+    def frames_per_second(self) -> float:
+        return self.sample_rate / self.hop_length
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Training data and how it is cut into windows and batches (paper 000 §2.3, §3.3)."""
+
+    train: str = ""  # corpus spec "FORMAT:PATH" (podcast, manifest, ...) read by asr_core.corpora
+    tokenizer: str = ""  # path of a SentencePiece model; empty = train one from the training transcripts
+    context_s: float = 10.24  # window length the model trains and is evaluated at (1024 frames)
+    batch_audio_s: float = 3600.0  # audio per optimiser step, whatever the context (batch = this / context)
+    seqlen_warmup: str = "paper"  # paper: s0 + s0*2^floor(r/n); code: s0*2^floor(r/n); none: start at context_s
+    seqlen_warmup_start_s: float = 5.0
+    seqlen_warmup_every: int = 5000  # recordings between doublings
+    max_recordings: int = 0  # 0 = one pass over the whole corpus
+    num_workers: int = 0
+    features: FeatureConfig = field(default_factory=FeatureConfig)
+
+    def __post_init__(self) -> None:
+        _require(self.context_s > 0, "data.context_s", self.context_s, "a positive number of seconds")
+        _require(self.batch_audio_s >= self.context_s, "data.batch_audio_s", self.batch_audio_s,
+                 f"at least data.context_s={self.context_s} (one window per step)")
+        _choice("data.seqlen_warmup", self.seqlen_warmup, SEQLEN_WARMUPS)
+        _require(self.seqlen_warmup_start_s > 0, "data.seqlen_warmup_start_s", self.seqlen_warmup_start_s,
+                 "a positive number of seconds")
+        _require(self.seqlen_warmup_every > 0, "data.seqlen_warmup_every", self.seqlen_warmup_every,
+                 "a positive integer")
+        _require(self.max_recordings >= 0, "data.max_recordings", self.max_recordings, "0 (all) or a positive integer")
+        _require(self.num_workers >= 0, "data.num_workers", self.num_workers, "a non-negative integer")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Optimisation (paper 000 §3.3): Madgrad, linear warmup then cosine to 0, clipping at 0.8."""
+
+    seed: int = 0  # sets both the initial weights and the data order
+    lr: float = 3e-3
+    warmup_steps: int = 5000
+    max_steps: int = 0  # 0 = one epoch, as in the paper; the cosine decays to 0 at the last step
+    epochs: int = 1
+    momentum: float = 0.9
+    weight_decay: float = 0.0
+    eps: float = 1e-6
+    grad_clip: float = 0.8
+    precision: str = "auto"  # auto: bf16 autocast on CUDA, fp32 on CPU
+    device: str = "auto"
+    checkpoint_every: int = 500  # optimiser steps between checkpoints (also on SIGUSR2/SIGTERM)
+    log_every: int = 1
+
+    def __post_init__(self) -> None:
+        _require(isinstance(self.seed, int) and self.seed >= 0, "train.seed", self.seed, "a non-negative integer")
+        _require(self.lr > 0, "train.lr", self.lr, "a positive number")
+        for name in ("warmup_steps", "max_steps"):
+            v = getattr(self, name)
+            _require(isinstance(v, int) and v >= 0, f"train.{name}", v, "a non-negative integer")
+        _require(self.epochs >= 1, "train.epochs", self.epochs, "a positive integer")
+        _require(0 <= self.momentum < 1, "train.momentum", self.momentum, "a number in [0, 1)")
+        _require(self.weight_decay >= 0, "train.weight_decay", self.weight_decay, "a non-negative number")
+        _require(self.eps > 0, "train.eps", self.eps, "a positive number")
+        _require(self.grad_clip > 0, "train.grad_clip", self.grad_clip, "a positive number")
+        _choice("train.precision", self.precision, PRECISIONS)
+        _choice("train.device", self.device, DEVICES)
+        _require(self.checkpoint_every >= 1, "train.checkpoint_every", self.checkpoint_every, "a positive integer")
+        _require(self.log_every >= 1, "train.log_every", self.log_every, "a positive integer")
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """What is evaluated after training (paper 000 §2.2, §4): moving-window greedy CTC, clean and with music."""
+
+    datasets: tuple[str, ...] = ()  # "NAME=FORMAT:PATH" specs read by asr_core.corpora
+    snrs: tuple[float, ...] = ()  # music SNRs in dB; clean audio is always evaluated too
+    stride: float = 0.125  # window stride as a fraction of the context length
+    batch_windows: int = 8  # windows decoded together
+    noise: str = "synthetic"  # "synthetic" (music made by asr_core.noise) or a path to an audio file
+
+    def __post_init__(self) -> None:
+        _require(0 < self.stride <= 1, "eval.stride", self.stride, "a fraction in (0, 1] of the window")
+        _require(self.batch_windows >= 1, "eval.batch_windows", self.batch_windows, "a positive integer")
+        for spec in self.datasets:
+            _require(isinstance(spec, str) and "=" in spec and ":" in spec.split("=", 1)[1], "eval.datasets", spec,
+                     "strings of the form NAME=FORMAT:PATH, e.g. 'dev=podcast:data/dev'")
+
+
+@dataclass(frozen=True)
+class Config:
+    """Everything one training run needs. ``Config()`` is the paper's main model."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+
+    # ---- (de)serialisation -------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """Nested plain-Python dict (tuples become lists), suitable for YAML/JSON and checkpoints."""
+        return json.loads(json.dumps(dataclasses.asdict(self)))
+
+    def flat(self) -> dict[str, Any]:
+        """``{"model.layers": 6, "data.features.n_mels": 80, ...}``: the form logged as MLflow params."""
+        out: dict[str, Any] = {}
+
+        def walk(prefix: str, d: Mapping[str, Any]) -> None:
+            for k, v in d.items():
+                if isinstance(v, dict):
+                    walk(f"{prefix}{k}.", v)
+                else:
+                    out[f"{prefix}{k}"] = v
+
+        walk("", self.to_dict())
+        return out
+
+    def hash(self) -> str:
+        """Stable 12-hex-digit digest of every field (key order and YAML spelling do not matter)."""
+        blob = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any] | None, *, source: str = "config") -> "Config":
+        """Build from a nested dict; unknown keys and bad types raise :class:`ConfigError` naming them."""
+        return _build(cls, dict(d or {}), "", source)
+
+    @classmethod
+    def from_yaml(cls, path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> "Config":
+        """Load ``path`` (optionally starting from ``preset: NAME``) and apply ``section.field=value`` overrides."""
+        path = Path(path)
+        try:
+            raw = yaml.safe_load(path.read_text()) or {}
+        except FileNotFoundError:
+            raise ConfigError(f"config file not found: {path}") from None
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{path}: not valid YAML: {e}") from None
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{path}: the top level must be a mapping of sections (model, data, train, eval)")
+        return resolve(raw, overrides, source=str(path))
+
+    def with_overrides(self, overrides: list[str] | tuple[str, ...]) -> "Config":
+        return resolve(self.to_dict(), overrides)
+
+
+# ---- presets: the paper's model families (REFERENCE.md "The study") ------------------------------------------
+PRESETS: dict[str, dict[str, Any]] = {
+    "main": {"model": {"layers": 6, "d_model": 768, "heads": 6}, "train": {"lr": 3e-3}},
+    "3L-768": {"model": {"layers": 3, "d_model": 768, "heads": 6}, "train": {"lr": 3e-3}},
+    "6L-256-8H": {"model": {"layers": 6, "d_model": 256, "heads": 8}, "train": {"lr": 3e-3}},
+    "12L-256-8H": {"model": {"layers": 12, "d_model": 256, "heads": 8}, "train": {"lr": 3e-3}},
+    "9L-768": {"model": {"layers": 9, "d_model": 768, "heads": 6}, "train": {"lr": 2e-3}},
+    "12L-768": {"model": {"layers": 12, "d_model": 768, "heads": 6}, "train": {"lr": 2e-3}},
+    "3L-2048-16H": {"model": {"layers": 3, "d_model": 2048, "heads": 16}, "train": {"lr": 2e-3}},
+    "18L-1024": {"model": {"layers": 18, "d_model": 1024, "heads": 8}, "train": {"lr": 1e-3}},
+    **{f"9L-768-{h}H": {"model": {"layers": 9, "d_model": 768, "heads": h}, "train": {"lr": 2e-3}}
+       for h in (3, 6, 12, 24)},
+    # a CPU-sized model for tests and the demo study
+    "tiny": {"model": {"layers": 2, "d_model": 96, "heads": 4, "subsampling_channels": 64, "vocab_size": 128,
+                       "batch_renorm_warmup_steps": 100},
+             "train": {"lr": 3e-3, "warmup_steps": 50, "checkpoint_every": 50}},
+}
+
+
+def preset(name: str) -> Config:
+    """The named family's config (see :data:`PRESETS`)."""
+    return resolve({"preset": name})
+
+
+def resolve(raw: Mapping[str, Any], overrides: list[str] | tuple[str, ...] = (), *, source: str = "config") -> Config:
+    """Merge ``preset`` (if named) < ``raw`` < ``overrides`` and validate."""
+    raw = dict(raw)
+    base: dict[str, Any] = {}
+    name = raw.pop("preset", None)
+    if name is not None:
+        if name not in PRESETS:
+            raise ConfigError(f"{source}: unknown preset {name!r}; valid: {', '.join(sorted(PRESETS))}")
+        base = _deepcopy(PRESETS[name])
+    merged = _merge(base, raw)
+    for item in overrides:
+        key, value = parse_override(item)
+        _set_path(merged, key, value)
+    return Config.from_dict(merged, source=source)
+
+
+def parse_override(item: str) -> tuple[str, Any]:
+    """``"model.layers=9"`` -> ``("model.layers", 9)``; the value is parsed as YAML (numbers, lists, bools)."""
+    if "=" not in item:
+        raise ConfigError(f"override {item!r} must look like section.field=value, e.g. model.layers=9")
+    key, text = item.split("=", 1)
+    key = key.strip()
+    if not key or key.startswith(".") or key.endswith("."):
+        raise ConfigError(f"override {item!r}: the key must be a dotted path such as train.lr")
+    try:
+        value = yaml.safe_load(text) if text.strip() else ""
+    except yaml.YAMLError:
+        value = text
+    return key, value
+
+
+def _set_path(d: dict[str, Any], dotted: str, value: Any) -> None:
+    parts = dotted.split(".")
+    cur = d
+    for p in parts[:-1]:
+        nxt = cur.setdefault(p, {})
+        if not isinstance(nxt, dict):
+            raise ConfigError(f"override {dotted!r}: {p!r} is a value, not a section")
+        cur = nxt
+    cur[parts[-1]] = value
+
+
+def _merge(a: dict[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
+    out = _deepcopy(a)
+    for k, v in b.items():
+        if isinstance(v, Mapping) and isinstance(out.get(k), dict):
+            out[k] = _merge(out[k], v)
+        else:
+            out[k] = _deepcopy(v)
+    return out
+
+
+def _deepcopy(x: Any) -> Any:
+    if isinstance(x, Mapping):
+        return {k: _deepcopy(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_deepcopy(v) for v in x]
+    return x
+
+
+def _build(cls: type, d: dict[str, Any], prefix: str, source: str) -> Any:
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(d) - set(fields))
+    if unknown:
+        where = prefix.rstrip(".") or "top level"
+        raise ConfigError(f"{source}: unknown key '{prefix}{unknown[0]}' in {where}; valid keys: "
+                          + ", ".join(f"{prefix}{k}" for k in fields))
+    kwargs: dict[str, Any] = {}
+    for name, value in d.items():
+        kwargs[name] = _coerce(hints[name], value, f"{prefix}{name}", source)
+    try:
+        return cls(**kwargs)
+    except ConfigError as e:
+        raise ConfigError(f"{source}: {e}") from None
+
+
+def _coerce(tp: Any, value: Any, key: str, source: str) -> Any:
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{source}: '{key}' must be a mapping of its fields, got {value!r}")
+        return _build(tp, dict(value), key + ".", source)
+    origin = typing.get_origin(tp)
+    if origin is tuple:
+        (inner, *_rest) = typing.get_args(tp)
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            value = [value]
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{source}: invalid value for '{key}': {value!r}; valid: a list")
+        return tuple(_coerce(inner, v, key, source) for v in value)
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{source}: invalid value for '{key}': {value!r}; valid: true or false")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            if isinstance(value, float) and value.is_integer():
+                return int(value)
+            raise ConfigError(f"{source}: invalid value for '{key}': {value!r}; valid: an integer")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{source}: invalid value for '{key}': {value!r}; valid: a number")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{source}: invalid value for '{key}': {value!r}; valid: a string")
+        return value
+    if isinstance(tp, types.UnionType):  # pragma: no cover - no union fields today
+        return value
+    return value
