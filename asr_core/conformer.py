@@ -1,0 +1,78 @@
+"""One Conformer layer (Gulati et al., 2020) as used in paper 000 §3.2.
+
+Pre-LayerNorm residual blocks in macaron order: half-step feed-forward, self-attention, convolution module,
+half-step feed-forward, final LayerNorm. The convolution module is pointwise d -> 2d, GLU, depthwise (kernel 9),
+batch renormalisation, SiLU, pointwise d -> d. No dropout (the paper trains one epoch without regularisation).
+
+Every block's output is zeroed on padded frames and the depthwise convolution's input is masked first, so a padded
+batch never mixes padding into valid frames.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .attention import SelfAttention
+from .batchrenorm import MaskedBatchRenorm
+from .config import ModelConfig
+from .posenc import PositionalEncoding
+
+
+class FeedForward(nn.Module):
+    """LN, d -> e*d, SiLU, e*d -> d. (B, T, d) -> (B, T, d)."""
+
+    def __init__(self, d_model: int, expansion: int) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(d_model)
+        self.up = nn.Linear(d_model, expansion * d_model)
+        self.act = nn.SiLU()
+        self.down = nn.Linear(expansion * d_model, d_model)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(self.act(self.up(self.norm(x))))
+
+
+class ConvModule(nn.Module):
+    """(B, T, d) with mask (B, T) -> (B, T, d)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        d = cfg.d_model
+        self.norm = nn.LayerNorm(d)
+        self.pointwise_in = nn.Linear(d, 2 * d)
+        self.glu = nn.GLU(dim=-1)
+        self.depthwise = nn.Conv1d(d, d, cfg.conv_kernel, padding=cfg.conv_kernel // 2, groups=d,
+                                   bias=False)  # batch renorm follows: a bias would cancel
+        self.norm_bn = MaskedBatchRenorm(d, cfg.batch_renorm_eps, cfg.batch_renorm_momentum,
+                                         cfg.batch_renorm_warmup_steps)
+        self.act = nn.SiLU()
+        self.pointwise_out = nn.Linear(d, d)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        fmask = mask[:, :, None].to(x.dtype)
+        h = self.glu(self.pointwise_in(self.norm(x))) * fmask  # mask before the depthwise convolution
+        h = self.depthwise(h.transpose(1, 2)).transpose(1, 2)
+        h = self.act(self.norm_bn(h, mask))
+        return self.pointwise_out(h) * fmask
+
+
+class ConformerLayer(nn.Module):
+    """(B, T, d), mask (B, T), lengths (B,) -> (B, T, d), zero on padded frames."""
+
+    def __init__(self, cfg: ModelConfig, posenc: PositionalEncoding) -> None:
+        super().__init__()
+        self.ff1 = FeedForward(cfg.d_model, cfg.ff_expansion)
+        self.attn_norm = nn.LayerNorm(cfg.d_model)
+        self.attn = SelfAttention(cfg.d_model, cfg.heads, posenc, cfg.attention_backend)
+        self.conv = ConvModule(cfg)
+        self.ff2 = FeedForward(cfg.d_model, cfg.ff_expansion)
+        self.out_norm = nn.LayerNorm(cfg.d_model)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        fmask = mask[:, :, None].to(x.dtype)
+        x = x + 0.5 * self.ff1(x) * fmask
+        x = x + self.attn(self.attn_norm(x), mask, lengths)
+        x = x + self.conv(x, mask)
+        x = x + 0.5 * self.ff2(x) * fmask
+        return self.out_norm(x) * fmask
