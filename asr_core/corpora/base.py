@@ -41,3 +41,70 @@ class Recording:
     @property
     def timed(self) -> bool:
         return bool(self.words) and all(w.start is not None and w.end is not None for w in self.words)
+
+
+class Problems:
+    """Collects bad files while a reader runs: fatal at once when ``strict``, else reported on stderr and kept.
+
+    Readers call :meth:`bad` for every file they cannot use, so that no recording is ever dropped silently; the
+    caller sees the list in :attr:`items` (``(file, reason)`` pairs) and a one-line summary on stderr.
+    """
+
+    def __init__(self, spec: str, *, strict: bool = False) -> None:
+        self.spec = spec
+        self.strict = strict
+        self.items: list[tuple[str, str]] = []
+
+    def bad(self, path: str | Path, reason: str) -> None:
+        if self.strict:
+            raise CorpusError(f"{path}: {reason}")
+        import sys
+
+        self.items.append((str(path), reason))
+        print(f"corpus {self.spec}: skipping {path}: {reason}", file=sys.stderr)
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+
+AUDIO_EXTENSIONS = (".wav", ".flac", ".ogg", ".sph", ".mp3", ".opus")
+
+
+def find_audio(stem: Path, extensions: tuple[str, ...] = AUDIO_EXTENSIONS) -> Path | None:
+    """The first existing ``stem`` + extension (``stem`` without suffix), or None."""
+    for ext in extensions:
+        p = stem.with_name(stem.name + ext)
+        if p.is_file():
+            return p
+    return None
+
+
+def probe_duration(audio: Path, problems: Problems, owner: str | Path) -> float | None:
+    """Duration of ``audio`` from its header; a missing or unreadable file is reported against ``owner``."""
+    from asr_core.audio import audio_duration
+
+    if not audio.is_file():
+        problems.bad(owner, f"audio file {audio} not found")
+        return None
+    try:
+        duration = audio_duration(audio)
+    except Exception as e:  # libsndfile raises several types for corrupt headers
+        problems.bad(owner, f"audio file {audio} is unreadable: {e}")
+        return None
+    if duration <= 0:
+        problems.bad(owner, f"audio file {audio} is empty")
+        return None
+    return duration
+
+
+def check_words(words: list[Word], duration: float, owner: str | Path, problems: Problems) -> bool:
+    """Word times must be ordered pairs inside the recording (a little slack for rounding); else report."""
+    slack = 0.5
+    for w in words:
+        if w.start is None or w.end is None:
+            continue
+        if w.end < w.start or w.start < 0 or w.end > duration + slack:
+            problems.bad(owner, f"word {w.text!r} has times {w.start}-{w.end} outside the recording "
+                                f"(0-{duration:.2f} s)")
+            return False
+    return True

@@ -1,0 +1,95 @@
+"""Corpus readers: ``load_corpus("FORMAT:PATH")`` turns a corpus on disk into a list of :class:`Recording`.
+
+Formats (see ../shared/REFERENCE.md, "Data formats"):
+
+- ``podcast``    Spotify podcast transcripts (Google speech-API JSON, word times), audio beside each JSON; also the
+                 layout written by ``python -m asr_core synth``.
+- ``tedlium``    TED-LIUM ``stm/`` + ``sph/`` (segments joined into talks, ignored segments kept as regions to zero).
+- ``earnings22`` Earnings-22 ``.nlp`` token files with the audio beside them (or in ``media/``).
+- ``rev16``      Rev16 ``.nlp`` files; only the 16 evaluation file numbers.
+- ``manifest``   a JSON-lines file, one recording per line.
+
+A file that is missing, corrupt or truncated is named in a :class:`CorpusError` (``strict=True``) or reported on
+stderr and skipped (the default); a reader never drops a recording without saying so.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from asr_core.corpora.base import CorpusError, Problems, Recording, Word
+
+__all__ = ["CorpusError", "CorpusReport", "FORMATS", "Recording", "Word", "load_corpus", "read_corpus",
+           "parse_dataset_spec"]
+
+# format name -> module holding ``read(path: Path, problems: Problems) -> list[Recording]``
+FORMATS: dict[str, str] = {
+    "podcast": "asr_core.corpora.podcast",
+    "tedlium": "asr_core.corpora.tedlium",
+    "earnings22": "asr_core.corpora.earnings22",
+    "rev16": "asr_core.corpora.rev16",
+    "manifest": "asr_core.corpora.manifest",
+}
+
+
+@dataclass
+class CorpusReport:
+    """What a reader produced: the recordings, and every file it could not use with the reason."""
+
+    spec: str
+    recordings: list[Recording]
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+
+
+def split_spec(spec: str) -> tuple[str, Path]:
+    """``"podcast:data/dev"`` -> ``("podcast", Path("data/dev"))``; a bad spec raises :class:`CorpusError`."""
+    fmt, sep, path = spec.partition(":")
+    if not sep or not path:
+        raise CorpusError(f"corpus spec {spec!r} must look like FORMAT:PATH, e.g. 'podcast:data/dev'; "
+                          f"formats: {', '.join(FORMATS)}")
+    if fmt not in FORMATS:
+        raise CorpusError(f"corpus spec {spec!r}: unknown format {fmt!r}; valid: {', '.join(FORMATS)}")
+    return fmt, Path(path)
+
+
+def parse_dataset_spec(spec: str) -> tuple[str, str]:
+    """``"dev=podcast:data/dev"`` -> ``("dev", "podcast:data/dev")`` (the name is used in metric keys)."""
+    name, sep, corpus = spec.partition("=")
+    if not sep or not name or not corpus:
+        raise CorpusError(f"dataset spec {spec!r} must look like NAME=FORMAT:PATH, e.g. 'dev=podcast:data/dev'")
+    if any(c in name for c in "/ :"):
+        raise CorpusError(f"dataset spec {spec!r}: the name {name!r} may not contain '/', ':' or spaces "
+                          "(it becomes part of metric keys and file names)")
+    split_spec(corpus)
+    return name, corpus
+
+
+def read_corpus(spec: str, *, strict: bool = False) -> CorpusReport:
+    """Read a corpus and say what was skipped. Raises :class:`CorpusError` if the path itself does not exist,
+    if nothing at all could be read, or (``strict``) at the first bad file."""
+    fmt, path = split_spec(spec)
+    if not path.exists():
+        raise CorpusError(f"corpus spec {spec!r}: {path} does not exist")
+    problems = Problems(spec, strict=strict)
+    module = importlib.import_module(FORMATS[fmt])
+    recordings = module.read(path, problems)
+    ids = [r.id for r in recordings]
+    if len(set(ids)) != len(ids):
+        dup = sorted({i for i in ids if ids.count(i) > 1})
+        raise CorpusError(f"corpus {spec!r}: recording ids are not unique: {', '.join(dup[:5])}")
+    if problems.items:
+        print(f"corpus {spec}: read {len(recordings)} recordings, skipped {len(problems.items)} bad files",
+              file=sys.stderr)
+    if not recordings:
+        detail = f" ({len(problems.items)} bad files, first: {problems.items[0][0]}: {problems.items[0][1]})" \
+            if problems.items else ""
+        raise CorpusError(f"corpus {spec!r}: no recordings found under {path}{detail}")
+    return CorpusReport(spec, recordings, list(problems.items))
+
+
+def load_corpus(spec: str, *, strict: bool = False) -> list[Recording]:
+    """The recordings of ``spec = "FORMAT:PATH"``, sorted by id (see :func:`read_corpus` for errors)."""
+    return read_corpus(spec, strict=strict).recordings
