@@ -1,0 +1,202 @@
+"""The sweep's folder: ``<sweep_root>/<sweep>/`` holds everything a backend and a later ``resume`` need.
+
+::
+
+    sweep.json            name, grid, backend, profile, tracking URI (the manifest)
+    trials.json           every trial of the sweep (key, label, sub-grids, seed, config)
+    trials/<key>/         one folder per trial: config.json, checkpoint.pt, logs, DONE
+    submissions/<id>.json one file per submission: backend, trial keys in array-task order, job id once known
+    lock                  held (flock) while a process submits, resumes or runs the sweep locally
+
+Submissions are written *before* the scheduler is called, and the scheduler's job name carries the sweep and the
+submission id, so a submitting process that dies between ``sbatch`` and recording the job id is recovered by
+``resume`` (it finds the job by name and maps array tasks to keys with this file).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import sys
+import time
+import uuid
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+from orchestrate.trial import Trial
+
+
+class SweepError(RuntimeError):
+    """The sweep folder is missing, busy or inconsistent; the message says what to do."""
+
+
+@dataclass(frozen=True)
+class Manifest:
+    name: str
+    grid: str
+    backend: str
+    profile: str
+    tracking_uri: str
+    overrides: tuple[str, ...] = ()
+    created: float = 0.0
+    workdir: str = ""  # where `submit` ran: trials run there, so relative data paths mean the same thing
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def trial_command(trial_dir: Path, tracking_uri: str, run_id: str, python: str | None = None) -> list[str]:
+    """The command every backend runs for a trial (the contract with asr_core.trial)."""
+    return [python or sys.executable, "-m", "asr_core", "trial", "--config", str(trial_dir / "config.json"),
+            "--out", str(trial_dir), "--tracking-uri", tracking_uri, "--run-id", run_id]
+
+
+class SweepDir:
+    """A sweep's folder on disk (shared with the compute nodes on a cluster)."""
+
+    def __init__(self, root: str | Path, name: str) -> None:
+        _check_name(name)
+        self.name = name
+        self.path = (Path(root) / name).resolve()
+
+    # ---- manifest and trials ----------------------------------------------------------------------------------------
+    @property
+    def manifest_path(self) -> Path:
+        return self.path / "sweep.json"
+
+    def exists(self) -> bool:
+        return self.manifest_path.exists()
+
+    def read_manifest(self) -> Manifest:
+        try:
+            d = json.loads(self.manifest_path.read_text())
+        except FileNotFoundError:
+            raise SweepError(f"no sweep {self.name!r} under {self.path.parent} (no {self.manifest_path}); "
+                             "submit it first, or pass --sweep-root") from None
+        d["overrides"] = tuple(d.get("overrides", ()))
+        return Manifest(**d)
+
+    def write_manifest(self, m: Manifest) -> None:
+        self.path.mkdir(parents=True, exist_ok=True)
+        _atomic_write(self.manifest_path, json.dumps(asdict(m), indent=1))
+
+    def read_trials(self) -> list[Trial]:
+        p = self.path / "trials.json"
+        if not p.exists():
+            return []
+        return [Trial.from_dict(d) for d in json.loads(p.read_text())]
+
+    def write_trials(self, trials: list[Trial]) -> None:
+        self.path.mkdir(parents=True, exist_ok=True)
+        _atomic_write(self.path / "trials.json", json.dumps([t.to_dict() for t in trials]))
+
+    def trial_dir(self, key: str) -> Path:
+        return self.path / "trials" / key
+
+    def prepare_trial(self, trial: Trial) -> Path:
+        """The trial's folder with its config.json (the trainer reads it; rewritten only if missing)."""
+        d = self.trial_dir(trial.key)
+        d.mkdir(parents=True, exist_ok=True)
+        cfg = d / "config.json"
+        if not cfg.exists():
+            _atomic_write(cfg, json.dumps(trial.config.to_dict(), indent=1))
+        return d
+
+    # ---- submissions ------------------------------------------------------------------------------------------------
+    @property
+    def submissions_dir(self) -> Path:
+        return self.path / "submissions"
+
+    def new_submission(self, backend: str, keys: list[str], run_ids: dict[str, str]) -> "Submission":
+        sub_id = time.strftime("%Y%m%d%H%M%S") + "-" + uuid.uuid4().hex[:6]
+        s = Submission(self, sub_id, {"id": sub_id, "backend": backend, "keys": keys,
+                                      "run_ids": [run_ids[k] for k in keys], "job_id": None,
+                                      "created": time.time()})
+        s.save()
+        return s
+
+    def submissions(self) -> list["Submission"]:
+        if not self.submissions_dir.exists():
+            return []
+        out = []
+        for p in sorted(self.submissions_dir.glob("*.json")):
+            out.append(Submission(self, p.stem, json.loads(p.read_text())))
+        return out
+
+    def submission(self, sub_id: str) -> "Submission":
+        p = self.submissions_dir / f"{sub_id}.json"
+        return Submission(self, sub_id, json.loads(p.read_text()))
+
+    # ---- exclusive access -------------------------------------------------------------------------------------------
+    @contextmanager
+    def lock(self, what: str) -> Iterator[None]:
+        """One submitter at a time: two concurrent ``submit``/``resume`` calls could otherwise both create a run
+        for the same key. A local sweep holds it while its trials run."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path / "lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.pread(fd, 200, 0).decode(errors="replace").strip()
+                raise SweepError(f"sweep {self.name!r} is busy ({holder or 'another process'}); wait for it, or "
+                                 "stop that process first") from None
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{what} by pid {os.getpid()}".encode(), 0)
+            yield
+        finally:
+            os.close(fd)
+
+
+class Submission:
+    """One call to a scheduler: the keys it carries (array index i runs keys[i]) and the job id once known."""
+
+    def __init__(self, sweep: SweepDir, sub_id: str, data: dict[str, Any]) -> None:
+        self.sweep = sweep
+        self.id = sub_id
+        self.data = data
+
+    @property
+    def path(self) -> Path:
+        return self.sweep.submissions_dir / f"{self.id}.json"
+
+    @property
+    def keys(self) -> list[str]:
+        return list(self.data["keys"])
+
+    @property
+    def job_id(self) -> str | None:
+        return self.data.get("job_id")
+
+    def job_name(self) -> str:
+        """Scheduler job name: finds this submission again after a crash (``orch.<sweep>.<id>``)."""
+        return f"orch.{self.sweep.name}.{self.id}"
+
+    def save(self) -> None:
+        self.sweep.submissions_dir.mkdir(parents=True, exist_ok=True)
+        _atomic_write(self.path, json.dumps(self.data, indent=1))
+
+    def record_job(self, job_id: str) -> None:
+        self.data["job_id"] = job_id
+        self.save()
+
+
+def parse_job_name(name: str) -> tuple[str, str] | None:
+    """``orch.<sweep>.<id>`` -> (sweep, id)."""
+    if not name.startswith("orch."):
+        return None
+    sweep, _, sub_id = name[len("orch."):].rpartition(".")
+    return (sweep, sub_id) if sweep and sub_id else None
+
+
+def _check_name(name: str) -> None:
+    ok = name and all(c.isalnum() or c in "-_" for c in name) and not name.startswith("-")
+    if not ok:
+        raise SweepError(f"invalid sweep name {name!r}; valid: letters, digits, '-' and '_' (it names a folder, an "
+                         "MLflow experiment and SLURM jobs)")

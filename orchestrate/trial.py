@@ -1,0 +1,62 @@
+"""A trial: one model of a sweep, i.e. a resolved :class:`~asr_core.config.Config` with its seed.
+
+The key is ``Config.hash()`` of the config with ``train.seed`` set, so the same settings reached from two sub-grids
+(or written differently in YAML) are one trial, and a key never changes meaning between ``submit`` and ``resume``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from asr_core.config import Config
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One unit of work: ``config`` (seed included as ``train.seed``) plus bookkeeping for the ledger."""
+
+    key: str  # Config.hash() of ``config``: 12 hex digits
+    label: str  # human-readable run name, e.g. ctx82s-rope1.5M-6L768d6h-s2 (unique within a sweep)
+    subgrids: tuple[str, ...]  # every sub-grid that produced this trial, in file order
+    seed: int
+    config: Config
+
+    @classmethod
+    def make(cls, config: Config, seed: int, subgrid: str) -> "Trial":
+        cfg = dataclasses.replace(config, train=dataclasses.replace(config.train, seed=seed))
+        return cls(key=cfg.hash(), label=trial_label(cfg), subgrids=(subgrid,), seed=seed, config=cfg)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form used by ``plan --json``, ``tasks.json`` and the sweep manifest."""
+        return {"key": self.key, "label": self.label, "subgrids": list(self.subgrids), "seed": self.seed,
+                "config": self.config.to_dict()}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Trial":
+        return cls(key=d["key"], label=d["label"], subgrids=tuple(d["subgrids"]), seed=int(d["seed"]),
+                   config=Config.from_dict(d["config"], source=f"trial {d['key']}"))
+
+
+def _si(x: float) -> str:
+    """1.5e6 -> '1.5M', 1e4 -> '10k', 1e7 -> '10M', 500 -> '500'."""
+    for div, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(x) >= div:
+            return f"{x / div:g}{suffix}"
+    return f"{x:g}"
+
+
+_POSENC_SHORT = {"sinusoidal": "sin", "fourier": "fourier", "none": "nopos"}
+
+
+def trial_label(cfg: Config) -> str:
+    """``ctx{seconds}s-{posenc}-{L}L{d}d{h}h-s{seed}``, the name a person reads in the MLflow UI.
+
+    Context is rounded to whole seconds (81.92 -> 82) as the paper writes it; rotary encodings carry their theta.
+    """
+    m = cfg.model
+    ctx = cfg.data.context_s
+    ctx_txt = f"{ctx:.0f}" if ctx >= 1 else f"{ctx:g}"
+    pe = f"rope{_si(m.rotary_theta)}" if m.posenc == "rotary" else _POSENC_SHORT[m.posenc]
+    return f"ctx{ctx_txt}s-{pe}-{m.layers}L{m.d_model}d{m.heads}h-s{cfg.train.seed}"
