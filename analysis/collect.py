@@ -1,0 +1,457 @@
+"""Read a sweep from MLflow into tidy pandas DataFrames (docs/ARCHITECTURE.md, "MLflow ledger schema").
+
+One experiment per sweep; one child run per trial (tag ``sweep.role=trial``) whose params are the flattened
+config; metrics ``wer/<DATASET>`` and ``wer/<DATASET>/snr<DB>`` in percent; artifact ``eval/<DATASET>.csv`` with
+one row per recording and condition. Nothing is dropped silently: every run that is unfinished, lacks a metric,
+lacks its per-recording table, or whose table disagrees with its metric is listed in :attr:`Sweep.problems`.
+
+Identity of what is compared:
+
+* a **configuration** is a trial's config without its seed (``config_id``: a digest of the params minus
+  ``train.seed``); its display name ``config`` is the trial label without its ``-s<seed>`` suffix;
+* a **series** is the configurations that differ only in ``data.context_s`` (``series_id``); WERR is measured
+  within a series against its model at the baseline context;
+* a **family** is a sub-grid (tag ``trial.subgrids``, comma-separated); a configuration may sit in several.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+import math
+import os
+import re
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import pandas as pd
+
+log = logging.getLogger(__name__)
+
+SEED_PARAM = "train.seed"
+CONTEXT_PARAM = "data.context_s"
+EVAL_CSV_COLUMNS = ("dataset", "condition", "snr_db", "recording", "ref_words", "substitutions", "deletions",
+                    "insertions", "hyp_words", "wer")
+COUNT_COLUMNS = ("ref_words", "substitutions", "deletions", "insertions", "hyp_words")
+METRIC_RE = re.compile(r"^wer/(?P<dataset>.+?)(?:/snr(?P<snr>[-+]?[0-9.]+(?:e[-+]?[0-9]+)?))?$")
+CLEAN = "clean"
+FINISHED = "FINISHED"
+NO_FAMILY = "(none)"
+# a metric and the corpus WER recomputed from its table may differ by rounding only
+METRIC_TOLERANCE_PTS = 0.05
+
+TRIAL_COLUMNS = ["run_id", "label", "config", "config_id", "series", "series_id", "families", "seed", "status",
+                 "context_s", "layers", "d_model", "heads", "posenc", "rotary_theta", "error"]
+
+
+class CollectError(RuntimeError):
+    """The sweep cannot be read at all (no such experiment, no trial runs); the message says what exists."""
+
+
+def condition_name(snr_db: float | None) -> str:
+    """``None``/NaN -> ``"clean"``; -7.5 -> ``"snr-7.5"``; 10.0 -> ``"snr10"`` (the ``:g`` spelling of the metrics)."""
+    if snr_db is None or (isinstance(snr_db, float) and math.isnan(snr_db)):
+        return CLEAN
+    return f"snr{float(snr_db):g}"
+
+
+def parse_metric_key(key: str) -> tuple[str, str, float] | None:
+    """``"wer/test/snr-5"`` -> ``("test", "snr-5", -5.0)``; ``"wer/dev"`` -> ``("dev", "clean", nan)``; else None."""
+    m = METRIC_RE.match(key)
+    if not m:
+        return None
+    snr = m.group("snr")
+    if snr is None:
+        return m.group("dataset"), CLEAN, math.nan
+    value = float(snr)
+    return m.group("dataset"), condition_name(value), value
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """What one MLflow run holds that the analysis needs; ``tables`` maps dataset -> its eval CSV text."""
+
+    run_id: str
+    status: str
+    tags: Mapping[str, str]
+    params: Mapping[str, str]
+    metrics: Mapping[str, float]
+    tables: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """A sweep as DataFrames.
+
+    * ``trials``: one row per trial run, whatever its status (:data:`TRIAL_COLUMNS`);
+    * ``wer``: one row per finished run, dataset and condition: the run's corpus WER metric (``wer``, percent),
+      the WER recomputed from its table (``wer_table``) and its recording count;
+    * ``recordings``: the tidy frame, one row per finished run, dataset, condition and recording, with the trial
+      columns, the counts of ``eval/<DATASET>.csv`` and ``errors`` = S + D + I;
+    * ``problems``: ``run_id, label, status, problem`` for everything left out or suspicious;
+    * ``params``: the runs' params (strings), one row per run, for describing how series differ.
+    """
+
+    experiment: str
+    trials: pd.DataFrame
+    wer: pd.DataFrame
+    recordings: pd.DataFrame
+    problems: pd.DataFrame
+    params: pd.DataFrame
+
+    @property
+    def families(self) -> list[str]:
+        names = sorted({f for fams in self.trials["families"] for f in fams.split(",") if f})
+        return names
+
+    @property
+    def datasets(self) -> list[str]:
+        return sorted(self.wer["dataset"].unique()) if len(self.wer) else []
+
+
+# ---- identity ------------------------------------------------------------------------------------------------
+
+def _digest(items: Mapping[str, str]) -> str:
+    blob = json.dumps(sorted(items.items()), separators=(",", ":"))
+    return hashlib.sha1(blob.encode()).hexdigest()[:10]
+
+
+def _number(value: str | None, kind: type = float) -> Any:
+    if value is None or value == "":
+        return math.nan if kind is float else None
+    try:
+        x = float(value)
+    except ValueError:
+        return math.nan if kind is float else None
+    return int(x) if kind is int and x.is_integer() else x
+
+
+def _seed(tags: Mapping[str, str], params: Mapping[str, str]) -> int | None:
+    for value in (tags.get("trial.seed"), params.get(SEED_PARAM)):
+        v = _number(value, int)
+        if isinstance(v, int):
+            return v
+    return None
+
+
+def _config_label(label: str, seed: int | None) -> str:
+    if seed is not None and label.endswith(f"-s{seed}"):
+        return label[: -len(f"-s{seed}")]
+    return re.sub(r"-s\d+$", "", label)
+
+
+# ---- building the frames -------------------------------------------------------------------------------------
+
+def build_sweep(experiment: str, records: Iterable[RunRecord], *, ignore_params: Iterable[str] = ()) -> Sweep:
+    """Turn run records into a :class:`Sweep` (pure; :func:`collect` fetches the records from MLflow).
+
+    ``ignore_params``: params that may differ between the seeds of one configuration (e.g. a per-trial output
+    path) and must not split it.
+    """
+    ignored = {SEED_PARAM, *ignore_params}
+    problems: list[dict[str, Any]] = []
+    trial_rows: list[dict[str, Any]] = []
+    kept: list[RunRecord] = []
+    for rec in records:
+        role = rec.tags.get("sweep.role")
+        if role == "parent":
+            continue
+        label = rec.tags.get("trial.label") or rec.tags.get("mlflow.runName") or rec.run_id[:8]
+        if role != "trial":
+            problems.append(_problem(rec, label, f"not a trial run (tag sweep.role={role!r}); ignored"))
+            continue
+        seed = _seed(rec.tags, rec.params)
+        config_params = {k: v for k, v in rec.params.items() if k not in ignored}
+        series_params = {k: v for k, v in config_params.items() if k != CONTEXT_PARAM}
+        if not config_params:
+            # no params logged yet: the label (minus seed) is the best identity available
+            config_id = "label:" + _config_label(label, seed)
+        else:
+            config_id = _digest(config_params)
+        families = ",".join(sorted(f.strip() for f in rec.tags.get("trial.subgrids", "").split(",") if f.strip()))
+        context = _number(rec.params.get(CONTEXT_PARAM))
+        trial_rows.append({
+            "run_id": rec.run_id, "label": label, "config": _config_label(label, seed), "config_id": config_id,
+            "series": "", "series_id": _digest(series_params) if series_params else config_id,
+            "families": families or NO_FAMILY, "seed": seed, "status": rec.status, "context_s": context,
+            "layers": _number(rec.params.get("model.layers"), int),
+            "d_model": _number(rec.params.get("model.d_model"), int),
+            "heads": _number(rec.params.get("model.heads"), int),
+            "posenc": rec.params.get("model.posenc", ""),
+            "rotary_theta": _number(rec.params.get("model.rotary_theta")),
+            "error": rec.tags.get("trial.error", ""),
+        })
+        if rec.status != FINISHED:
+            detail = f": {rec.tags['trial.error']}" if rec.tags.get("trial.error") else ""
+            problems.append(_problem(rec, label, f"run is {rec.status}{detail}; left out of every table"))
+            continue
+        if seed is None:
+            problems.append(_problem(rec, label, "no seed (tag trial.seed / param train.seed); left out"))
+            continue
+        if math.isnan(context):
+            problems.append(_problem(rec, label, f"no param {CONTEXT_PARAM}; left out"))
+            continue
+        kept.append(rec)
+
+    trials = pd.DataFrame(trial_rows, columns=TRIAL_COLUMNS)
+    if len(trials) == 0:
+        raise CollectError(f"experiment {experiment!r} has no trial runs (tag sweep.role=trial)")
+    trials = _name_configs(trials)
+    params = pd.DataFrame([{"run_id": r.run_id, **r.params} for r in records
+                           if r.tags.get("sweep.role") == "trial"]).set_index("run_id")
+    trials = _name_series(trials, params)
+    by_run = trials.set_index("run_id")
+
+    expected = _expected_conditions(kept)
+    wer_rows: list[dict[str, Any]] = []
+    rec_frames: list[pd.DataFrame] = []
+    for rec in kept:
+        info = by_run.loc[rec.run_id].to_dict()
+        label = info["label"]
+        have: dict[tuple[str, str], tuple[float, float]] = {}
+        for key, value in rec.metrics.items():
+            parsed = parse_metric_key(key)
+            if parsed:
+                have[(parsed[0], parsed[1])] = (float(value), parsed[2])
+        if not have:
+            problems.append(_problem(rec, label, "FINISHED but has no wer/ metrics; left out"))
+            continue
+        for ds, cond in sorted(expected[rec.run_id] - set(have)):
+            key = f"wer/{ds}" + ("" if cond == CLEAN else f"/{cond}")
+            problems.append(_problem(rec, label, f"lacks metric {key} that runs with the same eval settings have"))
+        tables: dict[str, pd.DataFrame] = {}
+        for ds in sorted({d for d, _ in have}):
+            if ds not in rec.tables:
+                problems.append(_problem(rec, label, f"no artifact eval/{ds}.csv: no per-recording counts, so "
+                                                     f"{ds} is left out of the significance tests for this run"))
+                continue
+            table, why = _read_table(rec.tables[ds], ds)
+            if why:
+                problems.append(_problem(rec, label, f"eval/{ds}.csv {why}; left out of the significance tests"))
+                continue
+            tables[ds] = table
+        for (ds, cond), (value, snr) in sorted(have.items()):
+            row = {"run_id": rec.run_id, "dataset": ds, "condition": cond, "snr_db": snr, "wer": value,
+                   "wer_table": math.nan, "n_recordings": 0}
+            table = tables.get(ds)
+            if table is not None:
+                part = table[table["condition"] == cond]
+                if len(part) == 0:
+                    problems.append(_problem(rec, label, f"eval/{ds}.csv has no rows for condition {cond}; left "
+                                                         f"out of the significance tests for {ds}/{cond}"))
+                else:
+                    dup = part["recording"][part["recording"].duplicated()].tolist()
+                    if dup:
+                        problems.append(_problem(rec, label, f"eval/{ds}.csv lists recordings {dup[:5]} twice "
+                                                             f"under {cond}; left out of the significance tests"))
+                    else:
+                        words = float(part["ref_words"].sum())
+                        recomputed = 100.0 * float(part["errors"].sum()) / words if words > 0 else math.nan
+                        row["wer_table"], row["n_recordings"] = recomputed, len(part)
+                        if not abs(recomputed - value) <= METRIC_TOLERANCE_PTS:
+                            problems.append(_problem(
+                                rec, label, f"metric wer/{ds}{'' if cond == CLEAN else '/' + cond} = {value:.3f} "
+                                            f"but eval/{ds}.csv gives {recomputed:.3f}; the table is used for tests"))
+                        rec_frames.append(part.assign(run_id=rec.run_id, snr_db=snr))
+            wer_rows.append(row)
+
+    info_cols = [c for c in TRIAL_COLUMNS if c not in ("status", "error")]
+    wer = pd.DataFrame(wer_rows, columns=["run_id", "dataset", "condition", "snr_db", "wer", "wer_table",
+                                          "n_recordings"])
+    wer = trials[info_cols].merge(wer, on="run_id", how="inner")
+    if rec_frames:
+        recs = pd.concat(rec_frames, ignore_index=True)
+        recs = trials[info_cols].merge(recs, on="run_id", how="inner")
+    else:
+        recs = pd.DataFrame(columns=info_cols + list(EVAL_CSV_COLUMNS) + ["errors"])
+    prob = pd.DataFrame(problems, columns=["run_id", "label", "status", "problem"])
+    prob = prob.sort_values(["label", "problem"], kind="stable").reset_index(drop=True)
+    return Sweep(experiment, trials, wer, recs, prob, params)
+
+
+def _problem(rec: RunRecord, label: str, text: str) -> dict[str, Any]:
+    return {"run_id": rec.run_id, "label": label, "status": rec.status, "problem": text}
+
+
+def _read_table(text: str, dataset: str) -> tuple[pd.DataFrame, str]:
+    """Parse one eval CSV; returns (table, "") or (empty, why it is unusable)."""
+    try:
+        df = pd.read_csv(io.StringIO(text), dtype={"recording": str, "condition": str, "dataset": str})
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
+        return pd.DataFrame(), f"cannot be parsed ({type(e).__name__}: {e})"
+    missing = [c for c in EVAL_CSV_COLUMNS if c not in df.columns]
+    if missing:
+        return pd.DataFrame(), f"lacks columns {missing} (has {list(df.columns)})"
+    df = df[list(EVAL_CSV_COLUMNS)].copy()
+    for c in COUNT_COLUMNS + ("wer",):
+        df[c] = pd.to_numeric(df[c], errors="coerce")
+    bad = df[df[list(COUNT_COLUMNS)].isna().any(axis=1)]
+    if len(bad):
+        return pd.DataFrame(), f"has non-numeric counts for recordings {bad['recording'].tolist()[:5]}"
+    other = sorted(set(df["dataset"]) - {dataset})
+    if other:
+        return pd.DataFrame(), f"holds rows of other datasets {other}"
+    # canonical condition names, so that 'snr10.0' in a table matches the metric key 'snr10'
+    snr = pd.to_numeric(df["snr_db"], errors="coerce")
+    df["condition"] = [CLEAN if str(c) == CLEAN else condition_name(s if not math.isnan(s) else _snr_of(str(c)))
+                       for c, s in zip(df["condition"], snr)]
+    df["errors"] = df["substitutions"] + df["deletions"] + df["insertions"]
+    return df.drop(columns=["snr_db"]), ""
+
+
+def _snr_of(condition: str) -> float:
+    m = re.fullmatch(r"snr([-+]?[0-9.]+(?:e[-+]?[0-9]+)?)", condition)
+    return float(m.group(1)) if m else math.nan
+
+
+def _expected_conditions(kept: list[RunRecord]) -> dict[str, set[tuple[str, str]]]:
+    """Per run: the (dataset, condition) pairs that finished runs with the same ``eval.*`` params report."""
+    groups: dict[str, set[tuple[str, str]]] = {}
+    key_of: dict[str, str] = {}
+    for rec in kept:
+        key = _digest({k: v for k, v in rec.params.items() if k.startswith("eval.")})
+        key_of[rec.run_id] = key
+        pairs = {(p[0], p[1]) for p in map(parse_metric_key, rec.metrics) if p}
+        groups.setdefault(key, set()).update(pairs)
+    return {rid: groups[key] for rid, key in key_of.items()}
+
+
+def _name_configs(trials: pd.DataFrame) -> pd.DataFrame:
+    """One ``config`` name per ``config_id``; configurations whose labels coincide get their digest appended."""
+    trials = trials.copy()
+    first = trials.groupby("config_id")["config"].first()
+    clash = first.duplicated(keep=False)
+    names = {cid: f"{name}#{cid[:6]}" if clash[cid] else name for cid, name in first.items()}
+    trials["config"] = trials["config_id"].map(names)
+    return trials
+
+
+def _name_series(trials: pd.DataFrame, params: pd.DataFrame) -> pd.DataFrame:
+    """Name each series by the params in which the series of the sweep differ (positional encoding, size, ...)."""
+    trials = trials.copy()
+    reps = trials.drop_duplicates("series_id").set_index("series_id")["run_id"]
+    if len(reps) <= 1 or params.empty:
+        trials["series"] = "all" if len(reps) <= 1 else trials["series_id"]
+        return trials
+    cols = [c for c in params.columns if c not in (SEED_PARAM, CONTEXT_PARAM)]
+    table = params.reindex(reps.values)[cols].fillna("")
+    differing = [c for c in cols if table[c].nunique() > 1]
+    names = {}
+    for sid, rid in reps.items():
+        p = params.loc[rid] if rid in params.index else pd.Series(dtype=str)
+        names[sid] = describe_params({c: str(p.get(c, "")) for c in differing}) or sid
+    trials["series"] = trials["series_id"].map(names)
+    return trials
+
+
+def _short_number(text: str) -> str:
+    try:
+        x = float(text)
+    except ValueError:
+        return text
+    for unit, scale in (("M", 1e6), ("k", 1e3)):
+        if abs(x) >= scale:
+            return f"{x / scale:g}{unit}"
+    return f"{x:g}"
+
+
+def describe_params(diff: Mapping[str, str]) -> str:
+    """A short human name for a set of differing params, e.g. ``"rotary θ=1.5M, 9L-768d-6H"``."""
+    parts: list[str] = []
+    rest = dict(diff)
+    if "model.posenc" in rest or "model.rotary_theta" in rest:
+        enc = rest.pop("model.posenc", None)
+        theta = rest.pop("model.rotary_theta", None)
+        if enc in (None, "rotary"):
+            parts.append(f"{enc or 'rotary'} θ={_short_number(theta)}" if theta else (enc or "rotary"))
+        else:
+            parts.append(enc)
+    arch = [k for k in ("model.layers", "model.d_model", "model.heads") if k in rest]
+    if arch:
+        vals = {k: rest.pop(k) for k in arch}
+        bits = []
+        if "model.layers" in vals:
+            bits.append(f"{vals['model.layers']}L")
+        if "model.d_model" in vals:
+            bits.append(f"{vals['model.d_model']}d")
+        if "model.heads" in vals:
+            bits.append(f"{vals['model.heads']}H")
+        parts.append("-".join(bits))
+    parts.extend(f"{k.split('.')[-1]}={_short_number(v)}" for k, v in sorted(rest.items()))
+    return ", ".join(parts)
+
+
+# ---- MLflow ----------------------------------------------------------------------------------------------------
+
+def fetch_records(experiment: str, tracking_uri: str | None = None, *, progress: bool = True) -> list[RunRecord]:
+    """Every run of the experiment named ``experiment`` with its eval CSVs (downloaded to a temporary folder)."""
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    uri = tracking_uri or mlflow.get_tracking_uri()
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        names = sorted(e.name for e in client.search_experiments())
+        raise CollectError(f"no MLflow experiment named {experiment!r} at {uri}; experiments there: "
+                           + (", ".join(repr(n) for n in names) or "none"))
+    runs, token = [], None
+    while True:
+        page = client.search_runs([exp.experiment_id], max_results=1000, page_token=token)
+        runs.extend(page)
+        token = page.token
+        if not token:
+            break
+    log.info("experiment %r: %d runs at %s", experiment, len(runs), uri)
+    bar = _progress(runs, progress, "reading runs")
+    # one progress bar for the runs, not one per downloaded folder
+    quiet = os.environ.get("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR")
+    os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = "false"
+    try:
+        return _read_runs(client, uri, bar)
+    finally:
+        if quiet is None:
+            os.environ.pop("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", None)
+        else:
+            os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = quiet
+
+
+def _read_runs(client: Any, uri: str, runs: Iterable[Any]) -> list[RunRecord]:
+    import mlflow
+
+    records = []
+    with tempfile.TemporaryDirectory(prefix="analysis-") as tmp:
+        for run in runs:
+            tags, rid = dict(run.data.tags), run.info.run_id
+            tables: dict[str, str] = {}
+            if tags.get("sweep.role") == "trial" and run.info.status == FINISHED:
+                names = [f.path for f in client.list_artifacts(rid, "eval") if f.path.endswith(".csv")]
+                if names:
+                    local = Path(mlflow.artifacts.download_artifacts(run_id=rid, artifact_path="eval",
+                                                                     dst_path=str(Path(tmp) / rid),
+                                                                     tracking_uri=uri))
+                    for name in names:
+                        path = local / Path(name).name
+                        tables[Path(name).stem] = path.read_text(encoding="utf-8", errors="replace")
+            records.append(RunRecord(rid, run.info.status, tags, dict(run.data.params), dict(run.data.metrics),
+                                     tables))
+    return records
+
+
+def _progress(items: list[Any], enabled: bool, desc: str) -> Iterable[Any]:
+    if not enabled or len(items) < 2:
+        return items
+    from tqdm import tqdm
+
+    return tqdm(items, desc=desc, unit="run", leave=False)
+
+
+def collect(experiment: str, tracking_uri: str | None = None, *, ignore_params: Iterable[str] = (),
+            progress: bool = True) -> Sweep:
+    """Read sweep ``experiment`` from MLflow at ``tracking_uri`` (default: MLflow's own) into a :class:`Sweep`."""
+    records = fetch_records(experiment, tracking_uri, progress=progress)
+    return build_sweep(experiment, records, ignore_params=ignore_params)

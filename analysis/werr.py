@@ -1,0 +1,329 @@
+"""WER, WERR against the baseline context and the significance of every comparison with it, from a :class:`Sweep`.
+
+WERR is the paper's figure: ``100 * (WER_base - WER) / WER_base`` with both WERs the mean over seeds of the corpus
+WER, where the base is the same series (the same configuration apart from the context length) at the baseline
+context, 10.24 s unless told otherwise; the nearest context within 1% counts as the baseline. The spread shown for
+WERR is that of each seed's WER against the baseline mean. Noise robustness is the same WERR computed within each
+SNR condition (the noisy 10 s model is the base for the noisy longer-context models at that SNR).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+from dataclasses import dataclass
+from typing import Iterable
+
+import numpy as np
+import pandas as pd
+
+from . import stats
+from .collect import CLEAN, Sweep
+
+DEFAULT_BASELINE_CONTEXT_S = 10.24
+CONTEXT_REL_TOL = 0.01  # contexts within 1% are the same length (10 s vs 10.24 s is not; 10.24 vs 10.3 is)
+
+
+class SelectionError(ValueError):
+    """A configuration named on the command line matches none or several; the message lists the candidates."""
+
+
+def same_context(a: float, b: float, rel_tol: float = CONTEXT_REL_TOL) -> bool:
+    return abs(a - b) <= rel_tol * max(abs(a), abs(b))
+
+
+def find_baseline(contexts: Iterable[float], baseline_context: float) -> float | None:
+    """The context among ``contexts`` nearest to ``baseline_context`` if it is within 1%, else None."""
+    cs = [c for c in contexts if not math.isnan(c)]
+    if not cs:
+        return None
+    best = min(cs, key=lambda c: abs(c - baseline_context))
+    return best if same_context(best, baseline_context) else None
+
+
+def in_family(frame: pd.DataFrame, family: str) -> pd.DataFrame:
+    """Rows of ``frame`` (which has a comma-joined ``families`` column) that belong to sub-grid ``family``."""
+    return frame[frame["families"].map(lambda s: family in s.split(","))]
+
+
+# ---- WER and WERR tables -------------------------------------------------------------------------------------
+
+def wer_table(sweep: Sweep) -> pd.DataFrame:
+    """Per configuration, dataset and condition: mean, sd, min and max over seeds of the corpus WER (percent)."""
+    keys = ["config", "config_id", "series", "series_id", "families", "context_s", "layers", "d_model", "heads",
+            "posenc", "rotary_theta", "dataset", "condition", "snr_db"]
+    if sweep.wer.empty:
+        return pd.DataFrame(columns=keys + ["n_seeds", "seeds", "wer_mean", "wer_sd", "wer_min", "wer_max"])
+    g = sweep.wer.groupby(keys, dropna=False, sort=False)
+    out = g["wer"].agg(wer_mean="mean", wer_sd=lambda x: x.std(ddof=1) if len(x) > 1 else math.nan,
+                       wer_min="min", wer_max="max").reset_index()
+    out["n_seeds"] = g["seed"].count().values
+    out["seeds"] = g["seed"].agg(lambda s: ",".join(str(int(v)) for v in sorted(s))).values
+    return out.sort_values(["series", "dataset", "snr_db", "context_s"], na_position="first").reset_index(drop=True)
+
+
+def werr_from_means(means: pd.DataFrame, baseline_context: float, by: list[str]) -> pd.DataFrame:
+    """Add ``baseline_context_s``, ``baseline_wer`` and ``werr`` to a table of mean WERs.
+
+    ``means`` has the columns ``by`` (what a baseline is looked up within, e.g. series, dataset and condition),
+    ``context_s`` and ``wer_mean``. Groups without a context within 1% of ``baseline_context`` are dropped.
+    """
+    parts = []
+    for _, grp in means.groupby(by, dropna=False, sort=False):
+        base_ctx = find_baseline(grp["context_s"].tolist(), baseline_context)
+        if base_ctx is None:
+            continue
+        base_row = grp.loc[grp["context_s"] == base_ctx].iloc[0]
+        base_wer = float(base_row["wer_mean"])
+        extra = {"baseline_config": base_row["config"]} if "config" in grp else {}
+        parts.append(grp.assign(baseline_context_s=base_ctx, baseline_wer=base_wer, **extra,
+                                werr=[stats.werr(base_wer, w) for w in grp["wer_mean"]]))
+    if not parts:
+        return means.iloc[0:0].assign(baseline_context_s=[], baseline_wer=[], werr=[])
+    return pd.concat(parts, ignore_index=True)
+
+
+def family_rows(table: pd.DataFrame, families: Iterable[str]) -> pd.DataFrame:
+    """``table`` repeated once per family each row belongs to, with a ``family`` column."""
+    parts = [in_family(table, f).assign(family=f) for f in families]
+    parts = [p for p in parts if len(p)]
+    if not parts:
+        return table.iloc[0:0].assign(family=[])
+    out = pd.concat(parts, ignore_index=True)
+    return out[["family"] + [c for c in out.columns if c != "family"]]
+
+
+def werr_table(sweep: Sweep, baseline_context: float = DEFAULT_BASELINE_CONTEXT_S) -> pd.DataFrame:
+    """Per family, series, configuration, dataset and condition: WER over seeds and WERR against the baseline.
+
+    ``werr_sd``/``werr_min``/``werr_max`` are the spread of the per-seed WERRs (each seed's WER against the
+    baseline's mean WER).
+    """
+    wt = family_rows(wer_table(sweep), sweep.families)
+    by = ["family", "series_id", "dataset", "condition"]
+    out = werr_from_means(wt, baseline_context, by)
+    if out.empty:
+        return out
+    per_seed = sweep.wer[["config_id", "dataset", "condition", "wer"]]
+    merged = out[by + ["config_id", "baseline_wer"]].merge(per_seed, on=["config_id", "dataset", "condition"])
+    merged["werr_seed"] = 100.0 * (merged["baseline_wer"] - merged["wer"]) / merged["baseline_wer"]
+    spread = merged.groupby(by + ["config_id"], dropna=False)["werr_seed"].agg(
+        werr_sd=lambda x: x.std(ddof=1) if len(x) > 1 else math.nan, werr_min="min", werr_max="max").reset_index()
+    out = out.merge(spread, on=by + ["config_id"], how="left")
+    return out.sort_values(["family", "series", "dataset", "snr_db", "context_s"],
+                           na_position="first").reset_index(drop=True)
+
+
+def baseline_notes(sweep: Sweep, baseline_context: float = DEFAULT_BASELINE_CONTEXT_S) -> list[str]:
+    """One sentence per family and series that has no model at the baseline context (so no WERR)."""
+    notes = []
+    done = sweep.trials[sweep.trials["run_id"].isin(sweep.wer["run_id"])]
+    for fam in sweep.families:
+        members = in_family(done, fam)
+        for series, grp in members.groupby("series", sort=True):
+            if find_baseline(grp["context_s"].tolist(), baseline_context) is None:
+                have = ", ".join(format_seconds(c) for c in sorted(grp["context_s"].unique()))
+                notes.append(f"family {fam}, series {series}: no finished model at the baseline context "
+                             f"{format_seconds(baseline_context)} (contexts: {have}); no WERR for it")
+    return notes
+
+
+def snr_table(werr: pd.DataFrame) -> pd.DataFrame:
+    """The noise-robustness rows of :func:`werr_table` (datasets with SNR conditions, clean included)."""
+    noisy = werr[werr["condition"] != CLEAN][["family", "series_id", "dataset"]].drop_duplicates()
+    out = werr.merge(noisy, on=["family", "series_id", "dataset"])
+    cols = ["family", "series", "dataset", "condition", "snr_db", "context_s", "config", "n_seeds", "wer_mean",
+            "baseline_wer", "werr", "werr_min", "werr_max"]
+    return out[cols].sort_values(["family", "series", "dataset", "context_s", "snr_db"],
+                                 na_position="first").reset_index(drop=True)
+
+
+# ---- pairing and significance --------------------------------------------------------------------------------
+
+def seed_table(sweep: Sweep, config_id: str, dataset: str, condition: str) -> dict[int, dict[str, tuple[float, float]]]:
+    """``seed -> recording -> (errors, ref_words)`` of one configuration on one dataset and condition."""
+    rec = sweep.recordings
+    part = rec[(rec["config_id"] == config_id) & (rec["dataset"] == dataset) & (rec["condition"] == condition)]
+    out: dict[int, dict[str, tuple[float, float]]] = {}
+    for seed, grp in part.groupby("seed"):
+        out[int(seed)] = {str(r): (float(e), float(n))
+                          for r, e, n in zip(grp["recording"], grp["errors"], grp["ref_words"])}
+    return out
+
+
+def expected_seeds(sweep: Sweep, config_id: str) -> list[int]:
+    seeds = sweep.trials.loc[sweep.trials["config_id"] == config_id, "seed"].dropna()
+    return sorted(int(s) for s in seeds)
+
+
+def compare_configs(sweep: Sweep, config_a: str, config_b: str, dataset: str, condition: str = CLEAN, *,
+                    bootstrap_resamples: int = stats.BOOTSTRAP_RESAMPLES, level: float = 0.95) -> stats.Comparison:
+    """Every test of configuration B (``config_id``) against A on one dataset and condition.
+
+    Raises :class:`stats.PairingError` naming what is missing when they cannot be paired recording by recording.
+    """
+    names = sweep.trials.drop_duplicates("config_id").set_index("config_id")["config"]
+    name_a, name_b = names.get(config_a, config_a), names.get(config_b, config_b)
+    where = f" on {dataset}/{condition}"
+    a = seed_table(sweep, config_a, dataset, condition)
+    b = seed_table(sweep, config_b, dataset, condition)
+    for name, table in ((name_a, a), (name_b, b)):
+        if not table:
+            raise stats.PairingError(f"configuration {name} has no per-recording results{where} "
+                                     f"(see the problems table)")
+    pc = stats.pair_counts(a, b, name_a=name_a + where, name_b=name_b + where)
+    return stats.compare(pc, level=level, bootstrap_resamples=bootstrap_resamples,
+                         seed=_stable_seed(config_a, config_b, dataset, condition))
+
+
+def _stable_seed(*parts: str) -> int:
+    """A seed fixed by what is compared, so a comparison's Monte Carlo results do not depend on report order."""
+    return int(hashlib.sha1("|".join(parts).encode()).hexdigest()[:8], 16)
+
+
+SIGNIFICANCE_COLUMNS = [
+    "family", "series", "dataset", "condition", "snr_db", "baseline_config", "config", "baseline_context_s",
+    "context_s", "n_recordings", "seeds_baseline", "seeds", "wer_baseline", "wer", "delta_wer", "delta_lo",
+    "delta_hi", "werr", "werr_lo", "werr_hi", "prob_improvement", "p_permutation", "permutation", "p_holm",
+    "significant", "verdict", "p_wilcoxon", "p_sign", "n_better", "n_worse", "n_tied", "welch_t", "welch_df", "p_welch", "note"]
+
+
+def significance_table(sweep: Sweep, baseline_context: float = DEFAULT_BASELINE_CONTEXT_S, *, alpha: float = 0.05,
+                       bootstrap_resamples: int = stats.BOOTSTRAP_RESAMPLES, level: float = 0.95,
+                       progress: bool = False) -> pd.DataFrame:
+    """Every configuration against its series' baseline, per family, dataset and condition.
+
+    The permutation p-values of the comparisons sharing a family, series, dataset and condition (the context
+    lengths compared with one baseline) are Holm-corrected together; ``significant`` is ``p_holm < alpha``.
+    """
+    wt = wer_table(sweep)
+    rows: list[dict] = []
+    cache: dict[tuple[str, str, str, str], stats.Comparison | str] = {}
+    groups = []
+    for fam in sweep.families:
+        members = in_family(wt, fam)
+        for key, grp in members.groupby(["series_id", "dataset", "condition"], sort=True):
+            groups.append((fam, key, grp))
+    if progress and groups:
+        from tqdm import tqdm
+
+        groups = tqdm(groups, desc="significance", unit="group", leave=False)
+    for fam, (series_id, ds, cond), grp in groups:
+        base_ctx = find_baseline(grp["context_s"].tolist(), baseline_context)
+        if base_ctx is None:
+            continue
+        base = grp[grp["context_s"] == base_ctx].iloc[0]
+        start = len(rows)
+        for _, other in grp[grp["context_s"] != base_ctx].sort_values("context_s").iterrows():
+            ck = (base["config_id"], other["config_id"], ds, cond)
+            if ck not in cache:
+                try:
+                    cache[ck] = compare_configs(sweep, *ck, bootstrap_resamples=bootstrap_resamples, level=level)
+                except stats.PairingError as e:
+                    cache[ck] = str(e)
+            rows.append(_row(fam, base, other, cache[ck], sweep))
+        ps = [r["p_permutation"] for r in rows[start:]]
+        for r, adj in zip(rows[start:], stats.holm(ps)):
+            r["p_holm"] = float(adj)
+            r["significant"] = bool(adj < alpha) if np.isfinite(adj) else None
+            r["verdict"] = verdict(r, alpha)
+    out = pd.DataFrame(rows, columns=SIGNIFICANCE_COLUMNS)
+    return out.sort_values(["family", "series", "dataset", "snr_db", "context_s"],
+                           na_position="first").reset_index(drop=True)
+
+
+def verdict(row: dict, alpha: float) -> str:
+    """Plain words for one comparison: the Holm-corrected permutation test decides; the bootstrap interval (which
+    also resamples seeds) says whether the difference survives seed-to-seed variation."""
+    p = row.get("p_holm", math.nan)
+    if not np.isfinite(p):
+        return "not tested"
+    if p >= alpha:
+        return "not significant"
+    lo, hi = row["delta_lo"], row["delta_hi"]
+    direction = "better" if row["delta_wer"] < 0 else "worse"
+    if np.isfinite(lo) and np.isfinite(hi) and (lo > 0 or hi < 0):
+        return f"significantly {direction}"
+    return (f"significantly {direction} on these recordings, but the interval that also resamples seeds "
+            "includes 0 (may be seed variation)")
+
+
+def _row(family: str, base: pd.Series, other: pd.Series, res: stats.Comparison | str, sweep: Sweep) -> dict:
+    row = {"family": family, "series": other["series"], "dataset": other["dataset"],
+           "condition": other["condition"], "snr_db": other["snr_db"], "baseline_config": base["config"],
+           "config": other["config"], "baseline_context_s": base["context_s"], "context_s": other["context_s"]}
+    if isinstance(res, str):
+        return {**row, "p_permutation": math.nan, "note": "not tested: " + res}
+    notes = []
+    for name, cid, used in ((base["config"], base["config_id"], res.seeds_a),
+                            (other["config"], other["config_id"], res.seeds_b)):
+        missing = sorted(set(expected_seeds(sweep, cid)) - set(used))
+        if missing:
+            notes.append(f"{name}: seeds {missing} have no results here and are left out")
+    return {**row, "n_recordings": res.n_recordings, "seeds_baseline": ",".join(map(str, res.seeds_a)),
+            "seeds": ",".join(map(str, res.seeds_b)), "wer_baseline": res.wer_a, "wer": res.wer_b,
+            "delta_wer": res.delta, "delta_lo": res.delta_ci[0], "delta_hi": res.delta_ci[1], "werr": res.werr,
+            "werr_lo": res.werr_ci[0], "werr_hi": res.werr_ci[1], "prob_improvement": res.prob_improvement,
+            "p_permutation": res.permutation.pvalue,
+            "permutation": "exact" if res.permutation.exact else f"monte carlo ({res.permutation.resamples})",
+            "p_wilcoxon": res.wilcoxon.pvalue, "p_sign": res.sign.pvalue, "n_better": res.sign.n_negative,
+            "n_worse": res.sign.n_positive, "n_tied": res.sign.n_ties, "welch_t": res.welch.t,
+            "welch_df": res.welch.df, "p_welch": res.welch.pvalue, "note": "; ".join(notes)}
+
+
+# ---- naming configurations and contexts ----------------------------------------------------------------------
+
+def format_seconds(seconds: float) -> str:
+    """10.24 -> '10 s', 81.92 -> '82 s', 655.36 -> '10.9 min', 3600 -> '1 h'; what the axes and tables print."""
+    if math.isnan(seconds):
+        return "?"
+    if seconds < 10:
+        return f"{seconds:.3g} s"
+    if seconds < 600:
+        return f"{seconds:.0f} s"
+    if seconds < 3600:
+        return f"{seconds / 60:.3g} min"
+    return f"{seconds / 3600:.3g} h"
+
+
+_DURATION_RE = re.compile(r"^\s*(?P<num>[0-9]*\.?[0-9]+)\s*(?P<unit>s|sec|min|m|h)?\s*$")
+
+
+def parse_duration(text: str) -> float | None:
+    """'20.48' / '20.48s' / '5.5min' / '1h' -> seconds; None if ``text`` is not a duration."""
+    m = _DURATION_RE.match(text)
+    if not m:
+        return None
+    scale = {"min": 60.0, "m": 60.0, "h": 3600.0}.get(m.group("unit") or "s", 1.0)
+    return float(m.group("num")) * scale
+
+
+def resolve_config(sweep: Sweep, spec: str, *, family: str | None = None) -> str:
+    """The ``config_id`` that ``spec`` names: a configuration name (trial label without ``-s<seed>``), a trial
+    label, a ``config_id`` (or a prefix of at least 4 characters) or a context length such as ``20.48``, ``20s``,
+    ``5.5min`` (then unique within ``family`` if given, else within the sweep)."""
+    trials = sweep.trials if family is None else in_family(sweep.trials, family)
+    if trials.empty:
+        raise SelectionError(f"family {family!r} has no trials; families: {', '.join(sweep.families)}")
+    configs = trials.drop_duplicates("config_id")
+    for column in ("config", "label"):
+        hit = trials.loc[trials[column] == spec, "config_id"].unique()
+        if len(hit) == 1:
+            return str(hit[0])
+    if len(spec) >= 4:
+        hit = configs.loc[configs["config_id"].str.startswith(spec), "config_id"].unique()
+        if len(hit) == 1:
+            return str(hit[0])
+    seconds = parse_duration(spec)
+    if seconds is not None:
+        hit = configs[[same_context(c, seconds) for c in configs["context_s"]]]
+        if len(hit) == 1:
+            return str(hit["config_id"].iloc[0])
+        if len(hit) > 1:
+            raise SelectionError(f"{spec!r} matches {len(hit)} configurations: {', '.join(sorted(hit['config']))}; "
+                                 "name one of them, or restrict with --family")
+    listing = ", ".join(f"{n} ({format_seconds(c)})" for n, c in
+                        sorted(zip(configs["config"], configs["context_s"]), key=lambda t: (t[1], t[0])))
+    raise SelectionError(f"{spec!r} names no configuration" + (f" in family {family!r}" if family else "")
+                         + f"; configurations: {listing}")
