@@ -1,0 +1,387 @@
+"""Training: ``train(cfg, out_dir, ...)`` and ``python -m asr_core train CONFIG.yaml [--set k=v ...] [--out DIR]``.
+
+One run = one model of the study (paper 000 §3.3): Madgrad, linear warmup then cosine to 0 over the run, gradient
+clipping at 0.8, bf16 autocast on CUDA, windows of the (warming-up) sequence length, about ``batch_audio_s`` of
+audio per optimiser step, one seed for both the initial weights and the data order.
+
+Stopping is always safe. ``OUT/checkpoint.pt`` is rewritten atomically every ``train.checkpoint_every`` steps, at
+the end, and at the first step boundary after SIGUSR2 or SIGTERM (then :class:`Preempted` is raised and the command
+exits 75). Calling ``train`` again with the same ``out_dir`` resumes exactly: weights, optimiser, batch-renorm
+statistics, RNG states and the data position all come back, and the same MLflow run continues. Steps that a killed
+process logged after its last checkpoint are recomputed but not logged twice, so the run keeps one value per step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Any, Sequence
+
+import torch
+from madgrad import MADGRAD
+
+from .audio import load_audio
+from .checkpoint import FORMAT_VERSION, load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from .chunking import Position, Window, WindowStream
+from .config import Config, ConfigError
+from .corpora.base import Recording
+from .ctc import ctc_loss
+from .features import FeatureExtractor
+from .model import AcousticModel, build_model
+from .schedules import learning_rate
+from .tokenizer import Tokenizer
+
+CHECKPOINT_NAME = "checkpoint.pt"
+DEFAULT_EXPERIMENT = "asr_core"
+
+
+class Preempted(Exception):
+    """SIGUSR2/SIGTERM arrived; the checkpoint is written and the run should be requeued (exit code 75)."""
+
+
+class TrainError(RuntimeError):
+    """Training cannot start or continue; the message says why and what to do."""
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    checkpoint: Path
+    run_id: str | None
+    steps: int
+    final_loss: float
+
+
+# ---- signals -------------------------------------------------------------------------------------------------
+class _StopFlag:
+    """Records SIGUSR2/SIGTERM; the loop checks it at step boundaries (a handler must not checkpoint mid-step)."""
+
+    SIGNALS = (signal.SIGUSR2, signal.SIGTERM)
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._old: dict[int, Any] = {}
+
+    def __enter__(self) -> "_StopFlag":
+        if threading.current_thread() is threading.main_thread():
+            for s in self.SIGNALS:
+                self._old[s] = signal.signal(s, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        self.signum = signum
+
+    def __exit__(self, *exc: object) -> None:
+        for s, old in self._old.items():
+            signal.signal(s, old)
+
+
+# ---- MLflow --------------------------------------------------------------------------------------------------
+class _Tracker:
+    """The run's MLflow side, through ``MlflowClient`` only (no global active-run state to leak into callers)."""
+
+    def __init__(self, tracking_uri: str | None, run_id: str | None, experiment: str | None, cfg: Config) -> None:
+        from mlflow.tracking import MlflowClient
+
+        self.client = MlflowClient(tracking_uri=tracking_uri)
+        self.tracking_uri = tracking_uri
+        if run_id is None:
+            name = experiment or DEFAULT_EXPERIMENT
+            exp = self.client.get_experiment_by_name(name)
+            exp_id = exp.experiment_id if exp is not None else self.client.create_experiment(name)
+            run_id = self.client.create_run(exp_id, run_name=f"train-{cfg.hash()}").info.run_id
+        else:
+            self.client.update_run(run_id, status="RUNNING")
+        self.run_id = run_id
+        run = self.client.get_run(run_id)
+        self._log_params(cfg, run.data.params)
+        commit = _git_commit()
+        if commit and "mlflow.source.git.commit" not in run.data.tags:
+            self.client.set_tag(run_id, "mlflow.source.git.commit", commit)
+        history = self.client.get_metric_history(run_id, "train/loss")
+        self.last_logged = max((m.step for m in history), default=0)
+
+    def _log_params(self, cfg: Config, existing: dict[str, str]) -> None:
+        from mlflow.entities import Param
+
+        new = [Param(k, str(v)) for k, v in cfg.flat().items() if k not in existing]
+        clash = [k for k, v in cfg.flat().items() if k in existing and existing[k] != str(v)]
+        if clash:
+            print(f"[train] warning: MLflow run {self.run_id} already has different values for {', '.join(clash)}; "
+                  "params are immutable, keeping the logged ones", file=sys.stderr)
+        for i in range(0, len(new), 100):
+            self.client.log_batch(self.run_id, params=new[i : i + 100])
+
+    def log_step(self, step: int, values: dict[str, float]) -> None:
+        if step <= self.last_logged:  # recomputed after a crash: already in the history
+            return
+        from mlflow.entities import Metric
+
+        ts = int(time.time() * 1000)
+        self.client.log_batch(self.run_id, metrics=[Metric(k, float(v), ts, step) for k, v in values.items()])
+        self.last_logged = step
+
+    def set_tag(self, key: str, value: str) -> None:
+        self.client.set_tag(self.run_id, key, value)
+
+    def end(self, status: str = "FINISHED") -> None:
+        self.client.set_terminated(self.run_id, status=status)
+
+
+def _git_commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent,
+                             capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+# ---- data into tensors ---------------------------------------------------------------------------------------
+class _BatchMaker:
+    """Windows -> padded features (B, T, F), lengths (B,), token targets. Keeps the last recordings' features,
+    since consecutive windows come from the same recording."""
+
+    def __init__(self, recordings: Sequence[Recording], features: FeatureExtractor, tok: Tokenizer,
+                 cache: int = 4) -> None:
+        self.recordings = recordings
+        self.features = features
+        self.tok = tok
+        self.cache: OrderedDict[int, torch.Tensor] = OrderedDict()
+        self.cache_size = cache
+
+    def recording_features(self, idx: int) -> torch.Tensor:
+        if idx in self.cache:
+            self.cache.move_to_end(idx)
+            return self.cache[idx]
+        rec = self.recordings[idx]
+        try:
+            feats = self.features(load_audio(rec.audio, self.features.cfg.sample_rate))
+        except OSError as e:
+            raise TrainError(f"recording {rec.id!r}: {e}") from None
+        self.cache[idx] = feats
+        if len(self.cache) > self.cache_size:
+            self.cache.popitem(last=False)
+        return feats
+
+    def __call__(self, windows: list[Window]) -> tuple[torch.Tensor, torch.Tensor, list[list[int]]]:
+        fps = self.features.frames_per_second
+        pieces = []
+        for w in windows:
+            feats = self.recording_features(w.recording)
+            a = min(int(round(w.start * fps)), feats.shape[0] - 1)
+            b = min(a + max(1, int(round(w.duration * fps))), feats.shape[0])
+            pieces.append(feats[a:b])
+        lengths = torch.tensor([p.shape[0] for p in pieces], dtype=torch.long)
+        x = torch.zeros(len(pieces), int(lengths.max()), pieces[0].shape[1])
+        for i, p in enumerate(pieces):
+            x[i, : p.shape[0]] = p
+        return x, lengths, [self.tok.encode(w.text) for w in windows]
+
+
+# ---- the run -------------------------------------------------------------------------------------------------
+def _device(cfg: Config) -> torch.device:
+    want = cfg.train.device
+    if want == "cuda" and not torch.cuda.is_available():
+        raise TrainError("train.device='cuda' but CUDA is not available here; use train.device=auto or cpu")
+    return torch.device("cuda" if want == "cuda" or (want == "auto" and torch.cuda.is_available()) else "cpu")
+
+
+def _use_bf16(cfg: Config, device: torch.device) -> bool:
+    if cfg.train.precision == "bf16" and device.type != "cuda":
+        raise TrainError("train.precision='bf16' needs CUDA (bf16 autocast is used on the GPU only); "
+                         "use train.precision=auto or fp32 on the CPU")
+    return device.type == "cuda" and cfg.train.precision in ("auto", "bf16")
+
+
+def _recordings(cfg: Config, recordings: Sequence[Recording] | None) -> list[Recording]:
+    if recordings is None:
+        if not cfg.data.train:
+            raise TrainError("data.train is empty: name the training corpus, e.g. --set data.train=podcast:DIR")
+        from .corpora import load_corpus
+
+        recordings = load_corpus(cfg.data.train)
+    recs = sorted(recordings, key=lambda r: r.id)  # data order must not depend on how a reader lists files
+    if cfg.data.max_recordings:
+        recs = recs[: cfg.data.max_recordings]
+    if not recs:
+        raise TrainError(f"no training recordings in {cfg.data.train or 'the given list'}")
+    return recs
+
+
+def _tokenizer(cfg: Config, recs: Sequence[Recording], out_dir: Path, state: dict[str, Any] | None) -> Tokenizer:
+    if state is not None:
+        return Tokenizer.from_bytes(state["tokenizer"])
+    if cfg.data.tokenizer:
+        return Tokenizer.load(cfg.data.tokenizer, cfg.model.vocab_size)
+    print(f"[train] learning a {cfg.model.vocab_size - 1}-piece BPE tokenizer from {len(recs)} transcripts",
+          flush=True)
+    return Tokenizer.train([r.text for r in recs], cfg.model.vocab_size, out_dir / "tokenizer.model")
+
+
+def train(cfg: Config, out_dir: str | Path, *, tracking_uri: str | None = None, run_id: str | None = None,
+          experiment: str | None = None, end_run: bool = True,
+          recordings: Sequence[Recording] | None = None) -> TrainResult:
+    """Train (or resume) the model of ``cfg`` in ``out_dir``; see the module docstring."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    ckpt_path = out_dir / CHECKPOINT_NAME
+    state = load_checkpoint(ckpt_path) if ckpt_path.exists() else None
+    if state is not None:
+        saved = Config.from_dict(state["config"], source=str(ckpt_path))
+        if saved.hash() != cfg.hash():
+            raise TrainError(f"{ckpt_path} was written for config {saved.hash()}, not {cfg.hash()}; "
+                             "use another --out folder or the same config to resume")
+        run_id = run_id or state.get("mlflow_run_id")
+        tracking_uri = tracking_uri or state.get("tracking_uri")
+
+    recs = _recordings(cfg, recordings)
+    tok = _tokenizer(cfg, recs, out_dir, state)
+    device = _device(cfg)
+    bf16 = _use_bf16(cfg, device)
+    t = cfg.train
+
+    torch.manual_seed(t.seed)  # the seed sets the initial weights (and, in WindowStream, the data order)
+    model: AcousticModel = build_model(cfg.model, cfg.data.features.n_mels).to(device)
+    opt = MADGRAD(model.parameters(), lr=t.lr, momentum=t.momentum, weight_decay=t.weight_decay, eps=t.eps)
+    stream = WindowStream(recs, cfg.data, t.seed, t.epochs)
+    step, pos, last_loss = 0, Position(), math.nan
+    if state is not None:
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+        step = int(state["step"])
+        pos = Position.from_dict(state["data_position"])
+        total_steps = int(state["schedule"]["total_steps"])
+        last_loss = float(state["schedule"].get("last_loss", math.nan))
+        set_rng_state(state["rng"])
+        print(f"[train] resuming {ckpt_path} at step {step}/{total_steps}", flush=True)
+    else:
+        total_steps = t.max_steps or stream.count_steps()
+
+    tracker = _Tracker(tracking_uri, run_id, experiment, cfg) if tracking_uri or run_id else None
+    if tracker is None:
+        print("[train] no MLflow tracking URI given: metrics go to this log only", file=sys.stderr)
+    else:
+        tracker.set_tag("trial.checkpoint", str(ckpt_path.resolve()))
+
+    def checkpoint() -> None:
+        save_checkpoint(ckpt_path, {
+            "format_version": FORMAT_VERSION, "config": cfg.to_dict(), "model": model.state_dict(),
+            "optimizer": opt.state_dict(), "step": step,
+            "schedule": {"total_steps": total_steps, "warmup_steps": t.warmup_steps, "peak_lr": t.lr,
+                         "last_loss": last_loss},
+            "rng": rng_state(), "data_position": pos.to_dict(),
+            "mlflow_run_id": tracker.run_id if tracker else None, "tracking_uri": tracking_uri,
+            "tokenizer": tok.to_bytes(),
+        })
+
+    maker = _BatchMaker(recs, FeatureExtractor(cfg.data.features), tok)
+    n_params = sum(p.numel() for p in model.parameters())
+    print(f"[train] {n_params / 1e6:.1f}M parameters on {device}{' (bf16)' if bf16 else ''}; {len(recs)} "
+          f"recordings; {total_steps} steps of ~{cfg.data.batch_audio_s:g} s audio; out {out_dir}", flush=True)
+    bar = _progress(total_steps, step)
+    try:
+        with _StopFlag() as stop:
+            batches = stream.batches(pos)
+            while step < total_steps:
+                if stop.signum is not None:
+                    break
+                nxt = next(batches, None)
+                if nxt is None:  # data used up before max_steps: the run is one pass (or train.epochs passes)
+                    break
+                windows, next_pos = nxt
+                x, lengths, targets = maker(windows)
+                lr = learning_rate(step, t.lr, t.warmup_steps, total_steps)
+                for g in opt.param_groups:
+                    g["lr"] = lr
+                model.train()
+                with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+                    logits, out_lengths = model(x.to(device), lengths.to(device))
+                loss = ctc_loss(logits, out_lengths, targets, model.blank_id)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)
+                opt.step()
+                step, pos, last_loss = step + 1, next_pos, float(loss.detach())
+                seq = max(w.duration for w in windows)
+                values = {"train/loss": last_loss, "train/lr": lr, "train/seq_len_s": seq,
+                          "train/batch_size": float(len(windows)), "train/grad_norm": float(grad_norm)}
+                if tracker is not None:
+                    tracker.log_step(step, values)
+                if step % t.log_every == 0 or step == total_steps:
+                    _report(bar, step, total_steps, values)
+                if step % t.checkpoint_every == 0:
+                    checkpoint()
+            if stop.signum is not None:
+                checkpoint()
+                name = signal.Signals(stop.signum).name
+                print(f"[train] {name} received: checkpointed at step {step} to {ckpt_path}", flush=True)
+                raise Preempted(f"{name} at step {step}")
+    finally:
+        if bar is not None:
+            bar.close()
+    checkpoint()
+    if tracker is not None and end_run:
+        tracker.end("FINISHED")
+    print(f"[train] done: {step} steps, final loss {last_loss:.4f}, checkpoint {ckpt_path}", flush=True)
+    return TrainResult(ckpt_path, tracker.run_id if tracker else None, step, last_loss)
+
+
+def _progress(total: int, initial: int) -> Any:
+    """A tqdm bar on an interactive terminal; batch logs (SLURM) get plain log lines instead."""
+    if not sys.stderr.isatty():
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True)
+
+
+def _report(bar: Any, step: int, total: int, v: dict[str, float]) -> None:
+    line = (f"step {step}/{total} loss {v['train/loss']:.4f} lr {v['train/lr']:.3g} "
+            f"seq {v['train/seq_len_s']:.1f}s batch {int(v['train/batch_size'])}")
+    if bar is not None:
+        bar.n = step
+        bar.set_postfix_str(line.split(" ", 2)[2])
+    else:
+        print(f"[train] {line}", flush=True)
+
+
+# ---- command line --------------------------------------------------------------------------------------------
+def cli(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="python -m asr_core train", description="Train (or resume) one model.")
+    ap.add_argument("config", help="YAML config (may start from 'preset: NAME') or a preset name")
+    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--out", default=None, help="run folder (default runs/<config hash>)")
+    ap.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default $MLFLOW_TRACKING_URI)")
+    ap.add_argument("--run-id", default=None, help="continue this MLflow run")
+    ap.add_argument("--experiment", default=None, help=f"MLflow experiment for a new run ({DEFAULT_EXPERIMENT})")
+    args = ap.parse_args(argv)
+    import os
+
+    from .params import load_config
+
+    try:
+        cfg = load_config(args.config, args.overrides)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    out = Path(args.out or f"runs/{cfg.hash()}")
+    try:
+        result = train(cfg, out, tracking_uri=args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI"),
+                       run_id=args.run_id, experiment=args.experiment)
+    except Preempted as e:
+        print(f"[train] preempted ({e}); resume with the same command", file=sys.stderr)
+        return 75
+    except (TrainError, ConfigError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(f"checkpoint: {result.checkpoint}")
+    return 0
