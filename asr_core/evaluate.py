@@ -1,0 +1,224 @@
+"""Evaluate a checkpoint: moving-window greedy CTC on long recordings, clean and with music at given SNRs.
+
+``python -m asr_core evaluate CKPT --data NAME=FORMAT:PATH [--data ...] [--snr DB ...] [--stride 0.125] [--out DIR]``
+
+Writes ``DIR/<NAME>.csv`` (one row per recording and condition; columns :data:`CSV_COLUMNS`) and logs into the
+checkpoint's MLflow run (docs/ARCHITECTURE.md, "Evaluation contract"): metrics ``wer/<NAME>`` (clean) and
+``wer/<NAME>/snr<DB:g>`` in percent, artifacts ``eval/<NAME>.csv``. Hypotheses go to ``DIR/<NAME>.hyp.jsonl``
+(local only) for inspection.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+
+from asr_core.corpora import CorpusError, Recording, load_corpus, parse_dataset_spec
+from asr_core.decode import decode_features, plan_windows, window_frames
+from asr_core.noise import add_music
+from asr_core.score import Counts, corpus_wer, normalise, score
+
+CSV_COLUMNS = ["dataset", "condition", "snr_db", "recording", "ref_words", "substitutions", "deletions",
+               "insertions", "hyp_words", "wer"]
+
+
+def condition_name(snr_db: float | None) -> str:
+    return "clean" if snr_db is None else f"snr{snr_db:g}"
+
+
+def metric_key(dataset: str, snr_db: float | None = None) -> str:
+    return f"wer/{dataset}" if snr_db is None else f"wer/{dataset}/{condition_name(snr_db)}"
+
+
+def checkpoint_run(checkpoint: str | Path) -> tuple[str | None, str | None]:
+    """(mlflow_run_id, tracking_uri) stored in a checkpoint (None where absent); never unpickles."""
+    try:
+        ckpt = torch.load(str(checkpoint), map_location="cpu", weights_only=True, mmap=True)
+    except RuntimeError:  # mmap needs the zip format; older files still load plainly
+        ckpt = torch.load(str(checkpoint), map_location="cpu", weights_only=True)
+    return ckpt.get("mlflow_run_id") or None, ckpt.get("tracking_uri") or None
+
+
+def _device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def evaluate(checkpoint: str | Path, datasets: list[str], snrs: list[float], stride: float = 0.125,
+             batch_windows: int = 8, noise: str = "synthetic", tracking_uri: str | None = None,
+             run_id: str | None = None, out_dir: str | Path | None = None, *, device: str = "auto",
+             strict: bool = False, noise_seed: int = 0, log: bool = True) -> pd.DataFrame:
+    """WER of ``checkpoint`` on each ``NAME=FORMAT:PATH`` dataset, clean and at each SNR (dB).
+
+    Returns the per-recording table (columns :data:`CSV_COLUMNS`). MLflow logging goes to ``run_id`` at
+    ``tracking_uri`` (default: the ones stored in the checkpoint); with no run known, nothing is logged.
+    """
+    checkpoint = Path(checkpoint)
+    # ---- validate everything before any work ----
+    if not checkpoint.is_file():
+        raise FileNotFoundError(f"checkpoint {checkpoint} not found")
+    if not 0 < stride <= 1:
+        raise ValueError(f"stride must be a fraction in (0, 1] of the window, got {stride}")
+    if batch_windows < 1:
+        raise ValueError(f"batch_windows must be a positive integer, got {batch_windows}")
+    if not datasets:
+        raise ValueError("no datasets to evaluate: give at least one NAME=FORMAT:PATH")
+    parsed = [parse_dataset_spec(d) for d in datasets]
+    names = [n for n, _ in parsed]
+    if len(set(names)) != len(names):
+        raise ValueError(f"dataset names must be unique, got {names}")
+    snr_list = [float(s) for s in snrs]
+    if any(not math.isfinite(s) for s in snr_list):
+        raise ValueError(f"SNRs must be finite numbers of dB, got {snrs}")
+    if noise != "synthetic" and not Path(noise).is_file():
+        raise FileNotFoundError(f"noise file {noise} not found; use 'synthetic' or the path of an audio file")
+    corpora = {name: load_corpus(spec, strict=strict) for name, spec in parsed}
+
+    from asr_core.checkpoint import load_for_eval
+    from asr_core.features import FeatureExtractor
+
+    dev = _device(device)
+    model, cfg, tokenizer = load_for_eval(checkpoint, dev)
+    if isinstance(model, torch.nn.Module):
+        model.eval()
+    extractor = FeatureExtractor(cfg.data.features)
+    fps = cfg.data.features.frames_per_second
+    sub = cfg.model.subsampling_factor
+    window = window_frames(cfg.data.context_s, fps, sub)
+    print(f"[eval] {checkpoint}: context {cfg.data.context_s:g} s = {window} frames, stride {stride:g}, "
+          f"{len(corpora)} datasets, conditions: {', '.join(condition_name(s) for s in [None, *snr_list])}",
+          file=sys.stderr, flush=True)
+
+    out = Path(out_dir) if out_dir is not None else Path(tempfile.mkdtemp(prefix="asr-eval-"))
+    out.mkdir(parents=True, exist_ok=True)
+    rows: list[dict[str, Any]] = []
+    metrics: dict[str, float] = {}
+    for name, recordings in corpora.items():
+        ds_rows, hyps = _evaluate_dataset(name, recordings, snr_list, model, extractor, tokenizer, window, stride,
+                                          batch_windows, sub, fps, dev, noise, noise_seed)
+        rows.extend(ds_rows)
+        table = pd.DataFrame(ds_rows, columns=CSV_COLUMNS)
+        table.to_csv(out / f"{name}.csv", index=False)
+        with (out / f"{name}.hyp.jsonl").open("w", encoding="utf-8") as fh:
+            for h in hyps:
+                fh.write(json.dumps(h, ensure_ascii=False) + "\n")
+        for snr in [None, *snr_list]:
+            part = [r for r in ds_rows if r["condition"] == condition_name(snr)]
+            wer = corpus_wer(Counts(r["ref_words"], r["substitutions"], r["deletions"], r["insertions"],
+                                    r["hyp_words"]) for r in part)
+            if not math.isnan(wer):
+                metrics[metric_key(name, snr)] = wer
+            print(f"[eval] {metric_key(name, snr)} = {wer:.2f}%", file=sys.stderr, flush=True)
+    df = pd.DataFrame(rows, columns=CSV_COLUMNS)
+    if log:
+        _log_mlflow(checkpoint, run_id, tracking_uri, metrics, [out / f"{n}.csv" for n in names])
+    return df
+
+
+def _evaluate_dataset(name: str, recordings: list[Recording], snrs: list[float], model, extractor, tokenizer,
+                      window: int, stride: float, batch_windows: int, sub: int, fps: float, dev: torch.device,
+                      noise: str, noise_seed: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    from tqdm import tqdm
+
+    from asr_core.audio import load_audio
+    from asr_core.features import zero_regions
+
+    rows, hyps = [], []
+    blank = tokenizer.blank_id
+    for i, rec in enumerate(recordings, 1):
+        clean = load_audio(rec.audio)
+        ref = normalise(rec.text)
+        for snr in [None, *snrs]:
+            t0 = time.perf_counter()
+            wave = clean if snr is None else add_music(clean, rec.id, snr, noise, noise_seed)
+            feats = extractor(wave)
+            if rec.ignore:
+                feats = zero_regions(feats, rec.ignore, fps)
+            n_windows = len(plan_windows(feats.shape[0], window, stride, sub).starts)
+            with tqdm(total=n_windows, desc=f"{name} {rec.id} {condition_name(snr)}", unit="win", leave=False,
+                      file=sys.stderr, disable=n_windows <= batch_windows) as bar:
+                text = decode_features(model, feats, window, tokenizer.decode, blank=blank, stride=stride,
+                                       batch_windows=batch_windows, subsampling=sub, device=dev,
+                                       progress=lambda done, _total: bar.update(done - bar.n))
+            c = score(ref, normalise(text), normalised=True)
+            rows.append({"dataset": name, "condition": condition_name(snr), "snr_db": snr, "recording": rec.id,
+                         "ref_words": c.ref_words, "substitutions": c.substitutions, "deletions": c.deletions,
+                         "insertions": c.insertions, "hyp_words": c.hyp_words, "wer": c.wer})
+            hyps.append({"recording": rec.id, "condition": condition_name(snr), "ref": ref, "hyp": text})
+            took = time.perf_counter() - t0
+            print(f"[eval] {name} {i}/{len(recordings)} {rec.id} {condition_name(snr)}: WER {c.wer:.1f}% "
+                  f"({c.ref_words} words, {n_windows} windows, {took:.1f} s, RTF {took / max(rec.duration, 1e-9):.3f})",
+                  file=sys.stderr, flush=True)
+    return rows, hyps
+
+
+def _log_mlflow(checkpoint: Path, run_id: str | None, tracking_uri: str | None, metrics: dict[str, float],
+                csvs: list[Path]) -> None:
+    ck_run, ck_uri = checkpoint_run(checkpoint)
+    run_id = run_id or ck_run
+    tracking_uri = tracking_uri or ck_uri
+    if not run_id:
+        print("[eval] no MLflow run id (none given, none in the checkpoint): results written locally only",
+              file=sys.stderr)
+        return
+    from mlflow.entities import Metric
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri)
+    now = int(time.time() * 1000)
+    client.log_batch(run_id, metrics=[Metric(k, float(v), now, 0) for k, v in sorted(metrics.items())])
+    for csv in csvs:
+        client.log_artifact(run_id, str(csv), artifact_path="eval")
+    print(f"[eval] logged {len(metrics)} metrics and {len(csvs)} tables to run {run_id}", file=sys.stderr)
+
+
+def cli(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="python -m asr_core evaluate", description=__doc__.split("\n\n")[0])
+    ap.add_argument("checkpoint", type=Path)
+    ap.add_argument("--data", action="append", default=None, metavar="NAME=FORMAT:PATH",
+                    help="a dataset (repeatable); default: eval.datasets of the checkpoint's config")
+    ap.add_argument("--snr", action="append", type=float, default=None, metavar="DB",
+                    help="music at this SNR in dB (repeatable); clean audio is always evaluated")
+    ap.add_argument("--stride", type=float, default=None, help="window stride as a fraction of the context "
+                    "(default: the checkpoint's eval.stride, 0.125)")
+    ap.add_argument("--batch-windows", type=int, default=None, help="windows decoded together")
+    ap.add_argument("--noise", default=None, help="'synthetic' or an audio file of music")
+    ap.add_argument("--out", type=Path, default=None, help="folder for the CSV tables (default: next to CKPT)")
+    ap.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    ap.add_argument("--strict", action="store_true", help="a bad corpus file is fatal instead of skipped")
+    ap.add_argument("--tracking-uri", default=None)
+    ap.add_argument("--run-id", default=None)
+    ap.add_argument("--no-log", action="store_true", help="do not log to MLflow")
+    a = ap.parse_args(argv)
+    if not a.checkpoint.is_file():
+        print(f"evaluate: checkpoint {a.checkpoint} not found", file=sys.stderr)
+        return 2
+    try:
+        from asr_core.config import Config
+
+        ck = torch.load(str(a.checkpoint), map_location="cpu", weights_only=True, mmap=True)
+        ev = Config.from_dict(ck["config"], source=str(a.checkpoint)).eval
+        df = evaluate(a.checkpoint, a.data or list(ev.datasets), a.snr if a.snr is not None else list(ev.snrs),
+                      stride=a.stride if a.stride is not None else ev.stride,
+                      batch_windows=a.batch_windows or ev.batch_windows, noise=a.noise or ev.noise,
+                      tracking_uri=a.tracking_uri, run_id=a.run_id,
+                      out_dir=a.out or a.checkpoint.parent / "eval", device=a.device, strict=a.strict,
+                      log=not a.no_log)
+    except (CorpusError, ValueError, FileNotFoundError, KeyError) as e:
+        print(f"evaluate: {e}", file=sys.stderr)
+        return 2
+    summary = df.groupby(["dataset", "condition"], sort=False)[["ref_words", "substitutions", "deletions",
+                                                                 "insertions"]].sum()
+    summary["wer"] = 100 * (summary.substitutions + summary.deletions + summary.insertions) / summary.ref_words
+    print(summary.round(2).to_string())
+    return 0
