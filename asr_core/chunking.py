@@ -127,11 +127,15 @@ class WindowStream:
         epoch, index, wi = pos.epoch, pos.index, pos.window
         n = len(self.recordings)
         while epoch < self.epochs:
+            produced = False
             while index < n:
                 wins = self.windows_at(epoch, index)
                 for k in range(wi, len(wins)):
+                    produced = True
                     yield wins[k], Position(epoch, index, k)
                 index, wi = index + 1, 0
+            if not produced and pos.epoch < epoch:  # a whole epoch without windows: no more will come
+                return
             epoch, index = epoch + 1, 0
 
     def batches(self, pos: Position = Position()) -> Iterator[tuple[list[Window], Position]]:

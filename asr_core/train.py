@@ -252,7 +252,8 @@ def train(cfg: Config, out_dir: str | Path, *, tracking_uri: str | None = None, 
     torch.manual_seed(t.seed)  # the seed sets the initial weights (and, in WindowStream, the data order)
     model: AcousticModel = build_model(cfg.model, cfg.data.features.n_mels).to(device)
     opt = MADGRAD(model.parameters(), lr=t.lr, momentum=t.momentum, weight_decay=t.weight_decay, eps=t.eps)
-    stream = WindowStream(recs, cfg.data, t.seed, t.epochs)
+    # with train.max_steps the data repeats (a fresh order per epoch) until the steps are done
+    stream = WindowStream(recs, cfg.data, t.seed, t.epochs if not t.max_steps else 1 << 30)
     step, pos, last_loss = 0, Position(), math.nan
     if state is not None:
         model.load_state_dict(state["model"])
