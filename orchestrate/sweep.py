@@ -51,6 +51,22 @@ def _atomic_write(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def config_json(d: Any) -> str:
+    """JSON that YAML 1.1 readers parse to the same values: PyYAML reads ``1e-06`` as a string, so exponent floats
+    are written ``1.0e-06`` (still valid JSON). The trainer loads config.json with a YAML loader."""
+    if isinstance(d, dict):
+        return "{" + ", ".join(f"{json.dumps(str(k))}: {config_json(v)}" for k, v in d.items()) + "}"
+    if isinstance(d, (list, tuple)):
+        return "[" + ", ".join(config_json(v) for v in d) + "]"
+    if isinstance(d, float):
+        text = repr(d)
+        if "e" in text and "." not in text.split("e")[0]:
+            mant, exp = text.split("e")
+            text = f"{mant}.0e{exp}"
+        return text
+    return json.dumps(d)
+
+
 def trial_command(trial_dir: Path, tracking_uri: str, run_id: str, python: str | None = None) -> list[str]:
     """The command every backend runs for a trial (the contract with asr_core.trial)."""
     return [python or sys.executable, "-m", "asr_core", "trial", "--config", str(trial_dir / "config.json"),
@@ -105,7 +121,7 @@ class SweepDir:
         d.mkdir(parents=True, exist_ok=True)
         cfg = d / "config.json"
         if not cfg.exists():
-            _atomic_write(cfg, json.dumps(trial.config.to_dict(), indent=1))
+            _atomic_write(cfg, config_json(trial.config.to_dict()) + "\n")
         return d
 
     # ---- submissions ------------------------------------------------------------------------------------------------
