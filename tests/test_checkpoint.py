@@ -1,0 +1,66 @@
+"""Atomic, weights_only checkpoints that rebuild their model alone."""
+
+import pickle
+
+import pytest
+import torch
+
+from asr_core.checkpoint import CheckpointError, load_checkpoint, load_for_eval, rng_state, save_checkpoint, \
+    set_rng_state
+from asr_core.config import preset
+from asr_core.model import build_model
+from asr_core.tokenizer import Tokenizer
+
+
+def _state(cfg, model, tok):
+    return {"format_version": 1, "config": cfg.to_dict(), "model": model.state_dict(), "tokenizer": tok.to_bytes(),
+            "rng": rng_state(), "step": 3}
+
+
+def test_round_trip_and_load_for_eval(tmp_path) -> None:
+    cfg = preset("tiny").with_overrides(["model.vocab_size=40"])
+    torch.manual_seed(0)
+    model = build_model(cfg.model)
+    tok = Tokenizer.train(["alpha beta gamma delta", "epsilon zeta eta theta"], 40)
+    path = save_checkpoint(tmp_path / "ck.pt", _state(cfg, model, tok))
+    assert [p.name for p in tmp_path.iterdir()] == ["ck.pt"]  # no temporary file left behind
+    m2, cfg2, tok2 = load_for_eval(path)
+    assert cfg2 == cfg and not m2.training and tok2.blank_id == 39
+    x = torch.randn(1, 64, 80)
+    with torch.no_grad():
+        torch.testing.assert_close(m2(x, torch.tensor([64]))[0], model.eval()(x, torch.tensor([64]))[0])
+
+
+def test_rng_state_round_trip(tmp_path) -> None:
+    import random
+
+    import numpy as np
+
+    save_checkpoint(tmp_path / "r.pt", {"format_version": 1, "config": {}, "model": {}, "tokenizer": b"x",
+                                        "rng": rng_state()})
+    a = (random.random(), np.random.rand(), torch.rand(1))
+    set_rng_state(load_checkpoint(tmp_path / "r.pt")["rng"])
+    assert (random.random(), np.random.rand(), torch.rand(1)) == a
+
+
+def test_untrusted_pickles_are_refused(tmp_path) -> None:
+    class Evil:
+        def __reduce__(self):
+            return (print, ("pwned",))
+
+    bad = tmp_path / "evil.pt"
+    bad.write_bytes(pickle.dumps({"config": Evil()}))
+    with pytest.raises(CheckpointError, match="not a readable checkpoint"):
+        load_checkpoint(bad)
+    with pytest.raises(CheckpointError, match="not found"):
+        load_checkpoint(tmp_path / "missing.pt")
+    torch.save({"x": torch.zeros(1)}, tmp_path / "other.pt")
+    with pytest.raises(CheckpointError, match="not an asr_core checkpoint"):
+        load_checkpoint(tmp_path / "other.pt")
+
+
+def test_failed_save_keeps_the_previous_checkpoint(tmp_path) -> None:
+    path = save_checkpoint(tmp_path / "ck.pt", {"format_version": 1, "config": {}, "model": {}, "tokenizer": b"1"})
+    with pytest.raises(Exception):
+        save_checkpoint(path, {"format_version": 1, "bad": lambda: None})  # cannot be pickled
+    assert load_checkpoint(path)["tokenizer"] == b"1" and len(list(tmp_path.iterdir())) == 1

@@ -1,0 +1,68 @@
+"""Windows by word timestamps and batches of a fixed audio duration."""
+
+from pathlib import Path
+
+from asr_core.chunking import Position, WindowStream, cut_windows, window_bounds
+from asr_core.config import DataConfig
+from asr_core.corpora.base import Recording, Word
+
+
+def _rec(i: int, dur: float, words: list[tuple[str, float, float]]) -> Recording:
+    return Recording(f"r{i}", Path(f"/nowhere/r{i}.wav"), dur, tuple(Word(*w) for w in words))
+
+
+def test_words_belong_only_to_the_window_they_lie_wholly_inside() -> None:
+    rec = _rec(0, 25.0, [("a", 0.5, 1.0), ("b", 9.8, 10.3), ("c", 10.3, 11.0), ("d", 19.0, 20.0), ("e", 20.0, 21.0),
+                         ("f", 24.8, 25.0)])
+    wins = cut_windows(rec, 0, 10.0)
+    assert [(w.start, w.end) for w in wins] == [(0.0, 10.0), (10.0, 20.0), (20.0, 25.0)]
+    assert [w.text for w in wins] == ["a", "c d", "e f"]  # 'b' straddles the cut at 10 s: in neither
+
+
+def test_short_tail_dropped_unless_whole_recording() -> None:
+    assert window_bounds(20.3, 10.0) == [(0.0, 10.0), (10.0, 20.0)]
+    assert window_bounds(0.3, 10.0) == [(0.0, 0.3)]
+    untimed = Recording("u", Path("/x.wav"), 4.0, (Word("hi"),))
+    assert [w.text for w in cut_windows(untimed, 0, 10.0)] == ["hi"] and cut_windows(untimed, 0, 3.0) == []
+
+
+def _stream(batch_audio_s: float, seed: int = 0, **kw) -> WindowStream:
+    recs = [_rec(i, 30.0 + 7 * i, [(f"w{i}_{k}", k + 0.1, k + 0.6) for k in range(int(30 + 7 * i))])
+            for i in range(6)]
+    data = DataConfig(context_s=10.0, batch_audio_s=batch_audio_s, seqlen_warmup="none", **kw)
+    return WindowStream(recs, data, seed)
+
+
+def test_batches_hold_a_fixed_audio_duration_and_count_steps_agrees() -> None:
+    s = _stream(40.0)
+    batches = list(s.batches())
+    assert len(batches) == s.count_steps()
+    for wins, _ in batches[:-1]:
+        assert sum(w.duration for w in wins) <= 40.0 + 1e-6 and len(wins) >= 3
+    n_windows = sum(len(w) for w, _ in batches)
+    assert n_windows == sum(len(window_bounds(r.duration, 10.0)) for r in s.recordings)
+
+
+def test_resuming_from_a_position_continues_the_same_stream() -> None:
+    s = _stream(30.0, seed=3)
+    full = list(s.batches())
+    _, pos = full[4]
+    again = list(_stream(30.0, seed=3).batches(Position.from_dict(pos.to_dict())))
+    assert again == full[5:]
+
+
+def test_seed_sets_the_data_order() -> None:
+    a = [w[0].recording for w, _ in _stream(10.0, seed=0).batches()]
+    b = [w[0].recording for w, _ in _stream(10.0, seed=1).batches()]
+    assert a != b and sorted(set(a)) == sorted(set(b))
+
+
+def test_sequence_length_warmup_grows_windows() -> None:
+    recs = [_rec(i, 40.0, [("x", 1.0, 1.5)]) for i in range(8)]
+    data = DataConfig(context_s=40.0, batch_audio_s=40.0, seqlen_warmup="code", seqlen_warmup_start_s=5.0,
+                      seqlen_warmup_every=2)
+    s = WindowStream(recs, data, 0)
+    lens = [s.seq_len(0, i) for i in range(8)]
+    assert lens == [5, 5, 10, 10, 20, 20, 40, 40]
+    sizes = [len(w) for w, _ in s.batches()]
+    assert sizes[0] == 8 and sizes[-1] == 1  # batch = batch_audio_s / current length
