@@ -139,9 +139,10 @@ def _seed(tags: Mapping[str, str], params: Mapping[str, str]) -> int | None:
 
 
 def _config_label(label: str, seed: int | None) -> str:
-    if seed is not None and label.endswith(f"-s{seed}"):
-        return label[: -len(f"-s{seed}")]
-    return re.sub(r"-s\d+$", "", label)
+    """The trial label without its seed: ``ctx82s-rope1.5M-6L768d6h-s2`` -> ``ctx82s-rope1.5M-6L768d6h``; the
+    ledger appends ``-<key[:6]>`` to labels two trials share, and that goes too."""
+    seed_re = str(seed) if seed is not None else r"\d+"
+    return re.sub(rf"-s{seed_re}(-[0-9a-f]{{6}})?$", "", label)
 
 
 # ---- building the frames -------------------------------------------------------------------------------------

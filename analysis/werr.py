@@ -299,10 +299,11 @@ def parse_duration(text: str) -> float | None:
     return float(m.group("num")) * scale
 
 
-def resolve_config(sweep: Sweep, spec: str, *, family: str | None = None) -> str:
+def resolve_config(sweep: Sweep, spec: str, *, family: str | None = None, series_id: str | None = None) -> str:
     """The ``config_id`` that ``spec`` names: a configuration name (trial label without ``-s<seed>``), a trial
     label, a ``config_id`` (or a prefix of at least 4 characters) or a context length such as ``20.48``, ``20s``,
-    ``5.5min`` (then unique within ``family`` if given, else within the sweep)."""
+    ``5.5min`` (within 1%, or equal rounded to whole seconds; unique within ``family`` if given, else within the
+    sweep; where several match, the one in series ``series_id`` if given)."""
     trials = sweep.trials if family is None else in_family(sweep.trials, family)
     if trials.empty:
         raise SelectionError(f"family {family!r} has no trials; families: {', '.join(sweep.families)}")
@@ -317,7 +318,10 @@ def resolve_config(sweep: Sweep, spec: str, *, family: str | None = None) -> str
             return str(hit[0])
     seconds = parse_duration(spec)
     if seconds is not None:
-        hit = configs[[same_context(c, seconds) for c in configs["context_s"]]]
+        # within 1%, or equal when rounded to whole seconds as trial labels write them (20s names 20.48 s)
+        hit = configs[[same_context(c, seconds) or round(c) == seconds for c in configs["context_s"]]]
+        if len(hit) > 1 and series_id is not None and (hit["series_id"] == series_id).sum() == 1:
+            hit = hit[hit["series_id"] == series_id]
         if len(hit) == 1:
             return str(hit["config_id"].iloc[0])
         if len(hit) > 1:

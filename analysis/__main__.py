@@ -1,0 +1,143 @@
+"""Command line: ``python -m analysis report`` and ``python -m analysis compare``.
+
+    python -m analysis report --experiment SWEEP [--tracking-uri URI] --out DIR [--baseline-context 10.24]
+    python -m analysis compare SWEEP A B [--tracking-uri URI] [--dataset D] [--snr DB] [--family F]
+
+A and B name configurations (B is compared against A), in any of these forms:
+
+* a configuration name: the trial label without its seed, e.g. ``ctx82s-rope1.5M-6L768d6h``;
+* a trial label (its configuration is meant, all seeds), e.g. ``ctx82s-rope1.5M-6L768d6h-s2``;
+* a context length, ``20.48``, ``20s``, ``5.5min`` or ``1h`` (within 1%, or equal rounded to whole seconds as in
+  the labels), when one configuration has it — in ``--family`` if given, and in the other side's series if the
+  other side is named unambiguously;
+* the ``config_id`` column of ``trials.csv`` or its first 4+ characters.
+
+Exit codes: 0 done; 2 bad arguments or a selection that matches nothing or several; 3 the sweep cannot be read or
+A and B cannot be paired.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from . import stats
+from .collect import CLEAN, CollectError, collect, condition_name
+from .werr import DEFAULT_BASELINE_CONTEXT_S, SelectionError, compare_configs, format_seconds, resolve_config
+
+EXIT_USAGE = 2
+EXIT_DATA = 3
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m analysis", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+    r = sub.add_parser("report", help="write DIR/index.html, report.md, figures and CSV tables for a sweep")
+    r.add_argument("--experiment", required=True, help="the sweep's MLflow experiment name")
+    r.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default: MLFLOW_TRACKING_URI)")
+    r.add_argument("--out", required=True, help="output folder (created)")
+    r.add_argument("--baseline-context", type=float, default=DEFAULT_BASELINE_CONTEXT_S,
+                   help="context length in seconds that WERR is measured from (nearest within 1%%; default 10.24)")
+    r.add_argument("--alpha", type=float, default=0.05, help="significance level after Holm correction")
+    r.add_argument("--level", type=float, default=0.95, help="confidence level of the bootstrap intervals")
+    r.add_argument("--bootstrap", type=int, default=stats.BOOTSTRAP_RESAMPLES, help="bootstrap resamples")
+    r.add_argument("--main-family", default=None,
+                   help="family drawn in figures 1 and 2 (default: 'context' if present)")
+    r.add_argument("--ignore-param", action="append", default=[], metavar="KEY",
+                   help="a param that may differ between seeds of one configuration (repeatable)")
+    c = sub.add_parser("compare", help="print one pairwise comparison (B against A) with p-values and intervals",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    c.add_argument("experiment", help="the sweep's MLflow experiment name")
+    c.add_argument("a", help="the reference configuration (see the forms above)")
+    c.add_argument("b", help="the configuration compared with A")
+    c.add_argument("--tracking-uri", default=None)
+    c.add_argument("--dataset", default=None, help="one dataset (default: every dataset both have)")
+    c.add_argument("--snr", type=float, default=None, help="the music SNR condition in dB (default: clean)")
+    c.add_argument("--family", default=None, help="resolve context-length names within this family")
+    c.add_argument("--alpha", type=float, default=0.05, help="significance level of the verdict line")
+    c.add_argument("--level", type=float, default=0.95, help="confidence level of the bootstrap intervals")
+    c.add_argument("--bootstrap", type=int, default=stats.BOOTSTRAP_RESAMPLES)
+    c.add_argument("--ignore-param", action="append", default=[], metavar="KEY")
+    return p
+
+
+def _report(args: argparse.Namespace) -> int:
+    from .report import write_report
+
+    if not 0 < args.alpha < 1 or not 0 < args.level < 1 or args.bootstrap < 100 or args.baseline_context <= 0:
+        print("error: --alpha and --level must lie in (0, 1), --bootstrap be at least 100 and --baseline-context "
+              "positive", file=sys.stderr)
+        return EXIT_USAGE
+    rep = write_report(args.experiment, args.out, tracking_uri=args.tracking_uri, ignore_params=args.ignore_param,
+                       baseline_context=args.baseline_context, alpha=args.alpha, level=args.level,
+                       bootstrap_resamples=args.bootstrap, main_family=args.main_family)
+    sig = rep.significance
+    n_sig = int((sig["significant"] == True).sum()) if len(sig) else 0  # noqa: E712
+    print(f"report: {rep.html}")
+    print(f"        {rep.markdown}, {len(rep.figures)} figures, {len(rep.csvs)} CSV tables")
+    print(f"        {len(sig)} comparisons with the baseline, {n_sig} significant after Holm correction")
+    for s in rep.skipped:
+        print(f"        skipped {s.key}: {s.reason}")
+    return 0
+
+
+def _compare(args: argparse.Namespace) -> int:
+    sweep = collect(args.experiment, args.tracking_uri, ignore_params=args.ignore_param, progress=False)
+    series = sweep.trials.drop_duplicates("config_id").set_index("config_id")["series_id"]
+    try:
+        # a context length given for one side means "the same series as the other side" where that is unique
+        try:
+            a = resolve_config(sweep, args.a, family=args.family)
+            b = resolve_config(sweep, args.b, family=args.family, series_id=series[a])
+        except SelectionError:
+            b = resolve_config(sweep, args.b, family=args.family)
+            a = resolve_config(sweep, args.a, family=args.family, series_id=series[b])
+    except SelectionError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    cond = CLEAN if args.snr is None else condition_name(args.snr)
+    rec = sweep.recordings
+    have = {cid: set(rec.loc[(rec["config_id"] == cid) & (rec["condition"] == cond), "dataset"]) for cid in (a, b)}
+    datasets = [args.dataset] if args.dataset else sorted(have[a] & have[b])
+    if not datasets:
+        print(f"error: {args.a} and {args.b} share no dataset with per-recording results under condition {cond}; "
+              f"A has {sorted(have[a]) or 'none'}, B has {sorted(have[b]) or 'none'}", file=sys.stderr)
+        return EXIT_DATA
+    names = sweep.trials.drop_duplicates("config_id").set_index("config_id")
+    print(f"A = {names.loc[a, 'config']} ({format_seconds(names.loc[a, 'context_s'])}), "
+          f"B = {names.loc[b, 'config']} ({format_seconds(names.loc[b, 'context_s'])}); condition {cond}")
+    failed = False
+    for ds in datasets:
+        try:
+            res = compare_configs(sweep, a, b, ds, cond, bootstrap_resamples=args.bootstrap, level=args.level)
+        except stats.PairingError as e:
+            print(f"\n[{ds}] cannot compare: {e}", file=sys.stderr)
+            failed = True
+            continue
+        print(f"\n[{ds}] seeds A {list(res.seeds_a)}, B {list(res.seeds_b)}")
+        print(res.summary())
+        verdict = "significant" if res.permutation.pvalue < args.alpha else "not significant"
+        print(f"-> B against A: {verdict} at alpha={args.alpha:g} by the permutation test (a single comparison: "
+              "no multiplicity correction; the report corrects across context lengths)")
+    return EXIT_DATA if failed else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="[analysis] %(message)s")
+    logging.getLogger("mlflow").setLevel(logging.WARNING)
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+    args = _parser().parse_args(argv)
+    try:
+        return _report(args) if args.command == "report" else _compare(args)
+    except CollectError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_DATA
+    except ValueError as e:  # e.g. --main-family naming no family
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

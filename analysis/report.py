@@ -1,0 +1,327 @@
+"""``python -m analysis report``: one folder a reader can publish, built from a sweep in MLflow.
+
+``OUT/index.html`` (self-contained: figures embedded as base64 PNG, inline CSS), ``OUT/report.md`` (figures linked
+beside it), the PNGs, and CSVs: ``wer.csv``, ``werr.csv``, ``significance.csv``, ``snr.csv``, ``problems.csv``,
+``trials.csv``. Every comparison with a baseline is stated in words — significant or not after Holm's correction,
+with its p-values and intervals — and every run that was left out is listed with the reason.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import logging
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable
+
+import pandas as pd
+
+from . import stats
+from .collect import CLEAN, Sweep, collect
+from .plots import Figure, Skipped, draw_figures
+from .werr import (DEFAULT_BASELINE_CONTEXT_S, baseline_notes, format_seconds, significance_table, snr_table,
+                   wer_table, werr_table)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Report:
+    out_dir: Path
+    html: Path
+    markdown: Path
+    csvs: dict[str, Path]
+    figures: list[Figure]
+    skipped: list[Skipped]
+    significance: pd.DataFrame
+
+
+# ---- formatting ----------------------------------------------------------------------------------------------
+
+def fmt_p(p: float) -> str:
+    if p is None or not math.isfinite(p):
+        return "–"
+    return f"{p:.2g}" if p < 0.001 else f"{p:.3f}"
+
+
+def fmt_num(x: float, digits: int = 2, sign: bool = False) -> str:
+    if x is None or not math.isfinite(x):
+        return "–"
+    return f"{x:+.{digits}f}" if sign else f"{x:.{digits}f}"
+
+
+def sentence(row: pd.Series, level: float, alpha: float) -> str:
+    """One comparison with its baseline in plain words."""
+    head = (f"{row['config']} ({format_seconds(row['context_s'])}) vs {row['baseline_config']} "
+            f"({format_seconds(row['baseline_context_s'])}) on {row['dataset']}"
+            + ("" if row["condition"] == CLEAN else f" with music at {row['snr_db']:g} dB"))
+    if not math.isfinite(row["p_permutation"]):
+        return f"{head}: **not tested** — {row['note']}"
+    lv = f"{100 * level:g}% CI"
+    text = (f"{head}: WER {fmt_num(row['wer_baseline'])}% → {fmt_num(row['wer'])}%, WERR "
+            f"{fmt_num(row['werr'], 1, True)}% [{lv} {fmt_num(row['werr_lo'], 1, True)}, "
+            f"{fmt_num(row['werr_hi'], 1, True)}], ΔWER {fmt_num(row['delta_wer'], 2, True)} points "
+            f"[{fmt_num(row['delta_lo'], 2, True)}, {fmt_num(row['delta_hi'], 2, True)}]; permutation p = "
+            f"{fmt_p(row['p_permutation'])} ({row['permutation']}, {int(row['n_recordings'])} recordings), "
+            f"Holm-adjusted p = {fmt_p(row['p_holm'])}; Wilcoxon p = {fmt_p(row['p_wilcoxon'])}; sign test "
+            f"p = {fmt_p(row['p_sign'])} (better on {int(row['n_better'])}, worse on {int(row['n_worse'])} "
+            f"recordings); Welch p = {fmt_p(row['p_welch'])} (seeds). ")
+    v = row["verdict"]
+    if v == "not significant":
+        text += f"**Not significant** at α = {alpha:g} after Holm correction: no evidence of a difference."
+    elif v.startswith("significantly") and "(may be seed variation)" not in v:
+        text += f"**{v.capitalize()}** at α = {alpha:g} after Holm correction."
+    else:
+        text += f"**{v.capitalize()}**."
+    if row.get("note"):
+        text += f" Note: {row['note']}."
+    return text
+
+
+def md_table(df: pd.DataFrame) -> str:
+    if df.empty:
+        return "_(none)_\n"
+    cols = [str(c) for c in df.columns]
+    lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
+    for _, r in df.iterrows():
+        lines.append("| " + " | ".join(str(v).replace("|", "\\|") for v in r.values) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def html_table(df: pd.DataFrame) -> str:
+    if df.empty:
+        return "<p><em>(none)</em></p>"
+    return df.to_html(index=False, escape=True, border=0, classes="t", na_rep="–")
+
+
+def _wer_pivot(wer: pd.DataFrame) -> pd.DataFrame:
+    """Configurations × dataset/condition, 'mean ± sd (n)'."""
+    if wer.empty:
+        return pd.DataFrame()
+    cell = wer.assign(
+        col=[ds if c == CLEAN else f"{ds} {c}" for ds, c in zip(wer["dataset"], wer["condition"])],
+        val=[f"{m:.2f} ± {s:.2f} ({n})" if math.isfinite(s) else f"{m:.2f} ({n})"
+             for m, s, n in zip(wer["wer_mean"], wer["wer_sd"], wer["n_seeds"])])
+    order = list(dict.fromkeys(cell.sort_values(["dataset", "snr_db"], na_position="first")["col"]))
+    out = cell.pivot_table(index=["series", "context_s", "config"], columns="col", values="val", aggfunc="first")
+    out = out[order].reset_index().sort_values(["series", "context_s"])
+    out["context_s"] = out["context_s"].map(format_seconds)
+    return out.rename(columns={"context_s": "context"})
+
+
+def _werr_pivot(werr: pd.DataFrame, family: str) -> pd.DataFrame:
+    part = werr[(werr["family"] == family) & (werr["condition"] == CLEAN)]
+    if part.empty:
+        return pd.DataFrame()
+    part = part.assign(val=[f"{w:+.1f} [{lo:+.1f}, {hi:+.1f}]" for w, lo, hi in
+                            zip(part["werr"], part["werr_min"], part["werr_max"])])
+    out = part.pivot_table(index=["series", "context_s"], columns="dataset", values="val", aggfunc="first")
+    out = out.reset_index().sort_values(["series", "context_s"])
+    out["context_s"] = out["context_s"].map(format_seconds)
+    return out.rename(columns={"context_s": "context"})
+
+
+def _snr_pivots(snr: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
+    out = []
+    for (fam, series, ds), grp in snr.groupby(["family", "series", "dataset"], sort=True):
+        g = grp.assign(col=["clean" if c == CLEAN else f"{s:g} dB" for c, s in zip(grp["condition"], grp["snr_db"])])
+        order = ["clean"] + [f"{s:g} dB" for s in sorted(grp["snr_db"].dropna().unique(), reverse=True)]
+        pv = g.pivot_table(index="context_s", columns="col", values="werr", aggfunc="first")
+        pv = pv[[c for c in order if c in pv.columns]].round(2).reset_index()
+        pv["context_s"] = pv["context_s"].map(format_seconds)
+        out.append((f"{fam} / {series} / {ds}", pv.rename(columns={"context_s": "context"})))
+    return out
+
+
+def _sig_display(sig: pd.DataFrame) -> pd.DataFrame:
+    if sig.empty:
+        return sig
+    return pd.DataFrame({
+        "family": sig["family"], "series": sig["series"], "dataset": sig["dataset"], "condition": sig["condition"],
+        "context": sig["context_s"].map(format_seconds), "vs": sig["baseline_context_s"].map(format_seconds),
+        "WERR %": [fmt_num(x, 1, True) for x in sig["werr"]],
+        "WERR CI": [f"[{fmt_num(a, 1, True)}, {fmt_num(b, 1, True)}]" for a, b in zip(sig["werr_lo"], sig["werr_hi"])],
+        "ΔWER": [fmt_num(x, 2, True) for x in sig["delta_wer"]],
+        "ΔWER CI": [f"[{fmt_num(a, 2, True)}, {fmt_num(b, 2, True)}]" for a, b in zip(sig["delta_lo"], sig["delta_hi"])],
+        "p perm": sig["p_permutation"].map(fmt_p), "p Holm": sig["p_holm"].map(fmt_p),
+        "p Wilcoxon": sig["p_wilcoxon"].map(fmt_p), "p sign": sig["p_sign"].map(fmt_p),
+        "p Welch": sig["p_welch"].map(fmt_p), "verdict": sig["verdict"]})
+
+
+def _methods(alpha: float, level: float, resamples: int, baseline_context: float) -> str:
+    return (
+        f"WER is the corpus WER (all errors / all reference words, Whisper's normaliser) in percent; each "
+        f"configuration's WER is the mean over its seeds. WERR = 100 × (WER_base − WER) / WER_base against the "
+        f"same series (the same configuration apart from context length) at {format_seconds(baseline_context)} "
+        f"({baseline_context:g} s). Significance treats the recording as the unit: per recording the error counts "
+        f"are averaged over seeds, and a paired sign-flip permutation test over recordings tests ΔWER (exact "
+        f"enumeration up to {stats.EXACT_PERMUTATION_MAX_N} differing recordings, else "
+        f"{stats.PERMUTATION_RESAMPLES} random sign flips with p = (k + 1)/(N + 1)). Its p-values are "
+        f"Holm-corrected across the context lengths compared with one baseline (per family, series, dataset and "
+        f"condition); a comparison is significant when the adjusted p < {alpha:g}. Wilcoxon's signed-rank and the "
+        f"sign test on per-recording WER are checks that weight recordings equally; Welch's t on seed-level WERs is "
+        f"the authors' secondary figure. The {100 * level:g}% intervals are paired bootstrap percentiles "
+        f"(Bisani & Ney) over {resamples} resamples of recordings and, within each configuration, of seeds; when "
+        f"the permutation test is significant but this interval includes 0, the difference may be seed-to-seed "
+        f"variation and the verdict says so.")
+
+
+# ---- the report ----------------------------------------------------------------------------------------------
+
+def build_report(sweep: Sweep, out_dir: Path | str, *, baseline_context: float = DEFAULT_BASELINE_CONTEXT_S,
+                 alpha: float = 0.05, level: float = 0.95, bootstrap_resamples: int = stats.BOOTSTRAP_RESAMPLES,
+                 main_family: str | None = None, progress: bool = False) -> Report:
+    """Write the report of ``sweep`` into ``out_dir`` (created; files in it are overwritten)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    wer = wer_table(sweep)
+    werr = werr_table(sweep, baseline_context)
+    snr = snr_table(werr) if not werr.empty else pd.DataFrame()
+    sig = significance_table(sweep, baseline_context, alpha=alpha, level=level,
+                             bootstrap_resamples=bootstrap_resamples, progress=progress)
+    log.info("tables in %.1f s (%d comparisons)", time.perf_counter() - t0, len(sig))
+    figures, skipped = draw_figures(sweep, werr, wer, out, baseline_context=baseline_context,
+                                    main_family=main_family)
+    notes = baseline_notes(sweep, baseline_context)
+
+    csvs = {"wer": wer, "werr": werr, "significance": sig, "snr": snr, "problems": sweep.problems,
+            "trials": sweep.trials}
+    paths = {}
+    for name, df in csvs.items():
+        paths[name] = out / f"{name}.csv"
+        df.to_csv(paths[name], index=False)
+
+    sections = _sections(sweep, wer, werr, snr, sig, figures, skipped, notes, baseline_context, alpha, level,
+                         bootstrap_resamples)
+    md_path, html_path = out / "report.md", out / "index.html"
+    md_path.write_text(_markdown(sweep, sections), encoding="utf-8")
+    html_path.write_text(_html(sweep, sections), encoding="utf-8")
+    log.info("report written to %s in %.1f s", out, time.perf_counter() - t0)
+    return Report(out, html_path, md_path, paths, figures, skipped, sig)
+
+
+@dataclass
+class _Section:
+    title: str
+    paragraphs: list[str]
+    tables: list[tuple[str, pd.DataFrame]]
+    figures: list[Figure]
+    bullets: list[tuple[str, list[str]]]  # (sub-heading or "", items)
+
+
+def _sections(sweep: Sweep, wer: pd.DataFrame, werr: pd.DataFrame, snr: pd.DataFrame, sig: pd.DataFrame,
+              figures: list[Figure], skipped: list[Skipped], notes: list[str], baseline_context: float,
+              alpha: float, level: float, resamples: int) -> list[_Section]:
+    status = sweep.trials["status"].value_counts().to_dict()
+    n_cfg = sweep.trials["config_id"].nunique()
+    overview = [
+        f"{len(sweep.trials)} trial runs ({', '.join(f'{v} {k}' for k, v in sorted(status.items()))}) of {n_cfg} "
+        f"configurations in families {', '.join(sweep.families) or '–'}; datasets "
+        f"{', '.join(sweep.datasets) or '–'}; baseline context {format_seconds(baseline_context)}.",
+    ]
+    if not sweep.problems.empty:
+        overview.append(f"**{len(sweep.problems)} runs or results were left out or look wrong**; they are listed "
+                        f"under \"Runs left out\" and in problems.csv.")
+    secs = [_Section("Overview", overview, [], [], [])]
+
+    findings: list[str] = []
+    if not sig.empty:
+        tested = sig[sig["p_permutation"].notna()]
+        n_sig = int((tested["significant"] == True).sum())  # noqa: E712 (None means untested)
+        findings.append(f"{len(sig)} comparisons with a baseline, {len(tested)} tested: {n_sig} significant at "
+                        f"α = {alpha:g} after Holm correction, {len(tested) - n_sig} not.")
+    bullets = []
+    ordered = sig.sort_values(["family", "series", "dataset", "snr_db", "context_s"], na_position="first")
+    for (fam, series), grp in ordered.groupby(["family", "series"], sort=False):
+        bullets.append((f"Family {fam}, series {series}", [sentence(r, level, alpha) for _, r in grp.iterrows()]))
+    if not bullets:
+        findings.append("No comparison with a baseline could be made: no family has finished models at the "
+                        "baseline context and at another context length.")
+    secs.append(_Section("Findings: each context length against the baseline", findings, [], [], bullets))
+
+    secs.append(_Section("Figures", [], [], figures,
+                         [("", [f"{s.title} — not drawn: {s.reason}." for s in skipped])] if skipped else []))
+    tables = [("WER (%) per configuration: mean ± sd over seeds (number of seeds)", _wer_pivot(wer))]
+    for fam in sweep.families:
+        pv = _werr_pivot(werr, fam)
+        if not pv.empty:
+            tables.append((f"WERR (%) from {format_seconds(baseline_context)}, family {fam}, clean: mean "
+                           f"[min, max over seeds]", pv))
+    secs.append(_Section("WER and WERR", [], tables, [], [("", notes)] if notes else []))
+    if not snr.empty:
+        secs.append(_Section("Noise robustness: WERR (%) from the baseline at each SNR", [], _snr_pivots(snr), [],
+                             []))
+    secs.append(_Section("Significance table", [], [("", _sig_display(sig))], [], []))
+    secs.append(_Section("Runs left out", [] if not sweep.problems.empty else ["None: every trial run finished "
+                                                                              "with all its metrics and tables."],
+                         [("", sweep.problems[["label", "status", "problem"]])] if not sweep.problems.empty else [],
+                         [], []))
+    secs.append(_Section("Methods", [_methods(alpha, level, resamples, baseline_context)], [], [], []))
+    return secs
+
+
+def _markdown(sweep: Sweep, sections: Iterable[_Section]) -> str:
+    parts = [f"# Sweep `{sweep.experiment}`: WER against context length\n"]
+    for s in sections:
+        parts.append(f"\n## {s.title}\n")
+        parts.extend(p + "\n" for p in s.paragraphs)
+        for sub, items in s.bullets:
+            if sub:
+                parts.append(f"\n### {sub}\n")
+            parts.append("\n" + "\n".join(f"- {b}" for b in items) + "\n")
+        for f in s.figures:
+            parts.append(f"\n![{f.title}]({f.path.name})\n\n*{f.title}.* {f.caption}\n")
+        for title, df in s.tables:
+            if title:
+                parts.append(f"\n**{title}**\n")
+            parts.append("\n" + md_table(df))
+    return "".join(parts)
+
+
+_CSS = """body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;color:#222}
+table.t{border-collapse:collapse;font-size:0.85em;margin:0.5em 0 1.5em}
+table.t th,table.t td{border-bottom:1px solid #ddd;padding:3px 8px;text-align:left}
+figure{margin:1em 0}img{max-width:100%}li{margin:0.3em 0}code{background:#f4f4f4}"""
+
+
+def _inline_md(text: str) -> str:
+    """The little Markdown the sentences use (**bold**, `code`) as HTML, everything else escaped."""
+    out = html.escape(text)
+    while "**" in out:
+        out = out.replace("**", "<strong>", 1).replace("**", "</strong>", 1)
+    while "`" in out:
+        out = out.replace("`", "<code>", 1).replace("`", "</code>", 1)
+    return out
+
+
+def _html(sweep: Sweep, sections: Iterable[_Section]) -> str:
+    body = [f"<h1>Sweep <code>{html.escape(sweep.experiment)}</code>: WER against context length</h1>"]
+    for s in sections:
+        body.append(f"<h2>{html.escape(s.title)}</h2>")
+        body.extend(f"<p>{_inline_md(p)}</p>" for p in s.paragraphs)
+        for sub, items in s.bullets:
+            if sub:
+                body.append(f"<h3>{html.escape(sub)}</h3>")
+            body.append("<ul>" + "".join(f"<li>{_inline_md(b)}</li>" for b in items) + "</ul>")
+        for f in s.figures:
+            data = base64.b64encode(f.path.read_bytes()).decode("ascii")
+            body.append(f'<figure><img alt="{html.escape(f.title)}" src="data:image/png;base64,{data}">'
+                        f"<figcaption><strong>{html.escape(f.title)}.</strong> {html.escape(f.caption)}"
+                        f"</figcaption></figure>")
+        for title, df in s.tables:
+            if title:
+                body.append(f"<h3>{html.escape(title)}</h3>")
+            body.append(html_table(df))
+    return (f"<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>{html.escape(sweep.experiment)}</title>"
+            f"<style>{_CSS}</style></head><body>{''.join(body)}</body></html>\n")
+
+
+def write_report(experiment: str, out_dir: Path | str, *, tracking_uri: str | None = None,
+                 ignore_params: Iterable[str] = (), progress: bool = True, **kwargs) -> Report:
+    """Collect sweep ``experiment`` from MLflow and write its report (see :func:`build_report`)."""
+    sweep = collect(experiment, tracking_uri, ignore_params=ignore_params, progress=progress)
+    return build_report(sweep, out_dir, progress=progress, **kwargs)
