@@ -1,0 +1,132 @@
+"""analysis report/compare end to end: a synthetic sweep in a real MLflow sqlite database -> the report folder."""
+
+from __future__ import annotations
+
+import base64
+import re
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from analysis.__main__ import main
+from analysis.collect import RunRecord, build_sweep
+from analysis.report import build_report
+
+sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "analysis"))
+import synthetic_sweep as synth  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def mlflow_uri(tmp_path_factory: pytest.TempPathFactory) -> str:
+    d = tmp_path_factory.mktemp("mlflow")
+    uri = f"sqlite:///{d / 'mlflow.db'}"
+    synth.write_to_mlflow(synth.make_records(), uri, d / "artifacts")
+    return uri
+
+
+@pytest.fixture(scope="module")
+def report_dir(tmp_path_factory: pytest.TempPathFactory, mlflow_uri: str) -> Path:
+    out = tmp_path_factory.mktemp("report")
+    rc = main(["report", "--experiment", synth.EXPERIMENT, "--tracking-uri", mlflow_uri, "--out", str(out),
+               "--baseline-context", "10.24"])
+    assert rc == 0
+    return out
+
+
+def test_report_folder_has_every_output(report_dir: Path) -> None:
+    for name in ("index.html", "report.md", "wer.csv", "werr.csv", "significance.csv", "snr.csv", "problems.csv",
+                 "trials.csv", "fig1_werr_vs_context_context.png", "fig2_werr_vs_snr_context.png",
+                 "fig3_wer_vs_context_posenc.png"):
+        assert (report_dir / name).stat().st_size > 0, name
+    for png in report_dir.glob("*.png"):
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    sig = pd.read_csv(report_dir / "significance.csv")
+    assert {"p_permutation", "p_holm", "significant", "delta_lo", "delta_hi", "werr_lo", "werr_hi", "p_wilcoxon",
+            "p_sign", "p_welch", "verdict"} <= set(sig.columns)
+    snr = pd.read_csv(report_dir / "snr.csv")
+    assert set(snr["snr_db"].dropna()) == {10.0, 0.0, -5.0}
+    wer = pd.read_csv(report_dir / "wer.csv")
+    assert {"wer_mean", "wer_sd", "wer_min", "wer_max", "n_seeds"} <= set(wer.columns)
+
+
+def test_html_is_self_contained(report_dir: Path) -> None:
+    html = (report_dir / "index.html").read_text()
+    sources = re.findall(r'src="([^"]*)"', html)
+    assert len(sources) == 3 and all(s.startswith("data:image/png;base64,") for s in sources)
+    for s in sources:
+        assert base64.b64decode(s.split(",", 1)[1])[:4] == b"\x89PNG"
+    assert "<link" not in html and "http://" not in html and "https://" not in html
+    assert "<script" not in html
+
+
+def test_report_states_significance_plainly_and_honestly(report_dir: Path) -> None:
+    md = (report_dir / "report.md").read_text()
+    lines = md.splitlines()
+
+    def line(config: str, dataset: str) -> str:
+        hits = [ln for ln in lines if ln.startswith(f"- {config} (") and f"on {dataset}:" in ln]
+        assert hits, (config, dataset)
+        return hits[0]
+
+    planted = line("ctx41s-rope1.5M-2L96d4h", "test-shifted")
+    assert "**Significantly better** at α = 0.05 after Holm correction" in planted
+    assert "Holm-adjusted p = " in planted and "95% CI" in planted
+    null = line("ctx20s-rope1.5M-2L96d4h", "test-shifted")
+    assert "**Not significant**" in null and "no evidence of a difference" in null
+    # unfinished runs and the run lacking a metric are in the report, not silently dropped
+    for text in ("ctx82s-rope1.5M-2L96d4h-s0", "RUNNING", "CUDA out of memory", "SCHEDULED",
+                 "lacks metric wer/test-shifted/snr-5"):
+        assert text in md
+    assert "Fig. 4" in md and "not drawn: no family whose series differ in model size" in md
+    assert "Fig. 5" in md and "not drawn" in md
+    assert "Holm-corrected across the context lengths" in md  # the methods say what was done
+
+
+def test_compare_prints_one_comparison(mlflow_uri: str, capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main(["compare", synth.EXPERIMENT, "ctx10s-rope1.5M-2L96d4h", "41s", "--tracking-uri", mlflow_uri,
+               "--dataset", "dev", "--bootstrap", "500"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "A = ctx10s-rope1.5M-2L96d4h (10 s), B = ctx41s-rope1.5M-2L96d4h (41 s)" in out
+    assert "permutation p=0.001953 (exact, 10 recordings)" in out  # all 10 better: 2 / 2^10
+    assert "95% CI" in out and "Wilcoxon p=" in out and "Welch" in out
+    rc = main(["compare", synth.EXPERIMENT, "10.24", "20s", "--tracking-uri", mlflow_uri])
+    assert rc == 2 and "matches 2 configurations" in capsys.readouterr().err
+
+
+def _family_records() -> list[RunRecord]:
+    """Size and head families (WER only): enough for figures 4 and 5, and nothing else."""
+    recs = []
+    for fam, archs in (("sizes", [(6, 768, 6), (3, 768, 6)]), ("heads", [(9, 768, 6), (9, 768, 12)])):
+        for layers, d, h in archs:
+            for ctx in (10.24, 20.48, 40.96):
+                for seed in (0, 1):
+                    label = f"ctx{ctx:.0f}s-rope1.5M-{layers}L{d}d{h}h-s{seed}"
+                    params = {"data.context_s": str(ctx), "train.seed": str(seed), "model.layers": str(layers),
+                              "model.d_model": str(d), "model.heads": str(h), "model.posenc": "rotary",
+                              "train.lr": "0.003" if layers == 6 else "0.002"}
+                    tags = {"sweep.role": "trial", "trial.label": label, "trial.seed": str(seed),
+                            "trial.subgrids": fam}
+                    wer = 20.0 - ctx / 20.0 + layers / 10.0 + h / 100.0 + seed / 10.0
+                    recs.append(RunRecord(f"{fam}-{label}", "FINISHED", tags, params, {"wer/earnings": wer}))
+    return recs
+
+
+def test_size_and_head_families_get_figures_4_and_5(tmp_path: Path) -> None:
+    rep = build_report(build_sweep("sizes", _family_records()), tmp_path, bootstrap_resamples=200)
+    keys = {f.key for f in rep.figures}
+    assert keys == {"fig1_werr_vs_context_heads", "fig4_werr_vs_context_sizes", "fig5_wer_vs_context_heads"}
+    assert {s.key for s in rep.skipped} == {"fig2", "fig3"}
+    md = (tmp_path / "report.md").read_text()
+    # without per-recording tables nothing can be tested, and the report says so rather than inventing p-values
+    assert "**not tested**" in md and "no per-recording results" in md
+
+
+def test_a_sweep_with_one_context_says_there_is_nothing_to_compare(tmp_path: Path) -> None:
+    recs = [r for r in _family_records() if "ctx10s" in r.run_id]
+    rep = build_report(build_sweep("one", recs), tmp_path, bootstrap_resamples=200)
+    assert rep.figures == [] and len(rep.skipped) == 5
+    md = (tmp_path / "report.md").read_text()
+    assert "No comparison with a baseline could be made" in md
