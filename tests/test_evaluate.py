@@ -1,0 +1,108 @@
+"""``evaluate``: per-recording table, metrics and artifacts in the checkpoint's MLflow run (real sqlite store)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import mlflow
+import pandas as pd
+import pytest
+import torch
+
+from asr_core.checkpoint import save_checkpoint
+from asr_core.config import preset
+from asr_core.corpora import load_corpus
+from asr_core.corpora.synth import synthesise
+from asr_core.corpora.synth_text import TOPICS, vocabulary
+from asr_core.evaluate import CSV_COLUMNS, evaluate, metric_key
+from asr_core.model import build_model
+from asr_core.tokenizer import Tokenizer
+
+ROOT = Path(__file__).resolve().parents[1]
+torch.set_num_threads(2)
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    tmp = tmp_path_factory.mktemp("eval")
+    corpus = tmp / "corpus"
+    synthesise(corpus, 0.005, seed=1, eval_hours=0.005, min_minutes=0.15, max_minutes=0.2, jobs=2,
+               splits=("test", "test-shifted"))
+    cfg = preset("tiny").with_overrides(["data.context_s=2.56", "data.batch_audio_s=10.24"])
+    texts = [" ".join(vocabulary())] + [" ".join(t) for t in TOPICS.values()]
+    tok = Tokenizer.train(texts * 20, cfg.model.vocab_size)
+    torch.manual_seed(0)
+    model = build_model(cfg.model, cfg.data.features.n_mels)
+    uri = f"sqlite:///{tmp / 'mlflow.db'}"
+    mlflow.set_tracking_uri(uri)
+    exp = mlflow.set_experiment("eval-test")
+    run = mlflow.MlflowClient(uri).create_run(exp.experiment_id)
+    ckpt = save_checkpoint(tmp / "run" / "checkpoint.pt", {
+        "config": cfg.to_dict(), "model": model.state_dict(), "tokenizer": tok.to_bytes(), "format_version": 1,
+        "mlflow_run_id": run.info.run_id, "tracking_uri": uri, "step": 0})
+    return {"tmp": tmp, "corpus": corpus, "ckpt": ckpt, "uri": uri, "run_id": run.info.run_id, "cfg": cfg}
+
+
+def test_evaluate_writes_the_table_and_logs_into_the_checkpoints_run(setup: dict) -> None:
+    out = setup["tmp"] / "out"
+    datasets = [f"test=podcast:{setup['corpus'] / 'test'}", f"shifted=podcast:{setup['corpus'] / 'test-shifted'}"]
+    df = evaluate(setup["ckpt"], datasets, [-7.5, 10.0], stride=0.25, batch_windows=4, out_dir=out)
+    assert list(df.columns) == CSV_COLUMNS
+    n_test = len(load_corpus(f"podcast:{setup['corpus'] / 'test'}"))
+    assert len(df) == 3 * (n_test + len(load_corpus(f"podcast:{setup['corpus'] / 'test-shifted'}")))
+    assert set(df.condition) == {"clean", "snr-7.5", "snr10"}
+    assert df[df.condition == "clean"].snr_db.isna().all() and set(df.snr_db.dropna()) == {-7.5, 10.0}
+    errors = df.substitutions + df.deletions + df.insertions
+    assert ((df.wer - 100 * errors / df.ref_words).abs() < 1e-9).all()
+    assert (df.ref_words - df.deletions + df.insertions == df.hyp_words).all()
+
+    client = mlflow.MlflowClient(setup["uri"])
+    run = client.get_run(setup["run_id"])
+    for name in ("test", "shifted"):
+        table = pd.read_csv(out / f"{name}.csv")
+        assert list(table.columns) == CSV_COLUMNS
+        for cond, snr in (("clean", None), ("snr-7.5", -7.5), ("snr10", 10.0)):
+            part = table[table.condition == cond]
+            expected = 100 * (part.substitutions + part.deletions + part.insertions).sum() / part.ref_words.sum()
+            assert run.data.metrics[metric_key(name, snr)] == pytest.approx(expected)
+    assert set(run.data.metrics) == {"wer/test", "wer/test/snr-7.5", "wer/test/snr10", "wer/shifted",
+                                     "wer/shifted/snr-7.5", "wer/shifted/snr10"}
+    artifacts = {a.path for a in client.list_artifacts(setup["run_id"], "eval")}
+    assert artifacts == {"eval/test.csv", "eval/shifted.csv"}
+
+
+def test_evaluation_is_deterministic_and_noise_changes_the_input(setup: dict) -> None:
+    spec = [f"t=podcast:{setup['corpus'] / 'test'}"]
+    a = evaluate(setup["ckpt"], spec, [0.0], stride=1.0, out_dir=setup["tmp"] / "a", log=False)
+    b = evaluate(setup["ckpt"], spec, [0.0], stride=1.0, out_dir=setup["tmp"] / "b", log=False)
+    pd.testing.assert_frame_equal(a, b)
+    hyps = pd.read_json(setup["tmp"] / "a" / "t.hyp.jsonl", lines=True)
+    assert set(hyps.condition) == {"clean", "snr0"} and hyps.ref.str.len().min() > 0
+
+
+def test_bad_arguments_fail_before_any_work(setup: dict, tmp_path: Path) -> None:
+    good = f"t=podcast:{setup['corpus'] / 'test'}"
+    with pytest.raises(ValueError, match="NAME=FORMAT:PATH"):
+        evaluate(setup["ckpt"], ["podcast:x"], [])
+    with pytest.raises(ValueError, match="unique"):
+        evaluate(setup["ckpt"], [good, good], [])
+    with pytest.raises(ValueError, match="stride"):
+        evaluate(setup["ckpt"], [good], [], stride=0)
+    with pytest.raises(FileNotFoundError, match="nowhere.wav"):
+        evaluate(setup["ckpt"], [good], [0.0], noise=str(tmp_path / "nowhere.wav"))
+    with pytest.raises(FileNotFoundError, match="checkpoint"):
+        evaluate(tmp_path / "none.pt", [good], [])
+
+
+def test_cli(setup: dict) -> None:
+    out = setup["tmp"] / "cli"
+    r = subprocess.run([sys.executable, "-m", "asr_core", "evaluate", str(setup["ckpt"]), "--data",
+                        f"t=podcast:{setup['corpus'] / 'test'}", "--snr", "5", "--stride", "1", "--out", str(out),
+                        "--no-log"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert (out / "t.csv").exists() and "snr5" in r.stdout and "[eval] t 1/" in r.stderr
+    bad = subprocess.run([sys.executable, "-m", "asr_core", "evaluate", str(setup["ckpt"]), "--data", "t=wav:x"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "unknown format 'wav'" in bad.stderr
