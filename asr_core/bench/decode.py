@@ -1,0 +1,96 @@
+"""``python -m asr_core bench decode``: real-time factor of moving-window decoding, in one run.
+
+Rows: non-overlapping windows (stride = window, the cost of one pass), moving windows at the evaluation stride
+(12.5%) decoded in batches, and the same one window at a time. Overlapping windows at stride ``s`` cost ``1/s``
+passes (8 at 12.5%): that is the compute floor, and the batched implementation should come within 1.2× of it.
+Times are the best of ``--repeats`` runs after a warm-up, on normalised features of a synthetic recording (the
+one-off feature extraction is reported on its own row).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from asr_core.config import PRESETS, preset
+from asr_core.decode import plan_windows, posteriors, window_frames
+
+
+def _best_time(fn, repeats: int) -> float:
+    fn()  # warm-up: allocator, kernels, caches
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def run(preset_name: str = "tiny", context_s: float = 10.24, minutes: float = 3.0, stride: float = 0.125,
+        batch_windows: int = 8, repeats: int = 2, device: str = "cpu", threads: int = 0) -> list[dict]:
+    """Measure and return the table rows (also printed by :func:`cli`)."""
+    from asr_core.features import FeatureExtractor
+    from asr_core.model import build_model
+
+    if threads:
+        torch.set_num_threads(threads)
+    cfg = preset(preset_name).with_overrides([f"data.context_s={context_s}",
+                                              f"data.batch_audio_s={max(context_s, 3600.0)}"])
+    torch.manual_seed(0)
+    model = build_model(cfg.model, cfg.data.features.n_mels).to(device).eval()
+    fps = cfg.data.features.frames_per_second
+    sub = cfg.model.subsampling_factor
+    window = window_frames(cfg.data.context_s, fps, sub)
+    seconds = minutes * 60.0
+    wave = torch.randn(int(seconds * cfg.data.features.sample_rate)) * 0.1
+    extractor = FeatureExtractor(cfg.data.features)
+    feats_time = _best_time(lambda: extractor(wave), 1)
+    feats = extractor(wave)
+
+    def decode(s: float, b: int) -> float:
+        return _best_time(lambda: posteriors(model, feats, window, stride=s, batch_windows=b, subsampling=sub,
+                                             device=device), repeats)
+
+    one_pass = decode(1.0, batch_windows)
+    floor = one_pass / stride
+    rows = [{"mode": "features (once per recording)", "windows": 0, "seconds": feats_time},
+            {"mode": "single pass (stride = window)", "windows": len(plan_windows(feats.shape[0], window, 1.0,
+                                                                                  sub).starts),
+             "seconds": one_pass},
+            {"mode": f"floor: {1 / stride:g} x single pass", "windows": 0, "seconds": floor}]
+    n = len(plan_windows(feats.shape[0], window, stride, sub).starts)
+    rows.append({"mode": f"moving, batches of {batch_windows}", "windows": n, "seconds": decode(stride, batch_windows)})
+    rows.append({"mode": "moving, one window at a time", "windows": n, "seconds": decode(stride, 1)})
+    for r in rows:
+        r["rtf"] = r["seconds"] / seconds
+        r["x_floor"] = r["seconds"] / floor if r["windows"] and "moving" in r["mode"] else None
+    return rows
+
+
+def cli(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="python -m asr_core bench decode", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--preset", default="tiny", choices=sorted(PRESETS))
+    ap.add_argument("--context-s", type=float, default=10.24)
+    ap.add_argument("--minutes", type=float, default=3.0, help="length of the synthetic recording")
+    ap.add_argument("--stride", type=float, default=0.125)
+    ap.add_argument("--batch-windows", type=int, default=8)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    a = ap.parse_args(argv)
+    if not 0 < a.stride <= 1:
+        ap.error(f"--stride must be in (0, 1], got {a.stride}")
+    rows = run(a.preset, a.context_s, a.minutes, a.stride, a.batch_windows, a.repeats, a.device, a.threads)
+    print(f"decode benchmark: preset {a.preset}, context {a.context_s:g} s, {a.minutes:g} min recording, "
+          f"stride {a.stride:g}, device {a.device}, {torch.get_num_threads()} threads")
+    print(f"{'mode':34s} {'windows':>8s} {'seconds':>9s} {'RTF':>8s} {'x floor':>8s}")
+    for r in rows:
+        xf = f"{r['x_floor']:8.2f}" if r["x_floor"] is not None else f"{'':8s}"
+        w = f"{r['windows']:8d}" if r["windows"] else f"{'':8s}"
+        print(f"{r['mode']:34s} {w} {r['seconds']:9.3f} {r['rtf']:8.4f} {xf}")
+    batched = next(r for r in rows if r["mode"].startswith("moving, batches"))
+    goal = "meets" if batched["x_floor"] <= 1.2 else "misses"
+    print(f"batched moving-window decoding is {batched['x_floor']:.2f}x the compute floor ({goal} the 1.2x goal)")
+    return 0
