@@ -60,15 +60,17 @@ class TrialProcess:
         except ProcessLookupError:
             pass
 
-    def wait(self, poll_s: float = 0.5, stop: Callable[[], bool] | None = None) -> int:
-        """Exit code of the trainer. Polls so that signal handlers run promptly in the meantime."""
+    def wait(self, poll_s: float = 0.5, stop: Callable[[], bool] | None = None,
+             stop_signal: int = signal.SIGUSR2) -> int:
+        """Exit code of the trainer. Polls so that signal handlers run promptly in the meantime; once ``stop()``
+        turns true the trainer gets ``stop_signal`` (checkpoint and exit 75)."""
         while True:
             rc = self.proc.poll()
             if rc is not None:
                 self._log.close()
                 return rc
             if stop is not None and stop():
-                self.forward(signal.SIGTERM)
+                self.forward(stop_signal)
                 stop = None
             time.sleep(poll_s)
 

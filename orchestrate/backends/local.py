@@ -42,7 +42,8 @@ def run_trial_job(config: dict[str, Any]) -> None:
     job = config["job"]
     child = TrialProcess(job["cmd"], job["workdir"], Path(job["trial_dir"]) / "trial.log",
                          env={"ORCHESTRATE_JOB_ID": job["job_id"]})
-    rc = child.wait()
+    flag = job.get("preempt_flag")
+    rc = child.wait(stop=(lambda: Path(flag).exists()) if flag else None)
     if rc == EXIT_PREEMPTED:
         raise RuntimeError(f"trial {job['key']} was interrupted and checkpointed (exit 75); `orchestrate resume` "
                            "continues it")
@@ -137,7 +138,9 @@ def drive(sweep_path: Path, sub_id: str, cpus_per_trial: int, restore: bool,
     for key in sub.keys:
         jobs.append({"key": key, "label": by_key[key].label, "run_id": run_ids[key],
                      "trial_dir": str(sweep.trial_dir(key)), "workdir": workdir, "job_id": sub.job_id or "",
-                     "cmd": trial_command(sweep.trial_dir(key), manifest.tracking_uri, run_ids[key])})
+                     "cmd": trial_command(sweep.trial_dir(key), manifest.tracking_uri, run_ids[key]),
+                     # Ray-on-SLURM: the allocation touches this file on USR2; the wrapper tells its trainer
+                     "preempt_flag": str(sweep.path / "ray_slurm" / sub_id / "PREEMPT") if address else ""})
     os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")  # the ledger is MLflow, not Tune's CSVs
     if address:
         ray.init(address=address, log_to_driver=False)

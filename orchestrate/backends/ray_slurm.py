@@ -1,0 +1,217 @@
+"""``ray-slurm``: a Ray cluster inside one SLURM allocation; Ray Tune schedules the trials onto its GPUs.
+
+Ray Tune cannot make a trial a SLURM job by itself, so a submission is one ``sbatch`` job (named
+``orch.<sweep>.<submission id>``) whose batch step runs ``python -m orchestrate.backends.ray_slurm allocation``:
+
+1. start the Ray head on the first node and a worker on every other node, each with ``srun --overlap``, declaring
+   the CPUs and GPUs SLURM allocated there (``SLURM_CPUS_ON_NODE``, ``SLURM_GPUS_ON_NODE``);
+2. run the Tune driver (:func:`orchestrate.backends.local.drive`) against that cluster, each trial asking for
+   ``cpus_per_task`` CPUs and one GPU when the profile has GPUs, so trials fill the allocation's GPUs;
+3. on USR2 (time limit or preemption, sent to the batch step) tell every running trial to checkpoint (a flag file
+   their wrappers watch), wait for Tune to wind down, ``scontrol requeue`` the job and exit; when the job starts
+   again the driver continues the same Tune experiment with ``Tuner.restore`` and trainers resume their checkpoints.
+
+The cluster uses token authentication with the sweep's own token (see ``local.ray_auth_env``).
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import FrameType
+
+from orchestrate.backends.base import Backend, BackendError, Job, OnSubmitted
+from orchestrate.backends.local import drive, ray_auth_env
+from orchestrate.backends.slurm import _run
+from orchestrate.sweep import SweepDir
+
+
+class RaySlurmBackend(Backend):
+    name = "ray-slurm"
+
+    def validate(self) -> None:
+        from orchestrate.backends.slurm import SlurmBackend
+
+        SlurmBackend.validate(self)  # type: ignore[arg-type] - same commands and partition check
+
+    def _script(self, sub_id: str, n_trials: int) -> str:
+        p = self.profile
+        gpus = p.gpu_count()
+        per_node = max(1, gpus)
+        out_dir = self.sweep.path / "ray_slurm" / sub_id
+        lines = ["#!/bin/bash",
+                 f"#SBATCH --job-name=orch.{self.sweep.name}.{sub_id}",
+                 f"#SBATCH --comment={shlex.quote(f'orchestrate sweep={self.sweep.name} submission={sub_id}')}",
+                 "#SBATCH --nodes=1",
+                 "#SBATCH --ntasks-per-node=1",
+                 # one trial per GPU, each with cpus_per_task CPUs (plus none for Ray itself: it idles)
+                 f"#SBATCH --cpus-per-task={max(1, p.cpus_per_task) * per_node}",
+                 f"#SBATCH --time={p.time_limit_min()}",
+                 f"#SBATCH --signal=B:USR2@{p.signal_delay_s}",
+                 "#SBATCH --requeue",
+                 "#SBATCH --open-mode=append",
+                 f"#SBATCH --output={out_dir}/%j.log"]
+        if gpus:
+            lines.append(f"#SBATCH --gpus-per-node={p.gpus_per_node}")
+        if p.partition:
+            lines.append(f"#SBATCH --partition={p.partition}")
+        if p.account:
+            lines.append(f"#SBATCH --account={p.account}")
+        if p.qos:
+            lines.append(f"#SBATCH --qos={p.qos}")
+        if p.mem_gb:
+            lines.append(f"#SBATCH --mem={int(p.mem_gb * 1024 * per_node)}M")
+        for k, v in p.additional:
+            lines.append(f"#SBATCH --{k.replace('_', '-')}" + ("" if v is True else f"={v}"))
+        manifest = self.sweep.read_manifest()
+        env = ray_auth_env(self.sweep)
+        lines += ["", *p.setup, ""]
+        lines += [f"export {k}={shlex.quote(v)}" for k, v in env.items()]
+        lines += [f"cd {shlex.quote(manifest.workdir or str(Path.cwd()))}",
+                  f"exec {shlex.quote(sys.executable)} -m orchestrate.backends.ray_slurm allocation "
+                  f"{shlex.quote(str(self.sweep.path))} {sub_id} --cpus-per-trial {max(1, p.cpus_per_task)} "
+                  f"--gpus-per-trial {1 if gpus else 0}", ""]
+        return "\n".join(lines)
+
+    def submit(self, jobs: list[Job], on_submitted: OnSubmitted) -> None:
+        keys = [j.trial.key for j in jobs]
+        sub = self.sweep.new_submission(self.name, keys, {j.trial.key: j.run_id for j in jobs})
+        out_dir = self.sweep.path / "ray_slurm" / sub.id
+        out_dir.mkdir(parents=True, exist_ok=True)
+        script = out_dir / "job.sbatch"
+        script.write_text(self._script(sub.id, len(jobs)))
+        out = _run(["sbatch", "--parsable", str(script)])
+        job_id = out.strip().split(";")[0]
+        sub.record_job(job_id)
+        on_submitted({k: job_id for k in keys})
+        print(f"[orchestrate] ray-slurm: allocation job {job_id} for {len(jobs)} trials; log {out_dir}/{job_id}.log",
+              file=sys.stderr, flush=True)
+
+    def live_jobs(self, settle_s: float = 90.0) -> dict[str, str]:
+        subs = {s.job_name(): s for s in self.sweep.submissions() if s.data.get("backend") == self.name}
+        if not subs:
+            return {}
+
+        def rows() -> list[list[str]]:
+            out = _run(["squeue", "-h", "-o", "%i|%j|%T", "--name", ",".join(subs)])
+            return [ln.strip().split("|") for ln in out.splitlines() if ln.count("|") == 2]
+
+        deadline = time.monotonic() + settle_s
+        r = rows()
+        while any(state in ("COMPLETING", "SIGNALING") for _, _, state in r) and time.monotonic() < deadline:
+            time.sleep(1.0)
+            r = rows()
+        live: dict[str, str] = {}
+        for job_id, name, _ in r:
+            for k in subs[name].keys if name in subs else []:
+                live[k] = job_id
+        return live
+
+    def cancel(self, job_ids: list[str]) -> None:
+        _run(["scancel", *job_ids])
+
+
+# ---- inside the allocation ---------------------------------------------------------------------------------------------
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
+
+
+def _allocated_gpus() -> int:
+    for var in ("SLURM_GPUS_ON_NODE", "SLURM_GPUS_PER_NODE"):
+        v = os.environ.get(var, "")
+        if v:
+            try:
+                return int(v.rsplit(":", 1)[-1])
+            except ValueError:
+                pass
+    cvd = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+    return len([d for d in cvd.split(",") if d.strip()]) if cvd else 0
+
+
+def allocation(sweep_path: Path, sub_id: str, cpus_per_trial: int, gpus_per_trial: float) -> int:
+    """The batch step: Ray head (+ workers) via srun, the Tune driver, USR2 → checkpoint all → requeue."""
+    sweep = SweepDir(sweep_path.parent, sweep_path.name)
+    job_id = os.environ["SLURM_JOB_ID"]
+    nodes = subprocess.run(["scontrol", "show", "hostnames", os.environ["SLURM_JOB_NODELIST"]],
+                           capture_output=True, text=True, check=True).stdout.split()
+    cpus = int(os.environ.get("SLURM_CPUS_ON_NODE", os.cpu_count() or 1))
+    gpus = _allocated_gpus()
+    head_ip = socket.gethostbyname(nodes[0])
+    port = _free_port()
+    address = f"{head_ip}:{port}"
+    tmp = f"/tmp/ray-{job_id}"  # short: Ray's unix sockets live under it
+    ray_bin = str(Path(sys.executable).with_name("ray"))
+    common = ["--num-cpus", str(cpus), "--num-gpus", str(gpus), "--temp-dir", tmp, "--disable-usage-stats", "--block"]
+    steps = [subprocess.Popen(["srun", "--overlap", "--nodes=1", "--ntasks=1", "-w", nodes[0], ray_bin, "start",
+                               "--head", "--node-ip-address", head_ip, "--port", str(port),
+                               "--include-dashboard=false", *common])]
+    print(f"[orchestrate] ray-slurm job {job_id}: head {address} with {cpus} CPUs, {gpus} GPUs; "
+          f"{len(nodes) - 1} worker nodes", flush=True)
+    _wait_for_head(address, ray_bin, steps[0])
+    for node in nodes[1:]:
+        steps.append(subprocess.Popen(["srun", "--overlap", "--nodes=1", "--ntasks=1", "-w", node, ray_bin, "start",
+                                       "--address", address, *common]))
+    flag = sweep.path / "ray_slurm" / sub_id / "PREEMPT"
+    flag.unlink(missing_ok=True)
+    preempted: list[int] = []
+
+    def on_usr2(signum: int, frame: FrameType | None) -> None:
+        preempted.append(signum)
+        flag.touch()  # every trial wrapper watches it and passes USR2 to its trainer
+
+    signal.signal(signal.SIGUSR2, on_usr2)
+    os.environ["ORCHESTRATE_PREEMPT_FLAG"] = str(flag)
+    restore = (sweep.path / "tune" / sub_id).exists()
+    try:
+        drive(sweep.path, sub_id, cpus_per_trial, restore, address=address, gpus_per_trial=gpus_per_trial)
+    finally:
+        for s in steps:
+            s.terminate()
+        for s in steps:
+            try:
+                s.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                s.kill()
+    if preempted:
+        print(f"[orchestrate] ray-slurm job {job_id}: trials checkpointed after USR2; requeueing", flush=True)
+        subprocess.run(["scontrol", "requeue", job_id], check=False, timeout=60)
+        return 75
+    return 0
+
+
+def _wait_for_head(address: str, ray_bin: str, head: subprocess.Popen[bytes], timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if head.poll() is not None:
+            raise BackendError(f"the Ray head exited with {head.returncode} before it was up")
+        p = subprocess.run([ray_bin, "status", "--address", address], capture_output=True, text=True)
+        if p.returncode == 0:
+            return
+        time.sleep(2.0)
+    raise BackendError(f"the Ray head at {address} did not come up within {timeout:.0f}s")
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m orchestrate.backends.ray_slurm")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    a = sub.add_parser("allocation", help="run inside the sbatch job: Ray cluster + Tune driver")
+    a.add_argument("sweep_path", type=Path)
+    a.add_argument("submission")
+    a.add_argument("--cpus-per-trial", type=int, default=1)
+    a.add_argument("--gpus-per-trial", type=float, default=0)
+    args = p.parse_args(argv)
+    return allocation(args.sweep_path, args.submission, args.cpus_per_trial, args.gpus_per_trial)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,182 @@
+"""``slurm``: one submitit job array per submission, one array task per trial.
+
+Resources come from the cluster profile (partition, ``--gpus-per-node=a100:1``, memory, time limit, account, QOS,
+setup lines, ``%`` parallelism). The array's job name is ``orch.<sweep>.<submission id>`` and task *i* runs
+``keys[i]`` of ``<sweep>/submissions/<id>.json`` (written before ``sbatch``), so ``resume`` maps live tasks back to
+trials even when the submitting process died before it recorded the job id.
+
+Preemption and time limits: SLURM sends USR2 ``signal_delay_s`` before the limit (and on preemption). The trainer
+receives it, checkpoints at the next step and exits 75; the task then requeues itself (``scontrol requeue``) and,
+when it starts again, the trainer resumes from its checkpoint in the same MLflow run. A 65-hour trial therefore
+survives a 48-hour limit. SIGTERM (``scancel``, ``scontrol requeue``, a node going down) also makes the trainer
+checkpoint; SLURM itself decides whether the job comes back, and ``resume`` resubmits it if not.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from orchestrate.backends.base import Backend, BackendError, Job, OnSubmitted
+from orchestrate.runner import EXIT_PREEMPTED, TrialProcess, install_forwarding, last_line
+from orchestrate.sweep import SweepDir, trial_command
+
+# squeue states in which a job still holds (or will hold) its trial. COMPLETING is settled first (see live_jobs).
+_SETTLING = ("COMPLETING", "SIGNALING", "STAGE_OUT")
+
+
+def _run(cmd: list[str], timeout: float = 60) -> str:
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except FileNotFoundError:
+        raise BackendError(f"{cmd[0]} not found: is SLURM installed here and SLURM_CONF set?") from None
+    if p.returncode != 0:
+        raise BackendError(f"{' '.join(cmd[:3])} ... failed ({p.returncode}): {p.stderr.strip() or p.stdout.strip()}")
+    return p.stdout
+
+
+class TrialTask:
+    """What each array task runs (pickled by submitit): look up its trial, run it, requeue on USR2."""
+
+    def __init__(self, sweep_path: str, sub_id: str) -> None:
+        self.sweep_path = sweep_path
+        self.sub_id = sub_id
+
+    def __call__(self) -> int:
+        index = int(os.environ["SLURM_ARRAY_TASK_ID"])
+        path = Path(self.sweep_path)
+        sweep = SweepDir(path.parent, path.name)
+        sub = sweep.submission(self.sub_id)
+        manifest = sweep.read_manifest()
+        key, run_id = sub.keys[index], sub.data["run_ids"][index]
+        job_id = f"{os.environ['SLURM_ARRAY_JOB_ID']}_{index}"
+        trial_dir = sweep.trial_dir(key)
+        child = TrialProcess(trial_command(trial_dir, manifest.tracking_uri, run_id), manifest.workdir or Path.cwd(),
+                             trial_dir / "trial.log", env={"ORCHESTRATE_JOB_ID": job_id})
+        install_forwarding(child, (signal.SIGUSR2, signal.SIGTERM))
+        print(f"[orchestrate] task {job_id}: trial {key} ({sub.keys and manifest.name}) pid {child.proc.pid}",
+              flush=True)
+        rc = child.wait()
+        if rc == 0:
+            return 0
+        if rc == EXIT_PREEMPTED:
+            if child.signalled == signal.SIGUSR2:
+                # Time limit or preemption notice: the checkpoint is written; come back in a fresh allocation.
+                print(f"[orchestrate] task {job_id}: checkpointed after USR2; requeueing", flush=True)
+                subprocess.run(["scontrol", "requeue", job_id], check=False, timeout=60)
+            else:
+                print(f"[orchestrate] task {job_id}: checkpointed after SIGTERM; SLURM decides about requeue",
+                      flush=True)
+            sys.exit(EXIT_PREEMPTED)  # SystemExit: submitit writes no result, so the task is not "done"
+        raise RuntimeError(f"trial {key} failed (exit {rc}): {last_line(trial_dir / 'trial.log')}")
+
+
+class SlurmBackend(Backend):
+    name = "slurm"
+
+    def validate(self) -> None:
+        for cmd in ("sbatch", "squeue", "scancel", "scontrol"):
+            if shutil.which(cmd) is None:
+                raise BackendError(f"{cmd} not found: is SLURM installed here and SLURM_CONF set?")
+        part = self.profile.partition
+        if part:
+            known = sorted(set(_run(["sinfo", "-h", "-o", "%R"]).split()))
+            if part not in known:
+                raise BackendError(f"profile {self.profile.name!r}: unknown partition {part!r}; valid: "
+                                   f"{', '.join(known)}")
+
+    # ---- submission -------------------------------------------------------------------------------------------------
+    def _executor(self, sub_id: str, n: int) -> object:
+        import submitit
+
+        p = self.profile
+        ex = submitit.SlurmExecutor(folder=self.sweep.path / "slurm" / sub_id, max_num_timeout=1000)
+        params: dict[str, object] = {
+            "job_name": f"orch.{self.sweep.name}.{sub_id}",
+            "time": p.time_limit_min(),
+            "cpus_per_task": max(1, p.cpus_per_task),
+            "signal_delay_s": p.signal_delay_s,
+            "array_parallelism": p.max_parallel or n,
+            "comment": f"orchestrate sweep={self.sweep.name} submission={sub_id}",
+            "stderr_to_stdout": True,
+            # node failures bring the task back; our own USR2 path requeues explicitly
+            "additional_parameters": {"requeue": True, **dict(p.additional)},
+        }
+        if p.partition:
+            params["partition"] = p.partition
+        if p.account:
+            params["account"] = p.account
+        if p.qos:
+            params["qos"] = p.qos
+        if p.gpus_per_node:
+            params["gpus_per_node"] = p.gpus_per_node
+        if p.mem_gb:
+            params["mem"] = f"{int(p.mem_gb * 1024)}MB"
+        if p.setup:
+            params["setup"] = list(p.setup)
+        ex.update_parameters(**params)
+        return ex
+
+    def submit(self, jobs: list[Job], on_submitted: OnSubmitted) -> None:
+        keys = [j.trial.key for j in jobs]
+        sub = self.sweep.new_submission(self.name, keys, {j.trial.key: j.run_id for j in jobs})
+        ex = self._executor(sub.id, len(jobs))
+        task = TrialTask(str(self.sweep.path), sub.id)
+        t0 = time.perf_counter()
+        try:
+            with ex.batch():  # type: ignore[attr-defined]
+                handles = [ex.submit(task) for _ in jobs]  # type: ignore[attr-defined]
+        except Exception as e:  # submitit raises plain exceptions carrying sbatch's message
+            raise BackendError(f"sbatch failed for sweep {self.sweep.name}: {e}; nothing was submitted, the "
+                               f"runs stay SCHEDULED and `orchestrate resume {self.sweep.name}` retries") from None
+        job_ids = {k: h.job_id for k, h in zip(keys, handles)}
+        array_id = handles[0].job_id.split("_")[0]
+        sub.record_job(array_id)
+        on_submitted(job_ids)
+        print(f"[orchestrate] slurm: job array {array_id} with {len(jobs)} tasks "
+              f"({time.perf_counter() - t0:.2f}s); logs in {self.sweep.path / 'slurm' / sub.id}",
+              file=sys.stderr, flush=True)
+
+    # ---- reconciliation ---------------------------------------------------------------------------------------------
+    def _squeue(self) -> list[tuple[str, str, str]]:
+        names = [s.job_name() for s in self.sweep.submissions() if s.data.get("backend") == self.name]
+        if not names:
+            return []
+        out = _run(["squeue", "-h", "-r", "-o", "%i|%j|%T", "--name", ",".join(names)])
+        rows = []
+        for line in out.splitlines():
+            parts = line.strip().split("|")
+            if len(parts) == 3:
+                rows.append((parts[0], parts[1], parts[2]))
+        return rows
+
+    def live_jobs(self, settle_s: float = 90.0) -> dict[str, str]:
+        # A task that is COMPLETING may still come back (requeue) or not (cancel): wait for SLURM to decide rather
+        # than risk two jobs training one trial.
+        deadline = time.monotonic() + settle_s
+        rows = self._squeue()
+        while any(state in _SETTLING for _, _, state in rows) and time.monotonic() < deadline:
+            time.sleep(1.0)
+            rows = self._squeue()
+        subs = {s.job_name(): s for s in self.sweep.submissions()}
+        live: dict[str, str] = {}
+        for job_id, name, _state in rows:
+            sub = subs.get(name)
+            if sub is None or "_" not in job_id:
+                continue
+            base, idx = job_id.split("_", 1)
+            if not idx.isdigit():
+                continue
+            i = int(idx)
+            if i < len(sub.keys):
+                live[sub.keys[i]] = job_id
+        return live
+
+    def cancel(self, job_ids: list[str]) -> None:
+        for i in range(0, len(job_ids), 500):
+            _run(["scancel", *job_ids[i:i + 500]])
