@@ -132,7 +132,7 @@ write_configs() {
   mem_mb=$(awk '/^MemTotal:/ {printf "%d", $2 / 1024 * 0.9}' /proc/meminfo)
   choose_ports
   if [ ! -s "$ETC/db.password" ]; then
-    (umask 077 && tr -dc 'A-Za-z0-9' </dev/urandom | head -c 24 >"$ETC/db.password")
+    (umask 077 && od -An -tx1 -N16 /dev/urandom | tr -d ' \n' >"$ETC/db.password")
   fi
   db_pass=$(cat "$ETC/db.password")
   cat >"$ETC/ports.env" <<EOF
@@ -368,6 +368,12 @@ if [ -n "${TESTCLUSTER_OWNER_PID:-}" ]; then
 fi
 tc_registry_add "$STATE_DIR"
 
+# Configs written by another version of these scripts are replaced (with a restart) rather than reused.
+GENERATOR=$(cat "$HERE/start.sh" "$HERE/lib.sh" | sha256sum | cut -c1-16)
+if any_daemon_running && [ "$(cat "$ETC/generator" 2>/dev/null)" != "$GENERATOR" ]; then
+  tc_log "the running cluster was configured by another version of start.sh; restarting it"
+  tc_stop_dir "$STATE_DIR"
+fi
 if any_daemon_running && [ -f "$ETC/ports.env" ]; then
   # shellcheck disable=SC1091
   source "$ETC/ports.env"
@@ -375,6 +381,7 @@ else
   # Nothing of ours runs: clear what a killed session left (orphaned job steps, pid files) and use fresh ports.
   tc_stop_dir "$STATE_DIR"
   write_configs
+  echo "$GENERATOR" >"$ETC/generator"
 fi
 export SLURM_CONF=$SLURM_CONF_PATH
 
