@@ -15,6 +15,7 @@ with ``T' = ceil(T / subsampling)`` and the CTC blank at ``V - 1`` (docs/ARCHITE
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -77,15 +78,20 @@ def posteriors(model: Model, features: torch.Tensor, window: int, *, stride: flo
     sums: torch.Tensor | None = None
     counts = torch.zeros(t_out, device=device)
     spans = plan.spans
-    for b0 in range(0, len(spans), batch_windows):
-        chunk = spans[b0: b0 + batch_windows]
-        lengths = torch.tensor([e - s for s, e in chunk], device=device)
-        longest = int(lengths.max())
-        batch = feats.new_zeros(len(chunk), max(longest, 1), feats.shape[1])
-        for i, (s, e) in enumerate(chunk):
-            batch[i, : e - s] = feats[s:e]
-        logits, out_lengths = model(batch, lengths)
-        probs = torch.softmax(logits.float(), dim=-1)
+    b0, batch = 0, batch_windows
+    while b0 < len(spans):
+        chunk = spans[b0: b0 + batch]
+        try:
+            probs, out_lengths = _forward_windows(model, feats, chunk, device)
+        except torch.OutOfMemoryError:
+            if batch == 1:
+                raise
+            batch = max(1, batch // 2)  # long contexts: fewer windows at once rather than failing the evaluation
+            if str(device).startswith("cuda"):
+                torch.cuda.empty_cache()
+            print(f"[decode] out of memory with {len(chunk)} windows of {window} frames; retrying {batch} at a "
+                  "time", file=sys.stderr)
+            continue
         if sums is None:
             sums = torch.zeros(t_out, probs.shape[-1], device=device)
         for i, (s, _) in enumerate(chunk):
@@ -93,8 +99,9 @@ def posteriors(model: Model, features: torch.Tensor, window: int, *, stride: flo
             n = min(int(out_lengths[i]), t_out - o)
             sums[o: o + n] += probs[i, :n]
             counts[o: o + n] += 1
+        b0 += len(chunk)
         if progress is not None:
-            progress(min(b0 + batch_windows, len(spans)), len(spans))
+            progress(b0, len(spans))
     if sums is None:  # pragma: no cover - plan_windows always yields one window
         raise RuntimeError("no windows were decoded")
     if t_out and bool((counts == 0).any()):
@@ -102,6 +109,18 @@ def posteriors(model: Model, features: torch.Tensor, window: int, *, stride: flo
         raise RuntimeError(f"{missing} output frames were covered by no window: the model's out_lengths are "
                            f"shorter than ceil(T / {subsampling})")
     return (sums / counts.clamp(min=1).unsqueeze(1)).cpu()
+
+
+def _forward_windows(model: Model, feats: torch.Tensor, chunk: list[tuple[int, int]], device: torch.device | str
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """One batch of windows (zero-padded to the longest; the model masks padding). Returns probabilities
+    (B, T', V) and output lengths (B,)."""
+    lengths = torch.tensor([e - s for s, e in chunk], device=device)
+    batch = feats.new_zeros(len(chunk), max(int(lengths.max()), 1), feats.shape[1])
+    for i, (s, e) in enumerate(chunk):
+        batch[i, : e - s] = feats[s:e]
+    logits, out_lengths = model(batch, lengths)
+    return torch.softmax(logits.float(), dim=-1), out_lengths
 
 
 def greedy_ids(probs: torch.Tensor, blank: int) -> list[int]:

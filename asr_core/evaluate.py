@@ -23,7 +23,7 @@ import pandas as pd
 import torch
 
 from asr_core.corpora import CorpusError, Recording, load_corpus, parse_dataset_spec
-from asr_core.decode import decode_features, plan_windows, window_frames
+from asr_core.decode import decode_features, plan_windows, prepare_features, window_frames
 from asr_core.noise import add_music
 from asr_core.score import Counts, corpus_wer, normalise, score
 
@@ -131,7 +131,6 @@ def _evaluate_dataset(name: str, recordings: list[Recording], snrs: list[float],
     from tqdm import tqdm
 
     from asr_core.audio import load_audio
-    from asr_core.features import zero_regions
 
     rows, hyps = [], []
     blank = tokenizer.blank_id
@@ -141,9 +140,7 @@ def _evaluate_dataset(name: str, recordings: list[Recording], snrs: list[float],
         for snr in [None, *snrs]:
             t0 = time.perf_counter()
             wave = clean if snr is None else add_music(clean, rec.id, snr, noise, noise_seed)
-            feats = extractor(wave)
-            if rec.ignore:
-                feats = zero_regions(feats, rec.ignore, fps)
+            feats = prepare_features(extractor, wave, rec.ignore, fps)
             n_windows = len(plan_windows(feats.shape[0], window, stride, sub).starts)
             with tqdm(total=n_windows, desc=f"{name} {rec.id} {condition_name(snr)}", unit="win", leave=False,
                       file=sys.stderr, disable=n_windows <= batch_windows) as bar:

@@ -147,3 +147,44 @@ def test_with_the_project_model() -> None:
     logits, _ = model(short[None], torch.tensor([400]))
     torch.testing.assert_close(posteriors(model, short, 512, stride=1.0), torch.softmax(logits[0], -1),
                                atol=1e-5, rtol=1e-4)
+
+
+class _OomAbove(nn.Module):
+    """Wraps a model and raises CUDA's out-of-memory error for batches larger than ``limit`` (what a long-context
+    model does on a real GPU; no GPU here, hence mocked)."""
+
+    def __init__(self, inner: nn.Module, limit: int) -> None:
+        super().__init__()
+        self.inner, self.limit, self.sizes = inner, limit, []
+
+    def forward(self, features: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        self.sizes.append(features.shape[0])
+        if features.shape[0] > self.limit:
+            raise torch.OutOfMemoryError("CUDA out of memory (mocked)")
+        return self.inner(features, lengths)
+
+
+def test_out_of_memory_halves_the_window_batch_mocked_oom(capsys) -> None:
+    model = ConvCTC(seed=2)
+    feats = torch.randn(2000, 16)
+    expected = posteriors(model, feats, 256, stride=0.125, batch_windows=8)
+    wrapped = _OomAbove(model, limit=3)
+    got = posteriors(wrapped, feats, 256, stride=0.125, batch_windows=8)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-4)
+    assert wrapped.sizes[:3] == [8, 4, 2] and max(wrapped.sizes[3:]) <= 2
+    assert "out of memory" in capsys.readouterr().err
+
+
+def test_untranscribed_regions_are_zeroed_after_whole_recording_normalisation() -> None:
+    from asr_core.config import FeatureConfig
+    from asr_core.decode import prepare_features
+    from asr_core.features import FeatureExtractor
+
+    extractor = FeatureExtractor(FeatureConfig())
+    wave = torch.randn(16000 * 4) * 0.1
+    feats = prepare_features(extractor, wave, [(1.0, 1.5), (3.0, 3.2)], 100.0)
+    full = extractor(wave)
+    assert feats.shape == full.shape
+    assert feats[100:150].abs().max() == 0 and feats[300:320].abs().max() == 0
+    torch.testing.assert_close(feats[:100], full[:100])  # statistics come from the whole recording
+    torch.testing.assert_close(feats[150:300], full[150:300])
