@@ -18,13 +18,14 @@ that this same function repairs.
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from orchestrate.backends import make_backend
-from orchestrate.backends.base import Job, Profile
+from orchestrate.backends.base import Backend, Job, Profile
 from orchestrate.ledger import Ledger, TrialRun
 from orchestrate.sweep import Manifest, SweepDir
 from orchestrate.trial import Trial
@@ -48,6 +49,14 @@ class Plan:
         return (f"{len(self.finished)} finished (skipped), {len(self.attached)} live (re-attached), "
                 f"{len(self.new)} new, {len(self.lost)} lost (resubmitted), {len(self.failed)} failed/killed "
                 f"(resubmitted), {len(self.left_failed)} failed (left; retry --failed)")
+
+
+def _fault(point: str) -> None:
+    """Fault injection for the recovery tests: ``ORCHESTRATE_FAULT=<point>`` kills this process right there, the
+    way a node reboot or an OOM kill would (no cleanup, no exception handlers)."""
+    if os.environ.get("ORCHESTRATE_FAULT") == point:
+        log(f"fault injected at {point}: exiting now")
+        os._exit(137)
 
 
 def log(msg: str) -> None:
@@ -75,9 +84,10 @@ def classify(trials: list[Trial], runs: dict[str, TrialRun], live: dict[str, str
 
 
 def run_sweep(sweep: SweepDir, manifest: Manifest, trials: list[Trial], profile: Profile, *,
-              include_failed: bool = True, only_failed: bool = False, what: str = "submit") -> Plan:
+              include_failed: bool = True, only_failed: bool = False, what: str = "submit",
+              backend: Backend | None = None) -> Plan:
     """Reconcile ledger, scheduler and sweep, then submit what needs to run. Holds the sweep lock throughout."""
-    backend = make_backend(manifest.backend, sweep, manifest.tracking_uri, profile)
+    backend = backend or make_backend(manifest.backend, sweep, manifest.tracking_uri, profile)
     backend.validate()
     ledger = Ledger(manifest.tracking_uri, manifest.name)
     with sweep.lock(what):
@@ -106,8 +116,10 @@ def run_sweep(sweep: SweepDir, manifest: Manifest, trials: list[Trial], profile:
             ledger.set_status(requeue, "SCHEDULED", tags={"trial.error": ""})
         log(f"ledger ready in {time.perf_counter() - t0:.2f}s ({len(plan.new)} runs created)")
         jobs = [Job(trial=t, run_id=run_ids[t.key], trial_dir=sweep.prepare_trial(t)) for t in todo]
+        _fault("after-runs")
 
         def on_submitted(job_ids: dict[str, str]) -> None:
+            _fault("after-submit")
             ledger.tag_runs({run_ids[k]: {"trial.job_id": j, "trial.backend": manifest.backend}
                              for k, j in job_ids.items()})
 

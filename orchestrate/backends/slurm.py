@@ -48,18 +48,25 @@ class TrialTask:
         self.sub_id = sub_id
 
     def __call__(self) -> int:
-        index = int(os.environ["SLURM_ARRAY_TASK_ID"])
+        # submitit submits a lone job (no array) when a submission holds a single trial: that is task 0.
+        index = int(os.environ.get("SLURM_ARRAY_TASK_ID", "0"))
+        array = os.environ.get("SLURM_ARRAY_JOB_ID")
+        job_id = f"{array}_{index}" if array else os.environ.get("SLURM_JOB_ID", "?")
         path = Path(self.sweep_path)
         sweep = SweepDir(path.parent, path.name)
-        sub = sweep.submission(self.sub_id)
         manifest = sweep.read_manifest()
+        sub = sweep.submission(self.sub_id)
         key, run_id = sub.keys[index], sub.data["run_ids"][index]
-        job_id = f"{os.environ['SLURM_ARRAY_JOB_ID']}_{index}"
         trial_dir = sweep.trial_dir(key)
-        child = TrialProcess(trial_command(trial_dir, manifest.tracking_uri, run_id), manifest.workdir or Path.cwd(),
-                             trial_dir / "trial.log", env={"ORCHESTRATE_JOB_ID": job_id})
+        try:
+            child = TrialProcess(trial_command(trial_dir, manifest.tracking_uri, run_id),
+                                 manifest.workdir or Path.cwd(), trial_dir / "trial.log",
+                                 env={"ORCHESTRATE_JOB_ID": job_id})
+        except Exception as e:  # the trainer could not even start: say so in the ledger, not only in a log
+            _mark_failed(manifest.tracking_uri, run_id, f"{type(e).__name__}: {e}")
+            raise
         install_forwarding(child, (signal.SIGUSR2, signal.SIGTERM))
-        print(f"[orchestrate] task {job_id}: trial {key} ({sub.keys and manifest.name}) pid {child.proc.pid}",
+        print(f"[orchestrate] task {job_id}: trial {key} of {manifest.name}, trainer pid {child.proc.pid}",
               flush=True)
         rc = child.wait()
         if rc == 0:
@@ -76,8 +83,17 @@ class TrialTask:
         raise RuntimeError(f"trial {key} failed (exit {rc}): {last_line(trial_dir / 'trial.log')}")
 
 
+def _mark_failed(uri: str, run_id: str, error: str) -> None:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    client.set_tag(run_id, "trial.error", error.splitlines()[-1][:4000] if error else "error")
+    client.set_terminated(run_id, status="FAILED")
+
+
 class SlurmBackend(Backend):
     name = "slurm"
+    task_class: type = TrialTask  # what each array task runs (the benchmark swaps in a trivial one)
 
     def validate(self) -> None:
         for cmd in ("sbatch", "squeue", "scancel", "scontrol"):
@@ -126,7 +142,7 @@ class SlurmBackend(Backend):
         keys = [j.trial.key for j in jobs]
         sub = self.sweep.new_submission(self.name, keys, {j.trial.key: j.run_id for j in jobs})
         ex = self._executor(sub.id, len(jobs))
-        task = TrialTask(str(self.sweep.path), sub.id)
+        task = self.task_class(str(self.sweep.path), sub.id)
         t0 = time.perf_counter()
         try:
             with ex.batch():  # type: ignore[attr-defined]
@@ -167,9 +183,9 @@ class SlurmBackend(Backend):
         live: dict[str, str] = {}
         for job_id, name, _state in rows:
             sub = subs.get(name)
-            if sub is None or "_" not in job_id:
+            if sub is None:
                 continue
-            base, idx = job_id.split("_", 1)
+            idx = job_id.split("_", 1)[1] if "_" in job_id else "0"  # a lone job (one trial) is task 0
             if not idx.isdigit():
                 continue
             i = int(idx)

@@ -1,0 +1,185 @@
+"""One suite for every backend (local, slurm, ray-slurm): REAL trials of grids/smoke.yaml to FINISHED, then
+submitting again submits nothing and creates no duplicate runs. Then preemption on SLURM: USR2 or
+``scontrol requeue`` mid-training → the same MLflow run ends FINISHED with the same step count as without.
+
+The SLURM cases use the session fixtures ``slurm_cluster`` (a real single-node cluster with fake A100s) and
+``mlflow_server`` (a real ``mlflow server``)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orchestrate.cli import main
+from orchestrate.grid import load_grid
+from orchestrate.ledger import Ledger, wait_for
+from orchestrate.sweep import SweepDir
+
+ROOT = Path(__file__).resolve().parents[1]
+SMOKE = ROOT / "grids" / "smoke.yaml"
+MAX_STEPS = 30  # grids/smoke.yaml train.max_steps; the corpus below holds more than 30 steps of audio
+
+
+@pytest.fixture(scope="session")
+def smoke_corpus(request: pytest.FixtureRequest) -> Path:
+    """A synthetic podcast corpus (~13 min, more than MAX_STEPS steps of 20 s), made once and cached."""
+    out = Path(request.config.cache.mkdir("orchestrate-smoke-corpus-v1"))
+    if not (out / "COMPLETE").exists():
+        subprocess.run([sys.executable, "-m", "asr_core", "synth", str(out / "c"), "--hours", "0.2", "--seed", "1",
+                        "--eval-hours", "0.01", "--min-minutes", "0.5", "--max-minutes", "1", "--splits", "train"],
+                       check=True)
+        (out / "COMPLETE").write_text("ok\n")
+    return out / "c"
+
+
+def cluster_env(request: pytest.FixtureRequest) -> str:
+    """Start (once) the SLURM test cluster and the MLflow server; returns the tracking URI."""
+    request.getfixturevalue("slurm_cluster")
+    server = request.getfixturevalue("mlflow_server")
+    return str(getattr(server, "uri", server))
+
+
+def write_profile(tmp_path: Path, gpus: str, **extra: Any) -> Path:
+    p = tmp_path / "profile.yaml"
+    body = {"partition": "gpu", "gpus_per_node": gpus, "cpus_per_task": 1, "mem_gb": 1, "time_limit": "00:30:00",
+            "signal_delay_s": 30, **extra}
+    p.write_text("".join(f"{k}: {v!r}\n" if isinstance(v, str) else f"{k}: {v}\n" for k, v in body.items()))
+    return p
+
+
+def submit_args(backend: str, root: Path, corpus: Path, uri: str | None, profile: Path | None,
+                grid: Path = SMOKE, sweep: str = "smoke") -> list[str]:
+    args = ["submit", str(grid), "--backend", backend, "--sweep-root", str(root), "--sweep", sweep,
+            "--set", f"data.train=podcast:{corpus}/train"]
+    if uri:
+        args += ["--tracking-uri", uri]
+    if profile:
+        args += ["--profile", str(profile)]
+    return args
+
+
+def loss_steps(ledger: Ledger, run_id: str) -> list[int]:
+    return sorted(m.step for m in ledger.client.get_metric_history(run_id, "train/loss"))
+
+
+def assert_one_run_per_key(ledger: Ledger, n_trials: int) -> None:
+    runs = ledger.client.search_runs([ledger.experiment_id], filter_string="tags.`sweep.role` = 'trial'",
+                                     max_results=1000)
+    keys = [r.data.tags["trial.key"] for r in runs]
+    assert len(keys) == len(set(keys)) == n_trials, keys
+
+
+BACKENDS = [
+    pytest.param("local", id="local"),
+    pytest.param("slurm", marks=pytest.mark.slurm, id="slurm"),
+    pytest.param("ray-slurm", marks=[pytest.mark.slurm, pytest.mark.slow], id="ray-slurm"),
+]
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_smoke_grid_finishes_and_resubmitting_adds_nothing(backend: str, tmp_path: Path, smoke_corpus: Path,
+                                                          request: pytest.FixtureRequest) -> None:
+    uri = profile = None
+    if backend != "local":
+        uri = cluster_env(request)
+        profile = write_profile(tmp_path, "a100:2" if backend == "ray-slurm" else "a100:1")
+    root = tmp_path / "runs"
+    name = f"smoke-{backend}"
+    grid = load_grid(SMOKE, [f"data.train=podcast:{smoke_corpus}/train"])
+    assert main(submit_args(backend, root, smoke_corpus, uri, profile, sweep=name)) == 0
+    sweep = SweepDir(root, name)
+    manifest = sweep.read_manifest()
+    ledger = Ledger(manifest.tracking_uri, name)
+    runs = wait_for(ledger, [t.key for t in grid.trials], timeout=800)
+    assert {r.status for r in runs.values()} == {"FINISHED"}, {r.label: r.status for r in runs.values()}
+    for t in grid.trials:
+        r = runs[t.key]
+        assert r.label == t.label and r.backend == backend and r.job_id
+        assert loss_steps(ledger, r.run_id) == list(range(1, MAX_STEPS + 1))
+    n_subs = len(sweep.submissions())
+    assert n_subs == 1
+    # Again: everything is finished, so nothing is submitted and no run is created.
+    assert main(submit_args(backend, root, smoke_corpus, uri, profile, sweep=name)) == 0
+    assert len(sweep.submissions()) == n_subs
+    assert_one_run_per_key(ledger, len(grid.trials))
+    assert ledger.client.get_run(ledger.parent_run_id()).info.status == "FINISHED"
+
+
+ONE_TRIAL = """
+name: one
+seeds: [3]
+base:
+  preset: tiny
+  data: {train: "podcast:%s/train", batch_audio_s: 20.48, seqlen_warmup: none, context_s: 5.12}
+  train: {max_steps: %d, warmup_steps: 4, checkpoint_every: 4, device: cpu, precision: fp32}
+subgrids:
+  only: {}
+"""
+
+
+def squeue_states(name_prefix: str) -> dict[str, str]:
+    out = subprocess.run(["squeue", "-h", "-r", "-o", "%i|%j|%T"], capture_output=True, text=True, check=True).stdout
+    return {ln.split("|")[0]: ln.split("|")[2] for ln in out.split() if ln.split("|")[1].startswith(name_prefix)}
+
+
+def wait_until(pred: Any, timeout: float, what: str, poll: float = 0.5) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        v = pred()
+        if v:
+            return v
+        time.sleep(poll)
+    raise TimeoutError(what)
+
+
+@pytest.mark.slurm
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("how", ["usr2", "scontrol-requeue"])
+def test_preempted_trial_resumes_in_the_same_run_with_the_same_steps(how: str, tmp_path: Path, smoke_corpus: Path,
+                                                                     request: pytest.FixtureRequest) -> None:
+    uri = cluster_env(request)
+    grid_path = tmp_path / "one.yaml"
+    grid_path.write_text(textwrap.dedent(ONE_TRIAL % (smoke_corpus, MAX_STEPS)))
+    root = tmp_path / "runs"
+    name = f"preempt-{how}"
+    assert main(submit_args("slurm", root, smoke_corpus, uri, write_profile(tmp_path, "a100:1"),
+                            grid=grid_path, sweep=name)) == 0
+    ledger = Ledger(uri, name)
+    (key, run), = ledger.trial_runs().items()
+    # Mid-training: some steps logged, far from the end.
+    wait_until(lambda: len(loss_steps(ledger, run.run_id)) >= 6, 300, "training never reached step 6")
+    job_id = ledger.trial_runs()[key].job_id
+    if how == "usr2":  # what SLURM sends signal_delay_s before the time limit, and on preemption
+        subprocess.run(["scancel", "--signal=USR2", job_id], check=True)
+    else:
+        subprocess.run(["scontrol", "requeue", job_id], check=True)
+    runs = wait_for(ledger, [key], timeout=600)
+    final = runs[key]
+    assert final.status == "FINISHED" and final.run_id == run.run_id
+    assert final.preemptions >= 1
+    assert loss_steps(ledger, run.run_id) == list(range(1, MAX_STEPS + 1))  # as an uninterrupted run
+    assert_one_run_per_key(ledger, 1)
+    log = (SweepDir(root, name).trial_dir(key) / "trial.log").read_text()
+    assert log.count("==== ") == 2  # started twice: once, then resumed once from its checkpoint
+    assert len(SweepDir(root, name).submissions()) == 1  # requeued, never resubmitted
+
+
+def test_local_ray_token_is_private_to_the_sweep(tmp_path: Path) -> None:
+    """Ray's token auth stays on, with a token file private to the sweep."""
+    from orchestrate.backends.local import ray_auth_env
+
+    sweep = SweepDir(tmp_path, "s")
+    env = ray_auth_env(sweep)
+    token = Path(env["RAY_AUTH_TOKEN_PATH"])
+    assert env["RAY_AUTH_MODE"] == "token" and token.parent == sweep.path
+    assert oct(token.stat().st_mode & 0o777) == "0o600" and len(token.read_text()) == 64
+    assert ray_auth_env(sweep) == env and len(token.read_text()) == 64  # stable across calls
+    assert os.environ.get("RAY_AUTH_TOKEN_PATH") != str(token)  # the test process itself is untouched
