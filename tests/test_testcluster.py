@@ -1,0 +1,207 @@
+"""The local SLURM test cluster is a real one: GPUs scheduled by gres, accounting through slurmdbd, requeue,
+signals and node failures behave as on a production cluster, and start.sh cleans up after dead sessions."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.plugins.slurm_cluster import TESTCLUSTER, SlurmCluster, SlurmCommandError
+
+pytestmark = [pytest.mark.slurm, pytest.mark.timeout(300)]
+
+
+def _wait_for_file_text(path: Path, pattern: str, timeout: float = 60) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and re.search(pattern, text := path.read_text()):
+            return text
+        time.sleep(0.2)
+    raise TimeoutError(f"{path} never matched {pattern!r}; it holds: {path.read_text() if path.exists() else '(missing)'}")
+
+
+def test_cluster_is_registered_with_accounting_and_has_two_fake_a100s(slurm_cluster: SlurmCluster) -> None:
+    print(f"cluster start took {slurm_cluster.start_seconds:.1f} s")
+    clusters = slurm_cluster.run("sacctmgr", "-n", "-P", "list", "cluster", "format=cluster,controlhost").stdout
+    assert f"{slurm_cluster.cluster_name}|127.0.0.1" in clusters.splitlines()
+    assocs = slurm_cluster.run("sacctmgr", "-n", "-P", "list", "assoc", "format=account,user").stdout.splitlines()
+    assert f"{slurm_cluster.account}|root" in assocs
+    node = slurm_cluster.scontrol("-o", "show", "node", slurm_cluster.node)
+    assert "Gres=gpu:a100:2" in node
+    assert re.search(r"CfgTRES=\S*gres/gpu=2", node), node
+    partitions = slurm_cluster.run("sinfo", "-h", "-o", "%P").stdout.split()
+    assert "gpu*" in partitions and "debug" in partitions
+
+
+def test_gpu_request_sets_cuda_visible_devices_and_sacct_records_completion(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    one = slurm_cluster.sbatch(
+        "--gpus-per-node=a100:1", f"--output={tmp_path}/one.out", f"--chdir={tmp_path}", "--job-name=gpu-one",
+        script="#!/bin/bash\necho CVD=$CUDA_VISIBLE_DEVICES\n",
+    )
+    two = slurm_cluster.sbatch(
+        "--gpus-per-node=a100:2", f"--output={tmp_path}/two.out", f"--chdir={tmp_path}", "--job-name=gpu-two",
+        script="#!/bin/bash\necho CVD=$CUDA_VISIBLE_DEVICES\n",
+    )
+    assert slurm_cluster.wait_for_accounting(one, "COMPLETED") == "COMPLETED"
+    assert slurm_cluster.wait_for_accounting(two, "COMPLETED") == "COMPLETED"
+    assert re.fullmatch(r"CVD=[01]\n", (tmp_path / "one.out").read_text())
+    assert (tmp_path / "two.out").read_text() == "CVD=0,1\n"
+    rows = slurm_cluster.sacct(one, fields=("JobID", "State", "ExitCode", "AllocTRES"))
+    alloc = next(r for r in rows if r["JobID"] == one)
+    assert alloc["ExitCode"] == "0:0" and "gres/gpu=1" in alloc["AllocTRES"], rows
+
+
+def test_more_gpus_than_the_node_has_is_refused(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    with pytest.raises(SlurmCommandError, match="(?i)requested node configuration is not available"):
+        slurm_cluster.sbatch("--gpus-per-node=a100:3", f"--chdir={tmp_path}", script="#!/bin/bash\ntrue\n")
+
+
+def test_scontrol_requeue_restarts_a_running_job(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    out = tmp_path / "requeue.out"
+    job = slurm_cluster.sbatch(
+        f"--output={out}", "--open-mode=append", f"--chdir={tmp_path}", "--job-name=requeue",
+        script="#!/bin/bash\necho start restarts=${SLURM_RESTART_COUNT:-0}\nsleep 120\n",
+    )
+    try:
+        slurm_cluster.wait_for_state(job, "RUNNING")
+        _wait_for_file_text(out, r"start restarts=0")
+        slurm_cluster.scontrol("requeue", job)
+        # cred_expire=5 in the test cluster lets a requeued job start again after seconds, not two minutes.
+        _wait_for_file_text(out, r"start restarts=1", timeout=90)
+        assert slurm_cluster.job_state(job) == "RUNNING"
+        assert "Restarts=1" in slurm_cluster.scontrol("show", "job", job)
+    finally:
+        slurm_cluster.run("scancel", job, check=False)
+    slurm_cluster.wait_for_accounting(job, "CANCELLED")
+    # The interrupted first run is kept in accounting as its own REQUEUED record.
+    history = slurm_cluster.run("sacct", "-n", "-P", "-D", "-X", "-j", job, "-o", "State").stdout.split()
+    assert history[0] == "REQUEUED", history
+
+
+def test_usr2_reaches_the_batch_script(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    out = tmp_path / "signal.out"
+    script = (
+        "#!/bin/bash\n"
+        "trap 'echo got USR2; exit 0' USR2\n"
+        "echo ready\n"
+        "for i in $(seq 600); do sleep 0.1; done\n"
+        "echo no signal\n"
+        "exit 1\n"
+    )
+    job = slurm_cluster.sbatch(f"--output={out}", f"--chdir={tmp_path}", "--signal=B:USR2@120", "--time=10", script=script)
+    slurm_cluster.wait_for_state(job, "RUNNING")
+    _wait_for_file_text(out, "ready")
+    slurm_cluster.run("scancel", "--signal=USR2", "--batch", job)
+    assert slurm_cluster.wait_for_accounting(job, ("COMPLETED", "FAILED")) == "COMPLETED"
+    assert out.read_text() == "ready\ngot USR2\n"
+    # The time limit and the warning signal were recorded as submitted (what a 48-hour profile relies on).
+    shown = slurm_cluster.scontrol("show", "job", job)
+    assert "TimeLimit=00:10:00" in shown
+
+
+def test_node_down_holds_jobs_and_resume_runs_them(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    slurm_cluster.scontrol("update", f"nodename={slurm_cluster.node}", "state=down", "reason=test-down")
+    try:
+        assert slurm_cluster.wait_for_node(("down", "down*")).startswith("down")
+        job = slurm_cluster.sbatch(f"--output={tmp_path}/down.out", f"--chdir={tmp_path}", script="#!/bin/bash\necho ran\n")
+        time.sleep(3)  # several scheduling passes (sched_interval=2) with the node down
+        assert slurm_cluster.job_state(job) == "PENDING"
+        reason = slurm_cluster.run("squeue", "-h", "-j", job, "-o", "%r").stdout.strip()
+        assert "DOWN" in reason or "Nodes required" in reason or "Resources" in reason, reason
+    finally:
+        slurm_cluster.scontrol("update", f"nodename={slurm_cluster.node}", "state=resume", check=False)
+    assert slurm_cluster.wait_for_accounting(job, "COMPLETED") == "COMPLETED"
+    assert not slurm_cluster.node_state().startswith(("down", "drain"))
+    assert (tmp_path / "down.out").read_text() == "ran\n"
+
+
+def test_start_again_is_idempotent(slurm_cluster: SlurmCluster) -> None:
+    run_dir = slurm_cluster.state_dir / "run"
+    before = {p.name: p.read_text().strip() for p in run_dir.glob("*.pid")}
+    assert set(before) == {"munged.pid", "mariadbd.pid", "slurmdbd.pid", "slurmctld.pid", "slurmd.pid"}
+    proc = subprocess.run(
+        ["bash", str(TESTCLUSTER / "start.sh"), str(slurm_cluster.state_dir)],
+        capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == f"export SLURM_CONF={slurm_cluster.conf}"
+    after = {p.name: p.read_text().strip() for p in run_dir.glob("*.pid")}
+    assert after == before  # nothing was restarted
+    assert slurm_cluster.node_state() in {"idle", "mixed", "allocated"}
+
+
+def _start_lone_munged(state_dir: Path) -> int:
+    """A munged laid out as start.sh lays it out under STATE_DIR: what a dead session leaves running."""
+    for sub in ("munge", "run", "log", "etc"):
+        (state_dir / sub).mkdir(parents=True, exist_ok=True)
+    key = state_dir / "munge" / "munge.key"
+    key.write_bytes(os.urandom(1024))
+    key.chmod(0o400)
+    (state_dir / "munge").chmod(0o700)
+    subprocess.run(
+        ["munged", "--force", f"--socket={state_dir}/munge/munge.socket", f"--key-file={key}",
+         f"--pid-file={state_dir}/run/munged.pid", f"--log-file={state_dir}/log/munged.log",
+         f"--seed-file={state_dir}/munge/munged.seed"],
+        check=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=30,
+    )
+    deadline = time.monotonic() + 10
+    while not (state_dir / "run" / "munged.pid").exists():
+        assert time.monotonic() < deadline, "munged wrote no pid file"
+        time.sleep(0.1)
+    return int((state_dir / "run" / "munged.pid").read_text())
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_start_stops_clusters_left_by_dead_sessions(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("starting munged needs root")
+    registry = tmp_path / "registry"
+    registry.mkdir()
+    orphan_dir = tmp_path / "orphan"  # its owner (a test session) has exited
+    gone_dir = tmp_path / "gone"  # its state dir was deleted (pytest rotates old temporary folders)
+    live_dir = tmp_path / "live"  # owned by this very process: must survive
+    orphan = _start_lone_munged(orphan_dir)
+    gone = _start_lone_munged(gone_dir)
+    live = _start_lone_munged(live_dir)
+    try:
+        dead = subprocess.Popen(["true"])
+        dead.wait()
+        (orphan_dir / "owner").write_text(f"{dead.pid} 0\n")
+        start_time = Path(f"/proc/{os.getpid()}/stat").read_text().rsplit(")", 1)[1].split()[19]
+        (live_dir / "owner").write_text(f"{os.getpid()} {start_time}\n")
+        (registry / "clusters").write_text(f"{orphan_dir}\n{gone_dir}\n{live_dir}\n")
+        subprocess.run(["rm", "-rf", str(gone_dir)], check=True)
+
+        proc = subprocess.run(
+            ["bash", str(TESTCLUSTER / "start.sh"), str(slurm_cluster.state_dir)],
+            capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
+            env={**os.environ, "TESTCLUSTER_REGISTRY_DIR": str(registry)},
+        )
+        assert proc.returncode == 0, proc.stderr
+        assert f"stopping stale cluster {orphan_dir} (its owner" in proc.stderr
+        assert f"stopping stale cluster {gone_dir} (its state dir is gone)" in proc.stderr
+        deadline = time.monotonic() + 10
+        while (_alive(orphan) or _alive(gone)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _alive(orphan) and not _alive(gone)
+        assert _alive(live)
+        listed = (registry / "clusters").read_text().split()
+        assert str(orphan_dir) not in listed and str(gone_dir) not in listed and str(live_dir) in listed
+    finally:
+        for pid in (orphan, gone, live):
+            if _alive(pid):
+                os.kill(pid, 15)
