@@ -236,7 +236,10 @@ class Config:
         """Load ``path`` (optionally starting from ``preset: NAME``) and apply ``section.field=value`` overrides."""
         path = Path(path)
         try:
-            raw = yaml.safe_load(path.read_text()) or {}
+            text = path.read_text()
+            raw = (json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)) or {}
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{path}: not valid JSON: {e}") from None
         except FileNotFoundError:
             raise ConfigError(f"config file not found: {path}") from None
         except yaml.YAMLError as e:
@@ -374,6 +377,11 @@ def _coerce(tp: Any, value: Any, key: str, source: str) -> Any:
             raise ConfigError(f"{source}: invalid value for '{key}': {value!r}; valid: an integer")
         return value
     if tp is float:
+        if isinstance(value, str):  # YAML 1.1 reads 3e-3 (no dot) as a string
+            try:
+                value = float(value)
+            except ValueError:
+                pass
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{source}: invalid value for '{key}': {value!r}; valid: a number")
         return float(value)

@@ -62,3 +62,13 @@ def test_yaml_roundtrip(tmp_path):
     assert c.model.layers == 3 and c.train.seed == 4 and c.model.d_model == PRESETS["tiny"]["model"]["d_model"]
     with pytest.raises(ConfigError, match="not found"):
         Config.from_yaml(tmp_path / "missing.yaml")
+
+
+def test_yaml_exponents_without_a_dot_are_numbers(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("train:\n  lr: 3e-3\n  eps: 1e-6\n")
+    c = Config.from_yaml(p, ["model.rotary_theta=1e4"])
+    assert c.train.lr == 3e-3 and c.train.eps == 1e-6 and c.model.rotary_theta == 1e4
+    j = tmp_path / "c.json"
+    j.write_text(__import__("json").dumps(c.to_dict()))
+    assert Config.from_yaml(j).hash() == c.hash()
