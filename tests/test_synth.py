@@ -128,3 +128,9 @@ def test_cli_writes_the_documented_layout(tmp_path: Path) -> None:
     bad = subprocess.run([sys.executable, "-m", "asr_core", "synth", str(out), "--hours", "0.01", "--seed", "7"],
                          cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert bad.returncode != 0 and "different arguments" in bad.stderr
+
+
+def test_topics_are_dealt_evenly_so_small_splits_cover_them() -> None:
+    plans = make_plans("train", 1.0, seed=4, min_minutes=2, max_minutes=3)
+    first = [p.topic for p in plans[: len(TOPICS)]]
+    assert sorted(first) == sorted(TOPICS)

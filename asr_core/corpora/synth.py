@@ -12,7 +12,8 @@ Output layout (every split loads with the podcast reader, e.g. ``load_corpus("po
                                 and background noise
     OUT/meta/<id>.json          per-recording metadata (gathered into recordings.jsonl)
 
-Recordings last ``--min-minutes`` to ``--max-minutes`` (default 1-5). Each is a "podcast" (one voice) or, with
+Topics are dealt from shuffled decks, so a split of 12 recordings covers all 12; each recording also drops
+in an occasional word of another topic. Recordings last ``--min-minutes`` to ``--max-minutes`` (default 1-5). Each is a "podcast" (one voice) or, with
 probability ``--meeting-fraction``, a "meeting" (two voices alternating turns). Structure that rewards long
 context, as real long-form audio does: one espeak-ng voice, rate and pitch per speaker and one acoustic condition
 (channel colouring, reverberation, background noise level) per recording, held for the whole recording; one topic
@@ -141,7 +142,11 @@ def make_plans(split: str, hours: float, seed: int, *, min_minutes: float = 1.0,
     dom = DOMAINS[SPLIT_DOMAIN[split]]
     budget, total, plans = hours * 3600.0, 0.0, []
     min_s, max_s = min_minutes * 60.0, max_minutes * 60.0
+    topics: list[str] = []  # topics dealt from shuffled decks, so even a small split covers them evenly
     while total < budget or not plans:
+        if not topics:
+            topics = sorted(TOPICS)
+            rng.shuffle(topics)
         remaining = budget - total
         if plans and remaining < 0.5 * min_s:
             break
@@ -153,7 +158,7 @@ def make_plans(split: str, hours: float, seed: int, *, min_minutes: float = 1.0,
             if other.voice != speakers[0].voice:
                 speakers.append(other)
         i = len(plans)
-        plans.append(Plan(f"{split}-{i:04d}", split, kind, rng.choice(sorted(TOPICS)), tuple(speakers),
+        plans.append(Plan(f"{split}-{i:04d}", split, kind, topics.pop(), tuple(speakers),
                           draw_room(rng, dom), round(target, 2), recording_seed(seed, split, i)))
         total += target
     return plans

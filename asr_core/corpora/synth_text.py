@@ -112,9 +112,13 @@ class SentenceMaker:
         # Zipf-like weights: the first key term is the recording's main subject and recurs most
         self.weights = [1.0 / (i + 1) for i in range(len(self.key_terms))]
         self.others = terms[KEY_TERMS_PER_RECORDING:]
+        self.elsewhere = sorted(w for t, ws in TOPICS.items() if t != topic for w in ws)
 
     def _term(self) -> str:
-        if self.others and self.rng.random() < 0.1:  # an occasional one-off topic word
+        r = self.rng.random()
+        if r < 0.06:  # a word of another topic: every topic word turns up now and then in a small corpus
+            return self.rng.choice(self.elsewhere)
+        if r < 0.16 and self.others:  # an occasional one-off word of this topic
             return self.rng.choice(self.others)
         return self.rng.choices(self.key_terms, weights=self.weights)[0]
 
