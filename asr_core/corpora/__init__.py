@@ -91,5 +91,6 @@ def read_corpus(spec: str, *, strict: bool = False) -> CorpusReport:
 
 
 def load_corpus(spec: str, *, strict: bool = False) -> list[Recording]:
-    """The recordings of ``spec = "FORMAT:PATH"``, sorted by id (see :func:`read_corpus` for errors)."""
+    """The recordings of ``spec = "FORMAT:PATH"`` in a fixed order (by id; Rev16 by file number); see
+    :func:`read_corpus` for errors."""
     return read_corpus(spec, strict=strict).recordings
