@@ -61,7 +61,7 @@ class SelfAttention(nn.Module):
         else:
             out = self._sdpa(q, k, v, mask, lengths)
         out = self.out(out.reshape(b, t, d))
-        return out * mask[:, :, None].to(out.dtype)
+        return out if bool(mask.all()) else out * mask[:, :, None].to(out.dtype)
 
     def _sdpa(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
               lengths: torch.Tensor) -> torch.Tensor:

@@ -62,12 +62,17 @@ class MaskedBatchRenorm(nn.Module):
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """x (B, T, C), mask (B, T) bool -> (B, T, C), zero on padded frames."""
-        m = mask[:, :, None].to(torch.float32)
+        full = bool(mask.all())
+        m = None if full else mask[:, :, None].to(torch.float32)
         xf = x.float()
         if self.training:
-            n = m.sum().clamp_min(1.0)
-            mean = (xf * m).sum(dim=(0, 1)) / n
-            var = (((xf - mean) * m) ** 2).sum(dim=(0, 1)) / n
+            if m is None:
+                n = torch.tensor(float(mask.numel()), device=x.device)
+                var, mean = torch.var_mean(xf, dim=(0, 1), correction=0)
+            else:
+                n = m.sum().clamp_min(1.0)
+                mean = (xf * m).sum(dim=(0, 1)) / n
+                var = (((xf - mean) * m) ** 2).sum(dim=(0, 1)) / n
             std = (var + self.eps).sqrt()
             if _MODE[0] == "replay":
                 r, d = self._replay.pop(0)
@@ -87,4 +92,4 @@ class MaskedBatchRenorm(nn.Module):
         else:
             y = (xf - self.running_mean) / (self.running_var + self.eps).sqrt()
         y = y * self.weight + self.bias
-        return (y * m).to(x.dtype)
+        return (y if m is None else y * m).to(x.dtype)

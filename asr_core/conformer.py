@@ -49,12 +49,14 @@ class ConvModule(nn.Module):
         self.act = nn.SiLU()
         self.pointwise_out = nn.Linear(d, d)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        fmask = mask[:, :, None].to(x.dtype)
-        h = self.glu(self.pointwise_in(self.norm(x))) * fmask  # mask before the depthwise convolution
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, fmask: torch.Tensor | None) -> torch.Tensor:
+        h = self.glu(self.pointwise_in(self.norm(x)))
+        if fmask is not None:
+            h = h * fmask  # mask before the depthwise convolution
         h = self.depthwise(h.transpose(1, 2)).transpose(1, 2)
         h = self.act(self.norm_bn(h, mask))
-        return self.pointwise_out(h) * fmask
+        h = self.pointwise_out(h)
+        return h if fmask is None else h * fmask
 
 
 class ConformerLayer(nn.Module):
@@ -70,9 +72,11 @@ class ConformerLayer(nn.Module):
         self.out_norm = nn.LayerNorm(cfg.d_model)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        fmask = mask[:, :, None].to(x.dtype)
-        x = x + 0.5 * self.ff1(x) * fmask
+        # an unpadded batch (one long recording, or windows of equal length) skips every masking multiply
+        fmask = None if bool(mask.all()) else mask[:, :, None].to(x.dtype)
+        x = x + 0.5 * self.ff1(x) if fmask is None else torch.addcmul(x, self.ff1(x), fmask, value=0.5)
         x = x + self.attn(self.attn_norm(x), mask, lengths)
-        x = x + self.conv(x, mask)
-        x = x + 0.5 * self.ff2(x) * fmask
-        return self.out_norm(x) * fmask
+        x = x + self.conv(x, mask, fmask)
+        x = x + 0.5 * self.ff2(x) if fmask is None else torch.addcmul(x, self.ff2(x), fmask, value=0.5)
+        x = self.out_norm(x)
+        return x if fmask is None else x * fmask
