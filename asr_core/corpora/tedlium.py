@@ -4,8 +4,8 @@ STM lines are ``talk channel speaker start end <label> transcript``; ``;;`` line
 transcript is ``ignore_time_segment_in_scoring`` is untranscribed (adverts, music, other speakers): it becomes an
 ``ignore`` region, zeroed in the features before decoding (paper 000 §3.1), and contributes no reference words.
 The segments of a talk are joined in time order into one long recording; TED-LIUM splits clitics off their word
-(``i 'd``, ``it 's``), which are rejoined (``i'd``, ``it's``) as the authors did (only true clitics). Word times are not in the format
-(only segment times, kept in ``meta['segments']``), so words are untimed.
+(``i 'd``, ``it 's``), which are rejoined (``i'd``, ``it's``) as the authors did (only true clitics). Word times
+are not in the format (only segment times, kept in ``meta['segments']``), so words are untimed.
 """
 
 from __future__ import annotations
