@@ -235,30 +235,32 @@ def build_sweep(experiment: str, records: Iterable[RunRecord], *, ignore_params:
                 problems.append(_problem(rec, label, f"eval/{ds}.csv {why}; left out of the significance tests"))
                 continue
             tables[ds] = table
+        # per table, one pass: sums and duplicate checks per condition, then the usable rows in one slice
+        summary = {ds: _condition_summary(t) for ds, t in tables.items()}
+        usable: dict[str, dict[str, float]] = {}
         for (ds, cond), (value, snr) in sorted(have.items()):
             row = {"run_id": rec.run_id, "dataset": ds, "condition": cond, "snr_db": snr, "wer": value,
                    "wer_table": math.nan, "n_recordings": 0}
-            table = tables.get(ds)
-            if table is not None:
-                part = table[table["condition"] == cond]
-                if len(part) == 0:
+            if ds in summary:
+                info = summary[ds].get(cond)
+                if info is None:
                     problems.append(_problem(rec, label, f"eval/{ds}.csv has no rows for condition {cond}; left "
                                                          f"out of the significance tests for {ds}/{cond}"))
+                elif info["dup"]:
+                    problems.append(_problem(rec, label, f"eval/{ds}.csv lists recordings {info['dup'][:5]} "
+                                                         f"twice under {cond}; left out of the significance tests"))
                 else:
-                    dup = part["recording"][part["recording"].duplicated()].tolist()
-                    if dup:
-                        problems.append(_problem(rec, label, f"eval/{ds}.csv lists recordings {dup[:5]} twice "
-                                                             f"under {cond}; left out of the significance tests"))
-                    else:
-                        words = float(part["ref_words"].sum())
-                        recomputed = 100.0 * float(part["errors"].sum()) / words if words > 0 else math.nan
-                        row["wer_table"], row["n_recordings"] = recomputed, len(part)
-                        if not abs(recomputed - value) <= METRIC_TOLERANCE_PTS:
-                            problems.append(_problem(
-                                rec, label, f"metric wer/{ds}{'' if cond == CLEAN else '/' + cond} = {value:.3f} "
-                                            f"but eval/{ds}.csv gives {recomputed:.3f}; the table is used for tests"))
-                        rec_frames.append(part.assign(run_id=rec.run_id, snr_db=snr))
+                    row["wer_table"], row["n_recordings"] = info["wer"], info["n"]
+                    if not abs(info["wer"] - value) <= METRIC_TOLERANCE_PTS:
+                        problems.append(_problem(
+                            rec, label, f"metric wer/{ds}{'' if cond == CLEAN else '/' + cond} = {value:.3f} "
+                                        f"but eval/{ds}.csv gives {info['wer']:.3f}; the table is used for tests"))
+                    usable.setdefault(ds, {})[cond] = snr
             wer_rows.append(row)
+        for ds, conds in usable.items():
+            t = tables[ds]
+            part = t[t["condition"].isin(list(conds))]
+            rec_frames.append(part.assign(run_id=rec.run_id, snr_db=part["condition"].map(conds).astype(float)))
 
     info_cols = [c for c in TRIAL_COLUMNS if c not in ("status", "error")]
     wer = pd.DataFrame(wer_rows, columns=["run_id", "dataset", "condition", "snr_db", "wer", "wer_table",
@@ -298,10 +300,25 @@ def _read_table(text: str, dataset: str) -> tuple[pd.DataFrame, str]:
         return pd.DataFrame(), f"holds rows of other datasets {other}"
     # canonical condition names, so that 'snr10.0' in a table matches the metric key 'snr10'
     snr = pd.to_numeric(df["snr_db"], errors="coerce")
-    df["condition"] = [CLEAN if str(c) == CLEAN else condition_name(s if not math.isnan(s) else _snr_of(str(c)))
-                       for c, s in zip(df["condition"], snr)]
+    keys = df["condition"].astype(str) + "|" + snr.astype(str)  # NaN is no dict key: compare as text
+    canon = {}
+    for key, c, s in zip(keys, df["condition"].astype(str), snr):
+        if key not in canon:
+            canon[key] = CLEAN if c == CLEAN else condition_name(s if not math.isnan(s) else _snr_of(c))
+    df["condition"] = keys.map(canon)
     df["errors"] = df["substitutions"] + df["deletions"] + df["insertions"]
     return df.drop(columns=["snr_db"]), ""
+
+
+def _condition_summary(table: pd.DataFrame) -> dict[str, dict]:
+    """Per condition of one eval table: recordings ``n``, corpus ``wer`` (percent) and duplicated recordings."""
+    out = {}
+    for cond, part in table.groupby("condition", sort=False):
+        words = float(part["ref_words"].sum())
+        rec = part["recording"]
+        out[str(cond)] = {"n": len(part), "wer": 100.0 * float(part["errors"].sum()) / words if words > 0 else math.nan,
+                          "dup": rec[rec.duplicated()].tolist()}
+    return out
 
 
 def _snr_of(condition: str) -> float:

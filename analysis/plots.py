@@ -76,12 +76,14 @@ def _largest_series(frame: pd.DataFrame) -> pd.DataFrame:
     return frame[frame["series_id"] == counts.sort_values(ascending=False, kind="stable").index[0]]
 
 
-def series_labels(sweep: Sweep, series_ids: list[str]) -> dict[str, str]:
-    """Legend names: the params in which these series differ (e.g. ``sinusoidal`` / ``rotary θ=1.5M``)."""
+def series_labels(sweep: Sweep, series_ids: list[str], always: tuple[str, ...] = ()) -> dict[str, str]:
+    """Legend names: the params in which these series differ (e.g. ``sinusoidal`` / ``rotary θ=1.5M``), plus the
+    params ``always`` (e.g. the whole architecture for the model-size figure)."""
     trials = sweep.trials.drop_duplicates("series_id").set_index("series_id")
     reps = {sid: trials.loc[sid, "run_id"] for sid in series_ids if sid in trials.index}
     params = sweep.params.reindex(list(reps.values())).fillna("")
-    cols = [c for c in params.columns if c not in ("train.seed", "data.context_s") and params[c].nunique() > 1]
+    cols = [c for c in params.columns if c not in ("train.seed", "data.context_s")
+            and (params[c].nunique() > 1 or c in always)]
     out = {}
     for sid, rid in reps.items():
         out[sid] = describe_params({c: str(params.loc[rid, c]) for c in cols}) or trials.loc[sid, "series"]
@@ -185,15 +187,15 @@ def draw_figures(sweep: Sweep, werr: pd.DataFrame, wer: pd.DataFrame, out_dir: P
                                         f"SNR. {spread}" + _cut(datasets), _save(fig, out_dir, key)))
 
     # Figures 3-5: one line per series of a family that varies the encoding, the size or the heads
-    specs = [
-        ("fig3", "Fig. 3: WER vs context, per positional encoding", "wer", POSENC_KEYS, (),
+    specs = [  # (tag, title, y, params whose variation calls for it, params that must not vary, legend params)
+        ("fig3", "Fig. 3: WER vs context, per positional encoding", "wer", POSENC_KEYS, (), POSENC_KEYS,
          "no family whose series differ in positional encoding (model.posenc / model.rotary_theta)"),
         ("fig4", f"Fig. 4: WERR from the {base_txt} model vs context, per model size", "werr", SIZE_KEYS, (),
-         "no family whose series differ in model size (model.layers / model.d_model)"),
-        ("fig5", "Fig. 5: WER vs context, per number of attention heads", "wer", HEAD_KEYS, SIZE_KEYS,
+         SIZE_KEYS + HEAD_KEYS, "no family whose series differ in model size (model.layers / model.d_model)"),
+        ("fig5", "Fig. 5: WER vs context, per number of attention heads", "wer", HEAD_KEYS, SIZE_KEYS, HEAD_KEYS,
          "no family whose series differ in model.heads at a fixed depth and width"),
     ]
-    for tag, title, what, keys, fixed, why in specs:
+    for tag, title, what, keys, fixed, legend, why in specs:
         fams = [f for f in sweep.families
                 if (v := _varying(sweep, f)) & set(keys) and not v & set(fixed)]
         drawn = False
@@ -203,7 +205,7 @@ def draw_figures(sweep: Sweep, werr: pd.DataFrame, wer: pd.DataFrame, out_dir: P
             rows = rows[rows["condition"] == CLEAN]
             if rows.empty or rows["context_s"].nunique() < 2:
                 continue
-            labels = series_labels(sweep, sorted(rows["series_id"].unique()))
+            labels = series_labels(sweep, sorted(rows["series_id"].unique()), legend)
             datasets = sorted(rows["dataset"].unique())
             fig, axes = _panels(len(datasets), f"{title} ({fam})")
             for ax, ds in zip(axes, datasets):

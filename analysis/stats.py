@@ -163,22 +163,26 @@ def sign_flip_test(diffs: np.ndarray, *, exact_max_n: int = EXACT_PERMUTATION_MA
     # flipped sums that tie with |observed| up to rounding count as "at least as extreme"
     tol = 1e-9 * max(1.0, float(np.abs(d).sum()))
     threshold = abs(observed) - tol
+    # T* = sum(s_r d_r) = 2 * sum(b_r d_r) - sum(d) with b = (s + 1) / 2 in {0, 1}. einsum, not BLAS: these
+    # products are small, and threaded BLAS on a busy machine makes them tens of times slower.
     if n <= exact_max_n:
         count, total = 0, 1 << n
         chunk = 1 << 14
         bits = np.arange(n)
         for start in range(0, total, chunk):
             codes = np.arange(start, min(total, start + chunk))[:, None]
-            signs = 1.0 - 2.0 * ((codes >> bits) & 1)  # (chunk, n) of ±1
-            count += int(np.count_nonzero(np.abs(signs @ d) >= threshold))
+            b = ((codes >> bits) & 1).astype(float)  # (chunk, n)
+            count += int(np.count_nonzero(np.abs(2.0 * np.einsum("mn,n->m", b, d) - observed) >= threshold))
         return PermutationResult(observed, count / total, True, total)
     rng = np.random.default_rng(seed)
     count, done = 0, 0
+    nbytes = (n + 7) // 8
     chunk = max(1, min(resamples, 4_000_000 // n))
     while done < resamples:
         m = min(chunk, resamples - done)
-        signs = 1.0 - 2.0 * rng.integers(0, 2, size=(m, n), dtype=np.int8)
-        count += int(np.count_nonzero(np.abs(signs @ d) >= threshold))
+        raw = np.frombuffer(rng.bytes(m * nbytes), dtype=np.uint8).reshape(m, nbytes)
+        b = np.unpackbits(raw, axis=1, count=n).astype(float)  # (m, n) fair coin flips
+        count += int(np.count_nonzero(np.abs(2.0 * np.einsum("mn,n->m", b, d) - observed) >= threshold))
         done += m
     return PermutationResult(observed, (count + 1) / (resamples + 1), False, resamples)
 
@@ -292,21 +296,30 @@ class BootstrapResult:
         return float(np.mean(self.delta < 0))
 
 
+def _multiplicities(draws: np.ndarray, k: int) -> np.ndarray:
+    """(B, m) indices drawn from range(k) -> (B, k) float counts of each index per row."""
+    b = draws.shape[0]
+    flat = (draws + np.arange(b)[:, None] * k).ravel()
+    return np.bincount(flat, minlength=b * k).reshape(b, k).astype(float)
+
+
 def paired_bootstrap(pc: PairedCounts, *, resamples: int = BOOTSTRAP_RESAMPLES, seed: int = 0) -> BootstrapResult:
     """Bootstrap ΔWER and WERR by resampling recordings (shared by A and B, which keeps the pairing) and, within
     each configuration independently, seeds; all resamples at once with matrix products.
 
-    Per resample b: recording multiplicities ``c`` (R,), seed weights ``w_a`` (S_a,) and ``w_b`` (S_b,) summing to
-    1; errors_A* = Σ_s w_a[s] Σ_r c[r] E_A[s, r], words* = Σ_r c[r] N[r].
+    Per resample b: R recordings drawn with replacement (multiplicities ``c`` (R,)), then S_a seeds of A and S_b
+    of B drawn with replacement (weights ``w_a`` (S_a,), ``w_b`` (S_b,) summing to 1);
+    errors_A* = Σ_s w_a[s] Σ_r c[r] E_A[s, r], words* = Σ_r c[r] N[r].
     """
     rng = np.random.default_rng(seed)
     r, sa, sb = len(pc.recordings), len(pc.seeds_a), len(pc.seeds_b)
-    counts = rng.multinomial(r, np.full(r, 1.0 / r), size=resamples).astype(float)  # (B, R)
-    w_a = rng.multinomial(sa, np.full(sa, 1.0 / sa), size=resamples) / sa  # (B, S_a)
-    w_b = rng.multinomial(sb, np.full(sb, 1.0 / sb), size=resamples) / sb  # (B, S_b)
-    err_a = np.sum((counts @ pc.errors_a.T) * w_a, axis=1)  # (B,)
-    err_b = np.sum((counts @ pc.errors_b.T) * w_b, axis=1)
-    words = counts @ pc.ref_words  # (B,)
+    counts = _multiplicities(rng.integers(0, r, size=(resamples, r)), r)  # (B, R)
+    w_a = _multiplicities(rng.integers(0, sa, size=(resamples, sa)), sa) / sa  # (B, S_a)
+    w_b = _multiplicities(rng.integers(0, sb, size=(resamples, sb)), sb) / sb  # (B, S_b)
+    # einsum rather than BLAS matmul: see sign_flip_test
+    err_a = np.einsum("br,sr,bs->b", counts, pc.errors_a, w_a)  # (B,)
+    err_b = np.einsum("br,sr,bs->b", counts, pc.errors_b, w_b)
+    words = np.einsum("br,r->b", counts, pc.ref_words)  # (B,)
     with np.errstate(divide="ignore", invalid="ignore"):
         wer_a = np.where(words > 0, 100.0 * err_a / words, np.nan)
         wer_b = np.where(words > 0, 100.0 * err_b / words, np.nan)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import math
 import re
-from dataclasses import dataclass
 from typing import Iterable
 
 import numpy as np
@@ -141,33 +140,47 @@ def snr_table(werr: pd.DataFrame) -> pd.DataFrame:
 
 # ---- pairing and significance --------------------------------------------------------------------------------
 
-def seed_table(sweep: Sweep, config_id: str, dataset: str, condition: str) -> dict[int, dict[str, tuple[float, float]]]:
-    """``seed -> recording -> (errors, ref_words)`` of one configuration on one dataset and condition."""
+SeedTables = dict[tuple[str, str, str], dict[int, dict[str, tuple[float, float]]]]
+
+
+def recording_index(sweep: Sweep) -> SeedTables:
+    """``(config_id, dataset, condition) -> seed -> recording -> (errors, ref_words)``, built in one pass (filtering
+    the tidy frame once per comparison would dominate the report's run time on a paper-sized sweep)."""
     rec = sweep.recordings
-    part = rec[(rec["config_id"] == config_id) & (rec["dataset"] == dataset) & (rec["condition"] == condition)]
-    out: dict[int, dict[str, tuple[float, float]]] = {}
-    for seed, grp in part.groupby("seed"):
-        out[int(seed)] = {str(r): (float(e), float(n))
-                          for r, e, n in zip(grp["recording"], grp["errors"], grp["ref_words"])}
+    out: SeedTables = {}
+    if rec.empty:
+        return out
+    cols = [rec[c].to_numpy() for c in ("config_id", "dataset", "condition", "seed", "recording", "errors",
+                                         "ref_words")]
+    for cid, ds, cond, seed, name, err, words in zip(*cols):
+        out.setdefault((cid, ds, cond), {}).setdefault(int(seed), {})[str(name)] = (float(err), float(words))
     return out
 
 
-def expected_seeds(sweep: Sweep, config_id: str) -> list[int]:
-    seeds = sweep.trials.loc[sweep.trials["config_id"] == config_id, "seed"].dropna()
-    return sorted(int(s) for s in seeds)
+def expected_seeds(sweep: Sweep) -> dict[str, list[int]]:
+    """``config_id -> seeds`` of all its trial runs, finished or not."""
+    t = sweep.trials.dropna(subset=["seed"])
+    return {cid: sorted(int(s) for s in grp["seed"]) for cid, grp in t.groupby("config_id")}
+
+
+def config_names(sweep: Sweep) -> dict[str, str]:
+    return dict(zip(sweep.trials["config_id"], sweep.trials["config"]))
 
 
 def compare_configs(sweep: Sweep, config_a: str, config_b: str, dataset: str, condition: str = CLEAN, *,
-                    bootstrap_resamples: int = stats.BOOTSTRAP_RESAMPLES, level: float = 0.95) -> stats.Comparison:
+                    bootstrap_resamples: int = stats.BOOTSTRAP_RESAMPLES, level: float = 0.95,
+                    index: SeedTables | None = None) -> stats.Comparison:
     """Every test of configuration B (``config_id``) against A on one dataset and condition.
 
-    Raises :class:`stats.PairingError` naming what is missing when they cannot be paired recording by recording.
+    ``index``: :func:`recording_index` of the sweep, when many comparisons are made. Raises
+    :class:`stats.PairingError` naming what is missing when they cannot be paired recording by recording.
     """
-    names = sweep.trials.drop_duplicates("config_id").set_index("config_id")["config"]
+    names = config_names(sweep)
     name_a, name_b = names.get(config_a, config_a), names.get(config_b, config_b)
     where = f" on {dataset}/{condition}"
-    a = seed_table(sweep, config_a, dataset, condition)
-    b = seed_table(sweep, config_b, dataset, condition)
+    index = recording_index(sweep) if index is None else index
+    a = index.get((config_a, dataset, condition), {})
+    b = index.get((config_b, dataset, condition), {})
     for name, table in ((name_a, a), (name_b, b)):
         if not table:
             raise stats.PairingError(f"configuration {name} has no per-recording results{where} "
@@ -198,6 +211,8 @@ def significance_table(sweep: Sweep, baseline_context: float = DEFAULT_BASELINE_
     lengths compared with one baseline) are Holm-corrected together; ``significant`` is ``p_holm < alpha``.
     """
     wt = wer_table(sweep)
+    index = recording_index(sweep)
+    seeds_of = expected_seeds(sweep)
     rows: list[dict] = []
     cache: dict[tuple[str, str, str, str], stats.Comparison | str] = {}
     groups = []
@@ -219,10 +234,11 @@ def significance_table(sweep: Sweep, baseline_context: float = DEFAULT_BASELINE_
             ck = (base["config_id"], other["config_id"], ds, cond)
             if ck not in cache:
                 try:
-                    cache[ck] = compare_configs(sweep, *ck, bootstrap_resamples=bootstrap_resamples, level=level)
+                    cache[ck] = compare_configs(sweep, *ck, bootstrap_resamples=bootstrap_resamples, level=level,
+                                                index=index)
                 except stats.PairingError as e:
                     cache[ck] = str(e)
-            rows.append(_row(fam, base, other, cache[ck], sweep))
+            rows.append(_row(fam, base, other, cache[ck], seeds_of))
         ps = [r["p_permutation"] for r in rows[start:]]
         for r, adj in zip(rows[start:], stats.holm(ps)):
             r["p_holm"] = float(adj)
@@ -249,7 +265,8 @@ def verdict(row: dict, alpha: float) -> str:
             "includes 0 (may be seed variation)")
 
 
-def _row(family: str, base: pd.Series, other: pd.Series, res: stats.Comparison | str, sweep: Sweep) -> dict:
+def _row(family: str, base: pd.Series, other: pd.Series, res: stats.Comparison | str,
+         seeds_of: dict[str, list[int]]) -> dict:
     row = {"family": family, "series": other["series"], "dataset": other["dataset"],
            "condition": other["condition"], "snr_db": other["snr_db"], "baseline_config": base["config"],
            "config": other["config"], "baseline_context_s": base["context_s"], "context_s": other["context_s"]}
@@ -258,7 +275,7 @@ def _row(family: str, base: pd.Series, other: pd.Series, res: stats.Comparison |
     notes = []
     for name, cid, used in ((base["config"], base["config_id"], res.seeds_a),
                             (other["config"], other["config_id"], res.seeds_b)):
-        missing = sorted(set(expected_seeds(sweep, cid)) - set(used))
+        missing = sorted(set(seeds_of.get(cid, [])) - set(used))
         if missing:
             notes.append(f"{name}: seeds {missing} have no results here and are left out")
     return {**row, "n_recordings": res.n_recordings, "seeds_baseline": ",".join(map(str, res.seeds_a)),

@@ -170,12 +170,11 @@ def test_bootstrap_matches_a_resample_by_resample_loop() -> None:
     got = stats.paired_bootstrap(pc, resamples=50, seed=4)
     # redo the same draws and compute every resample by explicit index lists
     rng = np.random.default_rng(4)
-    counts = rng.multinomial(9, np.full(9, 1 / 9), size=50)
-    wa = rng.multinomial(3, np.full(3, 1 / 3), size=50)
-    wb = rng.multinomial(2, np.full(2, 1 / 2), size=50)
+    rec_draws = rng.integers(0, 9, size=(50, 9))
+    seed_a_draws = rng.integers(0, 3, size=(50, 3))
+    seed_b_draws = rng.integers(0, 2, size=(50, 2))
     for b in range(50):
-        recs = np.repeat(np.arange(9), counts[b])
-        seeds_a, seeds_b = np.repeat(np.arange(3), wa[b]), np.repeat(np.arange(2), wb[b])
+        recs, seeds_a, seeds_b = rec_draws[b], seed_a_draws[b], seed_b_draws[b]
         n = words[recs].sum()
         wer_a = 100 * np.mean([ea[s, recs].sum() for s in seeds_a]) / n
         wer_b = 100 * np.mean([eb[s, recs].sum() for s in seeds_b]) / n
