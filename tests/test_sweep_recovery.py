@@ -14,7 +14,7 @@ from orchestrate.cli import main
 from orchestrate.grid import load_grid
 from orchestrate.ledger import Ledger, wait_for
 from orchestrate.sweep import SweepDir
-from test_backend import (MAX_STEPS, SMOKE, assert_one_run_per_key, cluster_env, loss_steps, smoke_corpus,
+from tests.test_backend import (MAX_STEPS, SMOKE, assert_one_run_per_key, cluster_env, loss_steps, smoke_corpus,
                                 squeue_states, submit_args, wait_until, write_profile)
 
 __all__ = ["smoke_corpus"]  # the session fixture, shared with test_backend
