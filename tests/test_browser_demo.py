@@ -1,0 +1,51 @@
+"""In a real browser: the quick demo's report renders its figures, and the MLflow UI lists every trial of the demo
+sweep. Screenshots go to artifacts/screenshots/."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.plugins.browser import save_screenshot
+from tests.plugins.demo import QuickDemo
+from tests.plugins.mlflow_server import start_server, stop_server
+from tests.test_browser_mlflow_ui import RUN_NAME_CELL, show_runs
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(600)]
+
+
+def test_demo_report_renders_every_figure(quick_demo: QuickDemo, browser_page) -> None:
+    assert quick_demo.first.returncode == 0, quick_demo.first.output[-3000:]
+    page = browser_page
+    page.goto((quick_demo.root / "report" / "index.html").resolve().as_uri())
+    images = page.locator("img")
+    assert images.count() >= 2
+    for i in range(images.count()):  # every embedded figure decoded into real pixels
+        img = images.nth(i)
+        img.scroll_into_view_if_needed()
+        width = img.evaluate("el => el.complete ? el.naturalWidth : 0")
+        assert width > 100, f"figure {i} did not render ({img.get_attribute('alt')})"
+    body = page.locator("body").inner_text()
+    assert "WERR" in body and "significan" in body.lower()
+    assert save_screenshot(page, "demo-report").stat().st_size > 20_000
+
+
+def test_mlflow_ui_lists_every_demo_trial(quick_demo: QuickDemo, browser_page, tmp_path) -> None:
+    client = __import__("mlflow").tracking.MlflowClient(tracking_uri=quick_demo.tracking_uri)
+    exp = client.get_experiment_by_name("demo-quick")
+    runs = client.search_runs([exp.experiment_id], max_results=100)
+    names = sorted(r.info.run_name for r in runs)
+    assert len(names) == 9  # the sweep's parent and 8 trials
+    server = start_server(tmp_path / "ui", extra=["--backend-store-uri", quick_demo.tracking_uri])
+    try:
+        page = browser_page
+        page.goto(f"{server.uri}/#/experiments/{exp.experiment_id}/runs")
+        page.get_by_role("link", name="demo-quick", exact=True).last.wait_for(timeout=90_000)
+        close = page.get_by_role("button", name="Close")
+        if close.count():
+            close.first.click()
+        show_runs(page, names)
+        listed = sorted(t.strip() for t in page.locator(f"{RUN_NAME_CELL} a").all_inner_texts())
+        assert listed == names
+        save_screenshot(page, "demo-mlflow-runs", full_page=False)
+    finally:
+        stop_server(server.process)

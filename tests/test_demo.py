@@ -1,0 +1,69 @@
+"""End to end: ``./scripts/demo.sh --quick`` as a user types it — corpus, grid through the local backend, MLflow,
+report — and a rerun that reuses every finished trial."""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from tests.plugins.demo import QuickDemo
+
+CONTEXTS = ("5.12", "10.24", "20.48", "81.92")
+
+
+def _trial_runs(demo: QuickDemo):
+    client = MlflowClient(tracking_uri=demo.tracking_uri)
+    exp = client.get_experiment_by_name("demo-quick")
+    assert exp is not None, "the demo sweep's experiment is missing"
+    return client, client.search_runs([exp.experiment_id], filter_string="tags.`sweep.role` = 'trial'",
+                                      max_results=100)
+
+
+@pytest.mark.slow
+def test_quick_demo_trains_every_trial_and_logs_every_wer(quick_demo: QuickDemo) -> None:
+    assert quick_demo.first.returncode == 0, quick_demo.first.output[-4000:]
+    client, runs = _trial_runs(quick_demo)
+    assert len(runs) == 8, [r.info.run_name for r in runs]
+    assert {r.info.status for r in runs} == {"FINISHED"}
+    assert sorted({r.data.params["data.context_s"] for r in runs}) == sorted(CONTEXTS, key=float) or \
+        {r.data.params["data.context_s"] for r in runs} == set(CONTEXTS)
+    for r in runs:
+        for ds in ("test", "test-shifted"):
+            for key in (f"wer/{ds}", f"wer/{ds}/snr10", f"wer/{ds}/snr0", f"wer/{ds}/snr-5"):
+                assert key in r.data.metrics, (r.info.run_name, key, sorted(r.data.metrics))
+        arts = {a.path for a in client.list_artifacts(r.info.run_id, "eval")}
+        assert {"eval/test.csv", "eval/test-shifted.csv"} <= arts
+
+
+@pytest.mark.slow
+def test_quick_demo_writes_the_report_and_says_where_it_is(quick_demo: QuickDemo) -> None:
+    out = quick_demo.first.output
+    report = quick_demo.root / "report"
+    assert f"{report.resolve()}/index.html" in out
+    assert "mlflow ui --backend-store-uri" in out
+    html = (report / "index.html").read_text()
+    assert html.count("data:image/png;base64,") >= 2  # WERR vs context and WERR vs SNR at least
+    md = (report / "report.md").read_text()
+    for ctx in ("5", "10", "20", "82"):
+        assert re.search(rf"\b{ctx}(\.\d+)? ?s\b", md), f"context {ctx} s missing from report.md"
+    assert re.search(r"significan", md, re.I)
+    assert list(report.glob("*.csv")) and list(report.glob("*.png"))
+
+
+@pytest.mark.slow
+def test_rerunning_the_demo_retrains_nothing(quick_demo: QuickDemo) -> None:
+    second = quick_demo.rerun()
+    assert second.returncode == 0, second.output[-4000:]
+    client, runs = _trial_runs(quick_demo)
+    assert len(runs) == 8 and {r.info.status for r in runs} == {"FINISHED"}
+    for r in runs:  # one history per run: no step logged twice, nothing trained again
+        steps = [m.step for m in client.get_metric_history(r.info.run_id, "train/loss")]
+        assert len(steps) == len(set(steps))
+    assert second.seconds < quick_demo.first.seconds / 2, (second.seconds, quick_demo.first.seconds)
+    db = quick_demo.root / "runs" / "mlflow.db"
+    with sqlite3.connect(db) as con:  # the rerun created no runs
+        assert con.execute("select count(*) from runs").fetchone()[0] == 9  # 8 trials + the sweep's parent
