@@ -205,3 +205,24 @@ def test_start_stops_clusters_left_by_dead_sessions(slurm_cluster: SlurmCluster,
         for pid in (orphan, gone, live):
             if _alive(pid):
                 os.kill(pid, 15)
+
+
+def test_localtest_profile_is_accepted_and_unknown_accounts_are_not(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    import yaml
+
+    profile = yaml.safe_load((TESTCLUSTER.parent / "profiles" / "localtest.yaml").read_text())
+    args = [
+        f"--partition={profile['partition']}", f"--account={profile['account']}", f"--qos={profile['qos']}",
+        f"--gpus-per-node={profile['gpus_per_node']}", f"--cpus-per-task={profile['cpus_per_task']}",
+        f"--mem={profile['mem_gb']}G", f"--time={profile['time_limit']}",
+        f"--signal=USR2@{profile['signal_delay_s']}", f"--array=0-1%{profile['max_parallel']}",
+        f"--output={tmp_path}/p-%a.out", f"--chdir={tmp_path}",
+    ]
+    body = "#!/bin/bash\n" + "\n".join(profile["setup"]) + "\necho task=$SLURM_ARRAY_TASK_ID omp=$OMP_NUM_THREADS\n"
+    job = slurm_cluster.sbatch(*args, script=body)
+    for task in (0, 1):
+        assert slurm_cluster.wait_for_accounting(f"{job}_{task}", "COMPLETED") == "COMPLETED"
+        assert (tmp_path / f"p-{task}.out").read_text() == f"task={task} omp=1\n"
+    # Associations are enforced, as on a real cluster: a typo in a profile's account is refused at submission.
+    with pytest.raises(SlurmCommandError, match="(?i)invalid account"):
+        slurm_cluster.sbatch("--account=no_such_account", f"--chdir={tmp_path}", script="#!/bin/bash\ntrue\n")

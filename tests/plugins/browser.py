@@ -1,4 +1,4 @@
-"""Headless Chromium for the tests: the `browser_page` fixture and `save_screenshot`.
+"""Headless Chromium for the tests: the `browser_page` fixture, `save_screenshot`, and helpers for the MLflow UI.
 
 Playwright drives Debian's /usr/bin/chromium (Playwright's own browser downloads are not reachable here, and
 never needed: the Debian package is the browser). One browser per session with a fresh profile in a temporary
@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -75,13 +76,72 @@ def browser_context(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Browse
             context.close()
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
+    """Keeps each phase's report on the item, so that `browser_page` knows whether the test failed."""
+    outcome = yield
+    report = outcome.get_result()
+    setattr(item, f"_browser_report_{report.when}", report)
+
+
 @pytest.fixture
-def browser_page(browser_context: BrowserContext) -> Iterator[Page]:
-    """A new page in the session's headless Chromium; closed (and cookies cleared) after the test."""
+def browser_page(browser_context: BrowserContext, request: pytest.FixtureRequest) -> Iterator[Page]:
+    """A new page in the session's headless Chromium; closed (and cookies cleared) after the test. When the
+    test fails, the page is saved as artifacts/screenshots/FAILED-<test>.png first."""
     page = browser_context.new_page()
     page.set_default_timeout(30_000)
     try:
         yield page
     finally:
+        report = getattr(request.node, "_browser_report_call", None)
+        if report is not None and report.failed:
+            try:
+                save_screenshot(page, f"FAILED-{request.node.name}")
+            except Exception as exc:  # a failed screenshot must not hide the test's own failure
+                print(f"could not save the failure screenshot: {exc}")
         page.close()
         browser_context.clear_cookies()
+
+
+# --- the MLflow UI (3.x) ----------------------------------------------------------------------------------------
+
+# A cell of the run table's "Run Name" column (an ag-grid cell); its link's text is the run name.
+RUN_NAME_CELL = '[role=gridcell][col-id="attributes.`Run Name`"]'
+# The expander of a collapsed parent row shows a plus-in-a-square icon; an expanded one shows minus.
+COLLAPSED_EXPANDER = f'{RUN_NAME_CELL} button:has(path[d^="M7.25 7.25V4.5"])'
+
+
+def open_mlflow_run_list(page: Page, tracking_uri: str, experiment_id: str, timeout_s: float = 90) -> None:
+    """Opens the experiment's run table and waits until the React app has rendered its first row.
+
+    In MLflow 3.x the table ("Training runs") lives at #/experiments/<id>/runs; plain #/experiments/<id> opens
+    the GenAI overview instead. The assistant side panel, which covers part of the table, is closed."""
+    page.goto(f"{tracking_uri.rstrip('/')}/#/experiments/{experiment_id}/runs")
+    page.locator(f"{RUN_NAME_CELL} a").first.wait_for(timeout=timeout_s * 1000)
+    close = page.get_by_role("button", name="Close")
+    if close.count():
+        close.first.click()
+
+
+def show_mlflow_runs(page: Page, names: list[str], timeout_s: float = 60) -> None:
+    """Expands parent rows until every run in NAMES is listed in the open run table; raises TimeoutError naming
+    the runs still missing.
+
+    MLflow nests child runs under their parent, collapsed, and the table may re-render (and collapse again) while
+    its data loads, so this checks and expands in a loop rather than clicking once."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        missing = [n for n in names if page.get_by_role("link", name=n, exact=True).count() == 0]
+        if not missing:
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the MLflow run table does not list {missing} after {timeout_s:.0f}s")
+        expanders = page.locator(COLLAPSED_EXPANDER)
+        if expanders.count() == 0:  # an icon this helper does not know: toggle every expander instead
+            expanders = page.locator(f"{RUN_NAME_CELL} button")
+        for i in range(expanders.count()):
+            try:
+                expanders.nth(i).click(timeout=5_000)
+            except Exception:  # the table re-rendered under the click; the next round looks again
+                break
+        page.wait_for_timeout(1_000)

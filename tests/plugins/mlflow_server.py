@@ -68,7 +68,7 @@ def wait_healthy(uri: str, process: subprocess.Popen[bytes], log: Path, timeout:
     raise RuntimeError(f"mlflow server at {uri} not healthy after {timeout:.0f}s:\n{log.read_text(errors='replace')[-3000:]}")
 
 
-def start_server(directory: Path, *, port: int | None = None, workers: int = 2, extra: list[str] | None = None) -> MlflowServer:
+def start_server(directory: Path, *, port: int | None = None, workers: int = 1, extra: list[str] | None = None) -> MlflowServer:
     """Starts `slurm/mlflow-server.sh --dir DIRECTORY --port PORT` in the foreground (its own process group) and
     waits for /health."""
     port = port or free_port()
@@ -89,8 +89,9 @@ def start_server(directory: Path, *, port: int | None = None, workers: int = 2, 
     return MlflowServer(uri=uri, port=port, dir=directory, log=log, process=process, start_seconds=time.monotonic() - t0)
 
 
-def stop_server(process: subprocess.Popen[bytes], timeout: float = 15) -> None:
-    """TERM to the server's process group (uvicorn and its workers), KILL after `timeout` s."""
+def stop_server(process: subprocess.Popen[bytes], timeout: float = 5) -> None:
+    """TERM to the server's process group (uvicorn and its workers), KILL after `timeout` s (a graceful uvicorn
+    shutdown takes 20 s; everything is committed to the store by then anyway)."""
     if process.poll() is not None:
         return
     try:
