@@ -60,23 +60,23 @@ tc_kill_wait() {
 # a job process (SLURM_JOB_ID set) whose SLURM_CONF is DIR's; the calling shell and its ancestors never count,
 # so a shell or test runner that merely exported SLURM_CONF is left alone.
 tc_pids_under() {
-  local dir=$1 p pid comm env ancestors=" " a=$BASHPID
+  local dir=$1 pid comm ancestors=" " a=$BASHPID
   while [ -n "$a" ] && [ "$a" != 0 ]; do
     ancestors+="$a "
     a=$(awk '{print $4}' "/proc/$a/stat" 2>/dev/null || true)
   done
-  for p in /proc/[0-9]*; do
-    pid=${p#/proc/}
+  # One grep over all of /proc finds the candidates (a shell loop per process takes seconds on a busy host).
+  {
+    grep -lsF -- "$dir/" /proc/[0-9]*/cmdline
+    grep -lszxF -- "SLURM_CONF=$dir/etc/slurm.conf" /proc/[0-9]*/environ
+  } 2>/dev/null | cut -d/ -f3 | sort -un | while read -r pid; do
     [[ $ancestors == *" $pid "* ]] && continue
-    comm=$(cat "$p/comm" 2>/dev/null) || continue
+    comm=$(cat "/proc/$pid/comm" 2>/dev/null) || continue
     case $comm in
-      slurmd | slurmctld | slurmdbd | mariadbd | munged | slurmstepd)
-        tc_pid_is_ours "$pid" "$dir" && printf '%s\n' "$pid"
-        ;;
+      slurmd | slurmctld | slurmdbd | mariadbd | munged | slurmstepd) printf '%s\n' "$pid" ;;
       *)
-        env=$(tr '\0' '\n' 2>/dev/null <"$p/environ") || continue
-        grep -qxF -- "SLURM_CONF=$dir/etc/slurm.conf" <<<"$env" && grep -q '^SLURM_JOB_ID=' <<<"$env" &&
-          printf '%s\n' "$pid"
+        grep -qszxF -- "SLURM_CONF=$dir/etc/slurm.conf" "/proc/$pid/environ" &&
+          grep -qsz '^SLURM_JOB_ID=' "/proc/$pid/environ" && printf '%s\n' "$pid"
         ;;
     esac
   done
@@ -97,10 +97,23 @@ tc_stop_dir() {
     fi
     rm -f "$f"
   done
-  for pid in $(tc_pids_under "$dir"); do
-    tc_log "stopping leftover process $pid ($(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | cut -c1-60))"
-    tc_kill_wait "$pid" 3
+  # Leftovers (job steps of a killed slurmd) all at once: TERM, up to 3 s for them to go, then KILL.
+  local left=() i
+  mapfile -t left < <(tc_pids_under "$dir")
+  [ ${#left[@]} -eq 0 ] && return 0
+  for pid in "${left[@]}"; do
+    tc_log "stopping leftover process $pid ($(tr '\0' ' ' 2>/dev/null <"/proc/$pid/cmdline" | cut -c1-60))"
+    kill -TERM "$pid" 2>/dev/null || true
   done
+  for ((i = 0; i < 30; i++)); do
+    local alive=0
+    for pid in "${left[@]}"; do
+      [ -d "/proc/$pid" ] && [ "$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null)" != Z ] && alive=1
+    done
+    [ $alive = 0 ] && return 0
+    sleep 0.1
+  done
+  for pid in "${left[@]}"; do kill -KILL "$pid" 2>/dev/null || true; done
 }
 
 tc_registry_add() {

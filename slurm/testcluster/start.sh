@@ -370,6 +370,7 @@ tc_registry_add "$STATE_DIR"
 
 # Configs written by another version of these scripts are replaced (with a restart) rather than reused.
 GENERATOR=$(cat "$HERE/start.sh" "$HERE/lib.sh" | sha256sum | cut -c1-16)
+RESTORED_JOBS_ARE_ORPHANS=0
 if any_daemon_running && [ "$(cat "$ETC/generator" 2>/dev/null)" != "$GENERATOR" ]; then
   tc_log "the running cluster was configured by another version of start.sh; restarting it"
   tc_stop_dir "$STATE_DIR"
@@ -382,6 +383,7 @@ else
   tc_stop_dir "$STATE_DIR"
   write_configs
   echo "$GENERATOR" >"$ETC/generator"
+  RESTORED_JOBS_ARE_ORPHANS=1
 fi
 export SLURM_CONF=$SLURM_CONF_PATH
 
@@ -391,6 +393,16 @@ start_slurmdbd
 ensure_associations
 start_slurmctld
 start_slurmd
+if [ $RESTORED_JOBS_ARE_ORPHANS = 1 ]; then
+  # slurmctld restores the jobs of its last run from the state dir, but nothing of that run survived (the
+  # daemons were down and their job steps have been stopped above): without this they would hold the node's
+  # CPUs and GPUs as "RUNNING" until slurmctld gives up on them.
+  mapfile -t orphans < <(timeout 10 squeue -h -o %A 2>/dev/null || true)
+  if [ ${#orphans[@]} -gt 0 ]; then
+    tc_log "cancelling ${#orphans[@]} job(s) restored from the previous run of this cluster: ${orphans[*]}"
+    timeout 20 scancel "${orphans[@]}" >/dev/null 2>&1 || true
+  fi
+fi
 wait_node_idle
 wait_for "registration of cluster $CLUSTER in slurmdbd" "$LOG/slurmctld.log" cluster_registered
 tc_log "cluster $CLUSTER ready: node $NODE idle with gpu:a100:$NGPUS, $(nproc) CPUs ($(elapsed) s)"
