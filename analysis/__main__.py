@@ -1,4 +1,4 @@
-"""Command line: ``python -m analysis report`` and ``python -m analysis compare``.
+"""Analysis command line: a publishable report of a sweep (`report`), or one pairwise comparison (`compare`).
 
     python -m analysis report --experiment SWEEP [--tracking-uri URI] --out DIR [--baseline-context 10.24]
     python -m analysis compare SWEEP A B [--tracking-uri URI] [--dataset D] [--snr DB] [--family F]

@@ -151,6 +151,27 @@ def _sig_display(sig: pd.DataFrame) -> pd.DataFrame:
         "p Welch": sig["p_welch"].map(fmt_p), "verdict": sig["verdict"]})
 
 
+def _headline(sig: pd.DataFrame) -> pd.DataFrame:
+    """Per family, series and dataset (clean): which context lengths are significantly better, worse or neither,
+    and the largest WERR."""
+    clean = sig[sig["condition"] == CLEAN] if not sig.empty else sig
+    rows = []
+    for (fam, series, ds), grp in clean.groupby(["family", "series", "dataset"], sort=True):
+        def lengths(mask: pd.Series) -> str:
+            return ", ".join(format_seconds(c) for c in grp.loc[mask, "context_s"]) or "–"
+
+        verdict = grp["verdict"].fillna("")
+        best = grp.loc[grp["werr"].idxmax()] if grp["werr"].notna().any() else None
+        rows.append({
+            "family": fam, "series": series, "dataset": ds, "baseline": format_seconds(grp["baseline_context_s"].iloc[0]),
+            "significantly better": lengths(verdict == "significantly better"),
+            "significantly worse": lengths(verdict == "significantly worse"),
+            "not significant or not robust to seeds": lengths(~verdict.isin(["significantly better",
+                                                                            "significantly worse"])),
+            "largest WERR": "–" if best is None else f"{best['werr']:+.1f}% at {format_seconds(best['context_s'])}"})
+    return pd.DataFrame(rows)
+
+
 def _methods(alpha: float, level: float, resamples: int, baseline_context: float) -> str:
     return (
         f"WER is the corpus WER (all errors / all reference words, Whisper's normaliser) in percent; each "
@@ -234,6 +255,7 @@ def _sections(sweep: Sweep, wer: pd.DataFrame, werr: pd.DataFrame, snr: pd.DataF
         n_sig = int((tested["significant"] == True).sum())  # noqa: E712 (None means untested)
         findings.append(f"{len(sig)} comparisons with a baseline, {len(tested)} tested: {n_sig} significant at "
                         f"α = {alpha:g} after Holm correction, {len(tested) - n_sig} not.")
+    headline = _headline(sig)
     bullets = []
     ordered = sig.sort_values(["family", "series", "dataset", "snr_db", "context_s"], na_position="first")
     for (fam, series), grp in ordered.groupby(["family", "series"], sort=False):
@@ -241,10 +263,11 @@ def _sections(sweep: Sweep, wer: pd.DataFrame, werr: pd.DataFrame, snr: pd.DataF
     if not bullets:
         findings.append("No comparison with a baseline could be made: no family has finished models at the "
                         "baseline context and at another context length.")
-    secs.append(_Section("Findings: each context length against the baseline", findings, [], [], bullets))
-
     secs.append(_Section("Figures", [], [], figures,
                          [("", [f"{s.title} — not drawn: {s.reason}." for s in skipped])] if skipped else []))
+    summary = [("Summary per family and dataset (clean audio; Holm-corrected permutation tests)", headline)] \
+        if not headline.empty else []
+    secs.append(_Section("Findings: each context length against the baseline", findings, summary, [], bullets))
     tables = [("WER (%) per configuration: mean ± sd over seeds (number of seeds)", _wer_pivot(wer))]
     for fam in sweep.families:
         pv = _werr_pivot(werr, fam)
@@ -269,16 +292,16 @@ def _markdown(sweep: Sweep, sections: Iterable[_Section]) -> str:
     for s in sections:
         parts.append(f"\n## {s.title}\n")
         parts.extend(p + "\n" for p in s.paragraphs)
-        for sub, items in s.bullets:
-            if sub:
-                parts.append(f"\n### {sub}\n")
-            parts.append("\n" + "\n".join(f"- {b}" for b in items) + "\n")
-        for f in s.figures:
-            parts.append(f"\n![{f.title}]({f.path.name})\n\n*{f.title}.* {f.caption}\n")
         for title, df in s.tables:
             if title:
                 parts.append(f"\n**{title}**\n")
             parts.append("\n" + md_table(df))
+        for f in s.figures:
+            parts.append(f"\n![{f.title}]({f.path.name})\n\n*{f.title}.* {f.caption}\n")
+        for sub, items in s.bullets:
+            if sub:
+                parts.append(f"\n### {sub}\n")
+            parts.append("\n" + "\n".join(f"- {b}" for b in items) + "\n")
     return "".join(parts)
 
 
@@ -303,19 +326,19 @@ def _html(sweep: Sweep, sections: Iterable[_Section]) -> str:
     for s in sections:
         body.append(f"<h2>{html.escape(s.title)}</h2>")
         body.extend(f"<p>{_inline_md(p)}</p>" for p in s.paragraphs)
-        for sub, items in s.bullets:
-            if sub:
-                body.append(f"<h3>{html.escape(sub)}</h3>")
-            body.append("<ul>" + "".join(f"<li>{_inline_md(b)}</li>" for b in items) + "</ul>")
+        for title, df in s.tables:
+            if title:
+                body.append(f"<h3>{html.escape(title)}</h3>")
+            body.append(html_table(df))
         for f in s.figures:
             data = base64.b64encode(f.path.read_bytes()).decode("ascii")
             body.append(f'<figure><img alt="{html.escape(f.title)}" src="data:image/png;base64,{data}">'
                         f"<figcaption><strong>{html.escape(f.title)}.</strong> {html.escape(f.caption)}"
                         f"</figcaption></figure>")
-        for title, df in s.tables:
-            if title:
-                body.append(f"<h3>{html.escape(title)}</h3>")
-            body.append(html_table(df))
+        for sub, items in s.bullets:
+            if sub:
+                body.append(f"<h3>{html.escape(sub)}</h3>")
+            body.append("<ul>" + "".join(f"<li>{_inline_md(b)}</li>" for b in items) + "</ul>")
     return (f"<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>{html.escape(sweep.experiment)}</title>"
             f"<style>{_CSS}</style></head><body>{''.join(body)}</body></html>\n")
 

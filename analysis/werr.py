@@ -283,7 +283,7 @@ def _row(family: str, base: pd.Series, other: pd.Series, res: stats.Comparison |
             "delta_wer": res.delta, "delta_lo": res.delta_ci[0], "delta_hi": res.delta_ci[1], "werr": res.werr,
             "werr_lo": res.werr_ci[0], "werr_hi": res.werr_ci[1], "prob_improvement": res.prob_improvement,
             "p_permutation": res.permutation.pvalue,
-            "permutation": "exact" if res.permutation.exact else f"monte carlo ({res.permutation.resamples})",
+            "permutation": "exact" if res.permutation.exact else f"{res.permutation.resamples} random sign flips",
             "p_wilcoxon": res.wilcoxon.pvalue, "p_sign": res.sign.pvalue, "n_better": res.sign.n_negative,
             "n_worse": res.sign.n_positive, "n_tied": res.sign.n_ties, "welch_t": res.welch.t,
             "welch_df": res.welch.df, "p_welch": res.welch.pvalue, "note": "; ".join(notes)}

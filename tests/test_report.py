@@ -61,6 +61,22 @@ def test_html_is_self_contained(report_dir: Path) -> None:
     assert "<script" not in html
 
 
+@pytest.mark.browser
+def test_html_renders_offline_with_every_figure(report_dir: Path, browser_page) -> None:
+    """In headless Chromium: every embedded figure decodes, and the page asks for nothing but itself."""
+    from tests.plugins.browser import save_screenshot
+
+    requested: list[str] = []
+    browser_page.on("request", lambda r: requested.append(r.url))
+    browser_page.goto((report_dir / "index.html").resolve().as_uri())
+    widths = browser_page.eval_on_selector_all("img", "els => els.map(e => e.complete ? e.naturalWidth : 0)")
+    assert len(widths) == 3 and min(widths) > 300
+    assert all(u.startswith(("file:", "data:")) for u in requested), requested
+    body = browser_page.locator("body").inner_text()
+    assert "Significantly better" in body and "Not significant" in body
+    assert save_screenshot(browser_page, "analysis-synthetic-report").stat().st_size > 20_000
+
+
 def test_report_states_significance_plainly_and_honestly(report_dir: Path) -> None:
     md = (report_dir / "report.md").read_text()
     lines = md.splitlines()
