@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.plugins.slurm_cluster import TESTCLUSTER, SlurmCluster, SlurmCommandError
+from tests.plugins.slurm_cluster import TESTCLUSTER, SlurmCluster, SlurmCommandError, _refuse
 
-pytestmark = [pytest.mark.slurm, pytest.mark.timeout(300)]
+pytestmark = pytest.mark.timeout(300)
 
 
 def _wait_for_file_text(path: Path, pattern: str, timeout: float = 60) -> str:
@@ -25,6 +25,7 @@ def _wait_for_file_text(path: Path, pattern: str, timeout: float = 60) -> str:
     raise TimeoutError(f"{path} never matched {pattern!r}; it holds: {path.read_text() if path.exists() else '(missing)'}")
 
 
+@pytest.mark.slurm
 def test_cluster_is_registered_with_accounting_and_has_two_fake_a100s(slurm_cluster: SlurmCluster) -> None:
     print(f"cluster start took {slurm_cluster.start_seconds:.1f} s")
     clusters = slurm_cluster.run("sacctmgr", "-n", "-P", "list", "cluster", "format=cluster,controlhost").stdout
@@ -38,6 +39,7 @@ def test_cluster_is_registered_with_accounting_and_has_two_fake_a100s(slurm_clus
     assert "gpu*" in partitions and "debug" in partitions
 
 
+@pytest.mark.slurm
 def test_gpu_request_sets_cuda_visible_devices_and_sacct_records_completion(
     slurm_cluster: SlurmCluster, tmp_path: Path
 ) -> None:
@@ -58,11 +60,13 @@ def test_gpu_request_sets_cuda_visible_devices_and_sacct_records_completion(
     assert alloc["ExitCode"] == "0:0" and "gres/gpu=1" in alloc["AllocTRES"], rows
 
 
+@pytest.mark.slurm
 def test_more_gpus_than_the_node_has_is_refused(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
     with pytest.raises(SlurmCommandError, match="(?i)requested node configuration is not available"):
         slurm_cluster.sbatch("--gpus-per-node=a100:3", f"--chdir={tmp_path}", script="#!/bin/bash\ntrue\n")
 
 
+@pytest.mark.slurm
 def test_scontrol_requeue_restarts_a_running_job(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
     out = tmp_path / "requeue.out"
     job = slurm_cluster.sbatch(
@@ -85,6 +89,7 @@ def test_scontrol_requeue_restarts_a_running_job(slurm_cluster: SlurmCluster, tm
     assert history[0] == "REQUEUED", history
 
 
+@pytest.mark.slurm
 def test_usr2_reaches_the_batch_script(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
     out = tmp_path / "signal.out"
     script = (
@@ -106,6 +111,7 @@ def test_usr2_reaches_the_batch_script(slurm_cluster: SlurmCluster, tmp_path: Pa
     assert "TimeLimit=00:10:00" in shown
 
 
+@pytest.mark.slurm
 def test_node_down_holds_jobs_and_resume_runs_them(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
     slurm_cluster.scontrol("update", f"nodename={slurm_cluster.node}", "state=down", "reason=test-down")
     try:
@@ -122,6 +128,7 @@ def test_node_down_holds_jobs_and_resume_runs_them(slurm_cluster: SlurmCluster, 
     assert (tmp_path / "down.out").read_text() == "ran\n"
 
 
+@pytest.mark.slurm
 def test_start_again_is_idempotent(slurm_cluster: SlurmCluster) -> None:
     run_dir = slurm_cluster.state_dir / "run"
     before = {p.name: p.read_text().strip() for p in run_dir.glob("*.pid")}
@@ -166,6 +173,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
+@pytest.mark.slurm
 def test_start_stops_clusters_left_by_dead_sessions(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
     if os.geteuid() != 0:
         pytest.skip("starting munged needs root")
@@ -207,6 +215,7 @@ def test_start_stops_clusters_left_by_dead_sessions(slurm_cluster: SlurmCluster,
                 os.kill(pid, 15)
 
 
+@pytest.mark.slurm
 def test_localtest_profile_is_accepted_and_unknown_accounts_are_not(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
     import yaml
 
@@ -226,3 +235,16 @@ def test_localtest_profile_is_accepted_and_unknown_accounts_are_not(slurm_cluste
     # Associations are enforced, as on a real cluster: a typo in a profile's account is refused at submission.
     with pytest.raises(SlurmCommandError, match="(?i)invalid account"):
         slurm_cluster.sbatch("--account=no_such_account", f"--chdir={tmp_path}", script="#!/bin/bash\ntrue\n")
+
+
+@pytest.mark.parametrize("ci", ["true", "1"])
+def test_unavailable_cluster_fails_under_ci(monkeypatch: pytest.MonkeyPatch, ci: str) -> None:
+    monkeypatch.setenv("CI", ci)
+    with pytest.raises(pytest.fail.Exception, match="required under CI but cannot start: needs root"):
+        _refuse("needs root")
+
+
+def test_unavailable_cluster_is_skipped_with_the_reason_locally(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CI", raising=False)
+    with pytest.raises(pytest.skip.Exception, match="SLURM test cluster unavailable: needs root"):
+        _refuse("needs root")

@@ -361,7 +361,7 @@ cluster_registered() {
 ensure_packages
 clean_stale_clusters
 mkdir -p "$STATE_DIR" "$ETC" "$RUN" "$LOG" "$SPOOL/slurmctld" "$SPOOL/slurmd" "$MUNGE_DIR" "$DB_DIR"
-chmod 700 "$MUNGE_DIR"
+chmod 755 "$MUNGE_DIR" # users other than root reach the socket through it; the key itself is 0400
 if [ -n "${TESTCLUSTER_OWNER_PID:-}" ]; then
   [ -d "/proc/$TESTCLUSTER_OWNER_PID" ] || tc_die "TESTCLUSTER_OWNER_PID=$TESTCLUSTER_OWNER_PID is not a running process"
   echo "$TESTCLUSTER_OWNER_PID $(awk '{print $22}' "/proc/$TESTCLUSTER_OWNER_PID/stat")" >"$STATE_DIR/owner"

@@ -21,7 +21,9 @@ if [ ! -d "$STATE_DIR" ]; then
 fi
 # Cancel the jobs first so their steps end through SLURM rather than being killed under it.
 if [ -f "$SLURM_CONF_PATH" ] && tc_running_pid slurmctld >/dev/null; then
-  SLURM_CONF=$SLURM_CONF_PATH timeout 10 squeue -h -o %A 2>/dev/null | SLURM_CONF=$SLURM_CONF_PATH xargs -r timeout 10 scancel --quiet >/dev/null 2>&1 || true
+  export SLURM_CONF=$SLURM_CONF_PATH
+  mapfile -t jobs < <(timeout 10 squeue -h -o %A 2>/dev/null || true)
+  [ ${#jobs[@]} -gt 0 ] && { timeout 10 scancel --quiet "${jobs[@]}" >/dev/null 2>&1 || true; }
 fi
 tc_stop_dir "$STATE_DIR"
 tc_registry_remove "$STATE_DIR"

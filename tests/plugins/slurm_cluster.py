@@ -156,6 +156,16 @@ class SlurmCluster:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
 
+_TIMINGS: dict[str, float] = {}
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:  # noqa: ANN001 (pytest hook)
+    """One line in the summary with how long the cluster took to start and stop, when a test used it."""
+    if _TIMINGS:
+        parts = [f"{k} {v:.1f} s" for k, v in _TIMINGS.items()]
+        terminalreporter.write_line(f"SLURM test cluster: {', '.join(parts)}")
+
+
 def _refuse(reason: str) -> None:
     """Fails under CI, skips elsewhere: CI must never pass with the SLURM tests quietly not run."""
     if os.environ.get("CI", "").lower() in {"1", "true", "yes"}:
@@ -225,10 +235,12 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmClu
                 "slurm/testcluster/start.sh); run the tests as root, or start a cluster as root with "
                 "`sudo slurm/testcluster/start.sh DIR` and set SLURM_TEST_STATE=DIR"
             )
-        cluster = SlurmCluster(state_dir=state_dir, conf=conf, node=_node_name(conf), env={**os.environ, "SLURM_CONF": str(conf)})
+        env = {**os.environ, "SLURM_CONF": str(conf)}
+        cluster = SlurmCluster(state_dir=state_dir, conf=conf, node=_node_name(conf), env=env)
     else:
         try:
             cluster = start_cluster(state_dir, owner_pid=None if reuse else os.getpid())
+            _TIMINGS["start"] = cluster.start_seconds
         except (RuntimeError, subprocess.TimeoutExpired) as exc:
             pytest.fail(f"the SLURM test cluster did not start: {exc}", pytrace=False)
     previous = os.environ.get("SLURM_CONF")
@@ -243,7 +255,9 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmClu
         if reuse:
             cluster.cancel_all()
         elif os.geteuid() == 0:
+            t0 = time.monotonic()
             stop_cluster(state_dir)
+            _TIMINGS["stop"] = time.monotonic() - t0
 
 
 def _controller_up(conf: Path) -> bool:
