@@ -15,6 +15,9 @@ from tests.plugins.mlflow_server import MlflowServer
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(300)]
 
+# The helpers live in tests.plugins.browser; this name stays for tests that imported it from here.
+show_runs = show_mlflow_runs
+
 def _make_sweep(server: MlflowServer, name: str, labels: list[str]) -> str:
     client = server.client()
     exp = client.create_experiment(name)
