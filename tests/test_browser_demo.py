@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from tests.plugins.browser import save_screenshot
+from tests.plugins.browser import RUN_NAME_CELL, open_mlflow_run_list, save_screenshot, show_mlflow_runs
 from tests.plugins.demo import QuickDemo
 from tests.plugins.mlflow_server import start_server, stop_server
-from tests.test_browser_mlflow_ui import RUN_NAME_CELL, show_runs
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -38,12 +37,8 @@ def test_mlflow_ui_lists_every_demo_trial(quick_demo: QuickDemo, browser_page, t
     server = start_server(tmp_path / "ui", extra=["--backend-store-uri", quick_demo.tracking_uri])
     try:
         page = browser_page
-        page.goto(f"{server.uri}/#/experiments/{exp.experiment_id}/runs")
-        page.get_by_role("link", name="demo-quick", exact=True).last.wait_for(timeout=90_000)
-        close = page.get_by_role("button", name="Close")
-        if close.count():
-            close.first.click()
-        show_runs(page, names)
+        open_mlflow_run_list(page, server.uri, exp.experiment_id)
+        show_mlflow_runs(page, names)
         listed = sorted(t.strip() for t in page.locator(f"{RUN_NAME_CELL} a").all_inner_texts())
         assert listed == names
         save_screenshot(page, "demo-mlflow-runs", full_page=False)
