@@ -147,7 +147,7 @@ def allocation(sweep_path: Path, sub_id: str, cpus_per_trial: int, gpus_per_tria
     head_ip = socket.gethostbyname(nodes[0])
     port = _free_port()
     address = f"{head_ip}:{port}"
-    tmp = f"/tmp/ray-{job_id}"  # short: Ray's unix sockets live under it
+    tmp = f"/tmp/ray-{job_id}-{port}"  # short (Ray keeps unix sockets under it) and unique per allocation
     ray_bin = str(Path(sys.executable).with_name("ray"))
     common = ["--num-cpus", str(cpus), "--num-gpus", str(gpus), "--temp-dir", tmp, "--disable-usage-stats", "--block"]
     steps = [subprocess.Popen(["srun", "--overlap", "--nodes=1", "--ntasks=1", "-w", nodes[0], ray_bin, "start",
