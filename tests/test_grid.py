@@ -30,6 +30,7 @@ def test_paper_grid_is_the_321_models() -> None:
     assert sorted(fam.values()) == [21] + [30] * 10
     assert fam[(6, 768, 6, "rotary", 10000.0)] == 21
     for t in g.trials:
+        assert t.key == t.config.hash()  # the fast key is Config.hash() exactly
         assert t.config.train.seed == t.seed and t.seed in (1, 2, 3)
         assert t.config.data.context_s in CONTEXTS
     # The main model at 82 s, seed 2, is one trial shared by three sections.

@@ -141,7 +141,6 @@ def drive(sweep_path: Path, sub_id: str, cpus_per_trial: int, restore: bool,
                      "cmd": trial_command(sweep.trial_dir(key), manifest.tracking_uri, run_ids[key]),
                      # Ray-on-SLURM: the allocation touches this file on USR2; the wrapper tells its trainer
                      "preempt_flag": str(sweep.path / "ray_slurm" / sub_id / "PREEMPT") if address else ""})
-    os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")  # the ledger is MLflow, not Tune's CSVs
     if address:
         ray.init(address=address, log_to_driver=False)
     else:
