@@ -7,6 +7,8 @@ trailing piece shorter than ``MIN_TAIL_S`` is dropped unless it is the whole rec
 
 Windows are gathered into batches until the next window would take the batch past ``batch_audio_s`` seconds of
 audio, so every optimiser step sees about the same amount of audio whatever the context (batch = 1 h / L).
+With gradient accumulation (``data.micro_batch_audio_s``), :func:`micro_batches` splits one step's windows, in
+order, into the passes that are run forward/backward one at a time.
 
 The stream is a pure function of (recordings, data config, seed): epoch ``e`` visits the recordings in the order
 of ``numpy.random.default_rng([seed, e]).permutation``, and a :class:`Position` (epoch, recording, window) is all
@@ -68,6 +70,30 @@ def window_bounds(duration: float, seq_len: float) -> list[tuple[float, float]]:
         if k > 0 and end - start < MIN_TAIL_S:
             break
         out.append((start, end))
+    return out
+
+
+def micro_batches(windows: Sequence[Window], max_audio_s: float) -> list[list[Window]]:
+    """One step's windows as the fewest contiguous micro-batches of at most ``max_audio_s`` padded audio.
+
+    Padded audio is what a forward pass costs: windows x the step's longest window (a batch is padded to its
+    longest member). Sizes differ by at most one window, so no pass is a small remainder with noisy batch
+    statistics. ``max_audio_s = 0`` (no accumulation) gives the whole step as one micro-batch; a window longer
+    than ``max_audio_s`` still gets a pass of its own.
+    """
+    if max_audio_s < 0:
+        raise ValueError(f"max_audio_s must be 0 (one pass) or positive, got {max_audio_s!r}")
+    if max_audio_s == 0 or not windows:
+        return [list(windows)]
+    longest = max(w.duration for w in windows)
+    per_pass = max(1, math.floor(max_audio_s / longest + 1e-9))
+    passes = math.ceil(len(windows) / per_pass)
+    size, extra = divmod(len(windows), passes)
+    out, i = [], 0
+    for j in range(passes):
+        n = size + (1 if j < extra else 0)
+        out.append(list(windows[i : i + n]))
+        i += n
     return out
 
 

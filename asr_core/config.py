@@ -120,17 +120,23 @@ class DataConfig:
     tokenizer: str = ""  # path of a SentencePiece model; empty = train one from the training transcripts
     context_s: float = 10.24  # window length the model trains and is evaluated at (1024 frames)
     batch_audio_s: float = 3600.0  # audio per optimiser step, whatever the context (batch = this / context)
+    # gradient accumulation: the most (padded) audio per forward/backward; 0 = the whole step in one pass. Lets the
+    # large models train at short contexts within GPU memory; the gradient is the whole step's either way.
+    micro_batch_audio_s: float = 0.0
     seqlen_warmup: str = "paper"  # paper: s0 + s0*2^floor(r/n); code: s0*2^floor(r/n); none: start at context_s
     seqlen_warmup_start_s: float = 5.0
     seqlen_warmup_every: int = 5000  # recordings between doublings
     max_recordings: int = 0  # 0 = one pass over the whole corpus
-    num_workers: int = 0
+    num_workers: int = 0  # threads preparing the features of upcoming steps; 0 = in the training loop itself
     features: FeatureConfig = field(default_factory=FeatureConfig)
 
     def __post_init__(self) -> None:
         _require(self.context_s > 0, "data.context_s", self.context_s, "a positive number of seconds")
         _require(self.batch_audio_s >= self.context_s, "data.batch_audio_s", self.batch_audio_s,
                  f"at least data.context_s={self.context_s} (one window per step)")
+        _require(self.micro_batch_audio_s == 0 or self.micro_batch_audio_s >= self.context_s,
+                 "data.micro_batch_audio_s", self.micro_batch_audio_s,
+                 f"0 (the whole step in one pass) or at least data.context_s={self.context_s} (one window)")
         _choice("data.seqlen_warmup", self.seqlen_warmup, SEQLEN_WARMUPS)
         _require(self.seqlen_warmup_start_s > 0, "data.seqlen_warmup_start_s", self.seqlen_warmup_start_s,
                  "a positive number of seconds")

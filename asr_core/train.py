@@ -4,6 +4,11 @@ One run = one model of the study (paper 000 §3.3): Madgrad, linear warmup then 
 clipping at 0.8, bf16 autocast on CUDA, windows of the (warming-up) sequence length, about ``batch_audio_s`` of
 audio per optimiser step, one seed for both the initial weights and the data order.
 
+A step that does not fit memory in one pass is split into micro-batches of at most ``data.micro_batch_audio_s``
+padded audio whose gradients add up to the whole step's (:func:`accumulate_gradients`; batch renormalisation then
+sees each micro-batch's statistics). ``data.num_workers`` threads prepare the features of upcoming steps while the
+model trains (:class:`asr_core.batching.StepLoader`); neither setting changes the data order.
+
 Stopping is always safe. ``OUT/checkpoint.pt`` is rewritten atomically every ``train.checkpoint_every`` steps, at
 the end, and at the first step boundary after SIGUSR2 or SIGTERM (then :class:`Preempted` is raised and the command
 exits 75). Calling ``train`` again with the same ``out_dir`` resumes exactly: weights, optimiser, batch-renorm
@@ -20,7 +25,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -29,9 +33,10 @@ from typing import Any, Sequence
 import torch
 from madgrad import MADGRAD
 
-from .audio import load_audio
+from .batching import BatchMaker, MicroBatch, StepLoader
+from .batchrenorm import MaskedBatchRenorm
 from .checkpoint import FORMAT_VERSION, load_checkpoint, rng_state, save_checkpoint, set_rng_state
-from .chunking import Position, Window, WindowStream
+from .chunking import Position, WindowStream
 from .config import Config, ConfigError
 from .corpora.base import Recording
 from .ctc import ctc_loss
@@ -145,46 +150,36 @@ def _git_commit() -> str | None:
     return out.stdout.strip() if out.returncode == 0 else None
 
 
-# ---- data into tensors ---------------------------------------------------------------------------------------
-class _BatchMaker:
-    """Windows -> padded features (B, T, F), lengths (B,), token targets. Keeps the last recordings' features,
-    since consecutive windows come from the same recording."""
+# ---- one optimiser step's gradient ----------------------------------------------------------------------------
+def accumulate_gradients(model: AcousticModel, micro: Sequence[MicroBatch], device: torch.device, bf16: bool,
+                         step: int) -> float:
+    """Set ``.grad`` of every parameter to the gradient of the whole step's loss; return that loss.
 
-    def __init__(self, recordings: Sequence[Recording], features: FeatureExtractor, tok: Tokenizer,
-                 cache: int = 4) -> None:
-        self.recordings = recordings
-        self.features = features
-        self.tok = tok
-        self.cache: OrderedDict[int, torch.Tensor] = OrderedDict()
-        self.cache_size = cache
-
-    def recording_features(self, idx: int) -> torch.Tensor:
-        if idx in self.cache:
-            self.cache.move_to_end(idx)
-            return self.cache[idx]
-        rec = self.recordings[idx]
-        try:
-            feats = self.features(load_audio(rec.audio, self.features.cfg.sample_rate))
-        except OSError as e:
-            raise TrainError(f"recording {rec.id!r}: {e}") from None
-        self.cache[idx] = feats
-        if len(self.cache) > self.cache_size:
-            self.cache.popitem(last=False)
-        return feats
-
-    def __call__(self, windows: list[Window]) -> tuple[torch.Tensor, torch.Tensor, list[list[int]]]:
-        fps = self.features.frames_per_second
-        pieces = []
-        for w in windows:
-            feats = self.recording_features(w.recording)
-            a = min(int(round(w.start * fps)), feats.shape[0] - 1)
-            b = min(a + max(1, int(round(w.duration * fps))), feats.shape[0])
-            pieces.append(feats[a:b])
-        lengths = torch.tensor([p.shape[0] for p in pieces], dtype=torch.long)
-        x = torch.zeros(len(pieces), int(lengths.max()), pieces[0].shape[1])
-        for i, p in enumerate(pieces):
-            x[i, : p.shape[0]] = p
-        return x, lengths, [self.tok.encode(w.text) for w in windows]
+    The step's loss is :func:`ctc_loss` over all ``B`` windows of the step (the mean over windows of each
+    window's CTC loss per target token). Micro-batch ``m`` of ``B_m`` windows (features (B_m, T_m, F)) runs
+    forward and backward on its own, its mean scaled by ``B_m / B``, so the gradients summed over the passes are
+    the whole-step gradient up to float rounding while only one pass's activations are alive at a time. One
+    micro-batch is exactly the unsplit step. What accumulation cannot keep: batch renormalisation normalises
+    each pass with that pass's statistics and updates its running statistics once per pass. Its r/d warmup is
+    kept on optimiser steps (each layer's ``num_batches_tracked`` is set to ``step`` before every pass).
+    The model's train/eval modes are the caller's (:func:`train` sets train mode once).
+    """
+    total = sum(mb.size for mb in micro)
+    renorms = [m for m in model.modules() if isinstance(m, MaskedBatchRenorm)]
+    model.zero_grad(set_to_none=True)
+    loss_sum = 0.0
+    for mb in micro:
+        for m in renorms:
+            m.num_batches_tracked.fill_(step)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+            logits, out_lengths = model(mb.features.to(device), mb.lengths.to(device))
+        loss = ctc_loss(logits, out_lengths, mb.targets, model.blank_id)
+        if len(micro) > 1:
+            loss = loss * (mb.size / total)
+        loss.backward()
+        loss_sum += float(loss.detach())
+        del logits, out_lengths, loss  # free this pass's outputs before the next pass allocates its own
+    return loss_sum
 
 
 # ---- the run -------------------------------------------------------------------------------------------------
@@ -284,37 +279,36 @@ def train(cfg: Config, out_dir: str | Path, *, tracking_uri: str | None = None, 
             "tokenizer": tok.to_bytes(),
         })
 
-    maker = _BatchMaker(recs, FeatureExtractor(cfg.data.features), tok)
+    maker = BatchMaker(recs, FeatureExtractor(cfg.data.features), tok)
     n_params = sum(p.numel() for p in model.parameters())
+    accum = (f", at most {cfg.data.micro_batch_audio_s:g} s per forward/backward" if cfg.data.micro_batch_audio_s
+             else "")
     print(f"[train] {n_params / 1e6:.1f}M parameters on {device}{' (bf16)' if bf16 else ''}; {len(recs)} "
-          f"recordings; {total_steps} steps of ~{cfg.data.batch_audio_s:g} s audio; out {out_dir}", flush=True)
+          f"recordings; {total_steps} steps of ~{cfg.data.batch_audio_s:g} s audio{accum}; "
+          f"{cfg.data.num_workers} data workers; out {out_dir}", flush=True)
     bar = _progress(total_steps, step)
+    model.train()  # for the whole run: nothing in the loop evaluates
     try:
-        with _StopFlag() as stop:
-            batches = stream.batches(pos)
+        with _StopFlag() as stop, StepLoader(stream, pos, maker, cfg.data.micro_batch_audio_s,
+                                             cfg.data.num_workers) as steps:
             while step < total_steps:
                 if stop.signum is not None:
                     break
-                nxt = next(batches, None)
-                if nxt is None:  # data used up before max_steps: the run is one pass (or train.epochs passes)
+                batch = next(steps, None)
+                if batch is None:  # data used up before max_steps: the run is one pass (or train.epochs passes)
                     break
-                windows, next_pos = nxt
-                x, lengths, targets = maker(windows)
                 lr = learning_rate(step, t.lr, t.warmup_steps, total_steps)
                 for g in opt.param_groups:
                     g["lr"] = lr
-                model.train()
-                with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-                    logits, out_lengths = model(x.to(device), lengths.to(device))
-                loss = ctc_loss(logits, out_lengths, targets, model.blank_id)
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
+                loss = accumulate_gradients(model, batch.micro, device, bf16, step)
                 grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)
                 opt.step()
-                step, pos, last_loss = step + 1, next_pos, float(loss.detach())
-                seq = max(w.duration for w in windows)
+                # the position after the step just trained on, never after steps the loader prefetched
+                step, pos, last_loss = step + 1, batch.next_pos, loss
+                seq = max(w.duration for w in batch.windows)
                 values = {"train/loss": last_loss, "train/lr": lr, "train/seq_len_s": seq,
-                          "train/batch_size": float(len(windows)), "train/grad_norm": float(grad_norm)}
+                          "train/batch_size": float(batch.size), "train/grad_norm": float(grad_norm),
+                          "train/micro_batches": float(len(batch.micro))}
                 if tracker is not None:
                     tracker.log_step(step, values)
                 if step % t.log_every == 0 or step == total_steps:
@@ -348,6 +342,8 @@ def _progress(total: int, initial: int) -> Any:
 def _report(bar: Any, step: int, total: int, v: dict[str, float]) -> None:
     line = (f"step {step}/{total} loss {v['train/loss']:.4f} lr {v['train/lr']:.3g} "
             f"seq {v['train/seq_len_s']:.1f}s batch {int(v['train/batch_size'])}")
+    if v.get("train/micro_batches", 1) > 1:
+        line += f" in {int(v['train/micro_batches'])} passes"
     if bar is not None:
         bar.n = step
         bar.set_postfix_str(line.split(" ", 2)[2])

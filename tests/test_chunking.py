@@ -2,8 +2,10 @@
 
 from pathlib import Path
 
-from asr_core.chunking import Position, WindowStream, cut_windows, window_bounds
-from asr_core.config import DataConfig
+import pytest
+
+from asr_core.chunking import Position, Window, WindowStream, cut_windows, micro_batches, window_bounds
+from asr_core.config import ConfigError, DataConfig, preset
 from asr_core.corpora.base import Recording, Word
 
 
@@ -66,3 +68,40 @@ def test_sequence_length_warmup_grows_windows() -> None:
     assert lens == [5, 5, 10, 10, 20, 20, 40, 40]
     sizes = [len(w) for w, _ in s.batches()]
     assert sizes[0] == 8 and sizes[-1] == 1  # batch = batch_audio_s / current length
+
+
+def _windows(durations: list[float]) -> list[Window]:
+    out, t = [], 0.0
+    for d in durations:
+        out.append(Window(0, t, t + d, ""))
+        t += d
+    return out
+
+
+def test_micro_batches_split_a_step_in_order_into_balanced_passes_within_the_limit() -> None:
+    hour = _windows([10.24] * 351)  # paper: one hour of 10.24 s windows per step
+    assert micro_batches(hour, 0.0) == [hour]  # no accumulation: one pass
+    thirds = micro_batches(hour, 1200.0)
+    assert [len(m) for m in thirds] == [117, 117, 117] and sum(thirds, []) == hour
+    uneven = _windows([2.0, 2.0, 1.5, 2.0, 2.0, 2.0, 0.7])
+    parts = micro_batches(uneven, 6.0)
+    assert [len(m) for m in parts] == [3, 2, 2] and sum(parts, []) == uneven
+    for limit in (2.0, 4.5, 6.0, 9.9, 13.9, 14.0):
+        parts = micro_batches(uneven, limit)
+        sizes = [len(m) for m in parts]
+        assert sum(parts, []) == uneven and max(sizes) - min(sizes) <= 1
+        assert all(len(m) * max(w.duration for w in m) <= limit + 1e-9 for m in parts), limit  # padded audio
+        assert len(parts) == -(-len(uneven) // max(1, int(limit // 2.0)))  # the fewest passes that fit
+    assert [len(m) for m in micro_batches(_windows([30.0, 5.0]), 10.0)] == [1, 1]  # too long: a pass of its own
+    with pytest.raises(ValueError, match="max_audio_s"):
+        micro_batches(uneven, -1.0)
+
+
+def test_micro_batch_audio_is_validated_against_the_context() -> None:
+    assert DataConfig(context_s=10.0, micro_batch_audio_s=0.0).micro_batch_audio_s == 0.0
+    assert DataConfig(context_s=10.0, micro_batch_audio_s=10.0).micro_batch_audio_s == 10.0
+    for bad in (-1.0, 5.0):
+        with pytest.raises(ConfigError, match=r"data\.micro_batch_audio_s.*at least data\.context_s=10\.0"):
+            DataConfig(context_s=10.0, micro_batch_audio_s=bad)
+    with pytest.raises(ConfigError, match="data.micro_batch_audio_s"):
+        preset("tiny").with_overrides(["data.micro_batch_audio_s=3"])

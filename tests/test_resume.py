@@ -1,5 +1,6 @@
 """Exact resume: 2k steps straight equal k steps, a kill (-9 or SIGUSR2), resume, k more — bitwise on the CPU —
-and MLflow holds one run with one continuous step history."""
+and MLflow holds one run with one continuous step history. Also with gradient accumulation and data worker
+threads on (``accum``): the checkpoint holds the position of the last step trained, not of steps prefetched."""
 
 from __future__ import annotations
 
@@ -40,20 +41,38 @@ print("RUN_ID", res.run_id, flush=True)
 """
 
 
+VARIANTS = {
+    "whole": {},
+    # windows of 10.24 s, ~30 s per step: 2-3 passes of one window each, two threads preparing upcoming steps
+    "accum": {"data.micro_batch_audio_s": 10.24, "data.num_workers": 2},
+}
+
+
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory: pytest.TempPathFactory) -> dict:
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list]:
     root = tmp_path_factory.mktemp("resume")
-    recs = make_corpus(root / "corpus", 10, seed=1, words_per=(8, 14))
+    return root, make_corpus(root / "corpus", 10, seed=1, words_per=(8, 14))
+
+
+@pytest.fixture(scope="module", params=list(VARIANTS))
+def setup(request: pytest.FixtureRequest, corpus: tuple[Path, list]) -> dict:
+    root, recs = corpus
+    root = root / request.param
+    root.mkdir()
     cfg = tiny_cfg(**{"train.max_steps": 2 * K, "train.checkpoint_every": K, "train.log_every": 1,
-                      "data.batch_audio_s": 30, "model.vocab_size": 40})
+                      "data.batch_audio_s": 30, "model.vocab_size": 40, **VARIANTS[request.param]})
     (root / "train.py").write_text(SCRIPT)
     spec = {"config": cfg.to_dict(), "tracking_uri": f"sqlite:///{root / 'mlflow.db'}",
             "recordings": [{"id": r.id, "audio": str(r.audio), "duration": r.duration,
                             "words": [[w.text, w.start, w.end] for w in r.words]} for r in recs]}
     straight = _spec(root, spec, "straight")
     proc = _launch(root, straight, root / "straight")
-    assert proc.wait(timeout=300) == 0, proc.stdout.read()
-    return {"root": root, "spec": spec, "straight": load_checkpoint(root / "straight" / "checkpoint.pt")}
+    log = proc.stdout.read()
+    assert proc.wait(timeout=300) == 0, log
+    if request.param == "accum":  # the variant really accumulates and prefetches
+        assert "2 data workers" in log and " passes" in log, log
+    return {"root": root, "spec": spec, "straight": load_checkpoint(root / "straight" / "checkpoint.pt"),
+            "variant": request.param}
 
 
 def _spec(root: Path, spec: dict, experiment: str) -> Path:
@@ -107,6 +126,7 @@ def _straight_losses(setup: dict) -> list[float]:
     return _assert_one_continuous_history(setup["spec"]["tracking_uri"], "straight", None)
 
 
+@pytest.mark.parametrize("setup", ["whole"], indirect=True)  # "accum" is covered by the SIGUSR2 test
 def test_kill_9_after_checkpoint_then_resume_is_bitwise_exact(setup: dict) -> None:
     root, out = setup["root"], setup["root"] / "kill9"
     spec = _spec(root, setup["spec"], "kill9")
@@ -147,6 +167,7 @@ def test_sigusr2_checkpoints_exits_75_and_resumes_bitwise_exact(setup: dict) -> 
     _assert_one_continuous_history(setup["spec"]["tracking_uri"], "usr2", _straight_losses(setup))
 
 
+@pytest.mark.parametrize("setup", ["whole"], indirect=True)
 def test_resume_refuses_a_different_config(setup: dict, tmp_path: Path) -> None:
     from asr_core.config import Config
     from asr_core.train import TrainError, train

@@ -98,3 +98,96 @@ def test_tiny_model_learns_its_training_utterances(tmp_path: Path) -> None:
     wer = jiwer.wer(refs, hyps)
     assert result.final_loss < 0.5, result.final_loss
     assert wer < 0.10, (wer, list(zip(refs, hyps))[:5])
+
+
+def _grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def test_micro_batched_gradient_equals_the_whole_step_gradient(tmp_path: Path) -> None:
+    """One step whole vs in 3 unequal micro-batches (e.g. 3, 3, 2 windows): the same loss and gradient.
+
+    Batch renormalisation in training mode normalises with the statistics of the batch it is given, so its output
+    for a window depends on the other windows of the pass, and no accumulation can reproduce the whole-batch
+    gradient there. Its layers are put in eval mode (running statistics: a fixed per-channel affine map), which
+    makes every window's output depend on that window only; then whole and split differ only in how the passes'
+    losses are weighted and summed, which is what is under test. Two controls show the comparison can fail:
+    equal weights per pass, and batch renormalisation back in training mode.
+    """
+    import copy
+
+    from asr_core.batching import BatchMaker
+    from asr_core.batchrenorm import MaskedBatchRenorm
+    from asr_core.chunking import WindowStream, micro_batches
+    from asr_core.model import build_model
+    from asr_core.tokenizer import Tokenizer
+    from asr_core.train import accumulate_gradients
+
+    torch.set_num_threads(2)
+    cfg = tiny_cfg(**{"data.context_s": 2.0, "data.batch_audio_s": 14, "data.micro_batch_audio_s": 6,
+                      "model.vocab_size": 40})
+    recs = make_corpus(tmp_path / "corpus", 6, seed=3, words_per=(8, 12))
+    tok = Tokenizer.train([r.text for r in recs], 40, tmp_path / "tok.model")
+    maker = BatchMaker(recs, FeatureExtractor(cfg.data.features), tok)
+    windows, _ = next(WindowStream(recs, cfg.data, 0).batches())
+    parts = micro_batches(windows, cfg.data.micro_batch_audio_s)
+    assert len(parts) == 3 and len({len(p) for p in parts}) == 2  # unequal passes: their weights matter
+    whole, split = [maker(windows)], [maker(p) for p in parts]
+
+    torch.manual_seed(0)
+    base = build_model(cfg.model, cfg.data.features.n_mels).train()
+    with torch.no_grad():  # running statistics away from their (0, 1) start, as after some training
+        base(whole[0].features, whole[0].lengths)
+    cpu = torch.device("cpu")
+
+    def run(micro: list, renorm_training: bool, step: int = 7) -> tuple[float, dict[str, torch.Tensor], list]:
+        model = copy.deepcopy(base).train()
+        renorms = [m for m in model.modules() if isinstance(m, MaskedBatchRenorm)]
+        for m in renorms:
+            m.train(renorm_training)
+        loss = accumulate_gradients(model, micro, cpu, False, step)
+        return loss, _grads(model), renorms
+
+    loss_w, g_w, _ = run(whole, False)
+    loss_s, g_s, _ = run(split, False)
+    assert g_w.keys() == g_s.keys() and len(g_w) == len(list(base.parameters()))
+    assert loss_s == pytest.approx(loss_w, rel=1e-6)
+    worst = max(float((g_w[n] - g_s[n]).abs().max()) for n in g_w)
+    for n in g_w:
+        assert torch.allclose(g_s[n], g_w[n], rtol=1e-5, atol=1e-5), (n, worst)
+
+    # control 1: averaging the passes' mean losses with equal weights is a different (wrong) gradient
+    per_pass = [run([mb], False)[1] for mb in split]
+    equal = {n: sum(g[n] for g in per_pass) / 3 for n in g_w}
+    weighted = {n: sum(g[n] * mb.size for g, mb in zip(per_pass, split)) / len(windows) for n in g_w}
+    assert all(torch.allclose(weighted[n], g_w[n], rtol=1e-5, atol=1e-5) for n in g_w)
+    assert not all(torch.allclose(equal[n], g_w[n], rtol=1e-5, atol=1e-5) for n in g_w)
+    # control 2: with batch statistics (training mode) the passes see other statistics: other gradients
+    _, g_wt, _ = run(whole, True)
+    _, g_st, renorms = run(split, True)
+    assert not all(torch.allclose(g_st[n], g_wt[n], rtol=1e-5, atol=1e-5) for n in g_w)
+    # ... and the renorm warmup clock stays on optimiser steps: 3 passes of step 7 leave it at 8, not 10
+    assert all(int(m.num_batches_tracked) == 8 for m in renorms)
+    print(f"max |grad whole - grad 3 passes| = {worst:.2e}")
+
+
+def test_data_workers_and_micro_batches_keep_the_run_of_a_seed(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """num_workers=0 and 2 train the same model (bitwise) with the same per-step losses, micro-batched or not."""
+    torch.set_num_threads(2)
+    recs = make_corpus(tmp_path / "corpus", 8, seed=4, words_per=(8, 12))
+    runs = {}
+    for micro in (0, 6):
+        for workers in (0, 2):
+            cfg = tiny_cfg(**{"data.context_s": 2.0, "data.batch_audio_s": 14, "data.micro_batch_audio_s": micro,
+                              "data.num_workers": workers, "model.vocab_size": 40, "train.max_steps": 4})
+            result = train(cfg, tmp_path / f"run-{micro}-{workers}", recordings=recs)
+            lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("[train] step")]
+            runs[micro, workers] = (result, load_checkpoint(result.checkpoint), lines)
+    for micro in (0, 6):
+        (r0, s0, l0), (r2, s2, l2) = runs[micro, 0], runs[micro, 2]
+        assert r0.steps == r2.steps == 4 and len(l0) == 4
+        assert r0.final_loss == r2.final_loss and l0 == l2
+        assert s0["data_position"] == s2["data_position"]
+        for name, t in s0["model"].items():
+            assert torch.equal(t, s2["model"][name]), (micro, name)
+    assert all("passes" in ln for ln in runs[6, 0][2]) and not any("passes" in ln for ln in runs[0, 0][2])

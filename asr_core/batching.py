@@ -1,0 +1,187 @@
+"""One optimiser step's windows -> padded feature tensors, prepared ahead of the training loop when asked.
+
+:class:`BatchMaker` turns windows into ``(features (B, T, F), lengths (B,), targets)``: audio is read and its
+features computed once per recording (consecutive windows share recordings), then cut and padded.
+
+:class:`StepLoader` walks :meth:`WindowStream.batches` and yields :class:`Step` s, each split into micro-batches
+(:func:`asr_core.chunking.micro_batches`). With ``num_workers = 0`` a step is prepared when it is asked for, in the
+caller's thread. With ``num_workers = N > 0``, N threads prepare the micro-batches of up to N upcoming steps while
+the model trains on the current one: reading audio (libsndfile) and the mel/FFT torch ops release the GIL, so
+threads overlap with training without the pickling and start-up cost of processes. Steps come back in stream
+order whatever finishes first, and features are the same bits either way (each worker thread uses the caller's
+intra-op thread count, so reductions split the same way), so the data and the results of a seed do not depend on
+``num_workers``. A step carries the stream position *after* it: a checkpoint records the last step consumed,
+never one merely prefetched, so resuming is exact.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict, deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+import torch
+
+from .audio import load_audio
+from .chunking import Position, Window, WindowStream, micro_batches
+from .corpora.base import CorpusError, Recording
+from .features import FeatureExtractor
+from .tokenizer import Tokenizer
+
+
+@dataclass(frozen=True)
+class MicroBatch:
+    """One forward/backward pass: ``features`` (B, T, F) zero-padded, ``lengths`` (B,) frames, token ids."""
+
+    features: torch.Tensor
+    lengths: torch.Tensor
+    targets: list[list[int]]
+
+    @property
+    def size(self) -> int:
+        return len(self.targets)
+
+
+@dataclass(frozen=True)
+class Step:
+    """One optimiser step: its windows (in stream order), their micro-batches, and where the stream goes on."""
+
+    windows: list[Window]
+    micro: list[MicroBatch]
+    next_pos: Position
+
+    @property
+    def size(self) -> int:
+        return len(self.windows)
+
+
+class _Entry:
+    """A cached recording's features, computed by whichever thread asks first (the others wait on the lock)."""
+
+    __slots__ = ("lock", "features")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.features: torch.Tensor | None = None
+
+
+class BatchMaker:
+    """Windows -> padded features (B, T, F), lengths (B,), token targets. Thread-safe.
+
+    Keeps the features of the last ``cache`` recordings used, since consecutive windows (and the ends of one
+    step and the start of the next) come from the same recording.
+    """
+
+    def __init__(self, recordings: Sequence[Recording], features: FeatureExtractor, tok: Tokenizer,
+                 cache: int = 4) -> None:
+        self.recordings = recordings
+        self.features = features
+        self.tok = tok
+        self.cache: OrderedDict[int, _Entry] = OrderedDict()
+        self.cache_size = cache
+        self._lock = threading.Lock()
+
+    def recording_features(self, idx: int) -> torch.Tensor:
+        """(T, F) normalised features of ``recordings[idx]``."""
+        with self._lock:
+            entry = self.cache.get(idx)
+            if entry is None:
+                entry = self.cache[idx] = _Entry()
+                if len(self.cache) > self.cache_size:
+                    self.cache.popitem(last=False)  # a thread still computing it keeps its own reference
+            else:
+                self.cache.move_to_end(idx)
+        with entry.lock:
+            if entry.features is None:
+                rec = self.recordings[idx]
+                try:
+                    wave = load_audio(rec.audio, self.features.cfg.sample_rate)
+                except OSError as e:
+                    raise CorpusError(f"recording {rec.id!r} ({rec.audio}): cannot read its audio: {e}") from None
+                entry.features = self.features(wave)
+            return entry.features
+
+    def __call__(self, windows: Sequence[Window]) -> MicroBatch:
+        fps = self.features.frames_per_second
+        pieces = []
+        for w in windows:
+            feats = self.recording_features(w.recording)
+            a = min(int(round(w.start * fps)), feats.shape[0] - 1)
+            b = min(a + max(1, int(round(w.duration * fps))), feats.shape[0])
+            pieces.append(feats[a:b])
+        lengths = torch.tensor([p.shape[0] for p in pieces], dtype=torch.long)
+        x = torch.zeros(len(pieces), int(lengths.max()), pieces[0].shape[1])
+        for i, p in enumerate(pieces):
+            x[i, : p.shape[0]] = p
+        return MicroBatch(x, lengths, [self.tok.encode(w.text) for w in windows])
+
+
+class StepLoader:
+    """Iterator of :class:`Step` from ``pos`` on; see the module docstring. Use as a context manager (or call
+    :meth:`close`) so the worker threads stop with the loop."""
+
+    def __init__(self, stream: WindowStream, pos: Position, maker: BatchMaker, micro_batch_audio_s: float = 0.0,
+                 num_workers: int = 0) -> None:
+        if num_workers < 0:
+            raise ValueError(f"num_workers must be >= 0, got {num_workers}")
+        self._batches = stream.batches(pos)
+        self._maker = maker
+        self._micro_s = micro_batch_audio_s
+        self._ahead = num_workers  # steps in preparation beyond the one handed out
+        self._queue: deque[tuple[list[Window], Position, list[Future[MicroBatch]]]] = deque()
+        self._exhausted = False
+        self._closed = False
+        self._pool: ThreadPoolExecutor | None = None
+        if num_workers > 0:
+            threads = torch.get_num_threads()
+            self._pool = ThreadPoolExecutor(num_workers, thread_name_prefix="asr-data",
+                                            initializer=torch.set_num_threads, initargs=(threads,))
+
+    def __iter__(self) -> Iterator[Step]:
+        return self
+
+    def __next__(self) -> Step:
+        if self._closed:
+            raise StopIteration
+        if self._pool is None:
+            nxt = next(self._batches, None)
+            if nxt is None:
+                raise StopIteration
+            windows, next_pos = nxt
+            return Step(windows, [self._maker(mb) for mb in micro_batches(windows, self._micro_s)], next_pos)
+        self._fill(self._ahead + 1)
+        if not self._queue:
+            raise StopIteration
+        windows, next_pos, futures = self._queue.popleft()
+        self._fill(self._ahead + 1)  # keep the workers busy while the caller trains on this step
+        return Step(windows, [f.result() for f in futures], next_pos)
+
+    def _fill(self, depth: int) -> None:
+        assert self._pool is not None
+        while not self._exhausted and len(self._queue) < depth:
+            nxt = next(self._batches, None)
+            if nxt is None:
+                self._exhausted = True
+                return
+            windows, next_pos = nxt
+            futures = [self._pool.submit(self._maker, mb) for mb in micro_batches(windows, self._micro_s)]
+            self._queue.append((windows, next_pos, futures))
+
+    def close(self) -> None:
+        """Drop prefetched steps and stop the threads (waits only for micro-batches already being made)."""
+        self._closed = True
+        if self._pool is not None:
+            for _, _, futures in self._queue:
+                for f in futures:
+                    f.cancel()
+            self._queue.clear()
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+
+    def __enter__(self) -> "StepLoader":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
