@@ -84,10 +84,35 @@ def _enable_wal(uri: str) -> None:
             con.close()
 
 
+_PRAGMAS_SET = False
+
+
+def _sqlite_sync_normal() -> None:
+    """``synchronous=NORMAL`` on this process's sqlite connections: with WAL it survives a crash of any process
+    (only a power cut can lose the last commits) and skips an fsync per commit, which halves the time to create a
+    sweep's runs. Registered once, before MLflow makes its engine."""
+    global _PRAGMAS_SET
+    if _PRAGMAS_SET:
+        return
+    from sqlalchemy import event
+    from sqlalchemy.engine import Engine
+
+    @event.listens_for(Engine, "connect")
+    def _on_connect(dbapi_con: Any, record: Any) -> None:
+        if type(dbapi_con).__module__.startswith("sqlite3"):
+            mode = dbapi_con.execute("PRAGMA journal_mode").fetchone()
+            if mode and str(mode[0]).lower() == "wal":
+                dbapi_con.execute("PRAGMA synchronous=NORMAL")
+
+    _PRAGMAS_SET = True
+
+
 class Ledger:
     """The sweep ``name`` in the MLflow tracking store at ``tracking_uri``."""
 
     def __init__(self, tracking_uri: str, name: str) -> None:
+        if tracking_uri.startswith("sqlite:"):
+            _sqlite_sync_normal()
         from mlflow.tracking import MlflowClient
 
         self.uri = tracking_uri
@@ -176,11 +201,22 @@ class Ledger:
             params = [Param(k, str(v)) for k, v in t.config.flat().items()]
             for i in range(0, len(params), 100):  # MLflow takes at most 100 params per batch
                 self.client.log_batch(run.info.run_id, params=params[i:i + 100])
-            self.client.update_run(run.info.run_id, status="SCHEDULED")
+            self._set_scheduled(run.info.run_id)
             return t.key, run.info.run_id
 
         out.update(self._map(create, todo))
         return out
+
+    def _set_scheduled(self, run_id: str) -> None:
+        # MlflowClient.update_run reads the whole run back first; the store's own update (the documented store
+        # interface) does not, which matters when a sweep creates hundreds of runs.
+        from mlflow.entities import RunStatus
+
+        store = getattr(getattr(self.client, "_tracking_client", None), "store", None)
+        if store is not None and hasattr(store, "update_run_info"):
+            store.update_run_info(run_id, RunStatus.from_string("SCHEDULED"), end_time=None, run_name=None)
+        else:
+            self.client.update_run(run_id, status="SCHEDULED")
 
     def tag_runs(self, tags_by_run: dict[str, dict[str, str]]) -> None:
         """Set tags on many runs (one batch call per run)."""
@@ -197,7 +233,9 @@ class Ledger:
         def one(run_id: str) -> None:
             if tags:
                 self.tag_runs({run_id: tags})
-            if status in ("SCHEDULED", "RUNNING"):
+            if status == "SCHEDULED":
+                self._set_scheduled(run_id)
+            elif status == "RUNNING":
                 self.client.update_run(run_id, status=status)
             else:
                 self.client.set_terminated(run_id, status=status)
