@@ -126,6 +126,20 @@ def _evaluate_interruptibly(cfg: Config, checkpoint: Path, out_dir: Path, tracki
             signal.signal(s, h)
 
 
+def _limit_threads() -> None:
+    """Use the CPUs the scheduler granted, not every core of the node: without cgroups, torch would start one
+    thread per core in every job sharing the node. OMP_NUM_THREADS (set by Ray per trial, or by the user) wins."""
+    import os
+
+    if os.environ.get("OMP_NUM_THREADS"):
+        return
+    granted = os.environ.get("SLURM_CPUS_PER_TASK") or os.environ.get("SLURM_CPUS_ON_NODE")
+    if granted and granted.isdigit() and int(granted) > 0:
+        import torch
+
+        torch.set_num_threads(int(granted))
+
+
 def cli(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="python -m asr_core trial", description=__doc__.split("\n\n")[0])
     p.add_argument("--config", required=True, help="the trial's config (JSON or YAML, Config.to_dict() form)")
@@ -139,4 +153,5 @@ def cli(argv: list[str]) -> int:
     except ConfigError as e:
         print(f"asr_core trial: {e}", file=sys.stderr)
         return EXIT_USAGE
+    _limit_threads()
     return run_trial(cfg, Path(args.out), tracking_uri=args.tracking_uri, run_id=args.run_id)
