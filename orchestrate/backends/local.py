@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrate.backends.base import Backend, BackendError, Job, OnSubmitted
+from orchestrate.progress import ProgressPrinter
 from orchestrate.runner import EXIT_PREEMPTED, TrialProcess, install_forwarding, last_line
 from orchestrate.sweep import SweepDir, trial_command
 
@@ -117,7 +118,10 @@ class LocalBackend(Backend):
         install_forwarding(child, (signal.SIGINT, signal.SIGTERM))
         print(f"[orchestrate] local: Ray Tune driver for {len(jobs)} trials (log {child.log_path})",
               file=sys.stderr, flush=True)
-        rc = child.wait()
+        progress = ProgressPrinter({j.trial.key: j.trial_dir for j in jobs},
+                                   {j.trial.key: j.trial.label for j in jobs})
+        rc = child.wait(stop=progress.tick)  # tick prints a progress line now and then; it never stops the driver
+        print(progress.line(), file=sys.stderr, flush=True)
         if rc != 0:
             raise BackendError(f"the local Tune driver exited with {rc}: {last_line(child.log_path)} "
                                f"(log {child.log_path}); `orchestrate resume {self.sweep.name}` continues the sweep")
