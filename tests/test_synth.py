@@ -67,6 +67,19 @@ def test_shifted_split_uses_voices_and_ranges_never_seen_in_training() -> None:
         assert p.room.lowpass_hz <= 4000 < min(q.room.lowpass_hz for q in train)
 
 
+def test_voices_option_narrows_the_in_domain_splits_only() -> None:
+    """--voices N: train and test draw from the same N voices; test-shifted is what it was without the option."""
+    train = make_plans("train", 2.0, seed=0, voices=3)
+    test = make_plans("test", 0.5, seed=0, voices=3)
+    used = {s.voice for p in train + test for s in p.speakers}
+    assert used == {"en-us+m1", "en+m2", "en-gb-x-rp+m3"}
+    assert any(p.kind == "meeting" for p in train)
+    assert make_plans("test-shifted", 0.5, seed=0, voices=3) == make_plans("test-shifted", 0.5, seed=0)
+    assert len({s.voice for p in make_plans("train", 2.0, seed=0) for s in p.speakers}) > 3
+    solo = make_plans("train", 0.5, seed=0, voices=1)
+    assert {p.kind for p in solo} == {"podcast"} and {s.voice for p in solo for s in p.speakers} == {"en-us+m1"}
+
+
 def test_key_terms_recur_minutes_apart() -> None:
     plan = make_plans("train", 0.1, seed=5, min_minutes=3, max_minutes=3, meeting_fraction=0)[0]
     _, words, _, meta = render(plan, dry=True)

@@ -118,9 +118,24 @@ def _u(rng: random.Random, lo_hi: tuple[float, float]) -> float:
     return rng.uniform(*lo_hi)
 
 
-def draw_speaker(rng: random.Random, dom: Domain) -> Speaker:
+def domain_voices(dom: Domain, voices: int = 0) -> tuple[str, ...]:
+    """The domain's espeak-ng voices ("accent+variant"), or only the first ``voices`` of them (0 = all).
+
+    The order deals accents round-robin over variants (en-us+m1, en+m2, en-gb-x-rp+m3, en-us+m4, ...), so a
+    short list still mixes accents and sexes.
+    """
+    combos = [f"{a}+{v}" for a in dom.accents for v in dom.variants]
+    diagonal = [f"{dom.accents[i % len(dom.accents)]}+{dom.variants[i % len(dom.variants)]}"
+                for i in range(len(combos))]
+    ordered = list(dict.fromkeys(diagonal + combos))  # the diagonal first, then any combinations it missed
+    return tuple(ordered[:voices] if voices else ordered)
+
+
+def draw_speaker(rng: random.Random, dom: Domain, voices: int = 0) -> Speaker:
     rate = rng.randint(*rng.choice(dom.rates))
     pitch = rng.randint(*rng.choice(dom.pitches))
+    if voices:
+        return Speaker(rng.choice(domain_voices(dom, voices)), rate, pitch)
     return Speaker(f"{rng.choice(dom.accents)}+{rng.choice(dom.variants)}", rate, pitch)
 
 
@@ -137,10 +152,17 @@ def recording_seed(seed: int, split: str, index: int) -> int:
 
 
 def make_plans(split: str, hours: float, seed: int, *, min_minutes: float = 1.0, max_minutes: float = 5.0,
-               meeting_fraction: float = 0.3) -> list[Plan]:
-    """The recordings of one split: durations drawn until ``hours`` are used up (at least one recording)."""
+               meeting_fraction: float = 0.3, voices: int = 0) -> list[Plan]:
+    """The recordings of one split: durations drawn until ``hours`` are used up (at least one recording).
+
+    ``voices`` > 0 limits the in-domain splits (train, dev, test) to that many espeak-ng voices (see
+    :func:`domain_voices`): a narrower, easier training domain; the shifted split keeps all of its own voices."""
     rng = random.Random(f"plans/{seed}/{split}")
     dom = DOMAINS[SPLIT_DOMAIN[split]]
+    if SPLIT_DOMAIN[split] != "in":
+        voices = 0
+    if voices == 1:
+        meeting_fraction = 0.0  # a meeting needs two different voices
     budget, total, plans = hours * 3600.0, 0.0, []
     min_s, max_s = min_minutes * 60.0, max_minutes * 60.0
     topics: list[str] = []  # topics dealt from shuffled decks, so even a small split covers them evenly
@@ -153,9 +175,9 @@ def make_plans(split: str, hours: float, seed: int, *, min_minutes: float = 1.0,
             break
         target = min(rng.uniform(min_s, max_s), max(remaining, min_s))
         kind = "meeting" if rng.random() < meeting_fraction else "podcast"
-        speakers = [draw_speaker(rng, dom)]
+        speakers = [draw_speaker(rng, dom, voices)]
         while kind == "meeting" and len(speakers) < 2:
-            other = draw_speaker(rng, dom)
+            other = draw_speaker(rng, dom, voices)
             if other.voice != speakers[0].voice:
                 speakers.append(other)
         i = len(plans)
@@ -299,13 +321,15 @@ def write_recording(plan: Plan, out: Path) -> dict:
 
 def synthesise(out: Path, hours: float, seed: int, *, eval_hours: float | None = None, min_minutes: float = 1.0,
                max_minutes: float = 5.0, meeting_fraction: float = 0.3, jobs: int = 2,
-               splits: tuple[str, ...] = SPLITS) -> dict:
+               splits: tuple[str, ...] = SPLITS, voices: int = 0) -> dict:
     """Generate (or finish generating) the corpus in ``out``; returns the summary written to synth.json."""
     if eval_hours is None:
         eval_hours = max(0.1, hours / 10)
     args = {"format_version": FORMAT_VERSION, "hours": hours, "eval_hours": eval_hours, "seed": seed,
             "min_minutes": min_minutes, "max_minutes": max_minutes, "meeting_fraction": meeting_fraction,
             "splits": list(splits)}
+    if voices:  # only when set, so corpora made before the option existed still resume
+        args["voices"] = voices
     out.mkdir(parents=True, exist_ok=True)
     stamp = out / "synth.json"
     if stamp.exists():
@@ -316,7 +340,7 @@ def synthesise(out: Path, hours: float, seed: int, *, eval_hours: float | None =
     stamp.write_text(json.dumps({"args": args, "complete": False}, indent=1))
     plans = [p for s in splits for p in make_plans(s, hours if s == "train" else eval_hours, seed,
                                                    min_minutes=min_minutes, max_minutes=max_minutes,
-                                                   meeting_fraction=meeting_fraction)]
+                                                   meeting_fraction=meeting_fraction, voices=voices)]
     todo = [p for p in plans if not (out / p.split / f"{p.id}.json").exists()]
     print(f"synth: {len(plans)} recordings ({len(plans) - len(todo)} already done) -> {out}", file=sys.stderr)
     t0 = time.perf_counter()
@@ -351,6 +375,8 @@ def cli(argv: list[str]) -> int:
     ap.add_argument("--min-minutes", type=float, default=1.0)
     ap.add_argument("--max-minutes", type=float, default=5.0)
     ap.add_argument("--meeting-fraction", type=float, default=0.3, help="share of two-voice meetings")
+    ap.add_argument("--voices", type=int, default=0,
+                    help="limit train/dev/test to this many espeak-ng voices (0 = all 21); test-shifted is unchanged")
     ap.add_argument("--jobs", type=int, default=2, help="parallel processes (output does not depend on it)")
     ap.add_argument("--splits", default=",".join(SPLITS), help=f"comma-separated subset of {','.join(SPLITS)}")
     a = ap.parse_args(argv)
@@ -364,8 +390,12 @@ def cli(argv: list[str]) -> int:
         ap.error("--min-minutes must be positive and at most --max-minutes")
     if not 0 <= a.meeting_fraction <= 1:
         ap.error("--meeting-fraction must be in [0, 1]")
+    n_voices = len(domain_voices(DOMAINS["in"]))
+    if not 0 <= a.voices <= n_voices:
+        ap.error(f"--voices must be 0 (all) or 1..{n_voices}, got {a.voices}")
     summary = synthesise(a.out, a.hours, a.seed, eval_hours=a.eval_hours, min_minutes=a.min_minutes,
-                         max_minutes=a.max_minutes, meeting_fraction=a.meeting_fraction, jobs=a.jobs, splits=splits)
+                         max_minutes=a.max_minutes, meeting_fraction=a.meeting_fraction, jobs=a.jobs, splits=splits,
+                         voices=a.voices)
     print(f"{'split':14s} {'recordings':>10s} {'hours':>7s} {'words':>7s}  spec")
     for s, d in summary.items():
         print(f"{s:14s} {d['recordings']:10d} {d['hours']:7.3f} {d['words']:7d}  {d['spec']}")
