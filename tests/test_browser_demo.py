@@ -9,7 +9,8 @@ from tests.plugins.browser import RUN_NAME_CELL, open_mlflow_run_list, save_scre
 from tests.plugins.demo import QuickDemo
 from tests.plugins.mlflow_server import start_server, stop_server
 
-pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(600)]
+# No per-test timeout: the first test here also runs the quick demo (the session fixture); the global one applies.
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 
 def test_demo_report_renders_every_figure(quick_demo: QuickDemo, browser_page) -> None:
