@@ -6,7 +6,7 @@
 #   3. the analysis report: WER/WERR per context length with seed spread, significance tests, SNR curves.
 # Re-running reuses what is finished (the corpus, finished trials); only the report is written again.
 #
-#   ./scripts/demo.sh            the full demo (about 20 minutes on 2 cores)
+#   ./scripts/demo.sh            the full demo (about 20-25 minutes on 2 cores)
 #   ./scripts/demo.sh --quick    a smaller corpus and shorter training (about 5 minutes)
 #   DEMO_OUT=/tmp/demo ./scripts/demo.sh   write somewhere other than ./demo-out
 set -euo pipefail
