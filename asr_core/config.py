@@ -31,6 +31,7 @@ ATTENTION_BACKENDS = ("auto", "sdpa", "flash")
 FEATURE_VARIANTS = ("paper", "code")
 SEQLEN_WARMUPS = ("paper", "code", "none")
 PRECISIONS = ("auto", "bf16", "fp32")
+OPTIMIZERS = ("madgrad", "adamw")  # madgrad: the paper's; adamw: AdamW with (momentum, 0.98) betas
 DEVICES = ("auto", "cpu", "cuda")
 
 
@@ -151,6 +152,7 @@ class TrainConfig:
     """Optimisation (paper 000 §3.3): Madgrad, linear warmup then cosine to 0, clipping at 0.8."""
 
     seed: int = 0  # sets both the initial weights and the data order
+    optimizer: str = "madgrad"  # one of OPTIMIZERS
     lr: float = 3e-3
     warmup_steps: int = 5000
     max_steps: int = 0  # 0 = one epoch, as in the paper; the cosine decays to 0 at the last step
@@ -166,6 +168,7 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         _require(isinstance(self.seed, int) and self.seed >= 0, "train.seed", self.seed, "a non-negative integer")
+        _choice("train.optimizer", self.optimizer, OPTIMIZERS)
         _require(self.lr > 0, "train.lr", self.lr, "a positive number")
         for name in ("warmup_steps", "max_steps"):
             v = getattr(self, name)

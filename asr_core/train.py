@@ -37,7 +37,7 @@ from .batching import BatchMaker, MicroBatch, StepLoader
 from .batchrenorm import MaskedBatchRenorm
 from .checkpoint import FORMAT_VERSION, load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from .chunking import Position, WindowStream
-from .config import Config, ConfigError
+from .config import Config, ConfigError, TrainConfig
 from .corpora.base import Recording
 from .ctc import ctc_loss
 from .features import FeatureExtractor
@@ -222,6 +222,14 @@ def _tokenizer(cfg: Config, recs: Sequence[Recording], out_dir: Path, state: dic
     return Tokenizer.train([r.text for r in recs], cfg.model.vocab_size, out_dir / "tokenizer.model")
 
 
+def build_optimizer(model: torch.nn.Module, t: TrainConfig) -> torch.optim.Optimizer:
+    """The paper's Madgrad, or AdamW (betas ``(momentum, 0.98)``) where ``train.optimizer`` asks for it."""
+    if t.optimizer == "adamw":
+        return torch.optim.AdamW(model.parameters(), lr=t.lr, betas=(t.momentum, 0.98), eps=t.eps,
+                                 weight_decay=t.weight_decay)
+    return MADGRAD(model.parameters(), lr=t.lr, momentum=t.momentum, weight_decay=t.weight_decay, eps=t.eps)
+
+
 def train(cfg: Config, out_dir: str | Path, *, tracking_uri: str | None = None, run_id: str | None = None,
           experiment: str | None = None, end_run: bool = True,
           recordings: Sequence[Recording] | None = None) -> TrainResult:
@@ -246,7 +254,7 @@ def train(cfg: Config, out_dir: str | Path, *, tracking_uri: str | None = None, 
 
     torch.manual_seed(t.seed)  # the seed sets the initial weights (and, in WindowStream, the data order)
     model: AcousticModel = build_model(cfg.model, cfg.data.features.n_mels).to(device)
-    opt = MADGRAD(model.parameters(), lr=t.lr, momentum=t.momentum, weight_decay=t.weight_decay, eps=t.eps)
+    opt = build_optimizer(model, t)
     # with train.max_steps the data repeats (a fresh order per epoch) until the steps are done
     stream = WindowStream(recs, cfg.data, t.seed, t.epochs if not t.max_steps else 1 << 30)
     step, pos, last_loss = 0, Position(), math.nan

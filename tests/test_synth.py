@@ -79,6 +79,36 @@ def test_voices_option_narrows_the_in_domain_splits_only() -> None:
     solo = make_plans("train", 0.5, seed=0, voices=1)
     assert {p.kind for p in solo} == {"podcast"} and {s.voice for p in solo for s in p.speakers} == {"en-us+m1"}
 
+def test_near_shift_keeps_the_training_voices_and_moves_rate_pitch_and_room() -> None:
+    """--shift near: test-shifted speaks with the (limited) training voices, outside the training ranges."""
+    train = make_plans("train", 2.0, seed=0, voices=3)
+    near = make_plans("test-shifted", 0.5, seed=0, voices=3, shift="near")
+    assert {s.voice for p in near for s in p.speakers} <= {s.voice for p in train for s in p.speakers}
+    for p in near:
+        for s in p.speakers:
+            assert not 145 <= s.rate <= 185 and not 35 <= s.pitch <= 65
+        assert p.room.lowpass_hz <= 4500 < min(q.room.lowpass_hz for q in train)
+    assert make_plans("test", 0.5, seed=0, voices=3, shift="near") == make_plans("test", 0.5, seed=0, voices=3)
+    with pytest.raises(ValueError, match="shift must be one of far, near"):
+        make_plans("test-shifted", 0.5, seed=0, shift="sideways")
+
+
+def test_eval_max_minutes_shortens_evaluation_recordings_only(tmp_path: Path) -> None:
+    """--eval-max-minutes: more, shorter recordings in the evaluation splits; train keeps its lengths."""
+    from asr_core.corpora.synth import synthesise
+
+    long = make_plans("test", 0.2, seed=0)
+    short = make_plans("test", 0.2, seed=0, min_minutes=0.5, max_minutes=1.0)
+    assert len(short) > 2 * len(long) and max(p.target_s for p in short) <= 60.0
+    out = tmp_path / "c"
+    summary = synthesise(out, 0.01, 0, eval_hours=0.01, min_minutes=0.6, max_minutes=0.6, eval_max_minutes=0.15,
+                         splits=("train", "test"), jobs=1)
+    metas = [json.loads(line) for line in (out / "recordings.jsonl").read_text().splitlines()]
+    # a recording ends with the sentence that crosses its target length, so it runs a few seconds over
+    assert max(m["duration"] for m in metas if m["split"] == "test") < min(
+        m["duration"] for m in metas if m["split"] == "train")
+    assert summary["test"]["recordings"] >= 3 and summary["train"]["recordings"] == 1
+
 
 def test_key_terms_recur_minutes_apart() -> None:
     plan = make_plans("train", 0.1, seed=5, min_minutes=3, max_minutes=3, meeting_fraction=0)[0]

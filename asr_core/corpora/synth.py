@@ -9,10 +9,13 @@ Output layout (every split loads with the podcast reader, e.g. ``load_corpus("po
     OUT/test/                   in-domain: the training voices and conditions, new recordings
     OUT/test-shifted/           shifted domain: unseen accents and voice variants, speaking rates and pitches
                                 outside the training ranges, a narrower (telephone-like) channel, more reverberation
-                                and background noise
+                                and background noise (``--shift far``, the default); with ``--shift near``
+                                the training voices themselves, at rates and pitches just outside the training
+                                ranges, in the shifted rooms
     OUT/meta/<id>.json          per-recording metadata (gathered into recordings.jsonl)
 
-Recordings last ``--min-minutes`` to ``--max-minutes`` (default 1-5). Each is a "podcast" (one voice) or, with
+Recordings last ``--min-minutes`` to ``--max-minutes`` (default 1-5); ``--eval-max-minutes`` shortens those of
+dev, test and test-shifted, so that a small evaluation set still has enough recordings for a paired test. Each is a "podcast" (one voice) or, with
 probability ``--meeting-fraction``, a "meeting" (two voices alternating turns). Structure that rewards long
 context, as real long-form audio does: one espeak-ng voice, rate and pitch per speaker and one acoustic condition
 (channel colouring, reverberation, background noise level) per recording, held for the whole recording; one topic
@@ -78,7 +81,14 @@ DOMAINS: dict[str, Domain] = {
                       variants=("m5", "m6", "m7", "f4", "f5"), rates=((120, 138), (192, 208)),
                       pitches=((18, 30), (70, 82)), highpass_hz=(200, 350), lowpass_hz=(3000, 4000),
                       peak_db=(-9, 9), reverb_s=(0.25, 0.45), reverb_mix=(0.2, 0.4), noise_snr_db=(12, 20)),
+    # a milder shift for models trained on a few voices (--shift near): the training voices, speaking faster or
+    # slower and higher or lower than in training, through a narrower channel in more reverberant, noisier rooms
+    "near": Domain(accents=("en-us", "en", "en-gb-x-rp"), variants=("m1", "m2", "m3", "m4", "f1", "f2", "f3"),
+                   rates=((128, 142), (188, 198)), pitches=((24, 33), (67, 76)), highpass_hz=(150, 280),
+                   lowpass_hz=(3600, 4500), peak_db=(-8, 8), reverb_s=(0.2, 0.4), reverb_mix=(0.15, 0.35),
+                   noise_snr_db=(14, 22)),
 }
+SHIFTS = ("far", "near")  # --shift: which domain test-shifted is drawn from ("far" = DOMAINS["shifted"])
 SPLIT_DOMAIN = {"train": "in", "dev": "in", "test": "in", "test-shifted": "shifted"}
 
 
@@ -152,14 +162,21 @@ def recording_seed(seed: int, split: str, index: int) -> int:
 
 
 def make_plans(split: str, hours: float, seed: int, *, min_minutes: float = 1.0, max_minutes: float = 5.0,
-               meeting_fraction: float = 0.3, voices: int = 0) -> list[Plan]:
+               meeting_fraction: float = 0.3, voices: int = 0, shift: str = "far") -> list[Plan]:
     """The recordings of one split: durations drawn until ``hours`` are used up (at least one recording).
 
     ``voices`` > 0 limits the in-domain splits (train, dev, test) to that many espeak-ng voices (see
-    :func:`domain_voices`): a narrower, easier training domain; the shifted split keeps all of its own voices."""
+    :func:`domain_voices`): a narrower, easier training domain. With ``shift="far"`` the shifted split keeps all of
+    its own voices; with ``shift="near"`` it speaks with the training voices (the same ``voices`` limit) at rates,
+    pitches and in rooms outside the training ranges."""
+    if shift not in SHIFTS:
+        raise ValueError(f"shift must be one of {', '.join(SHIFTS)}, got {shift!r}")
     rng = random.Random(f"plans/{seed}/{split}")
-    dom = DOMAINS[SPLIT_DOMAIN[split]]
-    if SPLIT_DOMAIN[split] != "in":
+    domain = SPLIT_DOMAIN[split]
+    if domain == "shifted" and shift == "near":
+        domain = "near"
+    dom = DOMAINS[domain]
+    if domain == "shifted":
         voices = 0
     if voices == 1:
         meeting_fraction = 0.0  # a meeting needs two different voices
@@ -321,15 +338,30 @@ def write_recording(plan: Plan, out: Path) -> dict:
 
 def synthesise(out: Path, hours: float, seed: int, *, eval_hours: float | None = None, min_minutes: float = 1.0,
                max_minutes: float = 5.0, meeting_fraction: float = 0.3, jobs: int = 2,
-               splits: tuple[str, ...] = SPLITS, voices: int = 0) -> dict:
-    """Generate (or finish generating) the corpus in ``out``; returns the summary written to synth.json."""
+               splits: tuple[str, ...] = SPLITS, voices: int = 0, shift: str = "far",
+               eval_max_minutes: float | None = None) -> dict:
+    """Generate (or finish generating) the corpus in ``out``; returns the summary written to synth.json.
+
+    ``eval_max_minutes`` (default ``max_minutes``) caps the recordings of dev, test and test-shifted, whose
+    shortest stay ``min(min_minutes, eval_max_minutes)``."""
     if eval_hours is None:
         eval_hours = max(0.1, hours / 10)
     args = {"format_version": FORMAT_VERSION, "hours": hours, "eval_hours": eval_hours, "seed": seed,
             "min_minutes": min_minutes, "max_minutes": max_minutes, "meeting_fraction": meeting_fraction,
             "splits": list(splits)}
-    if voices:  # only when set, so corpora made before the option existed still resume
+    # the newer options enter the stamp only when set, so corpora made before they existed still resume
+    if voices:
         args["voices"] = voices
+    if shift != "far":
+        args["shift"] = shift
+    if eval_max_minutes is not None:
+        args["eval_max_minutes"] = eval_max_minutes
+
+    def lengths(split: str) -> tuple[float, float]:
+        if split == "train" or eval_max_minutes is None:
+            return min_minutes, max_minutes
+        return min(min_minutes, eval_max_minutes), eval_max_minutes
+
     out.mkdir(parents=True, exist_ok=True)
     stamp = out / "synth.json"
     if stamp.exists():
@@ -339,8 +371,8 @@ def synthesise(out: Path, hours: float, seed: int, *, eval_hours: float | None =
                              f"choose another OUT or delete it")
     stamp.write_text(json.dumps({"args": args, "complete": False}, indent=1))
     plans = [p for s in splits for p in make_plans(s, hours if s == "train" else eval_hours, seed,
-                                                   min_minutes=min_minutes, max_minutes=max_minutes,
-                                                   meeting_fraction=meeting_fraction, voices=voices)]
+                                                   min_minutes=lengths(s)[0], max_minutes=lengths(s)[1],
+                                                   meeting_fraction=meeting_fraction, voices=voices, shift=shift)]
     todo = [p for p in plans if not (out / p.split / f"{p.id}.json").exists()]
     print(f"synth: {len(plans)} recordings ({len(plans) - len(todo)} already done) -> {out}", file=sys.stderr)
     t0 = time.perf_counter()
@@ -374,6 +406,12 @@ def cli(argv: list[str]) -> int:
                     help="hours in each of dev, test, test-shifted (default max(0.1, hours/10))")
     ap.add_argument("--min-minutes", type=float, default=1.0)
     ap.add_argument("--max-minutes", type=float, default=5.0)
+    ap.add_argument("--eval-max-minutes", type=float, default=None,
+                    help="cap on the length of dev/test/test-shifted recordings (default --max-minutes): shorter "
+                         "evaluation recordings give a paired test more of them")
+    ap.add_argument("--shift", choices=SHIFTS, default="far",
+                    help="test-shifted domain: far = unseen accents and voices (default); near = the training "
+                         "voices at unseen rates and pitches, in unseen rooms (for corpora made with --voices)")
     ap.add_argument("--meeting-fraction", type=float, default=0.3, help="share of two-voice meetings")
     ap.add_argument("--voices", type=int, default=0,
                     help="limit train/dev/test to this many espeak-ng voices (0 = all 21); test-shifted is unchanged")
@@ -388,6 +426,8 @@ def cli(argv: list[str]) -> int:
         ap.error("--hours and --eval-hours must be positive")
     if not 0 < a.min_minutes <= a.max_minutes:
         ap.error("--min-minutes must be positive and at most --max-minutes")
+    if a.eval_max_minutes is not None and not a.eval_max_minutes > 0:
+        ap.error(f"--eval-max-minutes must be positive, got {a.eval_max_minutes}")
     if not 0 <= a.meeting_fraction <= 1:
         ap.error("--meeting-fraction must be in [0, 1]")
     n_voices = len(domain_voices(DOMAINS["in"]))
@@ -395,7 +435,7 @@ def cli(argv: list[str]) -> int:
         ap.error(f"--voices must be 0 (all) or 1..{n_voices}, got {a.voices}")
     summary = synthesise(a.out, a.hours, a.seed, eval_hours=a.eval_hours, min_minutes=a.min_minutes,
                          max_minutes=a.max_minutes, meeting_fraction=a.meeting_fraction, jobs=a.jobs, splits=splits,
-                         voices=a.voices)
+                         voices=a.voices, shift=a.shift, eval_max_minutes=a.eval_max_minutes)
     print(f"{'split':14s} {'recordings':>10s} {'hours':>7s} {'words':>7s}  spec")
     for s, d in summary.items():
         print(f"{s:14s} {d['recordings']:10d} {d['hours']:7.3f} {d['words']:7d}  {d['spec']}")
