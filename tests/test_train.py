@@ -191,3 +191,17 @@ def test_data_workers_and_micro_batches_keep_the_run_of_a_seed(tmp_path: Path, c
         for name, t in s0["model"].items():
             assert torch.equal(t, s2["model"][name]), (micro, name)
     assert all("passes" in ln for ln in runs[6, 0][2]) and not any("passes" in ln for ln in runs[0, 0][2])
+
+
+def test_optimizer_choice_builds_madgrad_by_default_and_adamw_on_request() -> None:
+    from madgrad import MADGRAD
+
+    from asr_core.config import ConfigError
+    from asr_core.train import build_optimizer
+
+    model = torch.nn.Linear(3, 2)
+    assert isinstance(build_optimizer(model, tiny_cfg().train), MADGRAD)
+    adamw = build_optimizer(model, tiny_cfg(**{"train.optimizer": "adamw", "train.momentum": 0.8}).train)
+    assert isinstance(adamw, torch.optim.AdamW) and adamw.defaults["betas"] == (0.8, 0.98)
+    with pytest.raises(ConfigError, match="train.optimizer.*'madgrad', 'adamw'"):
+        tiny_cfg(**{"train.optimizer": "sgd"})
