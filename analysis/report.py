@@ -21,6 +21,7 @@ import pandas as pd
 
 from . import stats
 from .collect import CLEAN, Sweep, collect
+from .finding import Check, Gain, finding_checks, summary_sentence
 from .plots import Figure, Skipped, draw_figures
 from .werr import (DEFAULT_BASELINE_CONTEXT_S, baseline_notes, format_seconds, significance_table, snr_table,
                    wer_table, werr_table)
@@ -208,9 +209,10 @@ def build_report(sweep: Sweep, out_dir: Path | str, *, baseline_context: float =
     figures, skipped = draw_figures(sweep, werr, wer, out, baseline_context=baseline_context,
                                     main_family=main_family)
     notes = baseline_notes(sweep, baseline_context)
+    checks, gains = finding_checks(sweep, alpha=alpha, wer=wer)
 
     csvs = {"wer": wer, "werr": werr, "significance": sig, "snr": snr, "problems": sweep.problems,
-            "trials": sweep.trials}
+            "trials": sweep.trials, "finding": _finding_frame(checks, gains)}
     paths = {}
     for name, df in csvs.items():
         paths[name] = out / f"{name}.csv"
@@ -218,11 +220,24 @@ def build_report(sweep: Sweep, out_dir: Path | str, *, baseline_context: float =
 
     sections = _sections(sweep, wer, werr, snr, sig, figures, skipped, notes, baseline_context, alpha, level,
                          bootstrap_resamples)
+    sections.insert(1, _finding_section(checks))
     md_path, html_path = out / "report.md", out / "index.html"
     md_path.write_text(_markdown(sweep, sections), encoding="utf-8")
     html_path.write_text(_html(sweep, sections), encoding="utf-8")
     log.info("report written to %s in %.1f s", out, time.perf_counter() - t0)
     return Report(out, html_path, md_path, paths, figures, skipped, sig)
+
+
+def _finding_frame(checks: list[Check], gains: list[Gain]) -> pd.DataFrame:
+    rows = [{"kind": "claim", "claim": c.claim, "verdict": c.verdict, "detail": c.detail} for c in checks]
+    rows += [{"kind": "gain", "dataset": g.dataset, "condition": g.condition, "wer_short": g.wer_short,
+              "wer_long": g.wer_long, "werr": g.werr, "p_permutation": g.p, "p_holm": g.p_holm} for g in gains]
+    return pd.DataFrame(rows)
+
+
+def _finding_section(checks: list[Check]) -> "_Section":
+    return _Section("The paper's finding in this sweep", [summary_sentence(checks)], [], [],
+                    [("", [f"**{c.verdict.capitalize()}**: {c.claim}. {c.detail}." for c in checks])])
 
 
 @dataclass
