@@ -45,13 +45,10 @@ def _client(tracking_uri: str | None) -> Any:
 
 
 def _mark(tracking_uri: str | None, run_id: str | None, status: str, tags: dict[str, str] | None = None) -> None:
-    """Set the run's status (FINISHED, FAILED, SCHEDULED) and tags; a no-op without a run."""
-    import mlflow
+    """Set the run's status (FINISHED, FAILED, SCHEDULED) and tags; a no-op without a run.
 
-    # A run left active by the trainer (end_run=False) would be closed as FINISHED by MLflow's exit hook: close it
-    # here first so the status written below is the one that stays.
-    while mlflow.active_run() is not None:
-        mlflow.end_run(status="FINISHED" if status == "FINISHED" else "KILLED")
+    The trainer and the evaluator write through ``MlflowClient`` only and never open a fluent (active) run, so no
+    exit hook of MLflow's can overwrite the status written here."""
     if not run_id:
         return
     client = _client(tracking_uri)

@@ -1,11 +1,21 @@
 # Shared by start.sh and stop.sh: where things live under STATE_DIR and how a daemon we started is recognised.
-# Sourced, not run. Expects STATE_DIR to be set to an absolute path.
+# Sourced, not run. tc_state_dir_arg sets STATE_DIR (an absolute path) from the command line.
 
 TC_DAEMONS=(slurmd slurmctld slurmdbd mariadbd munged)   # stop order; start order is the reverse
 TC_REGISTRY_DIR=${TESTCLUSTER_REGISTRY_DIR:-/var/tmp/slurm-testcluster}
 
 tc_log() { printf '[testcluster %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 tc_die() { printf '[testcluster] error: %s\n' "$*" >&2; exit 1; }
+
+# tc_state_dir_arg "$0" "$@": the scripts' one argument, STATE_DIR (absolute); usage and exit 2 otherwise
+tc_state_dir_arg() {
+  local script=$1; shift
+  if [ $# -ne 1 ] || [ "${1:0:1}" = - ]; then
+    echo "usage: $script STATE_DIR" >&2
+    exit 2
+  fi
+  STATE_DIR=$(realpath -m -- "$1")
+}
 
 tc_paths() {
   ETC=$STATE_DIR/etc

@@ -7,13 +7,9 @@
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-if [ $# -ne 1 ] || [ "${1:0:1}" = - ]; then
-  echo "usage: $0 STATE_DIR" >&2
-  exit 2
-fi
-STATE_DIR=$(realpath -m -- "$1")
 # shellcheck source=lib.sh
 source "$HERE/lib.sh"
+tc_state_dir_arg "$0" "$@"
 tc_paths
 
 if [ ! -d "$STATE_DIR" ]; then
