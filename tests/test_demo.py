@@ -8,11 +8,14 @@ import sqlite3
 from pathlib import Path
 
 import pytest
+import yaml
 from mlflow.tracking import MlflowClient
 
 from tests.plugins.demo import QuickDemo
 
 CONTEXTS = ("5.12", "10.24", "20.48", "81.92")
+GRID = yaml.safe_load((Path(__file__).parents[1] / "grids" / "demo-quick.yaml").read_text())
+SNRS = [float(x) for x in GRID["base"]["eval"]["snrs"]]
 
 
 def _trial_runs(demo: QuickDemo):
@@ -33,7 +36,8 @@ def test_quick_demo_trains_every_trial_and_logs_every_wer(quick_demo: QuickDemo)
         {r.data.params["data.context_s"] for r in runs} == set(CONTEXTS)
     for r in runs:
         for ds in ("test", "test-shifted"):
-            for key in (f"wer/{ds}", f"wer/{ds}/snr10", f"wer/{ds}/snr0", f"wer/{ds}/snr-5"):
+            assert len(SNRS) == 3
+            for key in [f"wer/{ds}"] + [f"wer/{ds}/snr{snr:g}" for snr in SNRS]:
                 assert key in r.data.metrics, (r.info.run_name, key, sorted(r.data.metrics))
         arts = {a.path for a in client.list_artifacts(r.info.run_id, "eval")}
         assert {"eval/test.csv", "eval/test-shifted.csv"} <= arts
@@ -52,6 +56,9 @@ def test_quick_demo_writes_the_report_and_says_where_it_is(quick_demo: QuickDemo
         assert re.search(rf"\b{ctx}(\.\d+)? ?s\b", md), f"context {ctx} s missing from report.md"
     assert re.search(r"significan", md, re.I)
     assert list(report.glob("*.csv")) and list(report.glob("*.png"))
+    # the report says, claim by claim, whether the paper's finding holds (whatever the answer is)
+    finding = md[md.index("## The paper's finding in this sweep"):]
+    assert len(re.findall(r"^- \*\*(Holds|Does not hold|Cannot be checked)\*\*: ", finding, re.M)) == 3
 
 
 @pytest.mark.slow
