@@ -27,6 +27,9 @@ from .collect import CLEAN, Sweep
 from .werr import compare_configs, in_family, recording_index, wer_table
 
 
+UNTRAINED_WER = 99.0  # clean WER at or above which a model counts as not yet trained (blank or garbage output)
+
+
 @dataclass(frozen=True)
 class Check:
     """One claim of the finding: ``holds`` is None when the sweep cannot say (``detail`` tells why)."""
@@ -109,6 +112,10 @@ def finding_checks(sweep: Sweep, family: str = "context", *, alpha: float = 0.05
     for g, adj in zip(gains, stats.holm([g.p for g in gains])):
         object.__setattr__(g, "p_holm", float(adj))
     span = f"{short_ctx:g} s → {long_ctx:g} s"
+    if clean and all(min(g.wer_short, g.wer_long) >= UNTRAINED_WER for g in clean):
+        return [Check("WER falls as context grows", None,
+                      f"every model is at {UNTRAINED_WER:g}% WER or more on clean audio: none has learned enough "
+                      f"to tell (too few training steps?)")], gains
     checks: list[Check] = []
 
     # 1. WER falls with context on every test set (clean audio)

@@ -6,8 +6,8 @@
 #   3. the analysis report: WER/WERR per context length with seed spread, significance tests, SNR curves.
 # Re-running reuses what is finished (the corpus, finished trials); only the report is written again.
 #
-#   ./scripts/demo.sh            the full demo (about 20-25 minutes on 2 cores)
-#   ./scripts/demo.sh --quick    a smaller corpus and shorter training (about 5 minutes)
+#   ./scripts/demo.sh            the full demo (about 19 minutes on 2 cores)
+#   ./scripts/demo.sh --quick    a smaller corpus and 50 training steps: a pipeline check (about 3 minutes)
 #   DEMO_OUT=/tmp/demo ./scripts/demo.sh   write somewhere other than ./demo-out
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -94,3 +94,11 @@ def test_one_context_length_cannot_be_checked() -> None:
     checks, gains = finding_checks(build_sweep("s", _records(_planted(gain), (10.24,))))
     assert [c.verdict for c in checks] == ["cannot be checked"] and not gains
     assert "two or more context lengths" in summary_sentence(checks)
+
+
+def test_models_that_have_not_learned_cannot_be_judged() -> None:
+    """Every WER near 100% (e.g. the 50-step quick demo): no claim is judged either way."""
+    worst = {(ctx, ds, cond): 3.0 for ctx in CONTEXTS for ds in ("test", "test-shifted") for cond in ("clean", "snr5")}
+    checks, _ = finding_checks(build_sweep("s", _records(worst, CONTEXTS)))  # 3 x ~34% error rate: WER > 99%
+    assert [c.verdict for c in checks] == ["cannot be checked"]
+    assert "none has learned enough" in checks[0].detail and "cannot be checked" in summary_sentence(checks)
