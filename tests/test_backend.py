@@ -1,6 +1,8 @@
 """One suite for every backend (local, slurm, ray-slurm): REAL trials of grids/smoke.yaml to FINISHED, then
 submitting again submits nothing and creates no duplicate runs. Then preemption on SLURM: USR2 or
-``scontrol requeue`` mid-training → the same MLflow run ends FINISHED with the same step count as without.
+``scontrol requeue`` mid-training → the same MLflow run ends FINISHED with the same step count as without; for
+ray-slurm, USR2 to the allocation's batch step → every trial checkpoints, the allocation requeues itself, Tune
+resumes the trial in the same run.
 
 The SLURM cases use the session fixtures ``slurm_cluster`` (a real single-node cluster with fake A100s) and
 ``mlflow_server`` (a real ``mlflow server``)."""
@@ -170,6 +172,43 @@ def test_preempted_trial_resumes_in_the_same_run_with_the_same_steps(how: str, t
     log = (SweepDir(root, name).trial_dir(key) / "trial.log").read_text()
     assert log.count("==== ") == 2  # started twice: once, then resumed once from its checkpoint
     assert len(SweepDir(root, name).submissions()) == 1  # requeued, never resubmitted
+
+
+@pytest.mark.slurm
+@pytest.mark.timeout(900)
+def test_ray_slurm_allocation_preempted_by_usr2_requeues_and_resumes_the_same_run(
+        tmp_path: Path, smoke_corpus: Path, request: pytest.FixtureRequest) -> None:
+    """ray-slurm: USR2 to the batch step (what ``--signal=B:USR2@...`` sends before the time limit) makes every
+    trial checkpoint, the allocation requeue itself, and Tune resume the trial in the same MLflow run."""
+    uri = cluster_env(request)
+    grid_path = tmp_path / "one.yaml"
+    grid_path.write_text(textwrap.dedent(ONE_TRIAL % (smoke_corpus, MAX_STEPS)))
+    root = tmp_path / "runs"
+    name = "preempt-ray-slurm"
+    assert main(submit_args("ray-slurm", root, smoke_corpus, uri, write_profile(tmp_path, "a100:1"),
+                            grid=grid_path, sweep=name)) == 0
+    ledger = Ledger(uri, name)
+    (key, run), = ledger.trial_runs().items()
+    wait_until(lambda: len(loss_steps(ledger, run.run_id)) >= 6, 300, "training never reached step 6")
+    job_id = ledger.trial_runs()[key].job_id
+    subprocess.run(["scancel", "--batch", "--signal=USR2", job_id], check=True)
+    runs = wait_for(ledger, [key], timeout=600)
+    final = runs[key]
+    assert final.status == "FINISHED" and final.run_id == run.run_id
+    assert final.preemptions >= 1
+    assert loss_steps(ledger, run.run_id) == list(range(1, MAX_STEPS + 1))  # as an uninterrupted run
+    assert_one_run_per_key(ledger, 1)
+    log = (SweepDir(root, name).trial_dir(key) / "trial.log").read_text()
+    assert log.count("==== ") == 2  # started twice: once, then resumed once from its checkpoint
+    assert len(SweepDir(root, name).submissions()) == 1  # the allocation requeued itself, never resubmitted
+
+    def states() -> list[str]:  # every start of the job, oldest first
+        return subprocess.run(["sacct", "-n", "-X", "-j", job_id, "-o", "State", "-D"], capture_output=True,
+                              text=True, check=True).stdout.split()
+
+    # the allocation ends by itself once Tune is done (Ray stopped, exit 0)
+    wait_until(lambda: states()[-1:] == ["COMPLETED"], 180, f"job {job_id} did not complete: {states()}", poll=2)
+    assert states() == ["REQUEUED", "COMPLETED"]
 
 
 def test_local_ray_token_is_private_to_the_sweep(tmp_path: Path) -> None:
