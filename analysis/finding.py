@@ -17,7 +17,7 @@ compare two gains with each other; that difference is reported, not tested.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
@@ -108,9 +108,8 @@ def finding_checks(sweep: Sweep, family: str = "context", *, alpha: float = 0.05
     clean = [g for g in (gain(d, CLEAN) for d in datasets) if g is not None]
     lowest = {d: _lowest_snr(grp, d) for d in datasets}
     noisy = [g for g in (gain(d, c) for d, c in lowest.items() if c) if g is not None]
-    gains = clean + noisy
-    for g, adj in zip(gains, stats.holm([g.p for g in gains])):
-        object.__setattr__(g, "p_holm", float(adj))
+    gains = [replace(g, p_holm=float(adj)) for g, adj in zip(clean + noisy, stats.holm([g.p for g in clean + noisy]))]
+    clean, noisy = gains[:len(clean)], gains[len(clean):]
     span = f"{short_ctx:g} s → {long_ctx:g} s"
     if clean and all(min(g.wer_short, g.wer_long) >= UNTRAINED_WER for g in clean):
         return [Check("WER falls as context grows", None,
