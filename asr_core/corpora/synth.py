@@ -15,8 +15,8 @@ Output layout (every split loads with the podcast reader, e.g. ``load_corpus("po
     OUT/meta/<id>.json          per-recording metadata (gathered into recordings.jsonl)
 
 Recordings last ``--min-minutes`` to ``--max-minutes`` (default 1-5); ``--eval-max-minutes`` shortens those of
-dev, test and test-shifted, so that a small evaluation set still has enough recordings for a paired test. Each is a "podcast" (one voice) or, with
-probability ``--meeting-fraction``, a "meeting" (two voices alternating turns). Structure that rewards long
+dev, test and test-shifted, so that a small evaluation set still has enough recordings for a paired test. Each is
+a "podcast" (one voice) or, with probability ``--meeting-fraction``, a "meeting" (two voices alternating turns). Structure that rewards long
 context, as real long-form audio does: one espeak-ng voice, rate and pitch per speaker and one acoustic condition
 (channel colouring, reverberation, background noise level) per recording, held for the whole recording; one topic
 per recording whose key terms recur minutes apart (see :mod:`asr_core.corpora.synth_text`). Topics are dealt
