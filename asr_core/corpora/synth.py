@@ -16,12 +16,13 @@ Output layout (every split loads with the podcast reader, e.g. ``load_corpus("po
 
 Recordings last ``--min-minutes`` to ``--max-minutes`` (default 1-5); ``--eval-max-minutes`` shortens those of
 dev, test and test-shifted, so that a small evaluation set still has enough recordings for a paired test. Each is
-a "podcast" (one voice) or, with probability ``--meeting-fraction``, a "meeting" (two voices alternating turns). Structure that rewards long
-context, as real long-form audio does: one espeak-ng voice, rate and pitch per speaker and one acoustic condition
-(channel colouring, reverberation, background noise level) per recording, held for the whole recording; one topic
-per recording whose key terms recur minutes apart (see :mod:`asr_core.corpora.synth_text`). Topics are dealt
-from shuffled decks, so a split of 12 recordings covers all 12, and each recording drops in an occasional word of
-another topic, so that a small training split has heard every word.
+a "podcast" (one voice) or, with probability ``--meeting-fraction``, a "meeting" (two voices alternating turns).
+Structure that rewards long context, as real long-form audio does: one espeak-ng voice, rate and pitch per speaker
+and one acoustic condition (channel colouring, reverberation, background noise level) per recording, held for the
+whole recording; one topic per recording whose key terms recur minutes apart (see
+:mod:`asr_core.corpora.synth_text`). Topics are dealt from shuffled decks, so a split of 12 recordings covers all
+12, and each recording drops in an occasional word of another topic, so that a small training split has heard
+every word.
 
 Word times are exact by construction: every word is synthesised on its own, its leading and trailing silence
 trimmed, and placed at a known sample offset with short pauses between words; the reported start and end are the
