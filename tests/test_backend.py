@@ -142,27 +142,23 @@ def wait_until(pred: Any, timeout: float, what: str, poll: float = 0.5) -> Any:
     raise TimeoutError(what)
 
 
-@pytest.mark.slurm
-@pytest.mark.timeout(900)
-@pytest.mark.parametrize("how", ["usr2", "scontrol-requeue"])
-def test_preempted_trial_resumes_in_the_same_run_with_the_same_steps(how: str, tmp_path: Path, smoke_corpus: Path,
-                                                                     request: pytest.FixtureRequest) -> None:
+def preempt_one_trial(backend: str, preempt: list[str], name: str, tmp_path: Path, smoke_corpus: Path,
+                      request: pytest.FixtureRequest) -> str:
+    """Submit a one-trial grid, run ``preempt + [job id]`` mid-training, and check that the trial then ends
+    FINISHED in the same MLflow run with the steps of an uninterrupted run, resumed once from its checkpoint and
+    requeued, never resubmitted. Returns the job id."""
     uri = cluster_env(request)
     grid_path = tmp_path / "one.yaml"
     grid_path.write_text(textwrap.dedent(ONE_TRIAL % (smoke_corpus, MAX_STEPS)))
     root = tmp_path / "runs"
-    name = f"preempt-{how}"
-    assert main(submit_args("slurm", root, smoke_corpus, uri, write_profile(tmp_path, "a100:1"),
+    assert main(submit_args(backend, root, smoke_corpus, uri, write_profile(tmp_path, "a100:1"),
                             grid=grid_path, sweep=name)) == 0
     ledger = Ledger(uri, name)
     (key, run), = ledger.trial_runs().items()
     # Mid-training: some steps logged, far from the end.
     wait_until(lambda: len(loss_steps(ledger, run.run_id)) >= 6, 300, "training never reached step 6")
     job_id = ledger.trial_runs()[key].job_id
-    if how == "usr2":  # what SLURM sends signal_delay_s before the time limit, and on preemption
-        subprocess.run(["scancel", "--signal=USR2", job_id], check=True)
-    else:
-        subprocess.run(["scontrol", "requeue", job_id], check=True)
+    subprocess.run([*preempt, job_id], check=True)
     runs = wait_for(ledger, [key], timeout=600)
     final = runs[key]
     assert final.status == "FINISHED" and final.run_id == run.run_id
@@ -172,6 +168,17 @@ def test_preempted_trial_resumes_in_the_same_run_with_the_same_steps(how: str, t
     log = (SweepDir(root, name).trial_dir(key) / "trial.log").read_text()
     assert log.count("==== ") == 2  # started twice: once, then resumed once from its checkpoint
     assert len(SweepDir(root, name).submissions()) == 1  # requeued, never resubmitted
+    return job_id
+
+
+@pytest.mark.slurm
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("how", ["usr2", "scontrol-requeue"])
+def test_preempted_trial_resumes_in_the_same_run_with_the_same_steps(how: str, tmp_path: Path, smoke_corpus: Path,
+                                                                     request: pytest.FixtureRequest) -> None:
+    # USR2: what SLURM sends signal_delay_s before the time limit, and on preemption
+    preempt = ["scancel", "--signal=USR2"] if how == "usr2" else ["scontrol", "requeue"]
+    preempt_one_trial("slurm", preempt, f"preempt-{how}", tmp_path, smoke_corpus, request)
 
 
 @pytest.mark.slurm
@@ -180,27 +187,8 @@ def test_ray_slurm_allocation_preempted_by_usr2_requeues_and_resumes_the_same_ru
         tmp_path: Path, smoke_corpus: Path, request: pytest.FixtureRequest) -> None:
     """ray-slurm: USR2 to the batch step (what ``--signal=B:USR2@...`` sends before the time limit) makes every
     trial checkpoint, the allocation requeue itself, and Tune resume the trial in the same MLflow run."""
-    uri = cluster_env(request)
-    grid_path = tmp_path / "one.yaml"
-    grid_path.write_text(textwrap.dedent(ONE_TRIAL % (smoke_corpus, MAX_STEPS)))
-    root = tmp_path / "runs"
-    name = "preempt-ray-slurm"
-    assert main(submit_args("ray-slurm", root, smoke_corpus, uri, write_profile(tmp_path, "a100:1"),
-                            grid=grid_path, sweep=name)) == 0
-    ledger = Ledger(uri, name)
-    (key, run), = ledger.trial_runs().items()
-    wait_until(lambda: len(loss_steps(ledger, run.run_id)) >= 6, 300, "training never reached step 6")
-    job_id = ledger.trial_runs()[key].job_id
-    subprocess.run(["scancel", "--batch", "--signal=USR2", job_id], check=True)
-    runs = wait_for(ledger, [key], timeout=600)
-    final = runs[key]
-    assert final.status == "FINISHED" and final.run_id == run.run_id
-    assert final.preemptions >= 1
-    assert loss_steps(ledger, run.run_id) == list(range(1, MAX_STEPS + 1))  # as an uninterrupted run
-    assert_one_run_per_key(ledger, 1)
-    log = (SweepDir(root, name).trial_dir(key) / "trial.log").read_text()
-    assert log.count("==== ") == 2  # started twice: once, then resumed once from its checkpoint
-    assert len(SweepDir(root, name).submissions()) == 1  # the allocation requeued itself, never resubmitted
+    job_id = preempt_one_trial("ray-slurm", ["scancel", "--batch", "--signal=USR2"], "preempt-ray-slurm", tmp_path,
+                               smoke_corpus, request)
 
     def states() -> list[str]:  # every start of the job, oldest first
         return subprocess.run(["sacct", "-n", "-X", "-j", job_id, "-o", "State", "-D"], capture_output=True,
