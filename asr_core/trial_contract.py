@@ -1,0 +1,244 @@
+"""The trial contract: everything a backend of ``orchestrate`` and the trial job (``python -m asr_core trial``)
+agree on, defined once. Both sides import this module; neither re-derives the other's formats.
+
+========================  ===========================================================================================
+what                      here
+========================  ===========================================================================================
+the command               :func:`trial_command` (``python -m asr_core trial --config … --out … --tracking-uri …
+                          --run-id …``), run with ``cwd`` = the sweep's workdir and :data:`ENV_JOB_ID` set
+the config it reads       :data:`CONFIG_FILE` in the trial folder, written by :func:`write_config`
+exit codes                :data:`EXIT_OK` 0, :data:`EXIT_FAILED` 1, :data:`EXIT_USAGE` 2, :data:`EXIT_PREEMPTED` 75
+run states                :data:`SCHEDULED` … :data:`KILLED` (MLflow's), who writes which: see :data:`STATES`
+tags                      ``TAG_*`` below: the ledger writes the ``sweep.*`` and identity tags at submission, the
+                          job writes :data:`TAG_ERROR`, :data:`TAG_PREEMPTIONS`, :data:`TAG_CHECKPOINT`,
+                          :data:`TAG_CODE`, :data:`TAG_SEGMENTS` and :data:`TAG_DATA_FINGERPRINT`
+trial-folder files        :class:`TrialFolder`
+progress                  :class:`ProgressLog` (JSON lines the trainer and evaluator append) and
+                          :func:`read_progress` (what ``orchestrate`` shows); never parsed from log text
+========================  ===========================================================================================
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from asr_core.config import Config
+
+# ---- exit codes of the trial job ---------------------------------------------------------------------------------
+EXIT_OK = 0  # trained and evaluated; the run is FINISHED
+EXIT_FAILED = 1  # failed; the run is FAILED with TAG_ERROR set
+EXIT_USAGE = 2  # the config file is invalid; nothing ran
+EXIT_PREEMPTED = 75  # EX_TEMPFAIL: SIGUSR2/SIGTERM arrived, checkpointed; run the same command again
+
+# ---- run states (MLflow's RunStatus names) --------------------------------------------------------------------------
+SCHEDULED = "SCHEDULED"  # created at submission (ledger), or written back by a preempted job
+RUNNING = "RUNNING"  # written by the job when training (re)starts
+FINISHED = "FINISHED"  # written by the job after evaluation
+FAILED = "FAILED"  # written by the job (or its SLURM task when the job could not start)
+KILLED = "KILLED"  # written by the ledger on `orchestrate cancel`
+STATES = (SCHEDULED, RUNNING, FINISHED, FAILED, KILLED)  # the order `status` prints them
+ENDED = (FINISHED, FAILED, KILLED)
+
+# ---- tags ---------------------------------------------------------------------------------------------------------
+TAG_ROLE = "sweep.role"  # ROLE_PARENT on the sweep's parent run, ROLE_TRIAL on each trial run
+ROLE_PARENT = "parent"
+ROLE_TRIAL = "trial"
+TAG_SWEEP_GRID = "sweep.grid"
+TAG_SWEEP_BACKEND = "sweep.backend"
+TAG_SWEEP_ID = "sweep.id"  # on the experiment: the id of the sweep folder that owns it
+TAG_SWEEP_ROOT = "sweep.root"  # on the experiment: that folder, for the message naming the owner
+TAG_PARENT_RUN = "mlflow.parentRunId"
+TAG_KEY = "trial.key"
+TAG_LABEL = "trial.label"
+TAG_SUBGRIDS = "trial.subgrids"  # comma-separated
+TAG_SEED = "trial.seed"
+TAG_BACKEND = "trial.backend"
+TAG_JOB_ID = "trial.job_id"
+TAG_ERROR = "trial.error"  # the last line of the error of a FAILED run ("" once resubmitted)
+TAG_PREEMPTIONS = "trial.preemptions"  # how often the job checkpointed and asked to be run again
+TAG_CHECKPOINT = "trial.checkpoint"  # absolute path of the checkpoint
+TAG_CODE = "trial.code"  # every code version that ran a segment of the trial, comma-separated, in order
+TAG_SEGMENTS = "trial.segments"  # how many times the job started (first start + resumes)
+TAG_DATA_FINGERPRINT = "trial.data.fingerprint"  # content fingerprint of the training data (name=fingerprint)
+TAG_GIT_COMMIT = "mlflow.source.git.commit"  # MLflow's own, shown in its UI: the first segment's commit
+MAX_TAG_CHARS = 4000
+
+ENV_JOB_ID = "ORCHESTRATE_JOB_ID"  # the scheduler's id of the job running the trial (recorded per segment)
+
+
+# ---- trial folder -------------------------------------------------------------------------------------------------
+CONFIG_FILE = "config.json"
+CHECKPOINT_FILE = "checkpoint.pt"
+TRAINED_FILE = "TRAINED"  # JSON {"checkpoint", "steps"}: training finished, evaluation may not have
+DONE_FILE = "DONE"  # the trial finished; nothing runs again
+LOG_FILE = "trial.log"  # the job's stdout and stderr, appended per segment
+PROGRESS_FILE = "progress.jsonl"
+SEGMENTS_FILE = "segments.jsonl"  # one JSON line per start of the job: time, code version, host, job id
+EVAL_DIR = "eval"
+
+
+@dataclass(frozen=True)
+class TrialFolder:
+    """``<sweep>/trials/<key>/``: the trial's first record; MLflow is fed from what the job does here."""
+
+    path: Path
+
+    @property
+    def config(self) -> Path:
+        return self.path / CONFIG_FILE
+
+    @property
+    def checkpoint(self) -> Path:
+        return self.path / CHECKPOINT_FILE
+
+    @property
+    def trained(self) -> Path:
+        return self.path / TRAINED_FILE
+
+    @property
+    def done(self) -> Path:
+        return self.path / DONE_FILE
+
+    @property
+    def log(self) -> Path:
+        return self.path / LOG_FILE
+
+    @property
+    def progress(self) -> Path:
+        return self.path / PROGRESS_FILE
+
+    @property
+    def segments(self) -> Path:
+        return self.path / SEGMENTS_FILE
+
+    @property
+    def eval_dir(self) -> Path:
+        return self.path / EVAL_DIR
+
+
+def trial_command(trial_dir: Path, tracking_uri: str, run_id: str, python: str | None = None) -> list[str]:
+    """The command every backend runs for a trial."""
+    return [python or sys.executable, "-m", "asr_core", "trial", "--config", str(Path(trial_dir) / CONFIG_FILE),
+            "--out", str(trial_dir), "--tracking-uri", tracking_uri, "--run-id", run_id]
+
+
+def config_json(d: Any) -> str:
+    """JSON that YAML 1.1 readers parse to the same values too: PyYAML reads ``1e-06`` as a string, so exponent
+    floats are written ``1.0e-06`` (still valid JSON)."""
+    if isinstance(d, dict):
+        return "{" + ", ".join(f"{json.dumps(str(k))}: {config_json(v)}" for k, v in d.items()) + "}"
+    if isinstance(d, (list, tuple)):
+        return "[" + ", ".join(config_json(v) for v in d) + "]"
+    if isinstance(d, float):
+        text = repr(d)
+        if "e" in text and "." not in text.split("e")[0]:
+            mant, exp = text.split("e")
+            text = f"{mant}.0e{exp}"
+        return text
+    return json.dumps(d)
+
+
+def write_config(trial_dir: Path, cfg: "Config") -> Path:
+    """Write (atomically) the config the job reads; returns its path."""
+    folder = TrialFolder(Path(trial_dir))
+    folder.path.mkdir(parents=True, exist_ok=True)
+    tmp = folder.config.with_name(f".{CONFIG_FILE}.{os.getpid()}.tmp")
+    tmp.write_text(config_json(cfg.to_dict()) + "\n")
+    os.replace(tmp, folder.config)
+    return folder.config
+
+
+def mark_run(tracking_uri: str | None, run_id: str | None, status: str, tags: dict[str, str] | None = None) -> None:
+    """Set a trial run's status (one of :data:`STATES`) and tags, as the job does; a no-op without a run.
+
+    Writes through ``MlflowClient`` only (never a fluent active run), so no exit hook of MLflow's can overwrite it."""
+    if not run_id:
+        return
+    if status not in STATES:
+        raise ValueError(f"unknown run state {status!r}; valid: {', '.join(STATES)}")
+    from mlflow.entities import RunTag
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=tracking_uri)
+    if tags:
+        client.log_batch(run_id, tags=[RunTag(k, str(v)[:MAX_TAG_CHARS]) for k, v in tags.items()])
+    if status in (SCHEDULED, RUNNING):
+        client.update_run(run_id, status=status)
+    else:
+        client.set_terminated(run_id, status=status)
+
+
+# ---- progress records ---------------------------------------------------------------------------------------------
+PHASES = ("start", "train", "eval", "preempted", "failed", "done")
+
+
+@dataclass(frozen=True)
+class Progress:
+    """One progress record: ``phase`` (one of :data:`PHASES`), ``done`` of ``total`` units (steps when training,
+    recordings × conditions when evaluating), ``dataset`` while evaluating, ``time`` (Unix seconds)."""
+
+    phase: str
+    done: int = 0
+    total: int = 0
+    dataset: str = ""
+    time: float = 0.0
+
+    def describe(self) -> str:
+        """``train 30/60``, ``eval test 4/12``, ``starting``, ``preempted``, ``failed``, ``done``."""
+        if self.phase == "train":
+            return f"train {self.done}/{self.total}"
+        if self.phase == "eval":
+            return f"eval {self.dataset} {self.done}/{self.total}".replace("  ", " ")
+        return "starting" if self.phase == "start" else self.phase
+
+
+class ProgressLog:
+    """Appends :class:`Progress` records, one JSON object per line, to ``TRIAL_DIR/progress.jsonl``.
+
+    A record is one ``write`` of a whole line to a file opened for appending, so a reader never sees half a record
+    except at the very end (which :func:`read_progress` skips)."""
+
+    def __init__(self, trial_dir: Path | str | None) -> None:
+        self.path = TrialFolder(Path(trial_dir)).progress if trial_dir is not None else None
+
+    def write(self, phase: str, done: int = 0, total: int = 0, dataset: str = "") -> None:
+        if self.path is None:
+            return
+        if phase not in PHASES:
+            raise ValueError(f"unknown progress phase {phase!r}; valid: {', '.join(PHASES)}")
+        rec = {"phase": phase, "done": int(done), "total": int(total), "time": round(time.time(), 3)}
+        if dataset:
+            rec["dataset"] = dataset
+        try:
+            with open(self.path, "a") as f:
+                f.write(json.dumps(rec) + "\n")
+        except OSError as e:  # progress is for people watching; never let it stop training
+            print(f"[trial] warning: cannot write progress to {self.path}: {e}", file=sys.stderr)
+
+
+def read_progress(trial_dir: Path | str, tail_bytes: int = 4096) -> Progress | None:
+    """The last complete record of a trial folder, or None when the job has written none."""
+    path = TrialFolder(Path(trial_dir)).progress
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - tail_bytes))
+            lines = f.read().decode(errors="replace").splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        try:
+            d = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line cut by the tail window, or being written
+        if isinstance(d, dict) and d.get("phase") in PHASES:
+            return Progress(phase=d["phase"], done=int(d.get("done", 0)), total=int(d.get("total", 0)),
+                            dataset=str(d.get("dataset", "")), time=float(d.get("time", 0.0)))
+    return None
