@@ -1,8 +1,9 @@
 """Frozen, validated configuration for one training run (one trial of the study).
 
 A run is fully described by a :class:`Config`: the model, the data it is trained on, the optimiser and the
-evaluation that follows training. Configs load from YAML, take ``--set section.field=value`` overrides, and hash
-stably so the same settings always name the same trial.
+evaluation that follows training. Configs load from YAML and take ``--set section.field=value`` overrides; every value,
+wherever it is written (a config file, a grid, ``--set``), is checked by the one parser here (:func:`parse_field`).
+:meth:`Config.key` names the experiment (:mod:`asr_core.identity`).
 
 Defaults are the paper's main model (paper 000 §3, ``../shared/REFERENCE.md``): 6 layers, d=768, 6 heads, rotary
 θ=1.5M, 4095 BPE pieces + blank, Madgrad at 3e-3, one hour of audio per step, sequence-length warmup from 5 s.
@@ -11,7 +12,6 @@ Defaults are the paper's main model (paper 000 §3, ``../shared/REFERENCE.md``):
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import types
 import typing
@@ -117,7 +117,9 @@ class FeatureConfig:
 class DataConfig:
     """Training data and how it is cut into windows and batches (paper 000 §2.3, §3.3)."""
 
-    train: str = ""  # corpus spec "FORMAT:PATH" (podcast, manifest, ...) read by asr_core.corpora
+    # corpus spec "[NAME=]FORMAT:PATH" (podcast, manifest, ...) read by asr_core.corpora; the trial key holds the
+    # NAME (default: the path's last folder), never the path, so the corpus may move between submit and resume
+    train: str = ""
     tokenizer: str = ""  # path of a SentencePiece model; empty = train one from the training transcripts
     context_s: float = 10.24  # window length the model trains and is evaluated at (1024 frames)
     batch_audio_s: float = 3600.0  # audio per optimiser step, whatever the context (batch = this / context)
@@ -132,6 +134,8 @@ class DataConfig:
     features: FeatureConfig = field(default_factory=FeatureConfig)
 
     def __post_init__(self) -> None:
+        _require(not self.train or ":" in self.train, "data.train", self.train,
+                 "a corpus spec [NAME=]FORMAT:PATH, e.g. 'podcasts=podcast:data/train'")
         _require(self.context_s > 0, "data.context_s", self.context_s, "a positive number of seconds")
         _require(self.batch_audio_s >= self.context_s, "data.batch_audio_s", self.batch_audio_s,
                  f"at least data.context_s={self.context_s} (one window per step)")
@@ -202,11 +206,6 @@ class EvalConfig:
                      "strings of the form NAME=FORMAT:PATH, e.g. 'dev=podcast:data/dev'")
 
 
-def _shallow_dict(obj: Any) -> dict[str, Any]:
-    """A config dataclass as nested dicts of its field values (tuples stay tuples: JSON writes them as lists)."""
-    return {k: _shallow_dict(v) if dataclasses.is_dataclass(v) else v for k, v in vars(obj).items()}
-
-
 @dataclass(frozen=True)
 class Config:
     """Everything one training run needs. ``Config()`` is the paper's main model."""
@@ -235,13 +234,14 @@ class Config:
         walk("", self.to_dict())
         return out
 
-    def hash(self) -> str:
-        """Stable 12-hex-digit digest of every field (key order and YAML spelling do not matter).
+    def key(self) -> str:
+        """The trial key: 12 hex digits naming this experiment (science only; see :mod:`asr_core.identity`).
 
-        The JSON is that of :meth:`to_dict`, built without ``dataclasses.asdict``'s deep copies: planning a
-        10,000-trial grid hashes every trial's config."""
-        blob = json.dumps(_shallow_dict(self), sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(blob.encode()).hexdigest()[:12]
+        Equal for configs that differ only in how they run (workers, intervals, device), in where their data lies,
+        or in options left at their defaults."""
+        from asr_core.identity import trial_key
+
+        return trial_key(self)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any] | None, *, source: str = "config") -> "Config":
@@ -368,6 +368,30 @@ def _build(cls: type, d: dict[str, Any], prefix: str, source: str) -> Any:
         return cls(**kwargs)
     except ConfigError as e:
         raise ConfigError(f"{source}: {e}") from None
+
+
+def _field_types(cls: type, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        tp = hints[f.name]
+        if dataclasses.is_dataclass(tp):
+            out.update(_field_types(tp, f"{prefix}{f.name}."))
+        else:
+            out[f"{prefix}{f.name}"] = tp
+    return out
+
+
+# Every leaf field of Config by dotted name ("data.features.n_mels") -> its type.
+FIELD_TYPES: dict[str, Any] = _field_types(Config)
+
+
+def parse_field(dotted: str, value: Any, *, source: str = "config") -> Any:
+    """Check and convert one value for the field ``dotted`` exactly as a config file would (the only value parser:
+    grids, ``--set`` and config files all use it). Raises :class:`ConfigError` naming the key and what is valid."""
+    if dotted not in FIELD_TYPES:
+        raise ConfigError(f"{source}: unknown key {dotted!r}; valid keys: {', '.join(FIELD_TYPES)}")
+    return _coerce(FIELD_TYPES[dotted], value, dotted, source)
 
 
 def _coerce(tp: Any, value: Any, key: str, source: str) -> Any:

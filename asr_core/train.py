@@ -43,7 +43,10 @@ from .ctc import ctc_loss
 from .features import FeatureExtractor
 from .model import AcousticModel, build_model
 from .schedules import learning_rate
+from .identity import science
 from .tokenizer import Tokenizer
+from .trial_contract import EXIT_PREEMPTED, EXIT_USAGE, TAG_CHECKPOINT, TAG_DATA_FINGERPRINT, TAG_GIT_COMMIT, \
+    ProgressLog
 
 CHECKPOINT_NAME = "checkpoint.pt"
 DEFAULT_EXPERIMENT = "asr_core"
@@ -102,15 +105,16 @@ class _Tracker:
             name = experiment or DEFAULT_EXPERIMENT
             exp = self.client.get_experiment_by_name(name)
             exp_id = exp.experiment_id if exp is not None else self.client.create_experiment(name)
-            run_id = self.client.create_run(exp_id, run_name=f"train-{cfg.hash()}").info.run_id
+            run_id = self.client.create_run(exp_id, run_name=f"train-{cfg.key()}").info.run_id
         else:
             self.client.update_run(run_id, status="RUNNING")
         self.run_id = run_id
         run = self.client.get_run(run_id)
         self._log_params(cfg, run.data.params)
         commit = _git_commit()
-        if commit and "mlflow.source.git.commit" not in run.data.tags:
-            self.client.set_tag(run_id, "mlflow.source.git.commit", commit)
+        if commit and TAG_GIT_COMMIT not in run.data.tags:
+            self.client.set_tag(run_id, TAG_GIT_COMMIT, commit)
+        self._tags = run.data.tags
         history = self.client.get_metric_history(run_id, "train/loss")
         self.last_logged = max((m.step for m in history), default=0)
 
@@ -119,11 +123,21 @@ class _Tracker:
 
         new = [Param(k, str(v)) for k, v in cfg.flat().items() if k not in existing]
         clash = [k for k, v in cfg.flat().items() if k in existing and existing[k] != str(v)]
-        if clash:
-            print(f"[train] warning: MLflow run {self.run_id} already has different values for {', '.join(clash)}; "
-                  "params are immutable, keeping the logged ones", file=sys.stderr)
+        if clash:  # execution settings or data locations changed since the run started (the key vouches for it)
+            print(f"[train] MLflow run {self.run_id} started with other values of {', '.join(clash)} (execution "
+                  "settings or data locations, the same trial); params keep the first values, config.json in the "
+                  "trial folder has the current ones", file=sys.stderr)
         for i in range(0, len(new), 100):
             self.client.log_batch(self.run_id, params=new[i : i + 100])
+
+    def check_data(self, data_id: str) -> None:
+        """Record the training data's ``name=fingerprint`` on the run, or refuse it if the run trained on other
+        content under the same name (the checkpoint may be gone, the run's record is not)."""
+        before = self._tags.get(TAG_DATA_FINGERPRINT)
+        if before and before != data_id:
+            raise TrainError(_data_mismatch(before, data_id, f"MLflow run {self.run_id}"))
+        if before != data_id:
+            self.client.set_tag(self.run_id, TAG_DATA_FINGERPRINT, data_id)
 
     def log_step(self, step: int, values: dict[str, float]) -> None:
         if step <= self.last_logged:  # recomputed after a crash: already in the history
@@ -222,6 +236,26 @@ def _tokenizer(cfg: Config, recs: Sequence[Recording], out_dir: Path, state: dic
     return Tokenizer.train([r.text for r in recs], cfg.model.vocab_size, out_dir / "tokenizer.model")
 
 
+def _data_mismatch(before: str, now: str, where: str) -> str:
+    name = before.partition("=")[0]
+    return (f"the training data named {name!r} has other content than when this trial started ({where} recorded "
+            f"{before}, the corpus now gives {now}); a corpus may move but not change under its name: point "
+            f"data.train back at the original data, or give the new data another name (NAME=FORMAT:PATH), which "
+            "makes these new trials")
+
+
+def _data_identity(cfg: Config, recs: Sequence[Recording], state: dict[str, Any] | None) -> str:
+    """``name=fingerprint`` of the training data; on resume it must equal the checkpoint's."""
+    from .corpora import dataset_name
+    from .corpora.fingerprint import fingerprint
+
+    data_id = f"{dataset_name(cfg.data.train) or 'recordings'}={fingerprint(recs)}"
+    before = (state or {}).get("data_fingerprint")
+    if before and before != data_id:
+        raise TrainError(_data_mismatch(before, data_id, "the checkpoint"))
+    return data_id
+
+
 def build_optimizer(model: torch.nn.Module, t: TrainConfig) -> torch.optim.Optimizer:
     """The paper's Madgrad, or AdamW (betas ``(momentum, 0.98)``) where ``train.optimizer`` asks for it."""
     if t.optimizer == "adamw":
@@ -232,21 +266,26 @@ def build_optimizer(model: torch.nn.Module, t: TrainConfig) -> torch.optim.Optim
 
 def train(cfg: Config, out_dir: str | Path, *, tracking_uri: str | None = None, run_id: str | None = None,
           experiment: str | None = None, end_run: bool = True,
-          recordings: Sequence[Recording] | None = None) -> TrainResult:
-    """Train (or resume) the model of ``cfg`` in ``out_dir``; see the module docstring."""
+          recordings: Sequence[Recording] | None = None, progress: ProgressLog | None = None) -> TrainResult:
+    """Train (or resume) the model of ``cfg`` in ``out_dir``; see the module docstring. ``progress`` receives a
+    ``train`` record every ``train.log_every`` steps (the trial job passes the trial folder's)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     ckpt_path = out_dir / CHECKPOINT_NAME
     state = load_checkpoint(ckpt_path) if ckpt_path.exists() else None
     if state is not None:
         saved = Config.from_dict(state["config"], source=str(ckpt_path))
-        if saved.hash() != cfg.hash():
-            raise TrainError(f"{ckpt_path} was written for config {saved.hash()}, not {cfg.hash()}; "
-                             "use another --out folder or the same config to resume")
+        if saved.key() != cfg.key():
+            was, now = science(saved), science(cfg)
+            diff = ", ".join(f"{k}: {was.get(k, '(baseline)')!r} -> {now.get(k, '(baseline)')!r}"
+                             for k in sorted(set(was) | set(now)) if was.get(k) != now.get(k))
+            raise TrainError(f"{ckpt_path} was written for trial {saved.key()}, not {cfg.key()} (science differs: "
+                             f"{diff}); resume with that trial's config, or train this one in another --out folder")
         run_id = run_id or state.get("mlflow_run_id")
         tracking_uri = tracking_uri or state.get("tracking_uri")
 
     recs = _recordings(cfg, recordings)
+    data_id = _data_identity(cfg, recs, state)
     tok = _tokenizer(cfg, recs, out_dir, state)
     device = _device(cfg)
     bf16 = _use_bf16(cfg, device)
@@ -274,7 +313,8 @@ def train(cfg: Config, out_dir: str | Path, *, tracking_uri: str | None = None, 
     if tracker is None:
         print("[train] no MLflow tracking URI given: metrics go to this log only", file=sys.stderr)
     else:
-        tracker.set_tag("trial.checkpoint", str(ckpt_path.resolve()))
+        tracker.check_data(data_id)
+        tracker.set_tag(TAG_CHECKPOINT, str(ckpt_path.resolve()))
 
     def checkpoint() -> None:
         save_checkpoint(ckpt_path, {
@@ -284,7 +324,7 @@ def train(cfg: Config, out_dir: str | Path, *, tracking_uri: str | None = None, 
                          "last_loss": last_loss},
             "rng": rng_state(), "data_position": pos.to_dict(),
             "mlflow_run_id": tracker.run_id if tracker else None, "tracking_uri": tracking_uri,
-            "tokenizer": tok.to_bytes(),
+            "tokenizer": tok.to_bytes(), "data_fingerprint": data_id,
         })
 
     maker = BatchMaker(recs, FeatureExtractor(cfg.data.features), tok)
@@ -321,6 +361,8 @@ def train(cfg: Config, out_dir: str | Path, *, tracking_uri: str | None = None, 
                     tracker.log_step(step, values)
                 if step % t.log_every == 0 or step == total_steps:
                     _report(bar, step, total_steps, values)
+                    if progress is not None:
+                        progress.write("train", step, total_steps)
                 if step % t.checkpoint_every == 0:
                     checkpoint()
             if stop.signum is not None:
@@ -364,7 +406,7 @@ def cli(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="python -m asr_core train", description="Train (or resume) one model.")
     ap.add_argument("config", help="YAML config (may start from 'preset: NAME') or a preset name")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
-    ap.add_argument("--out", default=None, help="run folder (default runs/<config hash>)")
+    ap.add_argument("--out", default=None, help="run folder (default runs/<trial key>)")
     ap.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default $MLFLOW_TRACKING_URI)")
     ap.add_argument("--run-id", default=None, help="continue this MLflow run")
     ap.add_argument("--experiment", default=None, help=f"MLflow experiment for a new run ({DEFAULT_EXPERIMENT})")
@@ -377,14 +419,14 @@ def cli(argv: list[str]) -> int:
         cfg = load_config(args.config, args.overrides)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
-        return 2
-    out = Path(args.out or f"runs/{cfg.hash()}")
+        return EXIT_USAGE
+    out = Path(args.out or f"runs/{cfg.key()}")
     try:
         result = train(cfg, out, tracking_uri=args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI"),
                        run_id=args.run_id, experiment=args.experiment)
     except Preempted as e:
         print(f"[train] preempted ({e}); resume with the same command", file=sys.stderr)
-        return 75
+        return EXIT_PREEMPTED
     except (TrainError, ConfigError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -16,8 +16,10 @@ A grid file is a base configuration plus named sub-grids; each sub-grid is the p
         seeds: [1]                               # optional, replaces the file's seeds
 
 Precedence, lowest first: the preset (the base's, or the sub-grid's ``preset`` axis/set), the base's own values,
-the sub-grid's ``set``, the axes. A trial's key is the hash of its resolved config (seed included), so the same
-trial reached from two sub-grids is one trial listing both. Everything is validated before anything is returned:
+the sub-grid's ``set``, the axes. Values are checked by the config's own parser
+(:func:`asr_core.config.parse_field`). A trial's key is :meth:`Config.key` of its resolved config (seed included:
+the science only, see :mod:`asr_core.identity`), so the same trial reached from two sub-grids is one trial listing
+both. Everything is validated before anything is returned:
 :class:`GridError` names the file, sub-grid, key and value, and says what is valid.
 """
 
@@ -26,15 +28,13 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import itertools
-import types
-import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 import yaml
 
-from asr_core.config import PRESETS, Config, ConfigError, resolve
+from asr_core.config import FIELD_TYPES, PRESETS, Config, ConfigError, parse_field, resolve
 from orchestrate.trial import Trial
 
 
@@ -86,53 +86,7 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     return raw
 
 
-# ---- field types, read from the Config dataclasses themselves ------------------------------------------------------
-def _field_types(cls: type = Config, prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
-        tp = hints[f.name]
-        if dataclasses.is_dataclass(tp):
-            out.update(_field_types(tp, f"{prefix}{f.name}."))
-        else:
-            out[f"{prefix}{f.name}"] = tp
-    return out
-
-
-FIELD_TYPES: dict[str, Any] = _field_types()
 AXIS_NAMES: tuple[str, ...] = ("preset", *FIELD_TYPES)
-
-
-def _coerce(tp: Any, value: Any) -> Any:
-    """Mirror asr_core.config's YAML coercion; raises ValueError(what is valid)."""
-    if typing.get_origin(tp) is tuple:
-        inner = typing.get_args(tp)[0]
-        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
-            value = [value]
-        if not isinstance(value, (list, tuple)):
-            raise ValueError("a list")
-        return tuple(_coerce(inner, v) for v in value)
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise ValueError("true or false")
-        return value
-    if tp is int:
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ValueError("an integer")
-        return value
-    if tp is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ValueError("a number")
-        return float(value)
-    if tp is str:
-        if not isinstance(value, str):
-            raise ValueError("a string")
-        return value
-    if isinstance(tp, types.UnionType):  # pragma: no cover - Config has no union fields today
-        return value
-    return value
 
 
 def apply_values(cfg: Config, values: Mapping[str, Any]) -> Config:
@@ -166,9 +120,6 @@ class Grid:
     path: str
     subgrids: tuple[SubGrid, ...]
     trials: tuple[Trial, ...]
-
-    def by_key(self) -> dict[str, Trial]:
-        return {t.key: t for t in self.trials}
 
 
 def _where(path: Path, sub: str | None, key: str | None = None) -> str:
@@ -343,9 +294,9 @@ def _coerce_named(file: Path, sub: str, key: str, value: Any) -> Any:
             raise GridError(f"{_where(file, sub, key)}: unknown preset {value!r}; valid: {', '.join(sorted(PRESETS))}")
         return value
     try:
-        return _coerce(FIELD_TYPES[key], value)
-    except ValueError as e:
-        raise GridError(f"{_where(file, sub, key)}: invalid value {value!r}; valid: {e}") from None
+        return parse_field(key, value, source=_where(file, sub))
+    except ConfigError as e:
+        raise GridError(str(e)) from None
 
 
 def _resolve_base(file: Path, sub: str, base: dict[str, Any], preset: str | None, overrides: tuple[str, ...],

@@ -1,7 +1,8 @@
 """A trial: one model of a sweep, i.e. a resolved :class:`~asr_core.config.Config` with its seed.
 
-The key is ``Config.hash()`` of the config with ``train.seed`` set, so the same settings reached from two sub-grids
-(or written differently in YAML) are one trial, and a key never changes meaning between ``submit`` and ``resume``.
+The key is :meth:`Config.key` of the config with ``train.seed`` set: the science only (:mod:`asr_core.identity`).
+The same settings reached from two sub-grids (or written differently in YAML) are one trial, and moving the data,
+changing loader workers or adding an option between ``submit`` and ``resume`` leaves every key as it was.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from asr_core.config import Config
 class Trial:
     """One unit of work: ``config`` (seed included as ``train.seed``) plus bookkeeping for the ledger."""
 
-    key: str  # Config.hash() of ``config``: 12 hex digits
+    key: str  # Config.key() of ``config``: 12 hex digits
     label: str  # human-readable run name, e.g. ctx82s-rope1.5M-6L768d6h-s2 (unique within a sweep)
     subgrids: tuple[str, ...]  # every sub-grid that produced this trial, in file order
     seed: int
@@ -26,7 +27,7 @@ class Trial:
     @classmethod
     def make(cls, config: Config, seed: int, subgrid: str) -> "Trial":
         cfg = dataclasses.replace(config, train=dataclasses.replace(config.train, seed=seed))
-        return cls(key=cfg.hash(), label=trial_label(cfg), subgrids=(subgrid,), seed=seed, config=cfg)
+        return cls(key=cfg.key(), label=trial_label(cfg), subgrids=(subgrid,), seed=seed, config=cfg)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON form used by ``plan --json``, ``tasks.json`` and the sweep manifest."""

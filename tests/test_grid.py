@@ -30,7 +30,7 @@ def test_paper_grid_is_the_321_models() -> None:
     assert sorted(fam.values()) == [21] + [30] * 10
     assert fam[(6, 768, 6, "rotary", 10000.0)] == 21
     for t in g.trials:
-        assert t.key == t.config.hash()  # the fast key is Config.hash() exactly
+        assert t.key == t.config.key()
         assert t.config.train.seed == t.seed and t.seed in (1, 2, 3)
         assert t.config.data.context_s in CONTEXTS
     # The main model at 82 s, seed 2, is one trial shared by three sections.
@@ -135,3 +135,33 @@ def test_smoke_grid_is_small_and_tiny() -> None:
     assert 3 <= len(g.trials) <= 6
     assert all(t.config.model.d_model <= 128 and t.config.train.max_steps <= 50 for t in g.trials)
     assert any(len(t.subgrids) > 1 for t in g.trials)
+
+
+def test_exponent_values_plan_in_axes_set_and_base(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """One value parser for grids, --set and config files: YAML reads 3e-3 (no dot) as a string everywhere."""
+    p = _write(tmp_path, "base: {preset: tiny, train: {eps: 1e-6}}\nseeds: [0]\n"
+                         "subgrids:\n  a: {axes: {train.lr: [3e-3, 1e-3]}}\n  b: {set: {train.lr: 2e-3}}\n")
+    assert main(["plan", str(p), "--set", "train.momentum=9e-1"]) == 0
+    g = load_grid(p, ["train.momentum=9e-1"])
+    assert sorted(t.config.train.lr for t in g.trials) == [1e-3, 2e-3, 3e-3]
+    assert {t.config.train.eps for t in g.trials} == {1e-6} and {t.config.train.momentum for t in g.trials} == {0.9}
+    bad = _write(tmp_path, "base: {preset: tiny}\nseeds: [0]\nsubgrids: {a: {axes: {train.lr: [3e-3, fast]}}}\n",
+                 "bad.yaml")
+    assert main(["plan", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "train.lr" in err and "'fast'" in err and "a number" in err and "sub-grid 'a'" in err
+
+
+def test_execution_settings_and_data_locations_keep_every_key(tmp_path: Path) -> None:
+    p = _write(tmp_path, "base: {preset: tiny, data: {train: 'podcast:/a/corpus/train'}}\nseeds: [0, 1]\n"
+                         "subgrids: {a: {axes: {data.context_s: [5.12, 10.24]}}}\n")
+    keys = [t.key for t in load_grid(p).trials]
+    for same in (["data.num_workers=3"], ["data.micro_batch_audio_s=20"], ["train.checkpoint_every=7"],
+                 ["train.log_every=3", "train.device=cpu", "eval.batch_windows=2"],
+                 ["model.attention_backend=sdpa", "model.activation_checkpointing=true"],
+                 ["data.train=podcast:/scratch/moved/train"], ["data.train=manifest:/prepared/train.jsonl"],
+                 ["data.train=train=podcast:/b"]):
+        assert [t.key for t in load_grid(p, same).trials] == keys, same
+    for other in (["data.train=podcast:/a/corpus/dev"], ["data.train=big=podcast:/a/corpus/train"],
+                  ["train.lr=1e-3"], ["data.features.variant=code"]):
+        assert set(t.key for t in load_grid(p, other).trials).isdisjoint(keys), other

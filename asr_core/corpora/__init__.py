@@ -23,7 +23,7 @@ from pathlib import Path
 from asr_core.corpora.base import CorpusError, Problems, Recording, Word
 
 __all__ = ["CorpusError", "CorpusReport", "FORMATS", "Recording", "Word", "load_corpus", "read_corpus",
-           "parse_dataset_spec"]
+           "parse_dataset_spec", "split_named_spec", "dataset_name"]
 
 # format name -> module holding ``read(path: Path, problems: Problems) -> list[Recording]``
 FORMATS: dict[str, str] = {
@@ -67,9 +67,40 @@ def parse_dataset_spec(spec: str) -> tuple[str, str]:
     return name, corpus
 
 
+def split_named_spec(spec: str) -> tuple[str, str]:
+    """``"podcasts=podcast:/data/train"`` -> ``("podcasts", "podcast:/data/train")``; without ``NAME=`` the name is
+    the last folder (or file stem) of the path: ``"podcast:/data/spotify/train"`` -> ``("train", ...)``.
+
+    The name is the corpus's identity in trial keys (``asr_core.identity``): the path may change, the name may not.
+    Only text before the first ``=`` that holds no ``:`` or ``/`` is a name, so paths containing ``=`` still work."""
+    head, sep, rest = spec.partition("=")
+    if sep and head and not any(c in head for c in "/: "):
+        split_spec(rest)
+        return head, rest
+    split_spec(spec)
+    return dataset_name(spec), spec
+
+
+def dataset_name(spec: str) -> str:
+    """The identity of a corpus spec without parsing or reading it: ``NAME`` of ``NAME=FORMAT:PATH``, else the last
+    path component (``.jsonl``/``.json`` suffix dropped) of ``FORMAT:PATH``; ``""`` for an empty spec."""
+    if not spec:
+        return ""
+    head, sep, rest = spec.partition("=")
+    if sep and head and not any(c in head for c in "/: "):
+        return head
+    path = spec.partition(":")[2].rstrip("/") or spec
+    name = Path(path).name
+    for suffix in (".jsonl", ".json"):
+        if name.endswith(suffix) and len(name) > len(suffix):
+            return name[: -len(suffix)]
+    return name
+
+
 def read_corpus(spec: str, *, strict: bool = False) -> CorpusReport:
-    """Read a corpus and say what was skipped. Raises :class:`CorpusError` if the path itself does not exist,
-    if nothing at all could be read, or (``strict``) at the first bad file."""
+    """Read a corpus (``[NAME=]FORMAT:PATH``) and say what was skipped. Raises :class:`CorpusError` if the path
+    itself does not exist, if nothing at all could be read, or (``strict``) at the first bad file."""
+    spec = split_named_spec(spec)[1]
     fmt, path = split_spec(spec)
     if not path.exists():
         raise CorpusError(f"corpus spec {spec!r}: {path} does not exist")
@@ -91,6 +122,6 @@ def read_corpus(spec: str, *, strict: bool = False) -> CorpusReport:
 
 
 def load_corpus(spec: str, *, strict: bool = False) -> list[Recording]:
-    """The recordings of ``spec = "FORMAT:PATH"`` in a fixed order (by id; Rev16 by file number); see
+    """The recordings of ``spec = "[NAME=]FORMAT:PATH"`` in a fixed order (by id; Rev16 by file number); see
     :func:`read_corpus` for errors."""
     return read_corpus(spec, strict=strict).recordings

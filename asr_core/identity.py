@@ -1,0 +1,184 @@
+"""Trial identity: which settings name the experiment, and the key that names it.
+
+A sweep runs for weeks. Meanwhile its users move data, tune loader workers, pull new versions of the project and add
+options; none of that may make a finished model look unfinished or a half-trained one look new. So a trial key is a
+digest of the *science* only:
+
+* **science** — the model, the training data's identity, the training hyperparameters, the evaluation protocol and
+  the seed. Every field of :class:`~asr_core.config.Config` is science unless listed in :data:`EXECUTION`.
+* **execution** — how a trial runs (:data:`EXECUTION`, each with the reason). It never enters the key, and a later
+  ``submit``/``resume`` may change it for trials that have not finished.
+* **names, not paths** — a corpus is identified by its name (:data:`NAMED`): ``NAME`` of ``NAME=FORMAT:PATH``, else
+  the last component of its path. Its content fingerprint (:mod:`asr_core.corpora.fingerprint`) is recorded on the
+  run and checked on resume, so the same name with other content is refused rather than mixed.
+* **departures from a frozen baseline** — a field enters the key only where it differs from :data:`BASELINE`, the
+  values the fields had when keys were introduced. Adding an option (at any default) leaves every existing key as
+  it was; changing a *default* in ``config.py`` moves exactly the keys of the trials that use it, as it should. A new
+  science field is added to :data:`BASELINE` at its default in the commit that adds it (a test insists).
+
+The golden keys (``tests/golden/keys.json``) pin the keys of the checked-in grids: a commit that changes them says
+why.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from typing import Any
+
+KEY_DIGITS = 12
+
+# Settings that say how a trial runs, not what it is. Each keeps the experiment the same (same data order, same
+# model, same loss); where one changes floating-point rounding the reason says so.
+EXECUTION: dict[str, str] = {
+    "model.activation_checkpointing": "recomputes activations in the backward pass: the same gradients, less memory",
+    "model.attention_backend": "flash-attn or PyTorch SDPA: the same attention, another kernel",
+    "data.micro_batch_audio_s": "gradient accumulation: the same step's gradient in several passes (batch renorm "
+                                "sees each pass's statistics; chosen for the GPU's memory, not for the science)",
+    "data.num_workers": "loader threads preparing upcoming steps; the data order does not depend on them",
+    "train.device": "where it runs (auto, cpu, cuda)",
+    "train.checkpoint_every": "how often the trainer checkpoints",
+    "train.log_every": "how often the trainer prints progress",
+    "eval.batch_windows": "windows decoded together: the same posteriors, batched",
+}
+
+# Fields whose value is a location; the key holds the name of what is there (see :func:`identity_value`).
+NAMED = ("data.train", "data.tokenizer", "eval.datasets", "eval.noise")
+
+# The science fields as they were when keys were introduced (identity values: names for NAMED fields, sorted
+# tuples for the unordered eval sets). Never edit a value here: a new default belongs in config.py, and keys of the
+# trials that use it then change, as they must. A new science field is appended at its default.
+BASELINE: dict[str, Any] = {
+    "model.d_model": 768,
+    "model.layers": 6,
+    "model.heads": 6,
+    "model.ff_expansion": 4,
+    "model.conv_kernel": 9,
+    "model.subsampling_factor": 8,
+    "model.subsampling_channels": 256,
+    "model.posenc": "rotary",
+    "model.rotary_theta": 1500000.0,
+    "model.vocab_size": 4096,
+    "model.self_conditioning": True,
+    "model.batch_renorm_eps": 0.001,
+    "model.batch_renorm_momentum": 0.01,
+    "model.batch_renorm_warmup_steps": 25000,
+    "data.train": "",
+    "data.tokenizer": "",
+    "data.context_s": 10.24,
+    "data.batch_audio_s": 3600.0,
+    "data.seqlen_warmup": "paper",
+    "data.seqlen_warmup_start_s": 5.0,
+    "data.seqlen_warmup_every": 5000,
+    "data.max_recordings": 0,
+    "data.features.sample_rate": 16000,
+    "data.features.n_mels": 80,
+    "data.features.win_length": 400,
+    "data.features.hop_length": 160,
+    "data.features.variant": "paper",
+    "train.seed": 0,
+    "train.optimizer": "madgrad",
+    "train.lr": 0.003,
+    "train.warmup_steps": 5000,
+    "train.max_steps": 0,
+    "train.epochs": 1,
+    "train.momentum": 0.9,
+    "train.weight_decay": 0.0,
+    "train.eps": 1e-06,
+    "train.grad_clip": 0.8,
+    "train.precision": "auto",
+    "eval.datasets": (),
+    "eval.snrs": (),
+    "eval.stride": 0.125,
+    "eval.noise": "synthetic",
+}
+
+
+def _flat_values(obj: Any, prefix: str = "") -> dict[str, Any]:
+    """``{"model.layers": 6, ...}`` of a config dataclass, without copies (planning hashes thousands of configs)."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(obj):
+        v = getattr(obj, f.name)
+        if dataclasses.is_dataclass(v):
+            out.update(_flat_values(v, f"{prefix}{f.name}."))
+        else:
+            out[f"{prefix}{f.name}"] = v
+    return out
+
+
+def _defaults(obj: Any, prefix: str = "") -> dict[str, Any]:
+    """Dataclass defaults by dotted name, read from the types of ``obj``'s own sections (a field added after
+    :data:`BASELINE` was frozen uses its own default as its baseline)."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(obj):
+        v = getattr(obj, f.name)
+        if dataclasses.is_dataclass(v):
+            out.update(_defaults(v, f"{prefix}{f.name}."))
+        elif f.default is not dataclasses.MISSING:
+            out[f"{prefix}{f.name}"] = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            out[f"{prefix}{f.name}"] = f.default_factory()
+    return out
+
+
+def _path_name(path: str) -> str:
+    """The last component of a path (``/data/tok/bpe.model`` -> ``bpe.model``); keeps names, drops locations."""
+    return path.rstrip("/").rsplit("/", 1)[-1] if path else ""
+
+
+def identity_value(field: str, value: Any) -> Any:
+    """What of ``value`` names the experiment: a corpus's name instead of its spec, sorted evaluation sets."""
+    from asr_core.corpora import dataset_name
+
+    if field == "data.train":
+        return dataset_name(value)
+    if field == "eval.datasets":
+        return tuple(sorted(dataset_name(s) for s in value))
+    if field == "eval.snrs":
+        return tuple(sorted(float(x) for x in value))
+    if field == "data.tokenizer":
+        return _path_name(value)
+    if field == "eval.noise":
+        return value if value == "synthetic" else _path_name(value)
+    return value
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal as the key sees them (a tuple and a list of the same numbers are the same; 3 and 3.0 too)."""
+    return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True) or a == b
+
+
+def science(cfg: Any) -> dict[str, Any]:
+    """The fields of ``cfg`` that name its experiment and differ from the baseline: ``{"data.context_s": 81.92}``.
+
+    ``cfg`` is a :class:`~asr_core.config.Config` (or any dataclass of the same shape with extra fields)."""
+    values = _flat_values(cfg)
+    fallback = None
+    out: dict[str, Any] = {}
+    for field, value in values.items():
+        if field in EXECUTION:
+            continue
+        ident = identity_value(field, value)
+        if field in BASELINE:
+            base = BASELINE[field]
+        else:  # a field added since the baseline was frozen: its own default is its baseline
+            if fallback is None:
+                fallback = _defaults(cfg)
+            base = identity_value(field, fallback.get(field, value))
+        if not _same(ident, base):
+            out[field] = list(ident) if isinstance(ident, tuple) else ident
+    return out
+
+
+def trial_key(cfg: Any) -> str:
+    """12 hex digits naming the experiment of ``cfg`` (seed included): SHA-256 of :func:`science` as sorted JSON."""
+    blob = json.dumps(science(cfg), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()[:KEY_DIGITS]
+
+
+def execution_changes(old: Any, new: Any) -> dict[str, tuple[Any, Any]]:
+    """``{field: (old, new)}`` of every setting that differs between two configs of the same trial (execution
+    settings and locations of named data); empty when they are the same config."""
+    a, b = _flat_values(old), _flat_values(new)
+    return {k: (a.get(k), b[k]) for k in b if not _same(a.get(k), b[k])}
