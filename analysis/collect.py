@@ -30,6 +30,9 @@ from typing import Any, Iterable, Mapping
 
 import pandas as pd
 
+from asr_core.trial_contract import (FINISHED, ROLE_PARENT, ROLE_TRIAL, TAG_ERROR, TAG_LABEL, TAG_ROLE, TAG_SEED,
+                                     TAG_SUBGRIDS)
+
 log = logging.getLogger(__name__)
 
 SEED_PARAM = "train.seed"
@@ -39,7 +42,6 @@ EVAL_CSV_COLUMNS = ("dataset", "condition", "snr_db", "recording", "ref_words", 
 COUNT_COLUMNS = ("ref_words", "substitutions", "deletions", "insertions", "hyp_words")
 METRIC_RE = re.compile(r"^wer/(?P<dataset>.+?)(?:/snr(?P<snr>[-+]?[0-9.]+(?:e[-+]?[0-9]+)?))?$")
 CLEAN = "clean"
-FINISHED = "FINISHED"
 NO_FAMILY = "(none)"
 # a metric and the corpus WER recomputed from its table may differ by rounding only
 METRIC_TOLERANCE_PTS = 0.05
@@ -131,11 +133,33 @@ def _number(value: str | None, kind: type = float) -> Any:
 
 
 def _seed(tags: Mapping[str, str], params: Mapping[str, str]) -> int | None:
-    for value in (tags.get("trial.seed"), params.get(SEED_PARAM)):
+    for value in (tags.get(TAG_SEED), params.get(SEED_PARAM)):
         v = _number(value, int)
         if isinstance(v, int):
             return v
     return None
+
+
+def _science_params(params: Mapping[str, str]) -> dict[str, str]:
+    """The params that name the experiment (asr_core.identity): execution settings dropped, data locations replaced
+    by the data's names, so trials of one configuration run with other loader workers or from a moved corpus are
+    still seeds of one configuration."""
+    import ast
+
+    from asr_core.identity import EXECUTION, NAMED, identity_value
+
+    out: dict[str, str] = {}
+    for k, v in params.items():
+        if k in EXECUTION:
+            continue
+        if k in NAMED:
+            try:
+                value = ast.literal_eval(v) if k == "eval.datasets" else v
+                v = str(identity_value(k, value))
+            except (ValueError, SyntaxError, TypeError):
+                pass  # not in the form the ledger logs: compare it as it is
+        out[k] = v
+    return out
 
 
 def _config_label(label: str, seed: int | None) -> str:
@@ -158,22 +182,22 @@ def build_sweep(experiment: str, records: Iterable[RunRecord], *, ignore_params:
     trial_rows: list[dict[str, Any]] = []
     kept: list[RunRecord] = []
     for rec in records:
-        role = rec.tags.get("sweep.role")
-        if role == "parent":
+        role = rec.tags.get(TAG_ROLE)
+        if role == ROLE_PARENT:
             continue
-        label = rec.tags.get("trial.label") or rec.tags.get("mlflow.runName") or rec.run_id[:8]
-        if role != "trial":
-            problems.append(_problem(rec, label, f"not a trial run (tag sweep.role={role!r}); ignored"))
+        label = rec.tags.get(TAG_LABEL) or rec.tags.get("mlflow.runName") or rec.run_id[:8]
+        if role != ROLE_TRIAL:
+            problems.append(_problem(rec, label, f"not a trial run (tag {TAG_ROLE}={role!r}); ignored"))
             continue
         seed = _seed(rec.tags, rec.params)
-        config_params = {k: v for k, v in rec.params.items() if k not in ignored}
+        config_params = {k: v for k, v in _science_params(rec.params).items() if k not in ignored}
         series_params = {k: v for k, v in config_params.items() if k != CONTEXT_PARAM}
         if not config_params:
             # no params logged yet: the label (minus seed) is the best identity available
             config_id = "label:" + _config_label(label, seed)
         else:
             config_id = _digest(config_params)
-        families = ",".join(sorted(f.strip() for f in rec.tags.get("trial.subgrids", "").split(",") if f.strip()))
+        families = ",".join(sorted(f.strip() for f in rec.tags.get(TAG_SUBGRIDS, "").split(",") if f.strip()))
         context = _number(rec.params.get(CONTEXT_PARAM))
         trial_rows.append({
             "run_id": rec.run_id, "label": label, "config": _config_label(label, seed), "config_id": config_id,
@@ -184,10 +208,10 @@ def build_sweep(experiment: str, records: Iterable[RunRecord], *, ignore_params:
             "heads": _number(rec.params.get("model.heads"), int),
             "posenc": rec.params.get("model.posenc", ""),
             "rotary_theta": _number(rec.params.get("model.rotary_theta")),
-            "error": rec.tags.get("trial.error", ""),
+            "error": rec.tags.get(TAG_ERROR, ""),
         })
         if rec.status != FINISHED:
-            detail = f": {rec.tags['trial.error']}" if rec.tags.get("trial.error") else ""
+            detail = f": {rec.tags[TAG_ERROR]}" if rec.tags.get(TAG_ERROR) else ""
             problems.append(_problem(rec, label, f"run is {rec.status}{detail}; left out of every table"))
             continue
         if seed is None:
@@ -202,8 +226,8 @@ def build_sweep(experiment: str, records: Iterable[RunRecord], *, ignore_params:
     if len(trials) == 0:
         raise CollectError(f"experiment {experiment!r} has no trial runs (tag sweep.role=trial)")
     trials = _name_configs(trials)
-    params = pd.DataFrame([{"run_id": r.run_id, **r.params} for r in records
-                           if r.tags.get("sweep.role") == "trial"]).set_index("run_id")
+    params = pd.DataFrame([{"run_id": r.run_id, **_science_params(r.params)} for r in records
+                           if r.tags.get(TAG_ROLE) == ROLE_TRIAL]).set_index("run_id")
     trials = _name_series(trials, params)
     by_run = trials.set_index("run_id")
 
@@ -446,7 +470,7 @@ def _read_runs(client: Any, uri: str, runs: Iterable[Any]) -> list[RunRecord]:
         for run in runs:
             tags, rid = dict(run.data.tags), run.info.run_id
             tables: dict[str, str] = {}
-            if tags.get("sweep.role") == "trial" and run.info.status == FINISHED:
+            if tags.get(TAG_ROLE) == ROLE_TRIAL and run.info.status == FINISHED:
                 names = [f.path for f in client.list_artifacts(rid, "eval") if f.path.endswith(".csv")]
                 if names:
                     local = Path(mlflow.artifacts.download_artifacts(run_id=rid, artifact_path="eval",

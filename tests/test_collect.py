@@ -150,11 +150,24 @@ def test_condition_spelling_in_tables_is_normalised() -> None:
 
 
 def test_ignore_params_keeps_seeds_of_one_configuration_together() -> None:
-    recs = [_rec(f"r{s}", seed=s, extra={"data.tokenizer": f"/trials/{s}/spm.model"}) for s in range(3)]
+    recs = [_rec(f"r{s}", seed=s, extra={"notes.out_dir": f"/trials/{s}"}) for s in range(3)]
     assert build_sweep("t", recs).trials["config_id"].nunique() == 3
-    sw = build_sweep("t", recs, ignore_params=["data.tokenizer"])
+    sw = build_sweep("t", recs, ignore_params=["notes.out_dir"])
     assert sw.trials["config_id"].nunique() == 1
     assert set(sw.trials["config"]) == {"ctx10s-x"}
+
+
+def test_execution_settings_and_data_locations_do_not_split_a_configuration() -> None:
+    """Seeds of one configuration run with other loader workers, or from a corpus that moved, are still one
+    configuration (asr_core.identity); another dataset name or model is not."""
+    recs = [_rec(f"r{s}", seed=s, extra={"data.num_workers": str(s), "train.checkpoint_every": str(100 * (s + 1)),
+                                         "data.train": f"podcast:/fs{s}/podcasts/train",
+                                         "eval.datasets": str([f"dev=podcast:/fs{s}/dev"])}) for s in range(3)]
+    sw = build_sweep("t", recs)
+    assert sw.trials["config_id"].nunique() == 1 and sw.trials["series_id"].nunique() == 1
+    other = _rec("o", seed=0, extra={"data.num_workers": "0", "data.train": "spotify=podcast:/fs0/podcasts/train",
+                                     "eval.datasets": str(["dev=podcast:/fs0/dev"])})
+    assert build_sweep("t", [*recs, other]).trials["config_id"].nunique() == 2
 
 
 def test_no_trial_runs_is_an_error() -> None:
