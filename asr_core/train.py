@@ -277,7 +277,8 @@ def train(cfg: Config, out_dir: str | Path, *, tracking_uri: str | None = None, 
         saved = Config.from_dict(state["config"], source=str(ckpt_path))
         if saved.key() != cfg.key():
             was, now = science(saved), science(cfg)
-            diff = ", ".join(f"{k}: {was.get(k, '(baseline)')!r} -> {now.get(k, '(baseline)')!r}"
+            flat_was, flat_now = saved.flat(), cfg.flat()
+            diff = ", ".join(f"{k}: {flat_was.get(k)!r} -> {flat_now.get(k)!r}"
                              for k in sorted(set(was) | set(now)) if was.get(k) != now.get(k))
             raise TrainError(f"{ckpt_path} was written for trial {saved.key()}, not {cfg.key()} (science differs: "
                              f"{diff}); resume with that trial's config, or train this one in another --out folder")

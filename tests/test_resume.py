@@ -173,5 +173,39 @@ def test_resume_refuses_a_different_config(setup: dict, tmp_path: Path) -> None:
     from asr_core.train import TrainError, train
 
     cfg = Config.from_dict(setup["spec"]["config"]).with_overrides(["train.lr=0.001"])
-    with pytest.raises(TrainError, match="was written for config"):
+    with pytest.raises(TrainError, match=r"was written for trial .*train.lr: 0.003 -> 0.001"):
         train(cfg, setup["root"] / "straight", recordings=[])
+
+
+def _recordings(setup: dict) -> list:
+    from asr_core.corpora.base import Recording, Word
+
+    return [Recording(r["id"], Path(r["audio"]), r["duration"], tuple(Word(*w) for w in r["words"]))
+            for r in setup["spec"]["recordings"]]
+
+
+@pytest.mark.parametrize("setup", ["whole"], indirect=True)
+def test_resume_takes_other_execution_settings_but_not_other_data_under_the_same_name(setup: dict,
+                                                                                     tmp_path: Path) -> None:
+    import shutil
+
+    from asr_core.config import Config
+    from asr_core.corpora.base import Word
+    from asr_core.train import TrainError, train
+
+    out = tmp_path / "copy"
+    shutil.copytree(setup["root"] / "straight", out)
+    cfg = Config.from_dict(setup["spec"]["config"])
+    assert load_checkpoint(out / "checkpoint.pt")["data_fingerprint"].startswith("recordings=")
+    # the same words with one changed: the same name ("recordings", given directly), other content
+    recs = _recordings(setup)
+    r0 = recs[0]
+    w0 = r0.words[0]
+    changed = [r0.__class__(r0.id, r0.audio, r0.duration, (Word("changed", w0.start, w0.end),) + r0.words[1:]),
+               *recs[1:]]
+    with pytest.raises(TrainError, match="other content than when this trial started"):
+        train(cfg, out, tracking_uri=None, recordings=changed)
+    # loader threads, micro-batches and checkpoint interval are how it runs: the same trial resumes (it is done)
+    faster = cfg.with_overrides(["data.num_workers=2", "data.micro_batch_audio_s=20", "train.checkpoint_every=3"])
+    res = train(faster, out, recordings=recs)
+    assert res.steps == 2 * K
