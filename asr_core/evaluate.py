@@ -6,6 +6,12 @@ Writes ``DIR/<NAME>.csv`` (one row per recording and condition; columns :data:`C
 checkpoint's MLflow run (docs/ARCHITECTURE.md, "Evaluation contract"): metrics ``wer/<NAME>`` (clean) and
 ``wer/<NAME>/snr<DB:g>`` in percent, artifacts ``eval/<NAME>.csv``. Hypotheses go to ``DIR/<NAME>.hyp.jsonl``
 (local only) for inspection.
+
+A dataset *name* stands for one content within a run: each dataset's content fingerprint
+(:func:`asr_core.corpora.fingerprint.fingerprint`) is recorded as the run's tag ``eval.<NAME>.fingerprint``, and an
+evaluation that finds the same name with other content refuses to run (:class:`EvalDataChanged`) rather than mix
+two test sets under one metric. Progress goes to an optional :class:`~asr_core.trial_contract.ProgressLog` as
+``eval`` records: recordings × conditions done of the dataset's total.
 """
 
 from __future__ import annotations
@@ -23,12 +29,18 @@ import pandas as pd
 import torch
 
 from asr_core.corpora import CorpusError, Recording, load_corpus, parse_dataset_spec
+from asr_core.corpora.fingerprint import fingerprint
 from asr_core.decode import decode_features, plan_windows, prepare_features, window_frames
 from asr_core.noise import add_music
 from asr_core.score import Counts, corpus_wer, normalise, score
+from asr_core.trial_contract import ProgressLog
 
 CSV_COLUMNS = ["dataset", "condition", "snr_db", "recording", "ref_words", "substitutions", "deletions",
                "insertions", "hyp_words", "wer"]
+
+
+class EvalDataChanged(ValueError):
+    """An evaluation dataset's name is recorded on the run with other content than it has now."""
 
 
 def condition_name(snr_db: float | None) -> str:
@@ -37,6 +49,11 @@ def condition_name(snr_db: float | None) -> str:
 
 def metric_key(dataset: str, snr_db: float | None = None) -> str:
     return f"wer/{dataset}" if snr_db is None else f"wer/{dataset}/{condition_name(snr_db)}"
+
+
+def fingerprint_tag(dataset: str) -> str:
+    """The run tag that holds the content fingerprint of evaluation dataset ``dataset``."""
+    return f"eval.{dataset}.fingerprint"
 
 
 def checkpoint_run(checkpoint: str | Path) -> tuple[str | None, str | None]:
@@ -57,11 +74,15 @@ def _device(name: str) -> torch.device:
 def evaluate(checkpoint: str | Path, datasets: list[str], snrs: list[float], stride: float = 0.125,
              batch_windows: int = 8, noise: str = "synthetic", tracking_uri: str | None = None,
              run_id: str | None = None, out_dir: str | Path | None = None, *, device: str = "auto",
-             strict: bool = False, noise_seed: int = 0, log: bool = True) -> pd.DataFrame:
+             strict: bool = False, noise_seed: int = 0, log: bool = True,
+             progress: ProgressLog | None = None) -> pd.DataFrame:
     """WER of ``checkpoint`` on each ``NAME=FORMAT:PATH`` dataset, clean and at each SNR (dB).
 
     Returns the per-recording table (columns :data:`CSV_COLUMNS`). MLflow logging goes to ``run_id`` at
     ``tracking_uri`` (default: the ones stored in the checkpoint); with no run known, nothing is logged.
+    Before any decoding, each dataset's fingerprint is checked against and recorded in the run's
+    :func:`fingerprint_tag` (raises :class:`EvalDataChanged` on a mismatch). ``progress`` receives an ``eval``
+    record per recording and condition.
     """
     checkpoint = Path(checkpoint)
     # ---- validate everything before any work ----
@@ -83,6 +104,11 @@ def evaluate(checkpoint: str | Path, datasets: list[str], snrs: list[float], str
     if noise != "synthetic" and not Path(noise).is_file():
         raise FileNotFoundError(f"noise file {noise} not found; use 'synthetic' or the path of an audio file")
     corpora = {name: load_corpus(spec, strict=strict) for name, spec in parsed}
+    run: tuple[str, str | None] | None = None
+    if log:
+        run = _resolve_run(checkpoint, run_id, tracking_uri)
+        if run is not None:
+            _check_fingerprints(*run, {name: fingerprint(recs) for name, recs in corpora.items()})
 
     from asr_core.checkpoint import load_for_eval
     from asr_core.features import FeatureExtractor
@@ -105,7 +131,7 @@ def evaluate(checkpoint: str | Path, datasets: list[str], snrs: list[float], str
     metrics: dict[str, float] = {}
     for name, recordings in corpora.items():
         ds_rows, hyps = _evaluate_dataset(name, recordings, snr_list, model, extractor, tokenizer, window, stride,
-                                          batch_windows, sub, fps, dev, noise, noise_seed)
+                                          batch_windows, sub, fps, dev, noise, noise_seed, progress)
         rows.extend(ds_rows)
         table = pd.DataFrame(ds_rows, columns=CSV_COLUMNS)
         table.to_csv(out / f"{name}.csv", index=False)
@@ -120,20 +146,24 @@ def evaluate(checkpoint: str | Path, datasets: list[str], snrs: list[float], str
                 metrics[metric_key(name, snr)] = wer
             print(f"[eval] {metric_key(name, snr)} = {wer:.2f}%", file=sys.stderr, flush=True)
     df = pd.DataFrame(rows, columns=CSV_COLUMNS)
-    if log:
-        _log_mlflow(checkpoint, run_id, tracking_uri, metrics, [out / f"{n}.csv" for n in names])
+    if run is not None:
+        _log_mlflow(*run, metrics, [out / f"{n}.csv" for n in names])
     return df
 
 
 def _evaluate_dataset(name: str, recordings: list[Recording], snrs: list[float], model, extractor, tokenizer,
                       window: int, stride: float, batch_windows: int, sub: int, fps: float, dev: torch.device,
-                      noise: str, noise_seed: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+                      noise: str, noise_seed: int, progress: ProgressLog | None = None
+                      ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     from tqdm import tqdm
 
     from asr_core.audio import load_audio
 
     rows, hyps = [], []
     blank = tokenizer.blank_id
+    total = len(recordings) * (1 + len(snrs))
+    if progress is not None:  # the dataset's name shows before its first (possibly long) recording is done
+        progress.write("eval", 0, total, name)
     for i, rec in enumerate(recordings, 1):
         clean = load_audio(rec.audio)
         ref = normalise(rec.text)
@@ -152,6 +182,8 @@ def _evaluate_dataset(name: str, recordings: list[Recording], snrs: list[float],
                          "ref_words": c.ref_words, "substitutions": c.substitutions, "deletions": c.deletions,
                          "insertions": c.insertions, "hyp_words": c.hyp_words, "wer": c.wer})
             hyps.append({"recording": rec.id, "condition": condition_name(snr), "ref": ref, "hyp": text})
+            if progress is not None:
+                progress.write("eval", len(rows), total, name)
             took = time.perf_counter() - t0
             print(f"[eval] {name} {i}/{len(recordings)} {rec.id} {condition_name(snr)}: WER {c.wer:.1f}% "
                   f"({c.ref_words} words, {n_windows} windows, {took:.1f} s, RTF {took / max(rec.duration, 1e-9):.3f})",
@@ -159,15 +191,37 @@ def _evaluate_dataset(name: str, recordings: list[Recording], snrs: list[float],
     return rows, hyps
 
 
-def _log_mlflow(checkpoint: Path, run_id: str | None, tracking_uri: str | None, metrics: dict[str, float],
-                csvs: list[Path]) -> None:
+def _resolve_run(checkpoint: Path, run_id: str | None, tracking_uri: str | None) -> tuple[str, str | None] | None:
+    """(run_id, tracking_uri) to log into: the ones given, else the checkpoint's; None when no run is known."""
     ck_run, ck_uri = checkpoint_run(checkpoint)
     run_id = run_id or ck_run
-    tracking_uri = tracking_uri or ck_uri
     if not run_id:
         print("[eval] no MLflow run id (none given, none in the checkpoint): results written locally only",
               file=sys.stderr)
-        return
+        return None
+    return run_id, tracking_uri or ck_uri
+
+
+def _check_fingerprints(run_id: str, tracking_uri: str | None, fingerprints: dict[str, str]) -> None:
+    """Refuse a dataset name the run knows with other content; record the fingerprints it does not know yet."""
+    from mlflow.entities import RunTag
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri)
+    tags = client.get_run(run_id).data.tags
+    for name, fp in fingerprints.items():
+        before = tags.get(fingerprint_tag(name))
+        if before and before != fp:
+            raise EvalDataChanged(
+                f"evaluation dataset {name!r} has other content than when MLflow run {run_id} was evaluated on it "
+                f"(fingerprint {before} then, {fp} now); its metrics would mix two test sets: give the new "
+                f"content another dataset name (NAME=FORMAT:PATH), or start a new sweep")
+    new = [RunTag(fingerprint_tag(n), fp) for n, fp in fingerprints.items() if tags.get(fingerprint_tag(n)) != fp]
+    if new:
+        client.log_batch(run_id, tags=new)
+
+
+def _log_mlflow(run_id: str, tracking_uri: str | None, metrics: dict[str, float], csvs: list[Path]) -> None:
     from mlflow.entities import Metric
     from mlflow.tracking import MlflowClient
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import math
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -44,6 +43,7 @@ from .features import FeatureExtractor
 from .model import AcousticModel, build_model
 from .schedules import learning_rate
 from .identity import science
+from .provenance import code_version
 from .tokenizer import Tokenizer
 from .trial_contract import EXIT_PREEMPTED, EXIT_USAGE, TAG_CHECKPOINT, TAG_DATA_FINGERPRINT, TAG_GIT_COMMIT, \
     ProgressLog
@@ -111,7 +111,7 @@ class _Tracker:
         self.run_id = run_id
         run = self.client.get_run(run_id)
         self._log_params(cfg, run.data.params)
-        commit = _git_commit()
+        commit = code_version().commit
         if commit and TAG_GIT_COMMIT not in run.data.tags:
             self.client.set_tag(run_id, TAG_GIT_COMMIT, commit)
         self._tags = run.data.tags
@@ -153,15 +153,6 @@ class _Tracker:
 
     def end(self, status: str = "FINISHED") -> None:
         self.client.set_terminated(self.run_id, status=status)
-
-
-def _git_commit() -> str | None:
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent,
-                             capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() if out.returncode == 0 else None
 
 
 # ---- one optimiser step's gradient ----------------------------------------------------------------------------

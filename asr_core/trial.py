@@ -1,37 +1,65 @@
 """One grid trial: train, then evaluate, inside one MLflow run.
 
-This is the command every backend runs for a trial::
+This is the command every backend runs for a trial (:func:`asr_core.trial_contract.trial_command`)::
 
     python -m asr_core trial --config TRIAL_DIR/config.json --out TRIAL_DIR --tracking-uri URI --run-id RUN_ID
 
-Exit codes are the contract with the schedulers:
+Exit codes are the contract with the schedulers (defined in :mod:`asr_core.trial_contract`):
 
 * ``0``  trained and evaluated; the run is FINISHED.
 * ``75`` (EX_TEMPFAIL) SIGUSR2 or SIGTERM arrived: training checkpointed (or evaluation was interrupted), the run is
   back to SCHEDULED with ``trial.preemptions`` incremented; run the same command again to continue.
 * ``1``  failed; the run is FAILED with the error's last line in the tag ``trial.error``.
+* ``2``  the config file is invalid; nothing ran and the run is unchanged.
 
 Re-running a trial is always safe: training resumes from ``TRIAL_DIR/checkpoint.pt``, a finished training phase is
 remembered in ``TRIAL_DIR/TRAINED`` and a finished trial in ``TRIAL_DIR/DONE``, so nothing is trained twice.
+
+Every start of the job that has work to do is a *segment* (the first start, then one per resume). Each appends a
+line to ``TRIAL_DIR/segments.jsonl`` (time, code version, host, scheduler job id) and sets the run's tags
+``trial.segments`` (how many) and ``trial.code`` (every code version that ran a segment, in order of first use),
+so a run resumed after a new commit names both commits. A segment run from a dirty work tree also leaves its diff
+in ``TRIAL_DIR/code-<segment>.diff`` and in the run's artifacts under ``code/``. ``TRIAL_DIR/progress.jsonl``
+follows the job (``start``, ``train``, ``eval``, then ``preempted``, ``failed`` or ``done``) for ``orchestrate``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
+import socket
 import sys
+import time
 import traceback
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
 from asr_core.config import Config, ConfigError
+from asr_core.provenance import CodeVersion, code_version
+from asr_core.trial_contract import (
+    ENV_JOB_ID,
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_PREEMPTED,
+    EXIT_USAGE,
+    FAILED,
+    FINISHED,
+    RUNNING,
+    SCHEDULED,
+    TAG_CODE,
+    TAG_ERROR,
+    TAG_GIT_COMMIT,
+    TAG_PREEMPTIONS,
+    TAG_SEGMENTS,
+    ProgressLog,
+    TrialFolder,
+    mark_run,
+)
 
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_USAGE = 2
-EXIT_PREEMPTED = 75
+CODE_ARTIFACT_DIR = "code"  # the run's artifact folder for the diffs of segments run from a dirty work tree
 
 
 class EvaluationInterrupted(Exception):
@@ -44,70 +72,121 @@ def _client(tracking_uri: str | None) -> Any:
     return MlflowClient(tracking_uri=tracking_uri)
 
 
-def _mark(tracking_uri: str | None, run_id: str | None, status: str, tags: dict[str, str] | None = None) -> None:
-    """Set the run's status (FINISHED, FAILED, SCHEDULED) and tags; a no-op without a run.
-
-    The trainer and the evaluator write through ``MlflowClient`` only and never open a fluent (active) run, so no
-    exit hook of MLflow's can overwrite the status written here."""
-    if not run_id:
-        return
-    client = _client(tracking_uri)
-    for k, v in (tags or {}).items():
-        client.set_tag(run_id, k, v)
-    if status == "SCHEDULED":
-        client.update_run(run_id, status="SCHEDULED")
-    else:
-        client.set_terminated(run_id, status=status)
-
-
 def _preemptions(tracking_uri: str | None, run_id: str | None) -> int:
     if not run_id:
         return 0
-    return int(_client(tracking_uri).get_run(run_id).data.tags.get("trial.preemptions", "0"))
+    return int(_client(tracking_uri).get_run(run_id).data.tags.get(TAG_PREEMPTIONS, "0"))
 
 
+# ---- segments ------------------------------------------------------------------------------------------------------
+def read_segments(trial_dir: Path | str) -> list[dict[str, Any]]:
+    """The segment records of a trial folder, oldest first (none when the job never started)."""
+    try:
+        lines = TrialFolder(Path(trial_dir)).segments.read_text().splitlines()
+    except FileNotFoundError:
+        return []
+    out = []
+    for line in lines:
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line cut short by a crash while it was written; the next start still counts itself
+        if isinstance(rec, dict):
+            out.append(rec)
+    return out
+
+
+def _start_segment(folder: TrialFolder, version: CodeVersion) -> int:
+    """Append this start's record to ``segments.jsonl``; returns its number (1 for the first start)."""
+    n = len(read_segments(folder.path)) + 1
+    rec = {"segment": n, "time": round(time.time(), 3), **version.to_dict(), "host": socket.gethostname(),
+           "job_id": os.environ.get(ENV_JOB_ID)}
+    with open(folder.segments, "a") as f:
+        f.write(json.dumps(rec) + "\n")
+    where = f" (job {rec['job_id']})" if rec["job_id"] else ""
+    why = f" ({version.why})" if not version.known else ""
+    print(f"[trial] segment {n}: code {version.label}{why} on {rec['host']}{where}", flush=True)
+    if version.dirty:
+        diff = folder.path / f"code-{n}.diff"
+        diff.write_text(version.diff, errors="surrogateescape")
+    return n
+
+
+def _record_segment(folder: TrialFolder, segment: int, version: CodeVersion, tracking_uri: str | None,
+                    run_id: str) -> None:
+    """Tag the run with the segment count and the code versions so far; attach a dirty tree's diff."""
+    tags = _client(tracking_uri).get_run(run_id).data.tags
+    labels = [c for c in tags.get(TAG_CODE, "").split(",") if c]
+    if version.label not in labels:
+        labels.append(version.label)
+    new = {TAG_SEGMENTS: str(segment), TAG_CODE: ",".join(labels)}
+    if version.commit and TAG_GIT_COMMIT not in tags:  # MLflow's own tag names the first segment's commit
+        new[TAG_GIT_COMMIT] = version.commit
+    mark_run(tracking_uri, run_id, RUNNING, new)
+    diff = folder.path / f"code-{segment}.diff"
+    if version.dirty and diff.exists():
+        try:
+            _client(tracking_uri).log_artifact(run_id, str(diff), artifact_path=CODE_ARTIFACT_DIR)
+        except Exception as e:  # noqa: BLE001 - the diff stays in the trial folder; training matters more
+            print(f"[trial] warning: cannot attach {diff} to run {run_id} ({type(e).__name__}: {e}); the diff "
+                  "stays in the trial folder", file=sys.stderr, flush=True)
+
+
+# ---- the job -------------------------------------------------------------------------------------------------------
 def run_trial(cfg: Config, out_dir: Path, *, tracking_uri: str | None = None, run_id: str | None = None) -> int:
     """Train ``cfg`` into ``out_dir`` and evaluate it on ``cfg.eval.datasets``; returns the exit code above."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    done, trained = out_dir / "DONE", out_dir / "TRAINED"
-    if done.exists():
-        print(f"[trial] {out_dir} already finished; nothing to do", flush=True)
-        _mark(tracking_uri, run_id, "FINISHED")
+    folder = TrialFolder(Path(out_dir))
+    folder.path.mkdir(parents=True, exist_ok=True)
+    if folder.done.exists():  # not a segment: nothing of the trial runs
+        print(f"[trial] {folder.path} already finished; nothing to do", flush=True)
+        mark_run(tracking_uri, run_id, FINISHED)
         return EXIT_OK
+
+    progress = ProgressLog(folder.path)
+    progress.write("start")
+    version = code_version()
 
     from asr_core.train import Preempted, train
 
     try:
-        if trained.exists():
-            checkpoint = Path(json.loads(trained.read_text())["checkpoint"])
+        segment = _start_segment(folder, version)
+        if run_id:
+            _record_segment(folder, segment, version, tracking_uri, run_id)
+        if folder.trained.exists():
+            checkpoint = Path(json.loads(folder.trained.read_text())["checkpoint"])
             print(f"[trial] training already finished ({checkpoint}); evaluating", flush=True)
         else:
-            result = train(cfg, out_dir, tracking_uri=tracking_uri, run_id=run_id, end_run=False)
-            run_id = run_id or result.run_id
+            result = train(cfg, folder.path, tracking_uri=tracking_uri, run_id=run_id, end_run=False,
+                           progress=progress)
+            if not run_id and result.run_id:  # the trainer created the run: record this segment on it now
+                run_id = result.run_id
+                _record_segment(folder, segment, version, tracking_uri, run_id)
             checkpoint = Path(result.checkpoint)
-            trained.write_text(json.dumps({"checkpoint": str(checkpoint), "steps": result.steps}))
+            folder.trained.write_text(json.dumps({"checkpoint": str(checkpoint), "steps": result.steps}))
         if cfg.eval.datasets:
-            _evaluate_interruptibly(cfg, checkpoint, out_dir, tracking_uri, run_id)
+            _evaluate_interruptibly(cfg, checkpoint, folder.path, tracking_uri, run_id, progress)
     except (Preempted, EvaluationInterrupted) as e:
         n = _preemptions(tracking_uri, run_id) + 1
         print(f"[trial] preempted ({e or type(e).__name__}); checkpointed, exit {EXIT_PREEMPTED} to be requeued",
               flush=True)
-        _mark(tracking_uri, run_id, "SCHEDULED", {"trial.preemptions": str(n)})
+        progress.write("preempted")
+        mark_run(tracking_uri, run_id, SCHEDULED, {TAG_PREEMPTIONS: str(n)})
         return EXIT_PREEMPTED
     except Exception as e:  # noqa: BLE001 - every failure must reach the ledger
         traceback.print_exc()
         last = (f"{type(e).__name__}: {e}".strip().splitlines() or [type(e).__name__])[-1]
-        _mark(tracking_uri, run_id, "FAILED", {"trial.error": last[:4000]})
+        progress.write("failed")
+        mark_run(tracking_uri, run_id, FAILED, {TAG_ERROR: last})
         return EXIT_FAILED
-    done.write_text("finished\n")
-    _mark(tracking_uri, run_id, "FINISHED")
-    print(f"[trial] finished: {out_dir}", flush=True)
+    folder.done.write_text("finished\n")
+    progress.write("done")
+    mark_run(tracking_uri, run_id, FINISHED)
+    print(f"[trial] finished: {folder.path}", flush=True)
     return EXIT_OK
 
 
 def _evaluate_interruptibly(cfg: Config, checkpoint: Path, out_dir: Path, tracking_uri: str | None,
-                            run_id: str | None) -> None:
+                            run_id: str | None, progress: ProgressLog) -> None:
     from asr_core.evaluate import evaluate
 
     def handler(signum: int, frame: FrameType | None) -> None:
@@ -117,7 +196,7 @@ def _evaluate_interruptibly(cfg: Config, checkpoint: Path, out_dir: Path, tracki
     try:
         evaluate(checkpoint, list(cfg.eval.datasets), list(cfg.eval.snrs), stride=cfg.eval.stride,
                  batch_windows=cfg.eval.batch_windows, noise=cfg.eval.noise, tracking_uri=tracking_uri,
-                 run_id=run_id, out_dir=out_dir / "eval")
+                 run_id=run_id, out_dir=TrialFolder(out_dir).eval_dir, progress=progress)
     finally:
         for s, h in old.items():
             signal.signal(s, h)
@@ -126,8 +205,6 @@ def _evaluate_interruptibly(cfg: Config, checkpoint: Path, out_dir: Path, tracki
 def _limit_threads() -> None:
     """Use the CPUs the scheduler granted, not every core of the node: without cgroups, torch would start one
     thread per core in every job sharing the node. OMP_NUM_THREADS (set by Ray per trial, or by the user) wins."""
-    import os
-
     if os.environ.get("OMP_NUM_THREADS"):
         return
     granted = os.environ.get("SLURM_CPUS_PER_TASK") or os.environ.get("SLURM_CPUS_ON_NODE")

@@ -1,7 +1,9 @@
-"""``evaluate``: per-recording table, metrics and artifacts in the checkpoint's MLflow run (real sqlite store)."""
+"""``evaluate``: per-recording table, metrics and artifacts in the checkpoint's MLflow run (real sqlite store), the
+datasets' content fingerprints on the run, and progress records."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -15,10 +17,12 @@ from asr_core.checkpoint import save_checkpoint
 from asr_core.config import preset
 from asr_core.corpora import load_corpus
 from asr_core.corpora.synth import synthesise
+from asr_core.corpora.fingerprint import fingerprint
 from asr_core.corpora.synth_text import TOPICS, vocabulary
-from asr_core.evaluate import CSV_COLUMNS, evaluate, metric_key
+from asr_core.evaluate import CSV_COLUMNS, EvalDataChanged, evaluate, fingerprint_tag, metric_key
 from asr_core.model import build_model
 from asr_core.tokenizer import Tokenizer
+from asr_core.trial_contract import ProgressLog, TrialFolder
 
 ROOT = Path(__file__).resolve().parents[1]
 torch.set_num_threads(2)
@@ -71,13 +75,42 @@ def test_evaluate_writes_the_table_and_logs_into_the_checkpoints_run(setup: dict
                                      "wer/shifted/snr-7.5", "wer/shifted/snr10"}
     artifacts = {a.path for a in client.list_artifacts(setup["run_id"], "eval")}
     assert artifacts == {"eval/test.csv", "eval/shifted.csv"}
+    for name, split in (("test", "test"), ("shifted", "test-shifted")):
+        expected = fingerprint(load_corpus(f"podcast:{setup['corpus'] / split}"))
+        assert run.data.tags[fingerprint_tag(name)] == expected
+
+
+def test_a_dataset_name_with_other_content_is_refused_before_any_work(setup: dict) -> None:
+    client = mlflow.MlflowClient(setup["uri"])
+    run_id = client.create_run(client.get_run(setup["run_id"]).info.experiment_id).info.run_id
+    test, shifted = setup["corpus"] / "test", setup["corpus"] / "test-shifted"
+    evaluate(setup["ckpt"], [f"t=podcast:{test}"], [], stride=1.0, out_dir=setup["tmp"] / "fp1", run_id=run_id)
+    before = client.get_run(run_id).data
+    evaluate(setup["ckpt"], [f"t=podcast:{test}"], [], stride=1.0, out_dir=setup["tmp"] / "fp2", run_id=run_id)
+    with pytest.raises(EvalDataChanged) as err:  # the same name now points at other recordings
+        evaluate(setup["ckpt"], [f"t=podcast:{shifted}"], [], stride=1.0, out_dir=setup["tmp"] / "fp3",
+                 run_id=run_id)
+    message = str(err.value)
+    old, new = fingerprint(load_corpus(f"podcast:{test}")), fingerprint(load_corpus(f"podcast:{shifted}"))
+    assert all(s in message for s in ("'t'", old, new, "another dataset name", "new sweep"))
+    assert "\n" not in message  # the trial job's trial.error tag keeps only the last line
+    after = client.get_run(run_id).data
+    assert after.tags[fingerprint_tag("t")] == old and after.metrics == before.metrics
+    assert not (setup["tmp"] / "fp3").exists()  # refused before decoding anything
 
 
 def test_evaluation_is_deterministic_and_noise_changes_the_input(setup: dict) -> None:
     spec = [f"t=podcast:{setup['corpus'] / 'test'}"]
-    a = evaluate(setup["ckpt"], spec, [0.0], stride=1.0, out_dir=setup["tmp"] / "a", log=False)
+    folder = setup["tmp"] / "progress"
+    folder.mkdir()
+    a = evaluate(setup["ckpt"], spec, [0.0], stride=1.0, out_dir=setup["tmp"] / "a", log=False,
+                 progress=ProgressLog(folder))
     b = evaluate(setup["ckpt"], spec, [0.0], stride=1.0, out_dir=setup["tmp"] / "b", log=False)
     pd.testing.assert_frame_equal(a, b)
+    # progress: recordings x conditions of the dataset, from none to all, one record per recording and condition
+    records = [json.loads(line) for line in TrialFolder(folder).progress.read_text().splitlines()]
+    assert [(r["phase"], r["dataset"], r["done"], r["total"]) for r in records] == [
+        ("eval", "t", k, len(a)) for k in range(len(a) + 1)]
     hyps = pd.read_json(setup["tmp"] / "a" / "t.hyp.jsonl", lines=True)
     assert set(hyps.condition) == {"clean", "snr0"} and hyps.ref.str.len().min() > 0
 

@@ -1,7 +1,8 @@
 """``python -m asr_core trial``: the exit-code contract with the schedulers, against a real MLflow sqlite store.
 
 0 = trained, evaluated, run FINISHED; 75 = SIGUSR2 checkpointed, run back to SCHEDULED; 1 = run FAILED with the
-error's last line; re-running a finished trial trains nothing.
+error's last line; re-running a finished trial trains nothing. Each start of the job is a segment (segments.jsonl,
+tags trial.segments and trial.code) and the job's progress records follow it from start to its end.
 """
 
 from __future__ import annotations
@@ -11,13 +12,17 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from mlflow.tracking import MlflowClient
 
 from asr_core.config import preset
+from asr_core.corpora import load_corpus
+from asr_core.provenance import code_version
+from asr_core.score import normalise
+from asr_core.trial_contract import ENV_JOB_ID, TAG_CODE, TAG_PREEMPTIONS, TAG_SEGMENTS, TrialFolder, read_progress
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -41,7 +46,7 @@ def _setup(tmp_path: Path, corpus: Path, *overrides: str) -> tuple[Path, str, st
     (trial_dir / "config.json").write_text(json.dumps(cfg.to_dict()))
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     client = MlflowClient(tracking_uri=uri)
-    exp = client.create_experiment("trial-test")
+    exp = client.create_experiment("trial-test", artifact_location=(tmp_path / "artifacts").as_uri())
     run = client.create_run(exp, run_name="t", tags={"sweep.role": "trial"})
     client.update_run(run.info.run_id, status="SCHEDULED")
     return trial_dir, uri, run.info.run_id, client
@@ -52,8 +57,21 @@ def _cmd(trial_dir: Path, uri: str, run_id: str) -> list[str]:
             str(trial_dir), "--tracking-uri", uri, "--run-id", run_id]
 
 
-def _env() -> dict[str, str]:
-    return {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+def _env(job: str = "job-1") -> dict[str, str]:
+    return {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", ENV_JOB_ID: job}
+
+
+def _progress(trial_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in TrialFolder(trial_dir).progress.read_text().splitlines()]
+
+
+def _segments(trial_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in TrialFolder(trial_dir).segments.read_text().splitlines()]
+
+
+def _corpus_wer(table: pd.DataFrame) -> float:
+    errors = table.substitutions + table.deletions + table.insertions
+    return 100 * errors.sum() / table.ref_words.sum()
 
 
 def test_trial_trains_evaluates_and_finishes_once(tmp_path: Path, corpus: Path) -> None:
@@ -62,16 +80,41 @@ def test_trial_trains_evaluates_and_finishes_once(tmp_path: Path, corpus: Path) 
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     run = client.get_run(run_id)
     assert run.info.status == "FINISHED"
-    assert {"wer/test", "wer/test/snr0"} <= set(run.data.metrics)
-    assert run.data.metrics["wer/test"] >= 0.0
+    # the logged WERs are the corpus WERs of the per-recording table: one row per test recording and condition
+    table = pd.read_csv(trial_dir / "eval" / "test.csv")
+    n_test = len(load_corpus(f"podcast:{corpus}/test"))
+    assert sorted(table.condition.value_counts().items()) == [("clean", n_test), ("snr0", n_test)]
+    assert (table.ref_words > 0).all()
+    assert (table.ref_words - table.deletions + table.insertions == table.hyp_words).all()
+    for cond, key in (("clean", "wer/test"), ("snr0", "wer/test/snr0")):
+        assert run.data.metrics[key] == pytest.approx(_corpus_wer(table[table.condition == cond]))
+    refs = sum(len(normalise(r.text).split()) for r in load_corpus(f"podcast:{corpus}/test"))
+    assert table.groupby("condition").ref_words.sum().to_dict() == {"clean": refs, "snr0": refs}
+    assert {a.path for a in client.list_artifacts(run_id, "eval")} == {"eval/test.csv"}
     assert run.data.params["model.d_model"] == str(preset("tiny").model.d_model)
     assert (trial_dir / "DONE").exists() and (trial_dir / "checkpoint.pt").exists()
     steps = sorted(m.step for m in client.get_metric_history(run_id, "train/loss"))
     assert steps == list(range(1, 9)) or steps == list(range(8)), steps
 
+    # one segment, run by the code of this checkout; progress from start through training and evaluation to done
+    code = code_version()
+    (segment,) = _segments(trial_dir)
+    assert (segment["segment"], segment["code"], segment["commit"], segment["job_id"]) == (
+        1, code.label, code.commit, "job-1")
+    assert run.data.tags[TAG_SEGMENTS] == "1" and run.data.tags[TAG_CODE] == code.label
+    assert (trial_dir / "code-1.diff").exists() == code.dirty
+    records = _progress(trial_dir)
+    phases = [r["phase"] for r in records]
+    assert phases[0] == "start" and phases[-1] == "done" and "train" in phases
+    assert phases.index("train") < phases.index("eval") and "preempted" not in phases and "failed" not in phases
+    evals = [(r["dataset"], r["done"], r["total"]) for r in records if r["phase"] == "eval"]
+    assert evals == [("test", k, 2 * n_test) for k in range(2 * n_test + 1)]
+    assert read_progress(trial_dir).describe() == "done"
+
     again = subprocess.run(_cmd(trial_dir, uri, run_id), capture_output=True, text=True, env=_env(), timeout=120)
     assert again.returncode == 0 and "already finished" in again.stdout
     assert sorted(m.step for m in client.get_metric_history(run_id, "train/loss")) == steps  # nothing retrained
+    assert len(_segments(trial_dir)) == 1 and _progress(trial_dir) == records  # a finished trial starts nothing
 
 
 def test_sigusr2_checkpoints_exits_75_and_the_rerun_finishes_the_same_run(tmp_path: Path, corpus: Path) -> None:
@@ -88,13 +131,21 @@ def test_sigusr2_checkpoints_exits_75_and_the_rerun_finishes_the_same_run(tmp_pa
     rest = proc.communicate(timeout=300)[0]
     assert proc.returncode == 75, "".join(lines) + rest
     run = client.get_run(run_id)
-    assert run.info.status == "SCHEDULED" and run.data.tags["trial.preemptions"] == "1"
+    assert run.info.status == "SCHEDULED" and run.data.tags[TAG_PREEMPTIONS] == "1"
     assert (trial_dir / "checkpoint.pt").exists() and not (trial_dir / "DONE").exists()
+    assert read_progress(trial_dir).phase == "preempted" and run.data.tags[TAG_SEGMENTS] == "1"
 
-    done = subprocess.run(_cmd(trial_dir, uri, run_id), capture_output=True, text=True, env=_env(), timeout=600)
+    done = subprocess.run(_cmd(trial_dir, uri, run_id), capture_output=True, text=True, env=_env("job-2"),
+                          timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     run = client.get_run(run_id)
     assert run.info.status == "FINISHED" and "wer/test" in run.data.metrics
+    # two segments of the same code: the count grows, the code list does not repeat itself
+    assert [(s["segment"], s["job_id"]) for s in _segments(trial_dir)] == [(1, "job-1"), (2, "job-2")]
+    assert run.data.tags[TAG_SEGMENTS] == "2" and run.data.tags[TAG_CODE] == code_version().label
+    phases = [r["phase"] for r in _progress(trial_dir)]
+    assert phases[0] == "start" and phases[-1] == "done" and phases.count("start") == 2
+    assert phases[phases.index("preempted") + 1] == "start"
     steps = sorted({m.step for m in client.get_metric_history(run_id, "train/loss")})
     assert len(steps) == 16 and steps[-1] - steps[0] == 15  # one continuous history, nothing lost
 
@@ -107,6 +158,8 @@ def test_a_failing_trial_marks_the_run_failed_with_the_error(tmp_path: Path, cor
     run = client.get_run(run_id)
     assert run.info.status == "FAILED"
     assert "no-such-corpus" in run.data.tags["trial.error"]
+    assert [r["phase"] for r in _progress(trial_dir)] == ["start", "failed"]
+    assert run.data.tags[TAG_SEGMENTS] == "1"
 
 
 def test_bad_config_is_a_usage_error_before_any_run_changes(tmp_path: Path, corpus: Path) -> None:
@@ -115,3 +168,4 @@ def test_bad_config_is_a_usage_error_before_any_run_changes(tmp_path: Path, corp
     done = subprocess.run(_cmd(trial_dir, uri, run_id), capture_output=True, text=True, env=_env(), timeout=120)
     assert done.returncode == 2 and "model.heads" in done.stderr
     assert client.get_run(run_id).info.status == "SCHEDULED"
+    assert not TrialFolder(trial_dir).segments.exists() and read_progress(trial_dir) is None  # nothing started
