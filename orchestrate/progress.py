@@ -1,46 +1,33 @@
 """One line of progress for trials running on this machine, read from their folders (no MLflow round trip).
 
-A trial folder holds ``trial.log`` (the trainer's output) and ``DONE`` once finished, so a glance at the folders
-says how far each trial is: ``[orchestrate] 2/8 finished, 2 running: ctx10s-…-s1 train 30/60, ctx10s-…-s2 eval``.
+The trial job appends structured progress records to its folder (:class:`asr_core.trial_contract.ProgressLog`);
+:func:`trial_phase` reads the last one with :func:`asr_core.trial_contract.read_progress` and never parses the
+trainer's log text. A glance at the folders says how far each trial is:
+``[orchestrate] 2/8 finished, 2 running, 4 waiting: ctx10s-…-s1 train 30/60, ctx10s-…-s2 eval test 4/12``.
 """
 
 from __future__ import annotations
 
-import re
 import sys
 import time
 from pathlib import Path
 
-_STEP = re.compile(rb"\[train\] step (\d+)/(\d+)")
-_EVAL = re.compile(rb"\[eval\] ([^\s:]+) (\d+)/(\d+)")
-
-
-def _tail(path: Path, size: int = 8192) -> bytes:
-    try:
-        with path.open("rb") as f:
-            f.seek(0, 2)
-            f.seek(max(0, f.tell() - size))
-            return f.read()
-    except OSError:
-        return b""
+from asr_core.trial_contract import TrialFolder, read_progress
 
 
 def trial_phase(trial_dir: Path) -> str | None:
-    """``"done"``, ``"train 30/60"``, ``"eval test 1/4"``, ``"starting"``, or None if the trial has not started."""
-    if (trial_dir / "DONE").exists():
+    """``"done"``, ``"train 30/60"``, ``"eval test 1/4"``, ``"starting"`` (and the other
+    :meth:`~asr_core.trial_contract.Progress.describe` texts), or None if the trial has not started.
+
+    ``DONE`` in the folder means done whatever the records say; a job that started (its log exists) but has not
+    written a record yet is ``"starting"``."""
+    folder = TrialFolder(Path(trial_dir))
+    if folder.done.exists():
         return "done"
-    log = trial_dir / "trial.log"
-    if not log.exists():
-        return None
-    tail = _tail(log)
-    steps, evals = list(_STEP.finditer(tail)), list(_EVAL.finditer(tail))
-    last_step = steps[-1] if steps else None
-    last_eval = evals[-1] if evals else None
-    if last_eval is not None and (last_step is None or last_eval.start() > last_step.start()):
-        return f"eval {last_eval.group(1).decode()} {last_eval.group(2).decode()}/{last_eval.group(3).decode()}"
-    if last_step is not None:
-        return f"train {last_step.group(1).decode()}/{last_step.group(2).decode()}"
-    return "starting"
+    progress = read_progress(folder.path)
+    if progress is not None:
+        return progress.describe()
+    return "starting" if folder.log.exists() else None
 
 
 class ProgressPrinter:
@@ -52,6 +39,7 @@ class ProgressPrinter:
         self._last_line = ""
 
     def line(self) -> str:
+        """``[orchestrate] D/N finished, R running, W waiting: LABEL PHASE, ...`` for the trials now."""
         phases = {k: trial_phase(d) for k, d in self.trials.items()}
         done = sum(p == "done" for p in phases.values())
         running = [f"{self.labels.get(k, k)} {p}" for k, p in phases.items() if p not in (None, "done")]

@@ -1,8 +1,12 @@
 """Run one trial's command as a child process, the same way on every backend.
 
-The trainer owns its signal handling (SIGUSR2/SIGTERM → checkpoint → exit 75), so it always runs as a separate
-process. The child asks the kernel for SIGTERM when the process that started it dies (``PR_SET_PDEATHSIG``), so a
-killed driver or Ray worker never leaves an orphan trainer writing to the run; it checkpoints and exits instead.
+The trainer owns its signal handling (SIGUSR2/SIGTERM → checkpoint → exit ``EXIT_PREEMPTED``; the exit codes and
+the command are :mod:`asr_core.trial_contract`'s), so it always runs as a separate process. The child asks the
+kernel for SIGTERM when the process that started it dies (``PR_SET_PDEATHSIG``), so a killed driver or Ray worker
+never leaves an orphan trainer writing to the run; it checkpoints and exits instead.
+
+Each start appends a :data:`SEGMENT_HEADER` line (``==== <time> pid <pid>: <command>``) to the log, so one log holds every segment of a
+trial (first start and each resume) in order.
 """
 
 from __future__ import annotations
@@ -17,8 +21,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Callable
 
-EXIT_PREEMPTED = 75  # the trainer checkpointed after SIGUSR2/SIGTERM: run the same command again
 _PR_SET_PDEATHSIG = 1
+SEGMENT_HEADER = "==== "  # starts the line the runner writes to the log at every start of the command
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec
@@ -47,7 +51,8 @@ class TrialProcess:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self.log_path = log_path
         self._log = open(log_path, "ab", buffering=0)
-        self._log.write(f"\n==== {time.strftime('%Y-%m-%d %H:%M:%S')} pid {os.getpid()}: {' '.join(cmd)}\n".encode())
+        header = f"{SEGMENT_HEADER}{time.strftime('%Y-%m-%d %H:%M:%S')} pid {os.getpid()}: {' '.join(cmd)}"
+        self._log.write(f"\n{header}\n".encode())
         self.proc = subprocess.Popen(cmd, cwd=str(cwd), stdout=self._log, stderr=subprocess.STDOUT,
                                      env={**os.environ, **(env or {})}, preexec_fn=_die_with_parent)
         self.signalled: int | None = None
@@ -63,7 +68,7 @@ class TrialProcess:
     def wait(self, poll_s: float = 0.5, stop: Callable[[], bool] | None = None,
              stop_signal: int = signal.SIGUSR2) -> int:
         """Exit code of the trainer. Polls so that signal handlers run promptly in the meantime; once ``stop()``
-        turns true the trainer gets ``stop_signal`` (checkpoint and exit 75)."""
+        turns true the trainer gets ``stop_signal`` (checkpoint and exit ``EXIT_PREEMPTED``)."""
         while True:
             rc = self.proc.poll()
             if rc is not None:

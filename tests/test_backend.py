@@ -10,6 +10,7 @@ The SLURM cases use the session fixtures ``slurm_cluster`` (a real single-node c
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -19,14 +20,19 @@ from typing import Any
 
 import pytest
 
+from asr_core.trial_contract import TrialFolder
 from orchestrate.cli import main
 from orchestrate.grid import load_grid
 from orchestrate.ledger import Ledger, wait_for
+from orchestrate.runner import SEGMENT_HEADER
 from orchestrate.sweep import SweepDir
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = ROOT / "grids" / "smoke.yaml"
 MAX_STEPS = 30  # grids/smoke.yaml train.max_steps; the corpus below holds more than 30 steps of audio
+CHECKPOINT_EVERY = 4  # grids/smoke.yaml (and ONE_TRIAL below) train.checkpoint_every
+# What the trainer prints when it continues a checkpoint instead of starting from step 0.
+_RESUMING = re.compile(r"^\[train\] resuming .+ at step (\d+)/\d+$", re.M)
 
 
 @pytest.fixture(scope="session")
@@ -71,6 +77,27 @@ def loss_steps(ledger: Ledger, run_id: str) -> list[int]:
     return sorted(m.step for m in ledger.client.get_metric_history(run_id, "train/loss"))
 
 
+def steps_logged_before(ledger: Ledger, run_id: str, t: float) -> int:
+    """The last training step the run had logged before Unix time ``t`` (0: none)."""
+    history = ledger.client.get_metric_history(run_id, "train/loss")
+    return max((m.step for m in history if m.timestamp < t * 1000), default=0)
+
+
+def last_checkpoint(steps_logged: int) -> int:
+    """The step of the newest periodic checkpoint that surely exists once ``steps_logged`` steps are logged: the
+    trainer writes checkpoint ``c`` before it trains (and logs) step ``c + 1``."""
+    return CHECKPOINT_EVERY * ((steps_logged - 1) // CHECKPOINT_EVERY) if steps_logged > 0 else 0
+
+
+def resumed_at(trial_dir: Path) -> list[int | None]:
+    """One entry per start of the trial's job, oldest first (the runner heads each start's part of the log): the
+    checkpoint step the trainer resumed from, or None where it did not resume (trained from step 0, or did not
+    train). A trial restarted from scratch shows ``[None, None]``; one resumed from step 8 ``[None, 8]``."""
+    log = TrialFolder(trial_dir).log
+    parts = log.read_text().split("\n" + SEGMENT_HEADER)[1:] if log.exists() else []
+    return [int(m.group(1)) if (m := _RESUMING.search(p)) else None for p in parts]
+
+
 def assert_one_run_per_key(ledger: Ledger, n_trials: int) -> None:
     runs = ledger.client.search_runs([ledger.experiment_id], filter_string="tags.`sweep.role` = 'trial'",
                                      max_results=1000)
@@ -106,6 +133,7 @@ def test_smoke_grid_finishes_and_resubmitting_adds_nothing(backend: str, tmp_pat
         r = runs[t.key]
         assert r.label == t.label and r.backend == backend and r.job_id
         assert loss_steps(ledger, r.run_id) == list(range(1, MAX_STEPS + 1))
+        assert resumed_at(sweep.trial_dir(t.key)) == [None]  # started once, from step 0
     n_subs = len(sweep.submissions())
     assert n_subs == 1
     # Again: everything is finished, so nothing is submitted and no run is created.
@@ -158,6 +186,7 @@ def preempt_one_trial(backend: str, preempt: list[str], name: str, tmp_path: Pat
     # Mid-training: some steps logged, far from the end.
     wait_until(lambda: len(loss_steps(ledger, run.run_id)) >= 6, 300, "training never reached step 6")
     job_id = ledger.trial_runs()[key].job_id
+    t_preempt = time.time()
     subprocess.run([*preempt, job_id], check=True)
     runs = wait_for(ledger, [key], timeout=600)
     final = runs[key]
@@ -165,8 +194,12 @@ def preempt_one_trial(backend: str, preempt: list[str], name: str, tmp_path: Pat
     assert final.preemptions >= 1
     assert loss_steps(ledger, run.run_id) == list(range(1, MAX_STEPS + 1))  # as an uninterrupted run
     assert_one_run_per_key(ledger, 1)
-    log = (SweepDir(root, name).trial_dir(key) / "trial.log").read_text()
-    assert log.count("==== ") == 2  # started twice: once, then resumed once from its checkpoint
+    # Started twice, the second time from the checkpoint written on the signal: at or after the last step logged
+    # before it (a restart from scratch would read [None, None]; one from an older checkpoint, a smaller step).
+    logged = steps_logged_before(ledger, run.run_id, t_preempt)
+    starts = resumed_at(SweepDir(root, name).trial_dir(key))
+    assert len(starts) == 2 and starts[0] is None and starts[1] is not None, starts
+    assert logged <= starts[1] < MAX_STEPS, (logged, starts)
     assert len(SweepDir(root, name).submissions()) == 1  # requeued, never resubmitted
     return job_id
 
@@ -201,7 +234,7 @@ def test_ray_slurm_allocation_preempted_by_usr2_requeues_and_resumes_the_same_ru
 
 def test_local_ray_token_is_private_to_the_sweep(tmp_path: Path) -> None:
     """Ray's token auth stays on, with a token file private to the sweep."""
-    from orchestrate.backends.local import ray_auth_env
+    from orchestrate.backends.tune_driver import ray_auth_env
 
     sweep = SweepDir(tmp_path, "s")
     env = ray_auth_env(sweep)
@@ -210,3 +243,43 @@ def test_local_ray_token_is_private_to_the_sweep(tmp_path: Path) -> None:
     assert oct(token.stat().st_mode & 0o777) == "0o600" and len(token.read_text()) == 64
     assert ray_auth_env(sweep) == env and len(token.read_text()) == 64  # stable across calls
     assert os.environ.get("RAY_AUTH_TOKEN_PATH") != str(token)  # the test process itself is untouched
+
+
+def _fake_command(bin_dir: Path, name: str, body: str) -> None:
+    bin_dir.mkdir(exist_ok=True)
+    path = bin_dir / name
+    path.write_text("#!/bin/bash\n" + body)
+    path.chmod(0o755)
+
+
+def test_settled_squeue_waits_out_every_settling_state_and_scancel_batches(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both SLURM backends share these: squeue is asked again while a job is in any settling state (the union of
+    what the backends used to wait on), and scancel never gets more than SCANCEL_BATCH ids at once."""
+    from orchestrate.backends import slurm_commands
+    from orchestrate.backends.base import BackendError
+
+    bins, calls = tmp_path / "bin", tmp_path / "calls"
+    # squeue answers STAGE_OUT, then SIGNALING, then COMPLETING, then RUNNING; it logs its arguments
+    _fake_command(bins, "squeue", f"""echo "$*" >> {calls}/squeue
+n=$(wc -l < {calls}/squeue)
+states=(STAGE_OUT SIGNALING COMPLETING RUNNING)
+echo "7_0|orch.s.a|${{states[$(( n < 4 ? n - 1 : 3 ))]}}"
+echo "7_1|orch.s.a|PENDING"
+""")
+    _fake_command(bins, "scancel", f'echo "$#" >> {calls}/scancel\n')
+    _fake_command(bins, "sbatch", 'echo "sbatch: error: invalid partition" >&2; exit 1\n')
+    calls.mkdir()
+    monkeypatch.setenv("PATH", f"{bins}:{os.environ['PATH']}")
+
+    rows = slurm_commands.settled_squeue(["orch.s.a"], settle_s=30, poll_s=0.01)
+    assert rows == [("7_0", "orch.s.a", "RUNNING"), ("7_1", "orch.s.a", "PENDING")]
+    asked = (calls / "squeue").read_text().splitlines()
+    assert len(asked) == 4 and all("-r" in a.split() and "orch.s.a" in a for a in asked)
+    assert slurm_commands.settled_squeue([]) == []  # no submission: squeue is not even asked
+    assert len((calls / "squeue").read_text().splitlines()) == 4
+
+    slurm_commands.scancel([str(i) for i in range(1234)])
+    assert (calls / "scancel").read_text().split() == ["500", "500", "234"]
+    with pytest.raises(BackendError, match="invalid partition"):
+        slurm_commands.sbatch(tmp_path / "job.sbatch")

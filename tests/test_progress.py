@@ -1,31 +1,94 @@
-"""The progress line the local backend prints, read from trial folders as the trainer writes them."""
+"""The progress line the local backend prints, read from trial folders as the trial job writes them: structured
+records (:class:`asr_core.trial_contract.ProgressLog`), never the text of the trainer's log."""
+
+from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
+from asr_core.trial_contract import ProgressLog, TrialFolder
 from orchestrate.progress import ProgressPrinter, trial_phase
 
 
-def test_phase_follows_the_trial_log(tmp_path: Path) -> None:
+def _started(d: Path) -> TrialFolder:
+    """A trial folder as the runner leaves it when the job starts: the log exists, no record yet."""
+    folder = TrialFolder(d)
+    d.mkdir(parents=True)
+    folder.log.write_text("==== 2025-01-01 00:00:00 pid 1: python -m asr_core trial ...\n")
+    return folder
+
+
+def test_phase_follows_the_progress_records(tmp_path: Path) -> None:
     d = tmp_path / "t"
-    assert trial_phase(d) is None
+    assert trial_phase(d) is None  # no folder yet
     d.mkdir()
-    (d / "trial.log").write_text("[train] 0.5M parameters on cpu\n")
-    assert trial_phase(d) == "starting"
-    with (d / "trial.log").open("a") as f:
-        f.write("[train] step 3/60 loss 4.1\n[train] step 4/60 loss 4.0\n")
-    assert trial_phase(d) == "train 4/60"
-    with (d / "trial.log").open("a") as f:
-        f.write("[eval] test 2/5 test-0001 clean: WER 40.0%\n")
-    assert trial_phase(d) == "eval test 2/5"
-    (d / "DONE").write_text("finished\n")
-    assert trial_phase(d) == "done"
+    assert trial_phase(d) is None  # folder (config.json) written at submission: not started
+    folder = _started(tmp_path / "t2")
+    assert trial_phase(folder.path) == "starting"
+    log = ProgressLog(folder.path)
+    log.write("start")
+    assert trial_phase(folder.path) == "starting"
+    log.write("train", 3, 60)
+    log.write("train", 4, 60)
+    assert trial_phase(folder.path) == "train 4/60"  # the last record wins
+    log.write("eval", 2, 5, dataset="test")
+    assert trial_phase(folder.path) == "eval test 2/5"
+    log.write("preempted")
+    assert trial_phase(folder.path) == "preempted"
+    log.write("start")  # the requeued job starts again
+    log.write("train", 30, 60)
+    assert trial_phase(folder.path) == "train 30/60"
+    folder.done.write_text("finished\n")
+    assert trial_phase(folder.path) == "done"  # DONE means done whatever the last record says
+
+
+def test_phase_is_never_read_from_the_log_text(tmp_path: Path) -> None:
+    folder = _started(tmp_path / "t")
+    with folder.log.open("a") as f:
+        f.write("[train] step 3/60 loss 4.1\n[eval] test 2/5 test-0001 clean: WER 40.0%\n")
+    assert trial_phase(folder.path) == "starting"
+    ProgressLog(folder.path).write("train", 1, 60)
+    with folder.log.open("a") as f:
+        f.write("[train] step 59/60 loss 0.1\n")
+    assert trial_phase(folder.path) == "train 1/60"
+
+
+def test_a_record_being_written_is_skipped(tmp_path: Path) -> None:
+    folder = _started(tmp_path / "t")
+    ProgressLog(folder.path).write("train", 7, 9)
+    with folder.progress.open("a") as f:
+        f.write('{"phase": "train", "do')  # the writer is half-way through the next record
+    assert trial_phase(folder.path) == "train 7/9"
+
+
+def test_done_record_counts_as_finished(tmp_path: Path) -> None:
+    folder = _started(tmp_path / "t")
+    ProgressLog(folder.path).write("done")
+    assert trial_phase(folder.path) == "done"
 
 
 def test_line_counts_finished_running_and_waiting(tmp_path: Path) -> None:
-    dirs = {k: tmp_path / k for k in "abc"}
-    dirs["a"].mkdir()
-    (dirs["a"] / "DONE").write_text("")
-    dirs["b"].mkdir()
-    (dirs["b"] / "trial.log").write_text("[train] step 7/9 loss 1\n")
-    line = ProgressPrinter(dirs, {"b": "ctx5s-s1"}).line()
-    assert line == "[orchestrate] 1/3 finished, 1 running, 1 waiting: ctx5s-s1 train 7/9"
+    dirs = {k: tmp_path / k for k in "abcd"}
+    _started(dirs["a"]).done.write_text("")
+    ProgressLog(_started(dirs["b"]).path).write("train", 7, 9)
+    ProgressLog(_started(dirs["c"]).path).write("eval", 4, 12, dataset="test")
+    line = ProgressPrinter(dirs, {"b": "ctx5s-s1", "c": "ctx5s-s2"}).line()
+    assert line == ("[orchestrate] 1/4 finished, 2 running, 1 waiting: ctx5s-s1 train 7/9, "
+                    "ctx5s-s2 eval test 4/12")
+
+
+def test_tick_prints_only_when_due_and_changed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    d = tmp_path / "a"
+    log = ProgressLog(_started(d).path)
+    log.write("train", 1, 9)
+    printer = ProgressPrinter({"a": d}, {"a": "lbl"}, every_s=3600)
+    assert printer.tick() is False and capsys.readouterr().err == ""  # not due yet
+    printer.every_s = 0
+    assert printer.tick() is False
+    assert capsys.readouterr().err == "[orchestrate] 0/1 finished, 1 running, 0 waiting: lbl train 1/9\n"
+    printer.tick()
+    assert capsys.readouterr().err == ""  # unchanged: nothing printed
+    log.write("train", 2, 9)
+    printer.tick()
+    assert capsys.readouterr().err == "[orchestrate] 0/1 finished, 1 running, 0 waiting: lbl train 2/9\n"

@@ -16,6 +16,26 @@ from tests.plugins.slurm_cluster import TESTCLUSTER, SlurmCluster, SlurmCommandE
 pytestmark = pytest.mark.timeout(300)
 
 
+# squeue's pending reasons for a job that cannot start because its only node is down
+_NODE_DOWN_REASONS = ("DOWN", "Nodes required", "ReqNodeNotAvail", "Resources")
+
+
+def _held_for_the_down_node(cluster: SlurmCluster, job: str, timeout: float = 30) -> str:
+    """Poll until the scheduler has considered ``job`` and held it for want of the node; returns the reason.
+    Fails at once if the job leaves PENDING (it ran on a DOWN node), or after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    state = reason = ""
+    while time.monotonic() < deadline:
+        out = cluster.run("squeue", "-h", "-j", job, "-o", "%T|%r").stdout.strip()
+        state, _, reason = out.partition("|")
+        assert state == "PENDING", f"job {job} is {state or 'gone'} ({reason}) with the node down"
+        if any(r in reason for r in _NODE_DOWN_REASONS):
+            return reason
+        time.sleep(0.25)  # no scheduling pass has looked at the job yet (reason "None")
+    raise TimeoutError(f"job {job} still {state} with reason {reason!r} after {timeout:.0f}s; slurmctld log tail:\n"
+                       f"{cluster.log_tail('slurmctld')}")
+
+
 def _wait_for_file_text(path: Path, pattern: str, timeout: float = 60) -> str:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -117,10 +137,8 @@ def test_node_down_holds_jobs_and_resume_runs_them(slurm_cluster: SlurmCluster, 
     try:
         assert slurm_cluster.wait_for_node(("down", "down*")).startswith("down")
         job = slurm_cluster.sbatch(f"--output={tmp_path}/down.out", f"--chdir={tmp_path}", script="#!/bin/bash\necho ran\n")
-        time.sleep(3)  # several scheduling passes (sched_interval=2) with the node down
+        _held_for_the_down_node(slurm_cluster, job)
         assert slurm_cluster.job_state(job) == "PENDING"
-        reason = slurm_cluster.run("squeue", "-h", "-j", job, "-o", "%r").stdout.strip()
-        assert "DOWN" in reason or "Nodes required" in reason or "Resources" in reason, reason
     finally:
         slurm_cluster.scontrol("update", f"nodename={slurm_cluster.node}", "state=resume", check=False)
     assert slurm_cluster.wait_for_accounting(job, "COMPLETED") == "COMPLETED"

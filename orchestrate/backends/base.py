@@ -3,6 +3,7 @@
 A backend knows how to start trials (``submit``), which of the sweep's trials its scheduler still holds
 (``live_jobs``: the only question reconciliation asks), and how to stop them (``cancel``). The ledger, the sweep
 folder and the decision of what to (re)submit live outside, so every backend behaves the same way on resume.
+Cluster profiles (what a backend asks the scheduler for) live in :mod:`orchestrate.backends.profile`.
 """
 
 from __future__ import annotations
@@ -10,12 +11,13 @@ from __future__ import annotations
 import abc
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, ClassVar
-
-import yaml
+from typing import TYPE_CHECKING, Callable, ClassVar
 
 from orchestrate.sweep import SweepDir
 from orchestrate.trial import Trial
+
+if TYPE_CHECKING:  # the interface passes a profile along and never reads one
+    from orchestrate.backends.profile import Profile
 
 
 class BackendError(RuntimeError):
@@ -34,103 +36,6 @@ class Job:
 # Called with {trial key: job id} as soon as the scheduler has accepted jobs, so the ledger is tagged before a
 # blocking backend starts running them.
 OnSubmitted = Callable[[dict[str, str]], None]
-
-
-@dataclass(frozen=True)
-class Profile:
-    """A cluster profile (``slurm/profiles/NAME.yaml``): flat keys, each with a safe default."""
-
-    name: str = "default"
-    partition: str = ""
-    account: str = ""
-    qos: str = ""
-    gpus_per_node: str | int = 0  # "a100:1" or a count; 0 = no GPU request
-    cpus_per_task: int = 1  # a trial needs one CPU by default; dataloader workers need more
-    mem_gb: float = 0  # 0 = the partition's default
-    time_limit: str = "48:00:00"  # HH:MM:SS or minutes; a 65-hour run survives it by checkpoint + requeue
-    signal_delay_s: int = 120  # USR2 this long before the limit: time to finish a step and write a checkpoint
-    max_parallel: int = 0  # array "%" limit; 0 = no limit
-    setup: tuple[str, ...] = ()  # shell lines run before the trial (module load, source venv)
-    additional: tuple[tuple[str, Any], ...] = ()  # extra sbatch options, e.g. {constraint: a100_80}
-
-    def gpu_count(self) -> int:
-        g = self.gpus_per_node
-        if isinstance(g, int):
-            return g
-        return int(str(g).rsplit(":", 1)[-1]) if str(g) else 0
-
-    def time_limit_min(self) -> int:
-        t = str(self.time_limit)
-        if ":" not in t and "-" not in t:
-            return int(float(t))
-        days = 0
-        if "-" in t:
-            d, t = t.split("-", 1)
-            days = int(d)
-        parts = [int(p) for p in t.split(":")]
-        while len(parts) < 3:
-            parts.append(0)
-        h, m, s = parts
-        return days * 1440 + h * 60 + m + (1 if s else 0)
-
-
-PROFILE_KEYS = ("partition", "account", "qos", "gpus_per_node", "cpus_per_task", "mem_gb", "time_limit",
-                "signal_delay_s", "max_parallel", "setup", "additional")
-
-
-def profiles_dir() -> Path:
-    return Path(__file__).resolve().parents[2] / "slurm" / "profiles"
-
-
-def load_profile(name_or_path: str | None) -> Profile:
-    """``NAME`` (slurm/profiles/NAME.yaml) or a path; ``None`` gives the defaults. Errors name the key and value."""
-    if not name_or_path:
-        return Profile()
-    p = Path(name_or_path)
-    if not p.suffix:
-        p = profiles_dir() / f"{name_or_path}.yaml"
-    if not p.exists():
-        known = sorted(q.stem for q in profiles_dir().glob("*.yaml")) if profiles_dir().exists() else []
-        raise BackendError(f"unknown profile {name_or_path!r} (no {p}); valid: {', '.join(known) or 'none yet'}")
-    raw = yaml.safe_load(p.read_text()) or {}
-    if not isinstance(raw, dict):
-        raise BackendError(f"{p}: a profile is a mapping of {', '.join(PROFILE_KEYS)}")
-    unknown = sorted(set(raw) - set(PROFILE_KEYS) - {"name", "description"})
-    if unknown:
-        raise BackendError(f"{p}: unknown key {unknown[0]!r}; valid: {', '.join(PROFILE_KEYS)}")
-    kw: dict[str, Any] = {"name": p.stem}
-    for k in PROFILE_KEYS:
-        if k not in raw or raw[k] is None:
-            continue
-        v = raw[k]
-        if k in ("cpus_per_task", "signal_delay_s", "max_parallel"):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                raise BackendError(f"{p}: invalid value for {k!r}: {v!r}; valid: a non-negative integer")
-        elif k == "mem_gb":
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
-                raise BackendError(f"{p}: invalid value for 'mem_gb': {v!r}; valid: a non-negative number")
-        elif k == "setup":
-            if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
-                raise BackendError(f"{p}: invalid value for 'setup': {v!r}; valid: a list of shell lines")
-            v = tuple(v)
-        elif k == "additional":
-            if not isinstance(v, dict):
-                raise BackendError(f"{p}: invalid value for 'additional': {v!r}; valid: a mapping of sbatch options")
-            v = tuple(sorted(v.items()))
-        elif k == "gpus_per_node":
-            if isinstance(v, bool) or not isinstance(v, (int, str)):
-                raise BackendError(f"{p}: invalid value for 'gpus_per_node': {v!r}; valid: a count or 'TYPE:COUNT'")
-        else:
-            v = str(v)
-        kw[k] = v
-    prof = Profile(**kw)
-    try:
-        prof.time_limit_min()
-        prof.gpu_count()
-    except ValueError:
-        raise BackendError(f"{p}: invalid time_limit {prof.time_limit!r} or gpus_per_node {prof.gpus_per_node!r}; "
-                           "valid: 'HH:MM:SS', 'D-HH:MM:SS' or minutes, and a count or 'TYPE:COUNT'") from None
-    return prof
 
 
 class Backend(abc.ABC):

@@ -5,13 +5,15 @@ Ray Tune cannot make a trial a SLURM job by itself, so a submission is one ``sba
 
 1. start the Ray head on the first node and a worker on every other node, each with ``srun --overlap``, declaring
    the CPUs and GPUs SLURM allocated there (``SLURM_CPUS_ON_NODE``, ``SLURM_GPUS_ON_NODE``);
-2. run the Tune driver (:func:`orchestrate.backends.local.drive`) against that cluster, each trial asking for
+2. run the Tune driver (:func:`orchestrate.backends.tune_driver.drive`) against that cluster, each trial asking for
    ``cpus_per_task`` CPUs and one GPU when the profile has GPUs, so trials fill the allocation's GPUs;
 3. on USR2 (time limit or preemption, sent to the batch step) tell every running trial to checkpoint (a flag file
    their wrappers watch), wait for Tune to wind down, ``scontrol requeue`` the job and exit; when the job starts
    again the driver continues the same Tune experiment with ``Tuner.restore`` and trainers resume their checkpoints.
 
-The cluster uses token authentication with the sweep's own token (see ``local.ray_auth_env``).
+The cluster uses token authentication with the sweep's own token (see ``tune_driver.ray_auth_env``). The SLURM
+commands (``sbatch``, settled ``squeue``, batched ``scancel``) are the ones the ``slurm`` backend uses, from
+:mod:`orchestrate.backends.slurm_commands`.
 """
 
 from __future__ import annotations
@@ -26,19 +28,22 @@ import time
 from pathlib import Path
 from types import FrameType
 
+from asr_core.trial_contract import EXIT_OK, EXIT_PREEMPTED
+from orchestrate.backends import slurm_commands
 from orchestrate.backends.base import Backend, BackendError, Job, OnSubmitted
-from orchestrate.backends.local import drive, ray_auth_env
-from orchestrate.backends.slurm import _run
+from orchestrate.backends.tune_driver import drive, ray_auth_env
 from orchestrate.sweep import SweepDir
+
+PREEMPT_FLAG = "PREEMPT"  # in <sweep>/ray_slurm/<submission>/: touched on USR2, watched by every trial's wrapper
 
 
 class RaySlurmBackend(Backend):
+    """One ``sbatch`` allocation per submission, running a Ray cluster and the Tune driver inside it."""
+
     name = "ray-slurm"
 
     def validate(self) -> None:
-        from orchestrate.backends.slurm import SlurmBackend
-
-        SlurmBackend.validate(self)  # type: ignore[arg-type] - same commands and partition check
+        slurm_commands.check_cluster(self.profile)
 
     def _script(self, sub_id: str, n_trials: int) -> str:
         p = self.profile
@@ -86,38 +91,26 @@ class RaySlurmBackend(Backend):
         out_dir.mkdir(parents=True, exist_ok=True)
         script = out_dir / "job.sbatch"
         script.write_text(self._script(sub.id, len(jobs)))
-        out = _run(["sbatch", "--parsable", str(script)])
-        job_id = out.strip().split(";")[0]
+        job_id = slurm_commands.sbatch(script)
         sub.record_job(job_id)
         on_submitted({k: job_id for k in keys})
         print(f"[orchestrate] ray-slurm: allocation job {job_id} for {len(jobs)} trials; log {out_dir}/{job_id}.log",
               file=sys.stderr, flush=True)
 
     def live_jobs(self, settle_s: float = 90.0) -> dict[str, str]:
+        # One allocation holds every trial of its submission.
         subs = {s.job_name(): s for s in self.sweep.submissions() if s.data.get("backend") == self.name}
-        if not subs:
-            return {}
-
-        def rows() -> list[list[str]]:
-            out = _run(["squeue", "-h", "-o", "%i|%j|%T", "--name", ",".join(subs)])
-            return [ln.strip().split("|") for ln in out.splitlines() if ln.count("|") == 2]
-
-        deadline = time.monotonic() + settle_s
-        r = rows()
-        while any(state in ("COMPLETING", "SIGNALING") for _, _, state in r) and time.monotonic() < deadline:
-            time.sleep(1.0)
-            r = rows()
         live: dict[str, str] = {}
-        for job_id, name, _ in r:
+        for job_id, name, _state in slurm_commands.settled_squeue(list(subs), settle_s):
             for k in subs[name].keys if name in subs else []:
                 live[k] = job_id
         return live
 
     def cancel(self, job_ids: list[str]) -> None:
-        _run(["scancel", *job_ids])
+        slurm_commands.scancel(job_ids)
 
 
-# ---- inside the allocation ---------------------------------------------------------------------------------------------
+# ---- inside the allocation ------------------------------------------------------------------------------------------
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("", 0))
@@ -140,8 +133,7 @@ def allocation(sweep_path: Path, sub_id: str, cpus_per_trial: int, gpus_per_tria
     """The batch step: Ray head (+ workers) via srun, the Tune driver, USR2 → checkpoint all → requeue."""
     sweep = SweepDir(sweep_path.parent, sweep_path.name)
     job_id = os.environ["SLURM_JOB_ID"]
-    nodes = subprocess.run(["scontrol", "show", "hostnames", os.environ["SLURM_JOB_NODELIST"]],
-                           capture_output=True, text=True, check=True).stdout.split()
+    nodes = slurm_commands.run(["scontrol", "show", "hostnames", os.environ["SLURM_JOB_NODELIST"]]).split()
     cpus = int(os.environ.get("SLURM_CPUS_ON_NODE", os.cpu_count() or 1))
     gpus = _allocated_gpus()
     head_ip = socket.gethostbyname(nodes[0])
@@ -159,7 +151,7 @@ def allocation(sweep_path: Path, sub_id: str, cpus_per_trial: int, gpus_per_tria
     for node in nodes[1:]:
         steps.append(subprocess.Popen(["srun", "--overlap", "--nodes=1", "--ntasks=1", "-w", node, ray_bin, "start",
                                        "--address", address, *common]))
-    flag = sweep.path / "ray_slurm" / sub_id / "PREEMPT"
+    flag = sweep.path / "ray_slurm" / sub_id / PREEMPT_FLAG
     flag.unlink(missing_ok=True)
     preempted: list[int] = []
 
@@ -168,10 +160,10 @@ def allocation(sweep_path: Path, sub_id: str, cpus_per_trial: int, gpus_per_tria
         flag.touch()  # every trial wrapper watches it and passes USR2 to its trainer
 
     signal.signal(signal.SIGUSR2, on_usr2)
-    os.environ["ORCHESTRATE_PREEMPT_FLAG"] = str(flag)
     restore = (sweep.path / "tune" / sub_id).exists()
     try:
-        drive(sweep.path, sub_id, cpus_per_trial, restore, address=address, gpus_per_trial=gpus_per_trial)
+        drive(sweep.path, sub_id, cpus_per_trial, restore, address=address, gpus_per_trial=gpus_per_trial,
+              preempt_flag=flag)
     finally:
         for s in steps:
             s.terminate()
@@ -182,12 +174,13 @@ def allocation(sweep_path: Path, sub_id: str, cpus_per_trial: int, gpus_per_tria
                 s.kill()
     if preempted:
         print(f"[orchestrate] ray-slurm job {job_id}: trials checkpointed after USR2; requeueing", flush=True)
-        subprocess.run(["scontrol", "requeue", job_id], check=False, timeout=60)
-        return 75
-    return 0
+        slurm_commands.requeue(job_id)
+        return EXIT_PREEMPTED  # the trial job's "checkpointed, run me again", for the allocation as a whole
+    return EXIT_OK
 
 
 def _wait_for_head(address: str, ray_bin: str, head: subprocess.Popen[bytes], timeout: float = 120.0) -> None:
+    """Return once ``ray status`` answers at ``address``; BackendError if the head exits or ``timeout`` passes."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if head.poll() is not None:
@@ -200,6 +193,7 @@ def _wait_for_head(address: str, ray_bin: str, head: subprocess.Popen[bytes], ti
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``python -m orchestrate.backends.ray_slurm allocation ...``: what the sbatch script runs."""
     import argparse
 
     p = argparse.ArgumentParser(prog="python -m orchestrate.backends.ray_slurm")

@@ -6,38 +6,27 @@ setup lines, ``%`` parallelism). The array's job name is ``orch.<sweep>.<submiss
 trials even when the submitting process died before it recorded the job id.
 
 Preemption and time limits: SLURM sends USR2 ``signal_delay_s`` before the limit (and on preemption). The trainer
-receives it, checkpoints at the next step and exits 75; the task then requeues itself (``scontrol requeue``) and,
-when it starts again, the trainer resumes from its checkpoint in the same MLflow run. A 65-hour trial therefore
-survives a 48-hour limit. SIGTERM (``scancel``, ``scontrol requeue``, a node going down) also makes the trainer
-checkpoint; SLURM itself decides whether the job comes back, and ``resume`` resubmits it if not.
+receives it, checkpoints at the next step and exits ``EXIT_PREEMPTED`` (see :mod:`asr_core.trial_contract`); the
+task then requeues itself (``scontrol requeue``) and, when it starts again, the trainer resumes from its checkpoint
+in the same MLflow run. A 65-hour trial therefore survives a 48-hour limit. SIGTERM (``scancel``, ``scontrol
+requeue``, a node going down) also makes the trainer checkpoint; SLURM itself decides whether the job comes back,
+and ``resume`` resubmits it if not.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
 
+from asr_core.trial_contract import (ENV_JOB_ID, EXIT_OK, EXIT_PREEMPTED, FAILED, TAG_ERROR, TrialFolder, mark_run,
+                                     trial_command)
+from orchestrate.backends import slurm_commands
 from orchestrate.backends.base import Backend, BackendError, Job, OnSubmitted
-from orchestrate.runner import EXIT_PREEMPTED, TrialProcess, install_forwarding, last_line
-from orchestrate.sweep import SweepDir, trial_command
-
-# squeue states in which a job still holds (or will hold) its trial. COMPLETING is settled first (see live_jobs).
-_SETTLING = ("COMPLETING", "SIGNALING", "STAGE_OUT")
-
-
-def _run(cmd: list[str], timeout: float = 60) -> str:
-    try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    except FileNotFoundError:
-        raise BackendError(f"{cmd[0]} not found: is SLURM installed here and SLURM_CONF set?") from None
-    if p.returncode != 0:
-        raise BackendError(f"{' '.join(cmd[:3])} ... failed ({p.returncode}): {p.stderr.strip() or p.stdout.strip()}")
-    return p.stdout
+from orchestrate.runner import TrialProcess, install_forwarding, last_line
+from orchestrate.sweep import SweepDir
 
 
 class TrialTask:
@@ -57,11 +46,10 @@ class TrialTask:
         manifest = sweep.read_manifest()
         sub = sweep.submission(self.sub_id)
         key, run_id = sub.keys[index], sub.data["run_ids"][index]
-        trial_dir = sweep.trial_dir(key)
+        folder = TrialFolder(sweep.trial_dir(key))
         try:
-            child = TrialProcess(trial_command(trial_dir, manifest.tracking_uri, run_id),
-                                 manifest.workdir or Path.cwd(), trial_dir / "trial.log",
-                                 env={"ORCHESTRATE_JOB_ID": job_id})
+            child = TrialProcess(trial_command(folder.path, manifest.tracking_uri, run_id),
+                                 manifest.workdir or Path.cwd(), folder.log, env={ENV_JOB_ID: job_id})
         except Exception as e:  # the trainer could not even start: say so in the ledger, not only in a log
             _mark_failed(manifest.tracking_uri, run_id, f"{type(e).__name__}: {e}")
             raise
@@ -69,42 +57,34 @@ class TrialTask:
         print(f"[orchestrate] task {job_id}: trial {key} of {manifest.name}, trainer pid {child.proc.pid}",
               flush=True)
         rc = child.wait()
-        if rc == 0:
-            return 0
+        if rc == EXIT_OK:
+            return EXIT_OK
         if rc == EXIT_PREEMPTED:
             if child.signalled == signal.SIGUSR2:
                 # Time limit or preemption notice: the checkpoint is written; come back in a fresh allocation.
                 print(f"[orchestrate] task {job_id}: checkpointed after USR2; requeueing", flush=True)
-                subprocess.run(["scontrol", "requeue", job_id], check=False, timeout=60)
+                slurm_commands.requeue(job_id)
             else:
                 print(f"[orchestrate] task {job_id}: checkpointed after SIGTERM; SLURM decides about requeue",
                       flush=True)
             sys.exit(EXIT_PREEMPTED)  # SystemExit: submitit writes no result, so the task is not "done"
-        raise RuntimeError(f"trial {key} failed (exit {rc}): {last_line(trial_dir / 'trial.log')}")
+        raise RuntimeError(f"trial {key} failed (exit {rc}): {last_line(folder.log)}")
 
 
 def _mark_failed(uri: str, run_id: str, error: str) -> None:
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(tracking_uri=uri)
-    client.set_tag(run_id, "trial.error", error.splitlines()[-1][:4000] if error else "error")
-    client.set_terminated(run_id, status="FAILED")
+    """FAILED with the error's last line, as the trial job itself would have recorded it."""
+    last = error.strip().splitlines()[-1] if error.strip() else "error"
+    mark_run(uri, run_id, FAILED, {TAG_ERROR: last})
 
 
 class SlurmBackend(Backend):
+    """One submitit job array per submission; SLURM holds the jobs, ``submit`` returns once they are queued."""
+
     name = "slurm"
     task_class: type = TrialTask  # what each array task runs (the benchmark swaps in a trivial one)
 
     def validate(self) -> None:
-        for cmd in ("sbatch", "squeue", "scancel", "scontrol"):
-            if shutil.which(cmd) is None:
-                raise BackendError(f"{cmd} not found: is SLURM installed here and SLURM_CONF set?")
-        part = self.profile.partition
-        if part:
-            known = sorted(set(_run(["sinfo", "-h", "-o", "%R"]).split()))
-            if part not in known:
-                raise BackendError(f"profile {self.profile.name!r}: unknown partition {part!r}; valid: "
-                                   f"{', '.join(known)}")
+        slurm_commands.check_cluster(self.profile)
 
     # ---- submission -------------------------------------------------------------------------------------------------
     def _executor(self, sub_id: str, n: int) -> object:
@@ -159,29 +139,10 @@ class SlurmBackend(Backend):
               file=sys.stderr, flush=True)
 
     # ---- reconciliation ---------------------------------------------------------------------------------------------
-    def _squeue(self) -> list[tuple[str, str, str]]:
-        names = [s.job_name() for s in self.sweep.submissions() if s.data.get("backend") == self.name]
-        if not names:
-            return []
-        out = _run(["squeue", "-h", "-r", "-o", "%i|%j|%T", "--name", ",".join(names)])
-        rows = []
-        for line in out.splitlines():
-            parts = line.strip().split("|")
-            if len(parts) == 3:
-                rows.append((parts[0], parts[1], parts[2]))
-        return rows
-
     def live_jobs(self, settle_s: float = 90.0) -> dict[str, str]:
-        # A task that is COMPLETING may still come back (requeue) or not (cancel): wait for SLURM to decide rather
-        # than risk two jobs training one trial.
-        deadline = time.monotonic() + settle_s
-        rows = self._squeue()
-        while any(state in _SETTLING for _, _, state in rows) and time.monotonic() < deadline:
-            time.sleep(1.0)
-            rows = self._squeue()
-        subs = {s.job_name(): s for s in self.sweep.submissions()}
+        subs = {s.job_name(): s for s in self.sweep.submissions() if s.data.get("backend") == self.name}
         live: dict[str, str] = {}
-        for job_id, name, _state in rows:
+        for job_id, name, _state in slurm_commands.settled_squeue(list(subs), settle_s):
             sub = subs.get(name)
             if sub is None:
                 continue
@@ -194,5 +155,4 @@ class SlurmBackend(Backend):
         return live
 
     def cancel(self, job_ids: list[str]) -> None:
-        for i in range(0, len(job_ids), 500):
-            _run(["scancel", *job_ids[i:i + 500]])
+        slurm_commands.scancel(job_ids)

@@ -1,0 +1,121 @@
+"""Cluster profiles (``slurm/profiles/NAME.yaml``): what the SLURM backends (``slurm``, ``ray-slurm``) ask the
+scheduler for. The ``local`` backend reads only ``cpus_per_task``.
+
+A profile is a flat mapping; every key has a safe default, and :func:`load_profile` refuses unknown keys and
+invalid values with a message that names the file, the key and what is valid, before anything is submitted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from orchestrate.backends.base import BackendError
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A cluster profile (``slurm/profiles/NAME.yaml``): flat keys, each with a safe default."""
+
+    name: str = "default"
+    partition: str = ""
+    account: str = ""
+    qos: str = ""
+    gpus_per_node: str | int = 0  # "a100:1" or a count; 0 = no GPU request
+    cpus_per_task: int = 1  # a trial needs one CPU by default; dataloader workers need more
+    mem_gb: float = 0  # 0 = the partition's default
+    time_limit: str = "48:00:00"  # HH:MM:SS or minutes; a 65-hour run survives it by checkpoint + requeue
+    signal_delay_s: int = 120  # USR2 this long before the limit: time to finish a step and write a checkpoint
+    max_parallel: int = 0  # array "%" limit; 0 = no limit
+    setup: tuple[str, ...] = ()  # shell lines run before the trial (module load, source venv)
+    additional: tuple[tuple[str, Any], ...] = ()  # extra sbatch options, e.g. {constraint: a100_80}
+
+    def gpu_count(self) -> int:
+        """GPUs per node as a number (``"a100:2"`` → 2); raises ValueError on a malformed value."""
+        g = self.gpus_per_node
+        if isinstance(g, int):
+            return g
+        return int(str(g).rsplit(":", 1)[-1]) if str(g) else 0
+
+    def time_limit_min(self) -> int:
+        """The time limit in whole minutes (rounded up), from ``minutes``, ``HH:MM:SS`` or ``D-HH:MM:SS``."""
+        t = str(self.time_limit)
+        if ":" not in t and "-" not in t:
+            return int(float(t))
+        days = 0
+        if "-" in t:
+            d, t = t.split("-", 1)
+            days = int(d)
+        parts = [int(p) for p in t.split(":")]
+        while len(parts) < 3:
+            parts.append(0)
+        h, m, s = parts
+        return days * 1440 + h * 60 + m + (1 if s else 0)
+
+
+PROFILE_KEYS = ("partition", "account", "qos", "gpus_per_node", "cpus_per_task", "mem_gb", "time_limit",
+                "signal_delay_s", "max_parallel", "setup", "additional")
+
+
+def profiles_dir() -> Path:
+    """``slurm/profiles`` of this checkout, where a bare profile name is looked up."""
+    return Path(__file__).resolve().parents[2] / "slurm" / "profiles"
+
+
+def load_profile(name_or_path: str | None) -> Profile:
+    """``NAME`` (slurm/profiles/NAME.yaml) or a path; ``None`` gives the defaults. Errors name the key and value."""
+    if not name_or_path:
+        return Profile()
+    p = Path(name_or_path)
+    if not p.suffix:
+        p = profiles_dir() / f"{name_or_path}.yaml"
+    if not p.exists():
+        known = sorted(q.stem for q in profiles_dir().glob("*.yaml")) if profiles_dir().exists() else []
+        raise BackendError(f"unknown profile {name_or_path!r} (no {p}); valid: {', '.join(known) or 'none yet'}")
+    raw = yaml.safe_load(p.read_text()) or {}
+    if not isinstance(raw, dict):
+        raise BackendError(f"{p}: a profile is a mapping of {', '.join(PROFILE_KEYS)}")
+    unknown = sorted(set(raw) - set(PROFILE_KEYS) - {"name", "description"})
+    if unknown:
+        raise BackendError(f"{p}: unknown key {unknown[0]!r}; valid: {', '.join(PROFILE_KEYS)}")
+    kw: dict[str, Any] = {"name": p.stem}
+    for k in PROFILE_KEYS:
+        if k not in raw or raw[k] is None:
+            continue
+        kw[k] = _checked(p, k, raw[k])
+    prof = Profile(**kw)
+    try:
+        prof.time_limit_min()
+        prof.gpu_count()
+    except ValueError:
+        raise BackendError(f"{p}: invalid time_limit {prof.time_limit!r} or gpus_per_node {prof.gpus_per_node!r}; "
+                           "valid: 'HH:MM:SS', 'D-HH:MM:SS' or minutes, and a count or 'TYPE:COUNT'") from None
+    return prof
+
+
+def _checked(p: Path, k: str, v: Any) -> Any:
+    """The value of key ``k`` as :class:`Profile` holds it; BackendError naming file, key and value if invalid."""
+    if k in ("cpus_per_task", "signal_delay_s", "max_parallel"):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise BackendError(f"{p}: invalid value for {k!r}: {v!r}; valid: a non-negative integer")
+        return v
+    if k == "mem_gb":
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
+            raise BackendError(f"{p}: invalid value for 'mem_gb': {v!r}; valid: a non-negative number")
+        return v
+    if k == "setup":
+        if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+            raise BackendError(f"{p}: invalid value for 'setup': {v!r}; valid: a list of shell lines")
+        return tuple(v)
+    if k == "additional":
+        if not isinstance(v, dict):
+            raise BackendError(f"{p}: invalid value for 'additional': {v!r}; valid: a mapping of sbatch options")
+        return tuple(sorted(v.items()))
+    if k == "gpus_per_node":
+        if isinstance(v, bool) or not isinstance(v, (int, str)):
+            raise BackendError(f"{p}: invalid value for 'gpus_per_node': {v!r}; valid: a count or 'TYPE:COUNT'")
+        return v
+    return str(v)

@@ -1,0 +1,163 @@
+"""The Ray Tune driver: one Tune experiment per submission, one Tune trial per grid trial.
+
+Both Ray backends use it: ``local`` starts it as a process of its own (:func:`driver_command`), ``ray-slurm`` calls
+:func:`drive` inside its allocation with the address of the Ray cluster it started there. The experiment lives in
+``<sweep>/tune/<submission id>``, so a later call with ``restore=True`` continues it with ``Tuner.restore``
+(finished Tune trials are not rerun).
+
+Each Tune trial runs the trial job's command (:func:`asr_core.trial_contract.trial_command`) as a child
+(:class:`orchestrate.runner.TrialProcess`), and reports by its exit code: 0 ends the Tune trial cleanly, anything
+else makes it ERROR. The ledger, not Tune, decides what a resume reruns, so Tune never retries on its own.
+
+Ray ≥ 2.59 turns token authentication on for local clusters and would write a token to ``~/.ray``; we keep
+authentication on but give every sweep its own token file (mode 600) in its folder (:func:`ray_auth_env`), so
+nothing outside the sweep is touched and a Ray-on-SLURM cluster started from the same folder shares it.
+
+``python -m orchestrate.backends.tune_driver SWEEP_PATH SUBMISSION [--restore] ...`` runs :func:`drive`.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import sys
+from pathlib import Path
+from typing import Any
+
+from asr_core.trial_contract import ENV_JOB_ID, EXIT_OK, EXIT_PREEMPTED, TrialFolder, trial_command
+from orchestrate.runner import TrialProcess, last_line
+from orchestrate.sweep import SweepDir
+
+RAY_AUTH_TOKEN_FILE = "ray_auth_token"  # in the sweep folder
+
+
+def ray_auth_env(sweep: SweepDir) -> dict[str, str]:
+    """Environment that makes Ray use token authentication with this sweep's own token (created once)."""
+    path = sweep.path / RAY_AUTH_TOKEN_FILE
+    if not path.exists():
+        sweep.path.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(32))
+    return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(path)}
+
+
+def driver_command(sweep: SweepDir, sub_id: str, cpus_per_trial: int, restore: bool = False) -> list[str]:
+    """The command line that runs :func:`drive` for a submission on this machine (a Ray cluster of its own)."""
+    cmd = [sys.executable, "-m", "orchestrate.backends.tune_driver", str(sweep.path), sub_id,
+           "--cpus-per-trial", str(max(1, cpus_per_trial))]
+    return cmd + (["--restore"] if restore else [])
+
+
+def run_trial_job(config: dict[str, Any]) -> None:
+    """The Tune trainable: run one trial's command; raise (so Tune marks the trial ERROR) unless it exited 0.
+
+    With ``job["preempt_flag"]`` set, the trainer gets SIGUSR2 (checkpoint, exit :data:`EXIT_PREEMPTED`) as soon
+    as that file exists: the Ray-on-SLURM allocation touches it when SLURM warns of the end."""
+    from ray import tune
+
+    job = config["job"]
+    child = TrialProcess(job["cmd"], job["workdir"], TrialFolder(Path(job["trial_dir"])).log,
+                         env={ENV_JOB_ID: job["job_id"]})
+    flag = job.get("preempt_flag")
+    rc = child.wait(stop=(lambda: Path(flag).exists()) if flag else None)
+    if rc == EXIT_PREEMPTED:
+        raise RuntimeError(f"trial {job['key']} was interrupted and checkpointed (exit {EXIT_PREEMPTED}); "
+                           "`orchestrate resume` continues it")
+    if rc != EXIT_OK:
+        raise RuntimeError(f"trial {job['key']} failed (exit {rc}): {last_line(child.log_path)}")
+    tune.report({"exit_code": rc})
+
+
+def run_tune(jobs: list[dict[str, Any]], storage: Path, name: str, resources: dict[str, float],
+             restore: bool = False) -> dict[str, str]:
+    """Run (or continue) a Tune experiment over ``jobs`` in the Ray cluster already initialised; returns
+    {key: Tune trial state}."""
+    from ray import tune
+
+    trainable = tune.with_resources(run_trial_job, resources)
+    path = storage / name
+    if restore and tune.Tuner.can_restore(str(path)):
+        print(f"[orchestrate] continuing Tune experiment {path} (Tuner.restore)", file=sys.stderr, flush=True)
+        tuner = tune.Tuner.restore(str(path), trainable, resume_unfinished=True, resume_errored=False,
+                                   restart_errored=True)
+    else:
+        tuner = tune.Tuner(
+            trainable,
+            param_space={"job": tune.grid_search(jobs)},
+            tune_config=tune.TuneConfig(num_samples=1, reuse_actors=False,
+                                        trial_dirname_creator=lambda t: t.config["job"]["key"],
+                                        trial_name_creator=lambda t: t.config["job"]["label"]),
+            run_config=tune.RunConfig(name=name, storage_path=str(storage), verbose=1,
+                                      # one attempt per call: the ledger decides what a resume reruns
+                                      failure_config=tune.FailureConfig(max_failures=0)),
+        )
+    grid = tuner.fit()
+    out: dict[str, str] = {}
+    for r in grid:
+        key = r.config["job"]["key"] if r.config else "?"
+        out[key] = "ERROR" if r.error else "TERMINATED"
+    return out
+
+
+def drive(sweep_path: Path, sub_id: str, cpus_per_trial: int, restore: bool, address: str | None = None,
+          gpus_per_trial: float = 0, preempt_flag: Path | None = None) -> int:
+    """Run a submission's trials with Ray Tune; returns 0 once every Tune trial has ended (cleanly or not: the
+    ledger holds each trial's outcome).
+
+    ``address``: an existing Ray cluster (Ray-on-SLURM); without it a Ray cluster of this machine's CPUs is started.
+    ``preempt_flag``: a file whose appearance makes every running trial checkpoint and exit."""
+    import ray
+
+    sweep = SweepDir(sweep_path.parent, sweep_path.name)
+    manifest = sweep.read_manifest()
+    sub = sweep.submission(sub_id)
+    by_key = {t.key: t for t in sweep.read_trials()}
+    workdir = manifest.workdir or str(Path.cwd())
+    run_ids = dict(zip(sub.keys, sub.data["run_ids"]))
+    jobs = []
+    for key in sub.keys:
+        jobs.append({"key": key, "label": by_key[key].label, "run_id": run_ids[key],
+                     "trial_dir": str(sweep.trial_dir(key)), "workdir": workdir, "job_id": sub.job_id or "",
+                     "cmd": trial_command(sweep.trial_dir(key), manifest.tracking_uri, run_ids[key]),
+                     "preempt_flag": str(preempt_flag) if preempt_flag else ""})
+    if address:
+        ray.init(address=address, log_to_driver=False)
+    else:
+        ray.init(num_cpus=os.cpu_count() or 1, num_gpus=0, include_dashboard=False, log_to_driver=False)
+    try:
+        resources: dict[str, float] = {"cpu": cpus_per_trial}
+        if gpus_per_trial:
+            resources["gpu"] = gpus_per_trial
+        states = run_tune(jobs, sweep.path / "tune", sub.id, resources, restore=restore)
+    finally:
+        ray.shutdown()
+    bad = [k for k, s in states.items() if s != "TERMINATED"]
+    print(f"[orchestrate] {len(states) - len(bad)} trials ended cleanly, {len(bad)} did not", flush=True)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m orchestrate.backends.tune_driver``: :func:`drive` for one submission."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m orchestrate.backends.tune_driver", description="Ray Tune driver")
+    p.add_argument("sweep_path", type=Path)
+    p.add_argument("submission")
+    p.add_argument("--cpus-per-trial", type=int, default=1)
+    p.add_argument("--gpus-per-trial", type=float, default=0)
+    p.add_argument("--address", default=None, help="an existing Ray cluster (Ray-on-SLURM); default: start one")
+    p.add_argument("--restore", action="store_true", help="continue the submission's Tune experiment")
+    p.add_argument("--preempt-flag", type=Path, default=None,
+                   help="a file whose appearance makes every running trial checkpoint and exit")
+    a = p.parse_args(argv)
+    return drive(a.sweep_path, a.submission, a.cpus_per_trial, a.restore, a.address, a.gpus_per_trial,
+                 a.preempt_flag)
+
+
+if __name__ == "__main__":
+    # Run main() of the imported module, not of __main__: Ray pickles run_trial_job by reference only when it
+    # belongs to an importable module, so workers import this file instead of receiving a copy of __main__'s.
+    from orchestrate.backends.tune_driver import main as _main
+
+    sys.exit(_main())
