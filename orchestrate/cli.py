@@ -7,15 +7,18 @@ exits with status 2 and a message naming the file, key or value and what is vali
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
 from typing import Any
 
-from orchestrate.backends.base import BackendError, load_profile
+from asr_core.trial_contract import FAILED, KILLED
+from orchestrate.backends.base import BackendError
+from orchestrate.backends.profile import load_profile
 from orchestrate.grid import GridError, load_grid, plan_table
 from orchestrate.ledger import STATES, Ledger, LedgerError, check_tracking_uri, counts, default_tracking_uri
-from orchestrate.sweep import SweepDir, SweepError
+from orchestrate.sweep import Manifest, SweepDir, SweepError, new_sweep_id
 from orchestrate.trial import Trial
 
 EXIT_USAGE = 2
@@ -61,6 +64,13 @@ def _parser() -> argparse.ArgumentParser:
             sp.add_argument("--json", action="store_true", help="one JSON object per trial run")
         if name == "retry":
             sp.add_argument("--failed", action="store_true", required=True, help="resubmit FAILED/KILLED trials")
+        if name in ("resume", "retry"):
+            sp.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                            help="change how unfinished trials run or where their data lies, under the same keys "
+                                 "(e.g. data.num_workers=8, data.train=podcasts=podcast:/scratch/podcasts); "
+                                 "anything that would change a trial's key is refused")
+            sp.add_argument("--no-check-data", action="store_true",
+                            help="skip checking that data paths given with --set exist here")
 
     sp = sub.add_parser("bench", help="time plan, submit and status against their goals")
     sp.add_argument("--skip-slurm", action="store_true", help="skip the SLURM submission timing")
@@ -92,52 +102,110 @@ def _data_paths(trials: list[Trial]) -> dict[str, str]:
     return out
 
 
+def _check_data(trials: list[Trial]) -> None:
+    missing = {p: k for p, k in _data_paths(trials).items() if not Path(p).exists()}
+    if missing:
+        raise UsageError("data not found: " + ", ".join(f"{p} ({k})" for p, k in sorted(missing.items()))
+                         + "; fix the grid or --set the path, or pass --no-check-data if only the compute "
+                           "nodes see it")
+
+
+def merge_trials(known: list[Trial], grid_trials: list[Trial]) -> list[Trial]:
+    """The sweep's trials after a later ``submit``: every trial it had, in order, then the grid's new ones.
+
+    A grid trial whose key the sweep already has is the same experiment: it takes the grid's config (its execution
+    settings and data locations may have changed) and keeps its key, label and run. A trial recorded under a key
+    of an older version of the project is matched by its science and keeps the old key, so its runs stay found."""
+    by_key = {t.key: t for t in known}
+    by_science = {t.config.key(): t for t in known}
+    merged: dict[str, Trial] = dict(by_key)
+    added: list[Trial] = []
+    for g in grid_trials:
+        old = by_key.get(g.key) or by_science.get(g.key)
+        if old is None:
+            added.append(g)
+            continue
+        subgrids = old.subgrids + tuple(s for s in g.subgrids if s not in old.subgrids)
+        merged[old.key] = dataclasses.replace(old, config=g.config, subgrids=subgrids)
+    return list(merged.values()) + added
+
+
+def execution_overrides(trials: list[Trial], overrides: list[str]) -> list[Trial]:
+    """``trials`` with ``--set`` overrides applied, which may change how trials run and where their data lies, never
+    what they are: an override that would change a trial's key raises :class:`UsageError` naming it."""
+    if not overrides:
+        return trials
+    from asr_core.config import ConfigError
+    from asr_core.identity import science
+
+    out = []
+    for t in trials:
+        try:
+            cfg = t.config.with_overrides(overrides)
+        except ConfigError as e:
+            raise UsageError(str(e)) from None
+        if cfg.key() != t.config.key():
+            was, now = science(t.config), science(cfg)
+            changed = sorted(k for k in set(was) | set(now) if was.get(k) != now.get(k))
+            raise UsageError(f"--set {' '.join(overrides)} changes what trial {t.label} ({t.key}) is ("
+                             f"{', '.join(changed)}), not only how it runs; resume takes execution settings and "
+                             "data locations only. To run other experiments, submit a grid (they get new keys)")
+        out.append(dataclasses.replace(t, config=cfg))
+    return out
+
+
+def _record_code(sweep: SweepDir, manifest: Manifest) -> Manifest:
+    """The manifest with the running code version appended; a dirty tree's diff is kept in the sweep folder."""
+    from asr_core.provenance import code_version
+
+    code = code_version()
+    if code.dirty and code.diff:
+        sweep.save_diff(code.label, code.diff)
+    return manifest.with_code(code.label)
+
+
 def cmd_submit(args: argparse.Namespace) -> int:
     from orchestrate.dispatch import new_manifest, run_sweep
 
     grid = load_grid(args.grid, args.overrides)
     profile = load_profile(args.profile)
     sweep = SweepDir(args.sweep_root, args.sweep or grid.name)
-    uri = args.tracking_uri or (sweep.read_manifest().tracking_uri if sweep.exists()
-                                else default_tracking_uri(args.sweep_root))
+    old = sweep.read_manifest() if sweep.exists() else None
+    uri = args.tracking_uri or (old.tracking_uri if old else default_tracking_uri(args.sweep_root))
     trials = list(grid.trials)
     if not args.no_check_data:
-        missing = {p: k for p, k in _data_paths(trials).items() if not Path(p).exists()}
-        if missing:
-            raise UsageError("data not found: " + ", ".join(f"{p} ({k})" for p, k in sorted(missing.items()))
-                             + "; fix the grid or --set the path, or pass --no-check-data if only the compute "
-                               "nodes see it")
-    if sweep.exists():
-        old = sweep.read_manifest()
+        _check_data(trials)
+    if old is not None:
         if old.backend != args.backend:
             raise UsageError(f"sweep {sweep.name!r} exists with backend {old.backend!r}; use `orchestrate resume "
                              f"{sweep.name}` or give another --sweep name")
         if old.tracking_uri != uri:
             raise UsageError(f"sweep {sweep.name!r} is ledgered in {old.tracking_uri}, not {uri}; drop "
                              "--tracking-uri or give another --sweep name")
-        known = {t.key: t for t in sweep.read_trials()}
-        trials = list(known.values()) + [t for t in trials if t.key not in known]
+        trials = merge_trials(sweep.read_trials(), trials)
     check_tracking_uri(uri)
+    sweep_id = (old.sweep_id if old is not None else "") or new_sweep_id()
+    Ledger(uri, sweep.name).check_owner(sweep_id, str(sweep.path))  # before anything is written
     manifest = new_manifest(sweep.name, Path(args.grid).resolve(), args.backend, args.profile or "", uri,
-                            tuple(args.overrides))
+                            tuple(args.overrides), sweep_id=sweep_id, code=old.code if old is not None else ())
     from orchestrate.backends import make_backend
 
     make_backend(args.backend, sweep, uri, profile).validate()
-    sweep.write_manifest(manifest)
-    sweep.write_trials(trials)
-    plan = run_sweep(sweep, manifest, trials, profile, include_failed=False, what="submit")
+    manifest = _record_code(sweep, manifest)
+    plan = run_sweep(sweep, manifest, trials, profile, include_failed=False, what="submit", write=True)
     print(f"sweep {sweep.name}: {plan.summary()}")
     print(f"  folder {sweep.path}\n  ledger {uri}\n  status: orchestrate status {sweep.name} "
           f"--sweep-root {args.sweep_root}")
     return 0
 
 
-def _open(args: argparse.Namespace) -> tuple[SweepDir, Any, list[Trial]]:
+def _open(args: argparse.Namespace) -> tuple[SweepDir, Manifest, list[Trial]]:
     sweep = SweepDir(args.sweep_root, args.sweep)
     manifest = sweep.read_manifest()
     if args.tracking_uri:
-        manifest = manifest.__class__(**{**manifest.__dict__, "tracking_uri": args.tracking_uri})
+        manifest = dataclasses.replace(manifest, tracking_uri=args.tracking_uri)
     check_tracking_uri(manifest.tracking_uri)
+    Ledger(manifest.tracking_uri, manifest.name).check_owner(manifest.sweep_id, str(sweep.path))
     return sweep, manifest, sweep.read_trials()
 
 
@@ -147,20 +215,28 @@ def cmd_status(args: argparse.Namespace) -> int:
     runs = ledger.trial_runs()
     if args.json:
         for r in runs.values():
-            print(json.dumps(r.__dict__))
+            print(json.dumps(dataclasses.asdict(r)))
         return 0
     c = counts(runs.values(), len(trials))
     print(f"sweep {sweep.name} ({manifest.backend}, {len(trials)} trials, ledger {manifest.tracking_uri})")
+    if len(manifest.code) > 1:
+        print(f"  submitted and resumed from code {', '.join(manifest.code)}")
     width = max(len(s) for s in c)
     for state in (*STATES, "MISSING"):
         if c.get(state):
             print(f"  {state:<{width}}  {c[state]:>5}")
-    bad = [r for r in runs.values() if r.status in ("FAILED", "KILLED")]
+    bad = [r for r in runs.values() if r.status in (FAILED, KILLED)]
     if bad:
         print(f"\n{len(bad)} failed or killed:")
         lw = max(len(r.label) for r in bad)
         for r in sorted(bad, key=lambda r: r.label):
             print(f"  {r.label:<{lw}}  {r.key}  {r.status:<6}  job {r.job_id or '-':<10}  {r.error or '-'}")
+    mixed = [r for r in runs.values() if r.mixed_code]
+    if mixed:
+        print(f"\n{len(mixed)} trials ran different code in their segments (start and resumes):")
+        lw = max(len(r.label) for r in mixed)
+        for r in sorted(mixed, key=lambda r: r.label):
+            print(f"  {r.label:<{lw}}  {r.key}  {r.segments} segments  code {r.code.replace(',', ' -> ')}")
     return 0
 
 
@@ -169,8 +245,14 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
     sweep, manifest, trials = _open(args)
     profile = load_profile(manifest.profile or None)
-    plan = run_sweep(sweep, manifest, trials, profile, include_failed=True,
-                     only_failed=args.command == "retry", what=args.command)
+    changed = execution_overrides(trials, args.overrides)
+    if changed is not trials and not args.no_check_data:
+        _check_data(changed)
+    if changed is not trials:
+        manifest = dataclasses.replace(manifest, overrides=manifest.overrides + tuple(args.overrides))
+    manifest = _record_code(sweep, manifest)
+    plan = run_sweep(sweep, manifest, changed, profile, include_failed=True,
+                     only_failed=args.command == "retry", what=args.command, write=True)
     print(f"sweep {sweep.name}: {plan.summary()}")
     return 0
 

@@ -24,10 +24,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from asr_core.trial_contract import FAILED, FINISHED, KILLED, RUNNING, SCHEDULED, TAG_BACKEND, TAG_ERROR, TAG_JOB_ID
 from orchestrate.backends import make_backend
-from orchestrate.backends.base import Backend, Job, Profile
+from orchestrate.backends.base import Backend, Job
+from orchestrate.backends.profile import Profile
 from orchestrate.ledger import Ledger, TrialRun
-from orchestrate.sweep import Manifest, SweepDir
+from orchestrate.sweep import Manifest, SweepDir, new_sweep_id
 from orchestrate.trial import Trial
 
 
@@ -68,11 +70,11 @@ def classify(trials: list[Trial], runs: dict[str, TrialRun], live: dict[str, str
     plan = Plan()
     for t in trials:
         r = runs.get(t.key)
-        if r is not None and r.status == "FINISHED":
+        if r is not None and r.status == FINISHED:
             plan.finished.append(t.key)
         elif t.key in live:
             plan.attached[t.key] = live[t.key]
-        elif r is not None and r.status in ("FAILED", "KILLED"):
+        elif r is not None and r.status in (FAILED, KILLED):
             (plan.failed if include_failed else plan.left_failed).append(t.key)
         elif only_failed:
             continue
@@ -85,48 +87,56 @@ def classify(trials: list[Trial], runs: dict[str, TrialRun], live: dict[str, str
 
 def run_sweep(sweep: SweepDir, manifest: Manifest, trials: list[Trial], profile: Profile, *,
               include_failed: bool = True, only_failed: bool = False, what: str = "submit",
-              backend: Backend | None = None) -> Plan:
-    """Reconcile ledger, scheduler and sweep, then submit what needs to run. Holds the sweep lock throughout."""
+              backend: Backend | None = None, write: bool = False) -> Plan:
+    """Reconcile ledger, scheduler and sweep, then submit what needs to run. Holds the sweep lock throughout.
+
+    ``write``: record ``manifest`` and ``trials`` in the sweep folder first, under the lock and after the ledger
+    confirmed that this folder owns the sweep's experiment (a refused or busy call changes nothing)."""
     backend = backend or make_backend(manifest.backend, sweep, manifest.tracking_uri, profile)
     backend.validate()
     ledger = Ledger(manifest.tracking_uri, manifest.name)
     with sweep.lock(what):
         t0 = time.perf_counter()
-        parent = ledger.ensure_sweep(manifest.grid, manifest.backend)
+        parent = ledger.ensure_sweep(manifest.grid, manifest.backend, manifest.sweep_id, str(sweep.path))
+        if write:
+            sweep.write_manifest(manifest)
+            sweep.write_trials(trials)
         runs = ledger.trial_runs()
         live = backend.live_jobs()
         plan = classify(trials, runs, live, include_failed=include_failed, only_failed=only_failed)
         log(f"sweep {sweep.name}: {len(trials)} trials: {plan.summary()}")
         # Re-attach: tag job ids the ledger lacks (a submitter that died after sbatch, before tagging).
-        fix = {runs[k].run_id: {"trial.job_id": j, "trial.backend": manifest.backend}
+        fix = {runs[k].run_id: {TAG_JOB_ID: j, TAG_BACKEND: manifest.backend}
                for k, j in plan.attached.items() if k in runs and runs[k].job_id != j}
         if fix:
             ledger.tag_runs(fix)
             log(f"tagged {len(fix)} re-attached runs with their job ids")
+        by_key = {t.key: t for t in trials}
+        for k in plan.attached:  # live jobs read config.json when they are requeued: give them today's settings
+            sweep.prepare_trial(by_key[k])
         todo_keys = plan.to_submit()
         if not todo_keys:
             if len(plan.finished) == len(trials):
                 ledger.finish_parent()
             return plan
-        by_key = {t.key: t for t in trials}
         todo = [by_key[k] for k in todo_keys]
         run_ids = ledger.create_trial_runs(parent, [by_key[k] for k in plan.new], manifest.backend)
-        requeue = [runs[k].run_id for k in plan.lost + plan.failed if runs[k].status != "SCHEDULED"]
+        requeue = [runs[k].run_id for k in plan.lost + plan.failed if runs[k].status != SCHEDULED]
         if requeue:  # FAILED/KILLED/stale RUNNING go back to SCHEDULED; the error tag is cleared
-            ledger.set_status(requeue, "SCHEDULED", tags={"trial.error": ""})
+            ledger.set_status(requeue, SCHEDULED, tags={TAG_ERROR: ""})
         log(f"ledger ready in {time.perf_counter() - t0:.2f}s ({len(plan.new)} runs created)")
         jobs = [Job(trial=t, run_id=run_ids[t.key], trial_dir=sweep.prepare_trial(t)) for t in todo]
         _fault("after-runs")
 
         def on_submitted(job_ids: dict[str, str]) -> None:
             _fault("after-submit")
-            ledger.tag_runs({run_ids[k]: {"trial.job_id": j, "trial.backend": manifest.backend}
+            ledger.tag_runs({run_ids[k]: {TAG_JOB_ID: j, TAG_BACKEND: manifest.backend}
                              for k, j in job_ids.items()})
 
         backend.submit(jobs, on_submitted)
         if backend.blocking:
             final = ledger.trial_runs()
-            if all(final.get(t.key) is not None and final[t.key].status == "FINISHED" for t in trials):
+            if all(final.get(t.key) is not None and final[t.key].status == FINISHED for t in trials):
                 ledger.finish_parent()
     return plan
 
@@ -136,18 +146,21 @@ def cancel_sweep(sweep: SweepDir, manifest: Manifest, profile: Profile) -> list[
     backend = make_backend(manifest.backend, sweep, manifest.tracking_uri, profile)
     ledger = Ledger(manifest.tracking_uri, manifest.name)
     with sweep.lock("cancel"):
+        ledger.check_owner(manifest.sweep_id, str(sweep.path))
         live = backend.live_jobs()
         job_ids = sorted(set(live.values()))
         if job_ids:
             backend.cancel(job_ids)
         runs = ledger.trial_runs()
-        unfinished = [r.run_id for r in runs.values() if r.status in ("SCHEDULED", "RUNNING")]
-        ledger.set_status(unfinished, "KILLED")
+        unfinished = [r.run_id for r in runs.values() if r.status in (SCHEDULED, RUNNING)]
+        ledger.set_status(unfinished, KILLED)
         log(f"cancelled {len(job_ids)} jobs; {len(unfinished)} runs marked KILLED")
         return job_ids
 
 
 def new_manifest(name: str, grid: Path, backend: str, profile: str, tracking_uri: str,
-                 overrides: tuple[str, ...]) -> Manifest:
+                 overrides: tuple[str, ...], *, sweep_id: str = "", code: tuple[str, ...] = ()) -> Manifest:
+    """A new sweep's manifest (a fresh ``sweep_id`` unless given: the folder's identity towards the ledger)."""
+    sweep_id = sweep_id or new_sweep_id()
     return Manifest(name=name, grid=str(grid), backend=backend, profile=profile, tracking_uri=tracking_uri,
-                    overrides=overrides, created=time.time(), workdir=str(Path.cwd()))
+                    overrides=overrides, created=time.time(), workdir=str(Path.cwd()), sweep_id=sweep_id, code=code)

@@ -3,6 +3,12 @@
 One experiment per sweep (named after it), a parent run (``sweep.role=parent``), and one child run per trial
 created SCHEDULED at submission, tagged ``trial.key`` and friends; the trial job continues that run. Every lookup is
 one paged ``search_runs`` with a tag filter, never a call per run, so ``status`` stays fast for hundreds of trials.
+
+A sweep owns its experiment: the experiment carries the id of the sweep folder that created it (``sweep.id``) and
+that folder's path (``sweep.root``). Names are chosen by people and collide (two users, or one user twice, submitting
+``paper`` to one shared server); the id is what tells two sweeps of one name apart, so that one sweep's ``resume``
+never takes the other's unfinished runs for lost and its ``cancel`` never kills them. Run states and tag names are
+the trial contract's (:mod:`asr_core.trial_contract`), shared with the trial job.
 """
 
 from __future__ import annotations
@@ -14,18 +20,28 @@ import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Iterable
 from urllib.parse import urlparse
 
+from asr_core.trial_contract import (ENDED, FINISHED, ROLE_PARENT, ROLE_TRIAL, RUNNING, SCHEDULED, STATES,
+                                     TAG_BACKEND, TAG_CODE, TAG_ERROR, TAG_JOB_ID, TAG_KEY, TAG_LABEL,
+                                     TAG_PARENT_RUN, TAG_PREEMPTIONS, TAG_ROLE, TAG_SEED, TAG_SEGMENTS, TAG_SUBGRIDS,
+                                     TAG_SWEEP_BACKEND, TAG_SWEEP_GRID, TAG_SWEEP_ID, TAG_SWEEP_ROOT)
 from orchestrate.trial import Trial
 
-# Run states of MLflow, in the order ``status`` prints them.
-STATES = ("SCHEDULED", "RUNNING", "FINISHED", "FAILED", "KILLED")
+__all__ = ["STATES", "Ledger", "LedgerError", "SweepOwnershipError", "TrialRun", "check_tracking_uri", "counts",
+           "default_tracking_uri", "wait_for"]
 
 
 class LedgerError(RuntimeError):
     """The tracking server or database cannot be used; the message says which URI and what to do."""
+
+
+class SweepOwnershipError(LedgerError):
+    """The experiment named after the sweep belongs to another sweep folder; the message names that folder and how
+    to choose another name."""
 
 
 @dataclass(frozen=True)
@@ -41,6 +57,18 @@ class TrialRun:
     subgrids: str
     error: str  # last line of the error for FAILED runs
     preemptions: int
+    code: str = ""  # code label of each segment that ran the trial, comma-separated, in order ("" before the first)
+    segments: int = 0  # how many times the job started (first start + resumes)
+
+    @property
+    def code_labels(self) -> tuple[str, ...]:
+        """The distinct code labels that ran the trial, in the order they first ran it."""
+        return tuple(dict.fromkeys(c.strip() for c in self.code.split(",") if c.strip()))
+
+    @property
+    def mixed_code(self) -> bool:
+        """True when segments of the trial ran different code (a resume after the code changed)."""
+        return len(self.code_labels) > 1
 
 
 def default_tracking_uri(sweep_root: str | Path) -> str:
@@ -107,20 +135,38 @@ def _sqlite_sync_normal() -> None:
     _PRAGMAS_SET = True
 
 
+def _sqlite_path(uri: str) -> Path | None:
+    """The database file of a ``sqlite:///`` URI, or None for any other kind of store."""
+    return Path(uri[len("sqlite:///"):]) if uri.startswith("sqlite:///") else None
+
+
+def _tag_int(tags: dict[str, str], name: str) -> int:
+    """An integer tag written by the trial job; 0 when absent or unreadable (one odd run must not break ``status``)."""
+    try:
+        return int(tags.get(name, "0") or 0)
+    except ValueError:
+        return 0
+
+
 class Ledger:
     """The sweep ``name`` in the MLflow tracking store at ``tracking_uri``."""
 
     def __init__(self, tracking_uri: str, name: str) -> None:
         if tracking_uri.startswith("sqlite:"):
             _sqlite_sync_normal()
-        from mlflow.tracking import MlflowClient
-
         self.uri = tracking_uri
         self.name = name
-        self.client = MlflowClient(tracking_uri=tracking_uri)
         self._experiment_id: str | None = None
         # An http server takes concurrent requests; a sqlite file is written by one writer at a time.
         self._workers = 8 if urlparse(tracking_uri).scheme in ("http", "https") else 1
+
+    @cached_property
+    def client(self) -> Any:
+        """The ``MlflowClient``, made on first use: making one creates a sqlite database that does not exist yet,
+        which :meth:`check_owner` must not do."""
+        from mlflow.tracking import MlflowClient
+
+        return MlflowClient(tracking_uri=self.uri)
 
     # ---- the sweep --------------------------------------------------------------------------------------------------
     @property
@@ -129,29 +175,100 @@ class Ledger:
             exp = self.client.get_experiment_by_name(self.name)
             if exp is None:
                 raise LedgerError(f"no sweep {self.name!r} in {self.uri}; submit it first")
+            if exp.lifecycle_stage != "active":
+                raise self._deleted_error(exp)
             self._experiment_id = exp.experiment_id
         return self._experiment_id
 
-    def exists(self) -> bool:
-        return self.client.get_experiment_by_name(self.name) is not None
+    def check_owner(self, sweep_id: str, root: str) -> None:
+        """Raise :class:`SweepOwnershipError` when the experiment named after this sweep belongs to another sweep
+        folder (its ``sweep.id`` tag is not ``sweep_id``), and :class:`LedgerError` when it was deleted.
 
-    def ensure_sweep(self, grid: str, backend: str) -> str:
-        """Create the experiment and parent run once (the submitting process, before any job); returns the parent id."""
+        Read-only: an experiment that does not exist yet, or one made before sweeps had ids (no ``sweep.id`` tag),
+        passes; a sqlite ledger whose file does not exist yet is not created. ``sweep_id`` "" stands for a sweep
+        folder without an id, which owns no tagged experiment. ``root`` is this sweep's folder, named in the message.
+        """
+        db = _sqlite_path(self.uri)
+        if db is not None and not db.exists():
+            return
         exp = self.client.get_experiment_by_name(self.name)
-        if exp is None:
-            self._experiment_id = self.client.create_experiment(self.name)
-            _enable_wal(self.uri)
-        else:
-            self._experiment_id = exp.experiment_id
+        if exp is not None:
+            self._check(exp, sweep_id, root)
+
+    def ensure_sweep(self, grid: str, backend: str, sweep_id: str = "", root: str = "") -> str:
+        """Create (or claim) the sweep's experiment and its parent run; returns the parent run's id.
+
+        Called by the submitting process under the sweep's lock, before any job. A new experiment is created with
+        ``sweep.id`` = ``sweep_id`` and ``sweep.root`` = ``root``; an existing one must be this sweep's
+        (:meth:`check_owner`); one made before sweeps had ids is adopted (tagged with both). ``sweep_id`` "" (a
+        sweep folder without an id) only checks that no other sweep owns the experiment and claims nothing.
+        """
+        self._experiment_id = self._claim(sweep_id, root)
         parent = self.parent_run_id()
         if parent is None:
             run = self.client.create_run(self.experiment_id, run_name=self.name,
-                                         tags={"sweep.role": "parent", "sweep.grid": grid, "sweep.backend": backend})
+                                         tags={TAG_ROLE: ROLE_PARENT, TAG_SWEEP_GRID: grid,
+                                               TAG_SWEEP_BACKEND: backend})
             parent = run.info.run_id
         return parent
 
+    def _claim(self, sweep_id: str, root: str) -> str:
+        """The experiment's id, creating it tagged with ``sweep_id``/``root`` or adopting an untagged one."""
+        from mlflow.exceptions import MlflowException
+
+        owner_tags = {TAG_SWEEP_ID: sweep_id, TAG_SWEEP_ROOT: root} if sweep_id else {}
+        exp = self.client.get_experiment_by_name(self.name)
+        if exp is None:
+            try:
+                experiment_id = self.client.create_experiment(self.name, tags=owner_tags or None)
+            except MlflowException as e:
+                if e.error_code != "RESOURCE_ALREADY_EXISTS":
+                    raise
+                exp = self.client.get_experiment_by_name(self.name)  # another submitter created it just now
+                if exp is None:
+                    raise
+            else:
+                _enable_wal(self.uri)
+                return experiment_id
+        self._check(exp, sweep_id, root)
+        if sweep_id and (exp.tags.get(TAG_SWEEP_ID) != sweep_id or exp.tags.get(TAG_SWEEP_ROOT) != root):
+            # Adopt an experiment made before sweeps had ids, or record where the (moved) folder is now.
+            for k, v in owner_tags.items():
+                self.client.set_experiment_tag(exp.experiment_id, k, v)
+            # Two folders adopting one untagged experiment at once: the one whose tag stuck goes on.
+            again = self.client.get_experiment_by_name(self.name)
+            if again is not None:
+                self._check(again, sweep_id, root)
+        return exp.experiment_id
+
+    def _check(self, exp: Any, sweep_id: str, root: str) -> None:
+        if exp.lifecycle_stage != "active":
+            raise self._deleted_error(exp)
+        owner = exp.tags.get(TAG_SWEEP_ID)
+        if owner is None or owner == sweep_id:
+            return
+        owner_root = exp.tags.get(TAG_SWEEP_ROOT) or "a folder it did not record"
+        ours = f"sweep id {sweep_id}" if sweep_id else "no sweep id"
+        raise SweepOwnershipError(
+            f"experiment {self.name!r} in {self.uri} belongs to another sweep: the folder {owner_root} (sweep id "
+            f"{owner}), not this one ({root or 'this folder'}, {ours}); sweeps sharing one experiment would resume "
+            f"and cancel each other's runs. Submit this one under another name with `--sweep NAME`, or run "
+            f"status/resume/cancel from {owner_root}")
+
+    def _deleted_error(self, exp: Any) -> LedgerError:
+        eid = exp.experiment_id
+        gc = (f"`mlflow gc --backend-store-uri {self.uri} --experiment-ids {eid}`" if _sqlite_path(self.uri)
+              else f"`mlflow gc --backend-store-uri STORE --experiment-ids {eid}` with the server's backend store")
+        owner = exp.tags.get(TAG_SWEEP_ROOT)
+        return LedgerError(
+            f"experiment {self.name!r} (id {eid}) in {self.uri} is deleted"
+            + (f" (it was the sweep in {owner})" if owner else "")
+            + "; MLflow keeps a deleted experiment's name taken. Restore it (`MLFLOW_TRACKING_URI="
+            f"{self.uri} mlflow experiments restore --experiment-id {eid}`), delete it for good ({gc}), or submit "
+            "under another name with `--sweep NAME`")
+
     def parent_run_id(self) -> str | None:
-        runs = self.client.search_runs([self.experiment_id], filter_string="tags.`sweep.role` = 'parent'",
+        runs = self.client.search_runs([self.experiment_id], filter_string=f"tags.`{TAG_ROLE}` = '{ROLE_PARENT}'",
                                        max_results=10)
         return runs[0].info.run_id if runs else None
 
@@ -162,7 +279,7 @@ class Ledger:
         token: str | None = None
         runs: list[Any] = []
         while True:
-            page = self.client.search_runs([self.experiment_id], filter_string="tags.`sweep.role` = 'trial'",
+            page = self.client.search_runs([self.experiment_id], filter_string=f"tags.`{TAG_ROLE}` = '{ROLE_TRIAL}'",
                                            max_results=5000, order_by=["attributes.start_time ASC"],
                                            page_token=token)
             runs += list(page)
@@ -171,14 +288,14 @@ class Ledger:
                 break
         for r in runs:
             tags = r.data.tags
-            key = tags.get("trial.key", "")
+            key = tags.get(TAG_KEY, "")
             if not key or key in out:
                 continue
-            out[key] = TrialRun(run_id=r.info.run_id, key=key, label=tags.get("trial.label", r.info.run_name or ""),
-                                status=r.info.status, job_id=tags.get("trial.job_id", ""),
-                                backend=tags.get("trial.backend", ""), subgrids=tags.get("trial.subgrids", ""),
-                                error=tags.get("trial.error", ""),
-                                preemptions=int(tags.get("trial.preemptions", "0") or 0))
+            out[key] = TrialRun(run_id=r.info.run_id, key=key, label=tags.get(TAG_LABEL, r.info.run_name or ""),
+                                status=r.info.status, job_id=tags.get(TAG_JOB_ID, ""),
+                                backend=tags.get(TAG_BACKEND, ""), subgrids=tags.get(TAG_SUBGRIDS, ""),
+                                error=tags.get(TAG_ERROR, ""), preemptions=_tag_int(tags, TAG_PREEMPTIONS),
+                                code=tags.get(TAG_CODE, ""), segments=_tag_int(tags, TAG_SEGMENTS))
         return out
 
     def create_trial_runs(self, parent_id: str, trials: Iterable[Trial], backend: str) -> dict[str, str]:
@@ -194,9 +311,9 @@ class Ledger:
         out = {k: r.run_id for k, r in existing.items()}
 
         def create(t: Trial) -> tuple[str, str]:
-            tags = {"mlflow.parentRunId": parent_id, "sweep.role": "trial", "trial.key": t.key,
-                    "trial.subgrids": ",".join(t.subgrids), "trial.label": t.label, "trial.seed": str(t.seed),
-                    "trial.backend": backend, "trial.job_id": ""}
+            tags = {TAG_PARENT_RUN: parent_id, TAG_ROLE: ROLE_TRIAL, TAG_KEY: t.key,
+                    TAG_SUBGRIDS: ",".join(t.subgrids), TAG_LABEL: t.label, TAG_SEED: str(t.seed),
+                    TAG_BACKEND: backend, TAG_JOB_ID: ""}
             run = self.client.create_run(self.experiment_id, run_name=t.label, tags=tags)
             params = [Param(k, str(v)) for k, v in t.config.flat().items()]
             for i in range(0, len(params), 100):  # MLflow takes at most 100 params per batch
@@ -214,9 +331,9 @@ class Ledger:
 
         store = getattr(getattr(self.client, "_tracking_client", None), "store", None)
         if store is not None and hasattr(store, "update_run_info"):
-            store.update_run_info(run_id, RunStatus.from_string("SCHEDULED"), end_time=None, run_name=None)
+            store.update_run_info(run_id, RunStatus.from_string(SCHEDULED), end_time=None, run_name=None)
         else:
-            self.client.update_run(run_id, status="SCHEDULED")
+            self.client.update_run(run_id, status=SCHEDULED)
 
     def tag_runs(self, tags_by_run: dict[str, dict[str, str]]) -> None:
         """Set tags on many runs (one batch call per run)."""
@@ -230,12 +347,15 @@ class Ledger:
 
     def set_status(self, run_ids: Iterable[str], status: str, tags: dict[str, str] | None = None) -> None:
         """Move runs to ``status`` (SCHEDULED to queue again, KILLED on cancel), optionally with tags."""
+        if status not in STATES:
+            raise ValueError(f"unknown run state {status!r}; valid: {', '.join(STATES)}")
+
         def one(run_id: str) -> None:
             if tags:
                 self.tag_runs({run_id: tags})
-            if status == "SCHEDULED":
+            if status == SCHEDULED:
                 self._set_scheduled(run_id)
-            elif status == "RUNNING":
+            elif status == RUNNING:
                 self.client.update_run(run_id, status=status)
             else:
                 self.client.set_terminated(run_id, status=status)
@@ -245,7 +365,7 @@ class Ledger:
     def finish_parent(self) -> None:
         parent = self.parent_run_id()
         if parent is not None:
-            self.client.set_terminated(parent, status="FINISHED")
+            self.client.set_terminated(parent, status=FINISHED)
 
     def _map(self, fn: Any, items: list[Any]) -> list[Any]:
         if self._workers == 1 or len(items) < 2:
@@ -265,7 +385,7 @@ def counts(runs: Iterable[TrialRun], expected: int) -> dict[str, int]:
     return out
 
 
-def wait_for(ledger: Ledger, keys: Iterable[str], states: tuple[str, ...] = ("FINISHED", "FAILED", "KILLED"),
+def wait_for(ledger: Ledger, keys: Iterable[str], states: tuple[str, ...] = ENDED,
              timeout: float = 600.0, poll: float = 2.0) -> dict[str, TrialRun]:
     """Poll until every key's run is in one of ``states``; returns the runs (raises TimeoutError with the rest)."""
     keys = set(keys)

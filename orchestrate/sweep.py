@@ -2,9 +2,11 @@
 
 ::
 
-    sweep.json            name, grid, backend, profile, tracking URI (the manifest)
+    sweep.json            name, id, grid, backend, profile, tracking URI, code versions (the manifest)
     trials.json           every trial of the sweep (key, label, sub-grids, seed, config)
-    trials/<key>/         one folder per trial: config.json, checkpoint.pt, logs, DONE
+    trials/<key>/         one folder per trial (asr_core.trial_contract.TrialFolder): config.json, checkpoint.pt,
+                          trial.log, progress.jsonl, segments.jsonl, DONE
+    code/<version>.diff   the uncommitted changes of a dirty code version that submitted or resumed the sweep
     submissions/<id>.json one file per submission: backend, trial keys in array-task order, job id once known
     lock                  held (flock) while a process submits, resumes or runs the sweep locally
 
@@ -18,14 +20,14 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import sys
 import time
 import uuid
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Iterator
 
+from asr_core.trial_contract import TrialFolder, config_json, write_config
 from orchestrate.trial import Trial
 
 
@@ -43,34 +45,22 @@ class Manifest:
     overrides: tuple[str, ...] = ()
     created: float = 0.0
     workdir: str = ""  # where `submit` ran: trials run there, so relative data paths mean the same thing
+    sweep_id: str = ""  # written once when the folder is created; the MLflow experiment carries it (ownership)
+    code: tuple[str, ...] = ()  # code versions (asr_core.provenance labels) that submitted or resumed it, in order
+
+    def with_code(self, label: str) -> "Manifest":
+        """This manifest with ``label`` appended to :attr:`code` unless it is already the latest."""
+        return self if self.code[-1:] == (label,) else replace(self, code=self.code + (label,))
+
+
+def new_sweep_id() -> str:
+    return uuid.uuid4().hex
 
 
 def _atomic_write(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(text)
     os.replace(tmp, path)
-
-
-def config_json(d: Any) -> str:
-    """JSON that YAML 1.1 readers parse to the same values: PyYAML reads ``1e-06`` as a string, so exponent floats
-    are written ``1.0e-06`` (still valid JSON). The trainer loads config.json with a YAML loader."""
-    if isinstance(d, dict):
-        return "{" + ", ".join(f"{json.dumps(str(k))}: {config_json(v)}" for k, v in d.items()) + "}"
-    if isinstance(d, (list, tuple)):
-        return "[" + ", ".join(config_json(v) for v in d) + "]"
-    if isinstance(d, float):
-        text = repr(d)
-        if "e" in text and "." not in text.split("e")[0]:
-            mant, exp = text.split("e")
-            text = f"{mant}.0e{exp}"
-        return text
-    return json.dumps(d)
-
-
-def trial_command(trial_dir: Path, tracking_uri: str, run_id: str, python: str | None = None) -> list[str]:
-    """The command every backend runs for a trial (the contract with asr_core.trial)."""
-    return [python or sys.executable, "-m", "asr_core", "trial", "--config", str(trial_dir / "config.json"),
-            "--out", str(trial_dir), "--tracking-uri", tracking_uri, "--run-id", run_id]
 
 
 class SweepDir:
@@ -96,6 +86,12 @@ class SweepDir:
             raise SweepError(f"no sweep {self.name!r} under {self.path.parent} (no {self.manifest_path}); "
                              "submit it first, or pass --sweep-root") from None
         d["overrides"] = tuple(d.get("overrides", ()))
+        d["code"] = tuple(d.get("code", ()))
+        known = set(Manifest.__dataclass_fields__)
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise SweepError(f"{self.manifest_path}: unknown field {unknown[0]!r} (written by a newer version of the "
+                             "project?); update the project, or remove the field")
         return Manifest(**d)
 
     def write_manifest(self, m: Manifest) -> None:
@@ -116,13 +112,25 @@ class SweepDir:
         return self.path / "trials" / key
 
     def prepare_trial(self, trial: Trial) -> Path:
-        """The trial's folder with its config.json (the trainer reads it; rewritten only if missing)."""
-        d = self.trial_dir(trial.key)
+        """The trial's folder with the config.json its job reads: written when missing or when the trial's
+        execution settings or data locations changed (same key, so the same experiment); a finished trial's is
+        left as it ran."""
+        folder = TrialFolder(self.trial_dir(trial.key))
+        folder.path.mkdir(parents=True, exist_ok=True)
+        if folder.done.exists():
+            return folder.path
+        wanted = config_json(trial.config.to_dict()) + "\n"
+        if not folder.config.exists() or folder.config.read_text() != wanted:
+            write_config(folder.path, trial.config)
+        return folder.path
+
+    def save_diff(self, label: str, diff: str) -> Path:
+        """Keep the uncommitted changes of a dirty code version beside the manifest (``code/<label>.diff``)."""
+        d = self.path / "code"
         d.mkdir(parents=True, exist_ok=True)
-        cfg = d / "config.json"
-        if not cfg.exists():
-            _atomic_write(cfg, config_json(trial.config.to_dict()) + "\n")
-        return d
+        out = d / f"{label.replace('+', '-')}.diff"
+        _atomic_write(out, diff)
+        return out
 
     # ---- submissions ------------------------------------------------------------------------------------------------
     @property
@@ -201,14 +209,6 @@ class Submission:
     def record_job(self, job_id: str) -> None:
         self.data["job_id"] = job_id
         self.save()
-
-
-def parse_job_name(name: str) -> tuple[str, str] | None:
-    """``orch.<sweep>.<id>`` -> (sweep, id)."""
-    if not name.startswith("orch."):
-        return None
-    sweep, _, sub_id = name[len("orch."):].rpartition(".")
-    return (sweep, sub_id) if sweep and sub_id else None
 
 
 def _check_name(name: str) -> None:

@@ -1,5 +1,5 @@
-"""The MLflow ledger: schema (docs/ARCHITECTURE.md), idempotent run creation, status, and validation before any
-state changes (exit 2, nothing created)."""
+"""The MLflow ledger: schema (docs/ARCHITECTURE.md), idempotent run creation, status, a sweep's ownership of its
+experiment, and validation before any state changes (exit 2, nothing created)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ import pytest
 
 from orchestrate.cli import main
 from orchestrate.grid import load_grid
-from orchestrate.ledger import Ledger, counts, default_tracking_uri
+from asr_core import trial_contract as tc
+from orchestrate import ledger as ledger_module
+from orchestrate.ledger import Ledger, LedgerError, SweepOwnershipError, TrialRun, counts, default_tracking_uri
 from orchestrate.sweep import SweepDir
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -23,8 +25,8 @@ def ledger(tmp_path: Path) -> Ledger:
 
 def test_runs_follow_the_schema_and_are_created_once(ledger: Ledger) -> None:
     trials = list(load_grid(SMOKE).trials)
-    parent = ledger.ensure_sweep("grids/smoke.yaml", "local")
-    assert ledger.ensure_sweep("grids/smoke.yaml", "local") == parent  # one parent, however often we call
+    parent = ledger.ensure_sweep("grids/smoke.yaml", "local", "id-a", "/runs/smoke")
+    assert ledger.ensure_sweep("grids/smoke.yaml", "local", "id-a", "/runs/smoke") == parent  # one parent, always
     ids = ledger.create_trial_runs(parent, trials, "local")
     again = ledger.create_trial_runs(parent, trials, "local")
     assert ids == again and len(set(ids.values())) == len(trials)
@@ -33,6 +35,7 @@ def test_runs_follow_the_schema_and_are_created_once(ledger: Ledger) -> None:
     assert len(runs) == len(trials) + 1
     exp = c.get_experiment(ledger.experiment_id)
     assert exp.name == "smoke"
+    assert exp.tags[tc.TAG_SWEEP_ID] == "id-a" and exp.tags[tc.TAG_SWEEP_ROOT] == "/runs/smoke"
     p = c.get_run(parent)
     assert p.info.run_name == "smoke"
     assert p.data.tags["sweep.role"] == "parent" and p.data.tags["sweep.backend"] == "local"
@@ -80,6 +83,35 @@ def test_status_cli_lists_failed_trials_with_their_error(tmp_path: Path, capsys:
     assert bad.label in out and "loss is nan at step 7" in out
 
 
+def test_status_names_trials_whose_segments_ran_different_code(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """The job tags every code version that ran a segment (tests/test_provenance.py runs it for real); status
+    lists the trials with more than one, and the sweep's own code history."""
+    import dataclasses
+
+    from orchestrate.dispatch import new_manifest
+
+    grid = load_grid(SMOKE)
+    sweep = SweepDir(tmp_path, "smoke")
+    uri = default_tracking_uri(tmp_path)
+    manifest = new_manifest("smoke", SMOKE, "local", "", uri, ())
+    sweep.write_manifest(dataclasses.replace(manifest, code=("aaaaaaaaaaaa", "bbbbbbbbbbbb+dirty")))
+    sweep.write_trials(list(grid.trials))
+    ledger = Ledger(uri, "smoke")
+    ids = ledger.create_trial_runs(ledger.ensure_sweep(str(SMOKE), "local", manifest.sweep_id, str(sweep.path)),
+                                   list(grid.trials), "local")
+    mixed, same = grid.trials[0], grid.trials[1]
+    ledger.tag_runs({ids[mixed.key]: {tc.TAG_CODE: "aaaaaaaaaaaa,bbbbbbbbbbbb+dirty", tc.TAG_SEGMENTS: "2"},
+                     ids[same.key]: {tc.TAG_CODE: "aaaaaaaaaaaa", tc.TAG_SEGMENTS: "3"}})
+    assert main(["status", "smoke", "--sweep-root", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "submitted and resumed from code aaaaaaaaaaaa, bbbbbbbbbbbb+dirty" in out
+    assert "1 trials ran different code" in out
+    line = next(ln for ln in out.splitlines() if mixed.label in ln)
+    assert "2 segments" in line and "aaaaaaaaaaaa -> bbbbbbbbbbbb+dirty" in line
+    assert same.label not in out
+
+
 @pytest.mark.parametrize("extra,needle", [
     (["--tracking-uri", "http://127.0.0.1:9"], "unreachable"),
     (["--profile", "no-such-profile"], "unknown profile 'no-such-profile'"),
@@ -106,3 +138,114 @@ def test_missing_data_exits_2_naming_the_path(tmp_path: Path, capsys: pytest.Cap
 def test_unknown_sweep_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["status", "nope", "--sweep-root", str(tmp_path)]) == 2
     assert "no sweep 'nope'" in capsys.readouterr().err
+
+
+# ---- a sweep owns its experiment --------------------------------------------------------------------------------
+def test_states_are_the_trial_contracts() -> None:
+    assert ledger_module.STATES is tc.STATES
+
+
+def test_check_owner_is_read_only_before_the_ledger_exists(tmp_path: Path) -> None:
+    ledger = Ledger(default_tracking_uri(tmp_path), "smoke")
+    ledger.check_owner("id-a", str(tmp_path / "smoke"))  # no database: nothing to own, nothing created
+    assert not (tmp_path / "mlflow.db").exists()
+    ledger.client.create_experiment("other")
+    ledger.check_owner("id-a", str(tmp_path / "smoke"))  # a database without this sweep's experiment
+
+
+def test_a_sweep_owns_its_experiment_and_another_sweep_of_that_name_is_refused(ledger: Ledger) -> None:
+    trials = list(load_grid(SMOKE).trials)[:2]
+    parent = ledger.ensure_sweep("g", "local", "id-a", "/home/ann/runs/smoke")
+    ids = ledger.create_trial_runs(parent, trials, "local")
+    ledger.check_owner("id-a", "/home/ann/runs/smoke")
+    before = ledger.client.search_runs([ledger.experiment_id], max_results=100)
+
+    other = Ledger(ledger.uri, "smoke")
+    with pytest.raises(SweepOwnershipError) as err:
+        other.check_owner("id-b", "/home/bob/runs/smoke")
+    msg = str(err.value)
+    for needle in ("'smoke'", ledger.uri, "/home/ann/runs/smoke", "id-a", "/home/bob/runs/smoke", "--sweep NAME"):
+        assert needle in msg, (needle, msg)
+    with pytest.raises(SweepOwnershipError):
+        other.ensure_sweep("g", "local", "id-b", "/home/bob/runs/smoke")
+    with pytest.raises(SweepOwnershipError):  # a folder without an id owns no tagged experiment
+        other.ensure_sweep("g", "local")
+    assert isinstance(err.value, LedgerError)  # the CLI's exit 2 path
+
+    after = ledger.client.search_runs([ledger.experiment_id], max_results=100)
+    assert sorted((r.info.run_id, r.info.status) for r in after) == sorted((r.info.run_id, r.info.status)
+                                                                           for r in before)
+    exp = ledger.client.get_experiment(ledger.experiment_id)
+    assert exp.tags[tc.TAG_SWEEP_ID] == "id-a" and exp.tags[tc.TAG_SWEEP_ROOT] == "/home/ann/runs/smoke"
+    assert set(ledger.trial_runs()) == set(ids)
+
+
+def test_an_experiment_made_before_sweep_ids_is_adopted(ledger: Ledger) -> None:
+    trials = list(load_grid(SMOKE).trials)[:2]
+    parent = ledger.ensure_sweep("g", "local")  # an old sweep: no id, so the experiment carries no owner
+    ids = ledger.create_trial_runs(parent, trials, "local")
+    assert tc.TAG_SWEEP_ID not in ledger.client.get_experiment(ledger.experiment_id).tags
+    ledger.check_owner("id-a", "/runs/smoke")  # untagged: anyone may adopt it
+
+    assert Ledger(ledger.uri, "smoke").ensure_sweep("g", "local", "id-a", "/runs/smoke") == parent
+    exp = ledger.client.get_experiment(ledger.experiment_id)
+    assert exp.tags[tc.TAG_SWEEP_ID] == "id-a" and exp.tags[tc.TAG_SWEEP_ROOT] == "/runs/smoke"
+    assert {k: r.run_id for k, r in ledger.trial_runs().items()} == ids  # same runs, nothing recreated
+    with pytest.raises(SweepOwnershipError, match="/runs/smoke"):
+        Ledger(ledger.uri, "smoke").check_owner("id-b", "/elsewhere/smoke")
+
+
+def test_a_moved_sweep_folder_keeps_its_experiment_and_records_where_it_is(ledger: Ledger) -> None:
+    parent = ledger.ensure_sweep("g", "local", "id-a", "/old/runs/smoke")
+    assert Ledger(ledger.uri, "smoke").ensure_sweep("g", "local", "id-a", "/new/runs/smoke") == parent
+    assert ledger.client.get_experiment(ledger.experiment_id).tags[tc.TAG_SWEEP_ROOT] == "/new/runs/smoke"
+
+
+def test_an_experiment_created_by_another_sweep_meanwhile_is_refused(ledger: Ledger,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    Ledger(ledger.uri, "smoke").ensure_sweep("g", "local", "id-a", "/runs/a/smoke")
+    real = ledger.client.get_experiment_by_name
+    calls = iter([None])  # our first lookup ran before the other sweep created the experiment
+
+    monkeypatch.setattr(ledger.client, "get_experiment_by_name", lambda name: next(calls, real(name)))
+    with pytest.raises(SweepOwnershipError, match="/runs/a/smoke"):
+        ledger.ensure_sweep("g", "local", "id-b", "/runs/b/smoke")
+
+
+def test_a_deleted_experiment_of_that_name_says_how_to_free_it(ledger: Ledger) -> None:
+    ledger.ensure_sweep("g", "local", "id-a", "/runs/smoke")
+    eid = ledger.experiment_id
+    ledger.client.delete_experiment(eid)
+    for call in (lambda lg: lg.check_owner("id-a", "/runs/smoke"),
+                 lambda lg: lg.check_owner("id-b", "/other/smoke"),
+                 lambda lg: lg.ensure_sweep("g", "local", "id-b", "/other/smoke"),
+                 lambda lg: lg.trial_runs()):
+        with pytest.raises(LedgerError) as err:
+            call(Ledger(ledger.uri, "smoke"))
+        assert not isinstance(err.value, SweepOwnershipError)
+        msg = str(err.value)
+        for needle in ("'smoke'", "deleted", f"mlflow experiments restore --experiment-id {eid}", "mlflow gc",
+                       f"--experiment-ids {eid}", "--sweep NAME"):
+            assert needle in msg, (needle, msg)
+
+
+# ---- what the trial job recorded ----------------------------------------------------------------------------------
+def test_trial_runs_read_the_code_and_segments_of_each_trial(ledger: Ledger) -> None:
+    trials = list(load_grid(SMOKE).trials)[:3]
+    ids = ledger.create_trial_runs(ledger.ensure_sweep("g", "local", "id-a", "/r"), trials, "local")
+    a, b, c = (t.key for t in trials)
+    ledger.tag_runs({ids[a]: {tc.TAG_CODE: "3c079aa,3c079aa", tc.TAG_SEGMENTS: "2"},
+                     ids[b]: {tc.TAG_CODE: "3c079aa,c21a890+dirty,3c079aa", tc.TAG_SEGMENTS: "3"}})
+    runs = ledger.trial_runs()
+    assert (runs[a].code, runs[a].segments, runs[a].mixed_code) == ("3c079aa,3c079aa", 2, False)
+    assert runs[a].code_labels == ("3c079aa",)
+    assert (runs[b].segments, runs[b].mixed_code) == (3, True)
+    assert runs[b].code_labels == ("3c079aa", "c21a890+dirty")
+    assert (runs[c].code, runs[c].segments, runs[c].mixed_code, runs[c].code_labels) == ("", 0, False, ())
+
+
+@pytest.mark.parametrize("code,labels", [("", ()), ("a", ("a",)), (" a , b ,", ("a", "b")), ("b,a,b", ("b", "a"))])
+def test_code_labels_are_distinct_in_first_run_order(code: str, labels: tuple[str, ...]) -> None:
+    run = TrialRun(run_id="r", key="k", label="l", status=tc.RUNNING, job_id="", backend="local", subgrids="",
+                   error="", preemptions=0, code=code, segments=len(labels))
+    assert run.code_labels == labels and run.mixed_code == (len(labels) > 1)
