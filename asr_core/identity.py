@@ -127,8 +127,13 @@ def _path_name(path: str) -> str:
     return path.rstrip("/").rsplit("/", 1)[-1] if path else ""
 
 
+_REWRITTEN = frozenset((*NAMED, "eval.snrs"))
+
+
 def identity_value(field: str, value: Any) -> Any:
     """What of ``value`` names the experiment: a corpus's name instead of its spec, sorted evaluation sets."""
+    if field not in _REWRITTEN:
+        return value
     from asr_core.corpora import dataset_name
 
     if field == "data.train":
@@ -146,7 +151,9 @@ def identity_value(field: str, value: Any) -> Any:
 
 def _same(a: Any, b: Any) -> bool:
     """Equal as the key sees them (a tuple and a list of the same numbers are the same; 3 and 3.0 too)."""
-    return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True) or a == b
+    if a == b:
+        return True
+    return isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)) and list(a) == list(b)
 
 
 def science(cfg: Any) -> dict[str, Any]:
