@@ -11,7 +11,8 @@ exit codes                :data:`EXIT_OK` 0, :data:`EXIT_FAILED` 1, :data:`EXIT_
 run states                :data:`SCHEDULED` … :data:`KILLED` (MLflow's), who writes which: see :data:`STATES`
 tags                      ``TAG_*`` below: the ledger writes the ``sweep.*`` and identity tags at submission, the
                           job writes :data:`TAG_ERROR`, :data:`TAG_PREEMPTIONS`, :data:`TAG_CHECKPOINT`,
-                          :data:`TAG_CODE`, :data:`TAG_SEGMENTS` and :data:`TAG_DATA_FINGERPRINT`
+                          :data:`TAG_CODE`, :data:`TAG_SEGMENTS`, :data:`TAG_DATA_FINGERPRINT` and
+                          :func:`eval_fingerprint_tag`
 trial-folder files        :class:`TrialFolder`
 progress                  :class:`ProgressLog` (JSON lines the trainer and evaluator append) and
                           :func:`read_progress` (what ``orchestrate`` shows); never parsed from log text
@@ -68,6 +69,13 @@ TAG_CODE = "trial.code"  # every code version that ran a segment of the trial, c
 TAG_SEGMENTS = "trial.segments"  # how many times the job started (first start + resumes)
 TAG_DATA_FINGERPRINT = "trial.data.fingerprint"  # content fingerprint of the training data (name=fingerprint)
 TAG_GIT_COMMIT = "mlflow.source.git.commit"  # MLflow's own, shown in its UI: the first segment's commit
+CODE_ARTIFACT_DIR = "code"  # the run's artifact folder for the diffs of segments run from a dirty work tree
+
+
+def eval_fingerprint_tag(dataset: str) -> str:
+    """``eval.<NAME>.fingerprint``: the content fingerprint of an evaluation dataset, written by the evaluator."""
+    return f"eval.{dataset}.fingerprint"
+
 MAX_TAG_CHARS = 4000
 
 ENV_JOB_ID = "ORCHESTRATE_JOB_ID"  # the scheduler's id of the job running the trial (recorded per segment)
@@ -81,7 +89,8 @@ DONE_FILE = "DONE"  # the trial finished; nothing runs again
 LOG_FILE = "trial.log"  # the job's stdout and stderr, appended per segment
 PROGRESS_FILE = "progress.jsonl"
 SEGMENTS_FILE = "segments.jsonl"  # one JSON line per start of the job: time, code version, host, job id
-EVAL_DIR = "eval"
+EVAL_DIR = "eval"  # the evaluator's per-recording tables (also the run's artifact folder for them)
+TOKENIZER_FILE = "tokenizer.model"  # the BPE model a trial learned (also inside the checkpoint)
 
 
 @dataclass(frozen=True)
@@ -121,6 +130,14 @@ class TrialFolder:
     @property
     def eval_dir(self) -> Path:
         return self.path / EVAL_DIR
+
+    @property
+    def tokenizer(self) -> Path:
+        return self.path / TOKENIZER_FILE
+
+    def segment_diff(self, segment: int) -> Path:
+        """The uncommitted changes of the code that ran segment ``segment`` (1-based), when its tree was dirty."""
+        return self.path / f"code-{segment}.diff"
 
 
 def trial_command(trial_dir: Path, tracking_uri: str, run_id: str, python: str | None = None) -> list[str]:
