@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -20,6 +21,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 import yaml
+
+from asr_core.corpora import dataset_name
 
 
 class ConfigError(ValueError):
@@ -202,7 +205,8 @@ class EvalConfig:
         _require(0 < self.stride <= 1, "eval.stride", self.stride, "a fraction in (0, 1] of the window")
         _require(self.batch_windows >= 1, "eval.batch_windows", self.batch_windows, "a positive integer")
         for spec in self.datasets:
-            _require(isinstance(spec, str) and "=" in spec and ":" in spec.split("=", 1)[1], "eval.datasets", spec,
+            _require(isinstance(spec, str) and bool(dataset_name(spec)) and ":" in spec.partition("=")[2],
+                     "eval.datasets", spec,
                      "strings of the form NAME=FORMAT:PATH, e.g. 'dev=podcast:data/dev'")
 
 
@@ -423,8 +427,8 @@ def _coerce(tp: Any, value: Any, key: str, source: str) -> Any:
                 value = float(value)
             except ValueError:
                 pass
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{source}: invalid value for '{key}': {value!r}; valid: a number")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ConfigError(f"{source}: invalid value for '{key}': {value!r}; valid: a finite number")
         return float(value)
     if tp is str:
         if not isinstance(value, str):

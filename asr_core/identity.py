@@ -8,9 +8,11 @@ digest of the *science* only:
   the seed. Every field of :class:`~asr_core.config.Config` is science unless listed in :data:`EXECUTION`.
 * **execution** — how a trial runs (:data:`EXECUTION`, each with the reason). It never enters the key, and a later
   ``submit``/``resume`` may change it for trials that have not finished.
-* **names, not paths** — a corpus is identified by its name (:data:`NAMED`): ``NAME`` of ``NAME=FORMAT:PATH``, else
-  the last component of its path. Its content fingerprint (:mod:`asr_core.corpora.fingerprint`) is recorded on the
-  run and checked on resume, so the same name with other content is refused rather than mixed.
+* **names, not paths** — a corpus is identified by its name (:data:`NAMED`): ``NAME`` of ``NAME=FORMAT:PATH``; an
+  unnamed training corpus is "the" corpus of its trials, so ``podcast:/a`` and ``podcast:/b`` are one corpus that
+  moved. Its content fingerprint (:mod:`asr_core.corpora.fingerprint`) is recorded on the checkpoint and run and
+  checked on resume, so other content under the same name is refused rather than mixed. Corpora compared within one
+  sweep need names (a grid that would give two corpora one key is an error).
 * **departures from a frozen baseline** — a field enters the key only where it differs from :data:`BASELINE`, the
   values the fields had when keys were introduced. Adding an option (at any default) leaves every existing key as
   it was; changing a *default* in ``config.py`` moves exactly the keys of the trials that use it, as it should. A new
@@ -142,10 +144,10 @@ def identity_value(field: str, value: Any) -> Any:
         return tuple(sorted(dataset_name(s) for s in value))
     if field == "eval.snrs":
         return tuple(sorted(float(x) for x in value))
-    if field == "data.tokenizer":
+    if field == "data.tokenizer":  # on resume the trainer uses the checkpoint's own copy of it
         return _path_name(value)
     if field == "eval.noise":
-        return value if value == "synthetic" else _path_name(value)
+        return value if value == "synthetic" else "file:" + _path_name(value)
     return value
 
 
@@ -154,6 +156,22 @@ def _same(a: Any, b: Any) -> bool:
     if a == b:
         return True
     return isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)) and list(a) == list(b)
+
+
+_CONFIG_DEFAULTS: dict[str, Any] | None = None
+
+
+def baseline(field: str) -> Any:
+    """The identity value of ``field`` that does not enter keys: :data:`BASELINE`'s, else (a field added since it
+    was frozen) the field's own default in :class:`~asr_core.config.Config`."""
+    global _CONFIG_DEFAULTS
+    if field in BASELINE:
+        return BASELINE[field]
+    if _CONFIG_DEFAULTS is None:
+        from asr_core.config import Config
+
+        _CONFIG_DEFAULTS = _defaults(Config())
+    return identity_value(field, _CONFIG_DEFAULTS[field]) if field in _CONFIG_DEFAULTS else None
 
 
 def science(cfg: Any) -> dict[str, Any]:
@@ -182,10 +200,3 @@ def trial_key(cfg: Any) -> str:
     """12 hex digits naming the experiment of ``cfg`` (seed included): SHA-256 of :func:`science` as sorted JSON."""
     blob = json.dumps(science(cfg), sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()[:KEY_DIGITS]
-
-
-def execution_changes(old: Any, new: Any) -> dict[str, tuple[Any, Any]]:
-    """``{field: (old, new)}`` of every setting that differs between two configs of the same trial (execution
-    settings and locations of named data); empty when they are the same config."""
-    a, b = _flat_values(old), _flat_values(new)
-    return {k: (a.get(k), b[k]) for k in b if not _same(a.get(k), b[k])}

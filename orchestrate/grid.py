@@ -231,7 +231,10 @@ def load_grid(path: str | Path, overrides: Iterable[str] = ()) -> Grid:
             if old is None:
                 trials[t.key] = t
                 new += 1
-            elif name not in old.subgrids:
+                continue
+            if old.config != t.config:
+                _same_trial_other_settings(file, name, old, t)
+            if name not in old.subgrids:
                 trials[t.key] = dataclasses.replace(old, subgrids=old.subgrids + (name,))
         keys = {t.key for t in produced}
         summaries.append(SubGrid(name=name, file=str(file), section=str(body.get("section", "")),
@@ -239,6 +242,16 @@ def load_grid(path: str | Path, overrides: Iterable[str] = ()) -> Grid:
     raw_name = _read_yaml(path).get("name")
     return Grid(name=str(raw_name or path.stem), path=str(path), subgrids=tuple(summaries),
                 trials=_unique_labels(list(trials.values())))
+
+
+def _same_trial_other_settings(file: Path, sub: str, old: Trial, new: Trial) -> None:
+    """Two grid points that are one experiment (one key) but would run differently: refuse rather than keep one."""
+    a, b = old.config.flat(), new.config.flat()
+    diff = ", ".join(f"{k}: {a[k]!r} vs {b[k]!r}" for k in a if a[k] != b.get(k))
+    raise GridError(f"{_where(file, sub)}: trial {new.label} ({new.key}) comes out twice with other settings ({diff}; "
+                    f"first from sub-grid {old.subgrids[0]!r}). Those settings do not make another experiment "
+                    "(asr_core/identity.py): set them once, e.g. in base; to compare corpora, name each one "
+                    "(NAME=FORMAT:PATH)")
 
 
 def _unique_labels(trials: list[Trial]) -> tuple[Trial, ...]:

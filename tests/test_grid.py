@@ -30,7 +30,6 @@ def test_paper_grid_is_the_321_models() -> None:
     assert sorted(fam.values()) == [21] + [30] * 10
     assert fam[(6, 768, 6, "rotary", 10000.0)] == 21
     for t in g.trials:
-        assert t.key == t.config.key()
         assert t.config.train.seed == t.seed and t.seed in (1, 2, 3)
         assert t.config.data.context_s in CONTEXTS
     # The main model at 82 s, seed 2, is one trial shared by three sections.
@@ -84,8 +83,9 @@ def test_same_trial_in_two_subgrids_is_one_trial_and_key_ignores_spelling(tmp_pa
 
 def test_overrides_change_every_trial(tmp_path: Path) -> None:
     p = _write(tmp_path, "base: {preset: tiny}\nseeds: [0]\nsubgrids: {a: {axes: {model.layers: [1, 2]}}}\n")
-    g = load_grid(p, ["data.train=podcast:/x/train"])
+    g = load_grid(p, ["data.train=podcast:/x/train", "model.vocab_size=64"])
     assert {t.config.data.train for t in g.trials} == {"podcast:/x/train"}
+    assert {t.config.model.vocab_size for t in g.trials} == {64}
     assert {t.key for t in g.trials}.isdisjoint({t.key for t in load_grid(p).trials})
 
 
@@ -149,7 +149,7 @@ def test_exponent_values_plan_in_axes_set_and_base(tmp_path: Path, capsys: pytes
                  "bad.yaml")
     assert main(["plan", str(bad)]) == 2
     err = capsys.readouterr().err
-    assert "train.lr" in err and "'fast'" in err and "a number" in err and "sub-grid 'a'" in err
+    assert "train.lr" in err and "'fast'" in err and "a finite number" in err and "sub-grid 'a'" in err
 
 
 def test_execution_settings_and_data_locations_keep_every_key(tmp_path: Path) -> None:
@@ -160,8 +160,23 @@ def test_execution_settings_and_data_locations_keep_every_key(tmp_path: Path) ->
                  ["train.log_every=3", "train.device=cpu", "eval.batch_windows=2"],
                  ["model.attention_backend=sdpa", "model.activation_checkpointing=true"],
                  ["data.train=podcast:/scratch/moved/train"], ["data.train=manifest:/prepared/train.jsonl"],
-                 ["data.train=train=podcast:/b"]):
+                 ["data.train=podcast:/b"]):
         assert [t.key for t in load_grid(p, same).trials] == keys, same
-    for other in (["data.train=podcast:/a/corpus/dev"], ["data.train=big=podcast:/a/corpus/train"],
+    for other in (["data.train=big=podcast:/a/corpus/train"],
                   ["train.lr=1e-3"], ["data.features.variant=code"]):
         assert set(t.key for t in load_grid(p, other).trials).isdisjoint(keys), other
+
+
+def test_one_experiment_with_two_sets_of_settings_is_refused(tmp_path: Path) -> None:
+    """Grid points that share a key but would run differently (loader workers, two unnamed corpora) are an error,
+    not one silently kept."""
+    p = _write(tmp_path, "base: {preset: tiny}\nseeds: [0]\nsubgrids: {a: {axes: {data.num_workers: [0, 4]}}}\n")
+    with pytest.raises(GridError, match=r"comes out twice with other settings \(data.num_workers: 0 vs 4"):
+        load_grid(p)
+    corpora = _write(tmp_path, "base: {preset: tiny}\nseeds: [0]\nsubgrids: {a: {axes: {data.train: "
+                               "['podcast:/d/spotify/train', 'tedlium:/d/tedlium/train']}}}\n", "corpora.yaml")
+    with pytest.raises(GridError, match="name each one"):
+        load_grid(corpora)
+    named = _write(tmp_path, "base: {preset: tiny}\nseeds: [0]\nsubgrids: {a: {axes: {data.train: "
+                             "['spotify=podcast:/d/spotify/train', 'ted=tedlium:/d/tedlium/train']}}}\n", "named.yaml")
+    assert len({t.key for t in load_grid(named).trials}) == 2

@@ -68,33 +68,25 @@ def parse_dataset_spec(spec: str) -> tuple[str, str]:
 
 
 def split_named_spec(spec: str) -> tuple[str, str]:
-    """``"podcasts=podcast:/data/train"`` -> ``("podcasts", "podcast:/data/train")``; without ``NAME=`` the name is
-    the last folder (or file stem) of the path: ``"podcast:/data/spotify/train"`` -> ``("train", ...)``.
-
-    The name is the corpus's identity in trial keys (``asr_core.identity``): the path may change, the name may not.
-    Only text before the first ``=`` that holds no ``:`` or ``/`` is a name, so paths containing ``=`` still work."""
-    head, sep, rest = spec.partition("=")
-    if sep and head and not any(c in head for c in "/: "):
-        split_spec(rest)
-        return head, rest
-    split_spec(spec)
-    return dataset_name(spec), spec
+    """``"podcasts=podcast:/data/train"`` -> ``("podcasts", "podcast:/data/train")``; ``"podcast:/data/train"`` ->
+    ``("", "podcast:/data/train")`` (an unnamed corpus). Only text before the first ``=`` that holds no ``:``, ``/``
+    or space is a name, so paths containing ``=`` still work."""
+    name = dataset_name(spec)
+    corpus = spec.partition("=")[2] if name else spec
+    split_spec(corpus)
+    return name, corpus
 
 
 def dataset_name(spec: str) -> str:
-    """The identity of a corpus spec without parsing or reading it: ``NAME`` of ``NAME=FORMAT:PATH``, else the last
-    path component (``.jsonl``/``.json`` suffix dropped) of ``FORMAT:PATH``; ``""`` for an empty spec."""
-    if not spec:
-        return ""
-    head, sep, rest = spec.partition("=")
-    if sep and head and not any(c in head for c in "/: "):
-        return head
-    path = spec.partition(":")[2].rstrip("/") or spec
-    name = Path(path).name
-    for suffix in (".jsonl", ".json"):
-        if name.endswith(suffix) and len(name) > len(suffix):
-            return name[: -len(suffix)]
-    return name
+    """The name of a corpus spec, without parsing or reading it: ``NAME`` of ``NAME=FORMAT:PATH``, ``""`` for an
+    unnamed ``FORMAT:PATH``.
+
+    The name is the corpus's identity in trial keys (:mod:`asr_core.identity`): its path and file format may change
+    (a move to another filesystem, a prepared copy), its name may not. An unnamed training corpus is "the" corpus of
+    its trials: moving it keeps their keys, and its content fingerprint, checked on every resume, tells it apart from
+    another one. Name corpora to compare them in one sweep."""
+    head, sep, _ = spec.partition("=")
+    return head if sep and head and not any(c in head for c in "/: ") else ""
 
 
 def read_corpus(spec: str, *, strict: bool = False) -> CorpusReport:
