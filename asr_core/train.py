@@ -45,10 +45,10 @@ from .schedules import learning_rate
 from .identity import science
 from .provenance import code_version
 from .tokenizer import Tokenizer
-from .trial_contract import EXIT_PREEMPTED, EXIT_USAGE, TAG_CHECKPOINT, TAG_DATA_FINGERPRINT, TAG_GIT_COMMIT, \
-    ProgressLog
+from .trial_contract import (CHECKPOINT_FILE, EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, EXIT_USAGE, FINISHED, RUNNING,
+                             TAG_CHECKPOINT, TAG_DATA_FINGERPRINT, TAG_GIT_COMMIT, TOKENIZER_FILE, ProgressLog)
 
-CHECKPOINT_NAME = "checkpoint.pt"
+CHECKPOINT_NAME = CHECKPOINT_FILE  # the trial contract's name for it
 DEFAULT_EXPERIMENT = "asr_core"
 
 
@@ -107,7 +107,7 @@ class _Tracker:
             exp_id = exp.experiment_id if exp is not None else self.client.create_experiment(name)
             run_id = self.client.create_run(exp_id, run_name=f"train-{cfg.key()}").info.run_id
         else:
-            self.client.update_run(run_id, status="RUNNING")
+            self.client.update_run(run_id, status=RUNNING)
         self.run_id = run_id
         run = self.client.get_run(run_id)
         self._log_params(cfg, run.data.params)
@@ -130,13 +130,10 @@ class _Tracker:
         for i in range(0, len(new), 100):
             self.client.log_batch(self.run_id, params=new[i : i + 100])
 
-    def check_data(self, data_id: str) -> None:
-        """Record the training data's ``name=fingerprint`` on the run, or refuse it if the run trained on other
-        content under the same name (the checkpoint may be gone, the run's record is not)."""
-        before = self._tags.get(TAG_DATA_FINGERPRINT)
-        if before and before != data_id:
-            raise TrainError(_data_mismatch(before, data_id, f"MLflow run {self.run_id}"))
-        if before != data_id:
+    def record_data(self, data_id: str) -> None:
+        """Record the training data's ``name=fingerprint`` on the run. The checkpoint holds the one that counts:
+        a segment that fails before its first checkpoint leaves nothing trained on the data it read."""
+        if self._tags.get(TAG_DATA_FINGERPRINT) != data_id:
             self.client.set_tag(self.run_id, TAG_DATA_FINGERPRINT, data_id)
 
     def log_step(self, step: int, values: dict[str, float]) -> None:
@@ -151,7 +148,7 @@ class _Tracker:
     def set_tag(self, key: str, value: str) -> None:
         self.client.set_tag(self.run_id, key, value)
 
-    def end(self, status: str = "FINISHED") -> None:
+    def end(self, status: str = FINISHED) -> None:
         self.client.set_terminated(self.run_id, status=status)
 
 
@@ -224,7 +221,7 @@ def _tokenizer(cfg: Config, recs: Sequence[Recording], out_dir: Path, state: dic
         return Tokenizer.load(cfg.data.tokenizer, cfg.model.vocab_size)
     print(f"[train] learning a {cfg.model.vocab_size - 1}-piece BPE tokenizer from {len(recs)} transcripts",
           flush=True)
-    return Tokenizer.train([r.text for r in recs], cfg.model.vocab_size, out_dir / "tokenizer.model")
+    return Tokenizer.train([r.text for r in recs], cfg.model.vocab_size, out_dir / TOKENIZER_FILE)
 
 
 def _data_mismatch(before: str, now: str, where: str) -> str:
@@ -240,7 +237,8 @@ def _data_identity(cfg: Config, recs: Sequence[Recording], state: dict[str, Any]
     from .corpora import dataset_name
     from .corpora.fingerprint import fingerprint
 
-    data_id = f"{dataset_name(cfg.data.train) or 'recordings'}={fingerprint(recs)}"
+    name = dataset_name(cfg.data.train) or ("unnamed" if cfg.data.train else "recordings")
+    data_id = f"{name}={fingerprint(recs)}"
     before = (state or {}).get("data_fingerprint")
     if before and before != data_id:
         raise TrainError(_data_mismatch(before, data_id, "the checkpoint"))
@@ -281,6 +279,12 @@ def train(cfg: Config, out_dir: str | Path, *, tracking_uri: str | None = None, 
     tok = _tokenizer(cfg, recs, out_dir, state)
     device = _device(cfg)
     bf16 = _use_bf16(cfg, device)
+    precision = "bf16" if bf16 else "fp32"
+    if state is not None and state.get("precision", precision) != precision:
+        raise TrainError(f"{ckpt_path} was trained in {state['precision']}, but this segment would train in "
+                         f"{precision} on {device.type} (train.precision={cfg.train.precision}, train.device="
+                         f"{cfg.train.device}); resume on a {('CUDA' if state['precision'] == 'bf16' else 'CPU')} "
+                         "device, or set train.precision so that the whole trial trains in one precision")
     t = cfg.train
 
     torch.manual_seed(t.seed)  # the seed sets the initial weights (and, in WindowStream, the data order)
@@ -305,7 +309,7 @@ def train(cfg: Config, out_dir: str | Path, *, tracking_uri: str | None = None, 
     if tracker is None:
         print("[train] no MLflow tracking URI given: metrics go to this log only", file=sys.stderr)
     else:
-        tracker.check_data(data_id)
+        tracker.record_data(data_id)
         tracker.set_tag(TAG_CHECKPOINT, str(ckpt_path.resolve()))
 
     def checkpoint() -> None:
@@ -316,7 +320,7 @@ def train(cfg: Config, out_dir: str | Path, *, tracking_uri: str | None = None, 
                          "last_loss": last_loss},
             "rng": rng_state(), "data_position": pos.to_dict(),
             "mlflow_run_id": tracker.run_id if tracker else None, "tracking_uri": tracking_uri,
-            "tokenizer": tok.to_bytes(), "data_fingerprint": data_id,
+            "tokenizer": tok.to_bytes(), "data_fingerprint": data_id, "precision": precision,
         })
 
     maker = BatchMaker(recs, FeatureExtractor(cfg.data.features), tok)
@@ -367,7 +371,7 @@ def train(cfg: Config, out_dir: str | Path, *, tracking_uri: str | None = None, 
             bar.close()
     checkpoint()
     if tracker is not None and end_run:
-        tracker.end("FINISHED")
+        tracker.end(FINISHED)
     print(f"[train] done: {step} steps, final loss {last_loss:.4f}, checkpoint {ckpt_path}", flush=True)
     return TrainResult(ckpt_path, tracker.run_id if tracker else None, step, last_loss)
 
@@ -421,6 +425,6 @@ def cli(argv: list[str]) -> int:
         return EXIT_PREEMPTED
     except (TrainError, ConfigError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
-        return 1
+        return EXIT_FAILED
     print(f"checkpoint: {result.checkpoint}")
-    return 0
+    return EXIT_OK
