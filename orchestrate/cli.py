@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from asr_core.trial_contract import FAILED, KILLED
+from asr_core.trial_contract import EXIT_USAGE, FAILED, KILLED
 from orchestrate.backends.base import BackendError
 from orchestrate.backends.profile import load_profile
 from orchestrate.grid import GridError, load_grid, plan_table
@@ -21,7 +21,6 @@ from orchestrate.ledger import STATES, Ledger, LedgerError, check_tracking_uri, 
 from orchestrate.sweep import Manifest, SweepDir, SweepError, new_sweep_id
 from orchestrate.trial import Trial
 
-EXIT_USAGE = 2
 
 
 class UsageError(Exception):
@@ -92,18 +91,23 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def _data_paths(trials: list[Trial]) -> dict[str, str]:
     """{path: 'trial field'} of every local data path the trials read."""
+    from asr_core.corpora import CorpusError, split_named_spec, split_spec
+
     out: dict[str, str] = {}
     for t in trials:
-        spec = t.config.data.train
-        if spec:
-            out.setdefault(spec.split(":", 1)[-1], "data.train")
-        for ds in t.config.eval.datasets:
-            out.setdefault(ds.split("=", 1)[1].split(":", 1)[-1], "eval.datasets")
+        specs = [("data.train", t.config.data.train)] if t.config.data.train else []
+        for name, spec in specs + [("eval.datasets", d) for d in t.config.eval.datasets]:
+            try:
+                out.setdefault(str(split_spec(split_named_spec(spec)[1])[1]), name)
+            except CorpusError as e:
+                raise UsageError(f"{name} of trial {t.label}: {e}") from None
     return out
 
 
-def _check_data(trials: list[Trial]) -> None:
-    missing = {p: k for p, k in _data_paths(trials).items() if not Path(p).exists()}
+def _check_data(trials: list[Trial], workdir: Path) -> None:
+    """Exit 2 naming every data path the trials read that does not exist (relative paths: from ``workdir``, the
+    folder trials run in)."""
+    missing = {p: k for p, k in _data_paths(trials).items() if not (workdir / p).exists()}
     if missing:
         raise UsageError("data not found: " + ", ".join(f"{p} ({k})" for p, k in sorted(missing.items()))
                          + "; fix the grid or --set the path, or pass --no-check-data if only the compute "
@@ -174,7 +178,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     uri = args.tracking_uri or (old.tracking_uri if old else default_tracking_uri(args.sweep_root))
     trials = list(grid.trials)
     if not args.no_check_data:
-        _check_data(trials)
+        _check_data(trials, Path.cwd())
     if old is not None:
         if old.backend != args.backend:
             raise UsageError(f"sweep {sweep.name!r} exists with backend {old.backend!r}; use `orchestrate resume "
@@ -245,9 +249,11 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
     sweep, manifest, trials = _open(args)
     profile = load_profile(manifest.profile or None)
+    if not manifest.sweep_id:  # a folder made before sweeps had ids gets one now, and claims its experiment
+        manifest = dataclasses.replace(manifest, sweep_id=new_sweep_id())
     changed = execution_overrides(trials, args.overrides)
     if changed is not trials and not args.no_check_data:
-        _check_data(changed)
+        _check_data(changed, Path(manifest.workdir or Path.cwd()))
     if changed is not trials:
         manifest = dataclasses.replace(manifest, overrides=manifest.overrides + tuple(args.overrides))
     manifest = _record_code(sweep, manifest)
