@@ -140,25 +140,39 @@ def _seed(tags: Mapping[str, str], params: Mapping[str, str]) -> int | None:
     return None
 
 
-def _science_params(params: Mapping[str, str]) -> dict[str, str]:
-    """The params that name the experiment (asr_core.identity): execution settings dropped, data locations replaced
-    by the data's names, so trials of one configuration run with other loader workers or from a moved corpus are
-    still seeds of one configuration."""
+def _science_params(params: Mapping[str, str], *, named: bool = False) -> dict[str, str]:
+    """The params that name the experiment, as trial keys see them (asr_core.identity): execution settings dropped,
+    data locations replaced by the data's names, values at the identity baseline dropped. So seeds of one
+    configuration stay one configuration when they ran with other loader workers, from a moved corpus, or before
+    and after an option was added (logged by some runs at its default, absent from older ones).
+
+    ``named``: for naming series instead, keep baseline values and fill every baseline field a run lacks, so that
+    every run shows every field (``posenc=rotary`` beside ``posenc=sinusoidal``)."""
     import ast
 
-    from asr_core.identity import EXECUTION, NAMED, identity_value
+    from asr_core.identity import EXECUTION, NAMED, baseline, identity_value
+
+    def shown(x: Any) -> str:
+        return str(list(x)) if isinstance(x, (list, tuple)) else str(x)
 
     out: dict[str, str] = {}
     for k, v in params.items():
         if k in EXECUTION:
             continue
-        if k in NAMED:
+        if k in NAMED or k == "eval.snrs":
             try:
-                value = ast.literal_eval(v) if k == "eval.datasets" else v
-                v = str(identity_value(k, value))
+                v = shown(identity_value(k, ast.literal_eval(v) if k.startswith("eval.") and k != "eval.noise" else v))
             except (ValueError, SyntaxError, TypeError):
                 pass  # not in the form the ledger logs: compare it as it is
+        base = baseline(k)
+        if base is not None and v == shown(base) and not named:
+            continue
         out[k] = v
+    if named:
+        from asr_core.identity import BASELINE
+
+        for k, base in BASELINE.items():
+            out.setdefault(k, shown(base))
     return out
 
 
@@ -192,7 +206,7 @@ def build_sweep(experiment: str, records: Iterable[RunRecord], *, ignore_params:
         seed = _seed(rec.tags, rec.params)
         config_params = {k: v for k, v in _science_params(rec.params).items() if k not in ignored}
         series_params = {k: v for k, v in config_params.items() if k != CONTEXT_PARAM}
-        if not config_params:
+        if not rec.params:
             # no params logged yet: the label (minus seed) is the best identity available
             config_id = "label:" + _config_label(label, seed)
         else:
@@ -201,7 +215,7 @@ def build_sweep(experiment: str, records: Iterable[RunRecord], *, ignore_params:
         context = _number(rec.params.get(CONTEXT_PARAM))
         trial_rows.append({
             "run_id": rec.run_id, "label": label, "config": _config_label(label, seed), "config_id": config_id,
-            "series": "", "series_id": _digest(series_params) if series_params else config_id,
+            "series": "", "series_id": _digest(series_params) if rec.params else config_id,
             "families": families or NO_FAMILY, "seed": seed, "status": rec.status, "context_s": context,
             "layers": _number(rec.params.get("model.layers"), int),
             "d_model": _number(rec.params.get("model.d_model"), int),
@@ -226,7 +240,7 @@ def build_sweep(experiment: str, records: Iterable[RunRecord], *, ignore_params:
     if len(trials) == 0:
         raise CollectError(f"experiment {experiment!r} has no trial runs (tag sweep.role=trial)")
     trials = _name_configs(trials)
-    params = pd.DataFrame([{"run_id": r.run_id, **_science_params(r.params)} for r in records
+    params = pd.DataFrame([{"run_id": r.run_id, **_science_params(r.params, named=True)} for r in records
                            if r.tags.get(TAG_ROLE) == ROLE_TRIAL]).set_index("run_id")
     trials = _name_series(trials, params)
     by_run = trials.set_index("run_id")

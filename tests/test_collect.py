@@ -173,3 +173,15 @@ def test_execution_settings_and_data_locations_do_not_split_a_configuration() ->
 def test_no_trial_runs_is_an_error() -> None:
     with pytest.raises(CollectError, match="no trial runs"):
         build_sweep("t", [_rec("p", role="parent")])
+
+
+def test_an_option_added_mid_sweep_does_not_split_a_configuration() -> None:
+    """Runs made after a field was added log it at its default; older runs lack it: still one configuration, and
+    series keep readable names from baseline values (posenc=rotary beside posenc=none)."""
+    recs = [_rec("old", seed=0), _rec("new", seed=1, extra={"eval.stride": "0.125", "model.posenc": "rotary"}),
+            _rec("nopos", seed=0, ctx=20.48, extra={"model.posenc": "none"})]
+    sw = build_sweep("t", recs)
+    ids = dict(zip(sw.trials["run_id"], sw.trials["config_id"]))
+    assert ids["old"] == ids["new"] != ids["nopos"]
+    series = dict(zip(sw.trials["run_id"], sw.trials["series"]))
+    assert "rotary" in series["old"] and "none" in series["nopos"], series
