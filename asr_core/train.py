@@ -331,6 +331,8 @@ def train(cfg: Config, out_dir: str | Path, *, tracking_uri: str | None = None, 
           f"recordings; {total_steps} steps of ~{cfg.data.batch_audio_s:g} s audio{accum}; "
           f"{cfg.data.num_workers} data workers; out {out_dir}", flush=True)
     bar = _progress(total_steps, step)
+    if progress is not None:  # where this segment starts: 0, or the checkpoint's step when it resumes
+        progress.write("train", step, total_steps)
     model.train()  # for the whole run: nothing in the loop evaluates
     try:
         with _StopFlag() as stop, StepLoader(stream, pos, maker, cfg.data.micro_batch_audio_s,

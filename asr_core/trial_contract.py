@@ -240,6 +240,17 @@ class ProgressLog:
             print(f"[trial] warning: cannot write progress to {self.path}: {e}", file=sys.stderr)
 
 
+def _parse(line: str) -> Progress | None:
+    try:
+        d = json.loads(line)
+    except json.JSONDecodeError:
+        return None  # a line cut by a tail window, or being written
+    if not isinstance(d, dict) or d.get("phase") not in PHASES:
+        return None
+    return Progress(phase=d["phase"], done=int(d.get("done", 0)), total=int(d.get("total", 0)),
+                    dataset=str(d.get("dataset", "")), time=float(d.get("time", 0.0)))
+
+
 def read_progress(trial_dir: Path | str, tail_bytes: int = 4096) -> Progress | None:
     """The last complete record of a trial folder, or None when the job has written none."""
     path = TrialFolder(Path(trial_dir)).progress
@@ -251,11 +262,17 @@ def read_progress(trial_dir: Path | str, tail_bytes: int = 4096) -> Progress | N
     except OSError:
         return None
     for line in reversed(lines):
-        try:
-            d = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a line cut by the tail window, or being written
-        if isinstance(d, dict) and d.get("phase") in PHASES:
-            return Progress(phase=d["phase"], done=int(d.get("done", 0)), total=int(d.get("total", 0)),
-                            dataset=str(d.get("dataset", "")), time=float(d.get("time", 0.0)))
+        rec = _parse(line)
+        if rec is not None:
+            return rec
     return None
+
+
+def progress_records(trial_dir: Path | str) -> list[Progress]:
+    """Every complete record of a trial folder, oldest first. Each start of the job writes ``start``; the trainer
+    then writes a ``train`` record at the step it starts from (0, or the checkpoint's step when it resumes)."""
+    try:
+        text = TrialFolder(Path(trial_dir)).progress.read_text(errors="replace")
+    except OSError:
+        return []
+    return [rec for line in text.splitlines() if (rec := _parse(line)) is not None]

@@ -10,7 +10,6 @@ The SLURM cases use the session fixtures ``slurm_cluster`` (a real single-node c
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
 import textwrap
@@ -20,11 +19,10 @@ from typing import Any
 
 import pytest
 
-from asr_core.trial_contract import TrialFolder
+from asr_core.trial_contract import progress_records
 from orchestrate.cli import main
 from orchestrate.grid import load_grid
 from orchestrate.ledger import Ledger, wait_for
-from orchestrate.runner import SEGMENT_HEADER
 from orchestrate.sweep import SweepDir
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,7 +30,6 @@ SMOKE = ROOT / "grids" / "smoke.yaml"
 MAX_STEPS = 30  # grids/smoke.yaml train.max_steps; the corpus below holds more than 30 steps of audio
 CHECKPOINT_EVERY = 4  # grids/smoke.yaml (and ONE_TRIAL below) train.checkpoint_every
 # What the trainer prints when it continues a checkpoint instead of starting from step 0.
-_RESUMING = re.compile(r"^\[train\] resuming .+ at step (\d+)/\d+$", re.M)
 
 
 @pytest.fixture(scope="session")
@@ -90,12 +87,16 @@ def last_checkpoint(steps_logged: int) -> int:
 
 
 def resumed_at(trial_dir: Path) -> list[int | None]:
-    """One entry per start of the trial's job, oldest first (the runner heads each start's part of the log): the
+    """One entry per start of the trial's job that had work to do, oldest first, from its progress records: the
     checkpoint step the trainer resumed from, or None where it did not resume (trained from step 0, or did not
     train). A trial restarted from scratch shows ``[None, None]``; one resumed from step 8 ``[None, 8]``."""
-    log = TrialFolder(trial_dir).log
-    parts = log.read_text().split("\n" + SEGMENT_HEADER)[1:] if log.exists() else []
-    return [int(m.group(1)) if (m := _RESUMING.search(p)) else None for p in parts]
+    recs = progress_records(trial_dir)
+    out: list[int | None] = []
+    for i, r in enumerate(recs):
+        if r.phase == "start":
+            nxt = recs[i + 1] if i + 1 < len(recs) else None
+            out.append(nxt.done if nxt is not None and nxt.phase == "train" and nxt.done > 0 else None)
+    return out
 
 
 def assert_one_run_per_key(ledger: Ledger, n_trials: int) -> None:
