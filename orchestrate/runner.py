@@ -5,8 +5,8 @@ the command are :mod:`asr_core.trial_contract`'s), so it always runs as a separa
 kernel for SIGTERM when the process that started it dies (``PR_SET_PDEATHSIG``), so a killed driver or Ray worker
 never leaves an orphan trainer writing to the run; it checkpoints and exits instead.
 
-Each start appends a :data:`SEGMENT_HEADER` line (``==== <time> pid <pid>: <command>``) to the log, so one log holds every segment of a
-trial (first start and each resume) in order.
+Each start appends a :data:`SEGMENT_HEADER` line (``==== <time> pid <pid>: <command>``) to the log, so one log
+holds every segment of a trial (first start and each resume) in order.
 """
 
 from __future__ import annotations
