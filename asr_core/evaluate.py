@@ -4,14 +4,15 @@
 
 Writes ``DIR/<NAME>.csv`` (one row per recording and condition; columns :data:`CSV_COLUMNS`) and logs into the
 checkpoint's MLflow run (docs/ARCHITECTURE.md, "Evaluation contract"): metrics ``wer/<NAME>`` (clean) and
-``wer/<NAME>/snr<DB:g>`` in percent, artifacts ``eval/<NAME>.csv``. Hypotheses go to ``DIR/<NAME>.hyp.jsonl``
-(local only) for inspection.
+``wer/<NAME>/snr<DB:g>`` in percent, artifacts ``eval/<NAME>.csv`` (the folder is
+:data:`~asr_core.trial_contract.EVAL_DIR`). Hypotheses go to ``DIR/<NAME>.hyp.jsonl`` (local only) for inspection.
 
 A dataset *name* stands for one content within a run: each dataset's content fingerprint
-(:func:`asr_core.corpora.fingerprint.fingerprint`) is recorded as the run's tag ``eval.<NAME>.fingerprint``, and an
-evaluation that finds the same name with other content refuses to run (:class:`EvalDataChanged`) rather than mix
-two test sets under one metric. Progress goes to an optional :class:`~asr_core.trial_contract.ProgressLog` as
-``eval`` records: recordings × conditions done of the dataset's total.
+(:func:`asr_core.corpora.fingerprint.fingerprint`) is recorded as the run's tag ``eval.<NAME>.fingerprint``
+(:func:`asr_core.trial_contract.eval_fingerprint_tag`), and an evaluation that finds the same name with other
+content refuses to run (:class:`EvalDataChanged`) rather than mix two test sets under one metric. Progress goes to
+an optional :class:`~asr_core.trial_contract.ProgressLog` as ``eval`` records: recordings × conditions done of the
+dataset's total.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from asr_core.corpora.fingerprint import fingerprint
 from asr_core.decode import decode_features, plan_windows, prepare_features, window_frames
 from asr_core.noise import add_music
 from asr_core.score import Counts, corpus_wer, normalise, score
-from asr_core.trial_contract import ProgressLog
+from asr_core.trial_contract import EVAL_DIR, ProgressLog, eval_fingerprint_tag
 
 CSV_COLUMNS = ["dataset", "condition", "snr_db", "recording", "ref_words", "substitutions", "deletions",
                "insertions", "hyp_words", "wer"]
@@ -49,11 +50,6 @@ def condition_name(snr_db: float | None) -> str:
 
 def metric_key(dataset: str, snr_db: float | None = None) -> str:
     return f"wer/{dataset}" if snr_db is None else f"wer/{dataset}/{condition_name(snr_db)}"
-
-
-def fingerprint_tag(dataset: str) -> str:
-    """The run tag that holds the content fingerprint of evaluation dataset ``dataset``."""
-    return f"eval.{dataset}.fingerprint"
 
 
 def checkpoint_run(checkpoint: str | Path) -> tuple[str | None, str | None]:
@@ -81,8 +77,8 @@ def evaluate(checkpoint: str | Path, datasets: list[str], snrs: list[float], str
     Returns the per-recording table (columns :data:`CSV_COLUMNS`). MLflow logging goes to ``run_id`` at
     ``tracking_uri`` (default: the ones stored in the checkpoint); with no run known, nothing is logged.
     Before any decoding, each dataset's fingerprint is checked against and recorded in the run's
-    :func:`fingerprint_tag` (raises :class:`EvalDataChanged` on a mismatch). ``progress`` receives an ``eval``
-    record per recording and condition.
+    :func:`~asr_core.trial_contract.eval_fingerprint_tag` (raises :class:`EvalDataChanged` on a mismatch).
+    ``progress`` receives an ``eval`` record per recording and condition.
     """
     checkpoint = Path(checkpoint)
     # ---- validate everything before any work ----
@@ -210,13 +206,14 @@ def _check_fingerprints(run_id: str, tracking_uri: str | None, fingerprints: dic
     client = MlflowClient(tracking_uri)
     tags = client.get_run(run_id).data.tags
     for name, fp in fingerprints.items():
-        before = tags.get(fingerprint_tag(name))
+        before = tags.get(eval_fingerprint_tag(name))
         if before and before != fp:
             raise EvalDataChanged(
                 f"evaluation dataset {name!r} has other content than when MLflow run {run_id} was evaluated on it "
                 f"(fingerprint {before} then, {fp} now); its metrics would mix two test sets: give the new "
                 f"content another dataset name (NAME=FORMAT:PATH), or start a new sweep")
-    new = [RunTag(fingerprint_tag(n), fp) for n, fp in fingerprints.items() if tags.get(fingerprint_tag(n)) != fp]
+    new = [RunTag(eval_fingerprint_tag(n), fp) for n, fp in fingerprints.items()
+           if tags.get(eval_fingerprint_tag(n)) != fp]
     if new:
         client.log_batch(run_id, tags=new)
 
@@ -229,7 +226,7 @@ def _log_mlflow(run_id: str, tracking_uri: str | None, metrics: dict[str, float]
     now = int(time.time() * 1000)
     client.log_batch(run_id, metrics=[Metric(k, float(v), now, 0) for k, v in sorted(metrics.items())])
     for csv in csvs:
-        client.log_artifact(run_id, str(csv), artifact_path="eval")
+        client.log_artifact(run_id, str(csv), artifact_path=EVAL_DIR)
     print(f"[eval] logged {len(metrics)} metrics and {len(csvs)} tables to run {run_id}", file=sys.stderr)
 
 
@@ -263,7 +260,7 @@ def cli(argv: list[str]) -> int:
                       stride=a.stride if a.stride is not None else ev.stride,
                       batch_windows=a.batch_windows or ev.batch_windows, noise=a.noise or ev.noise,
                       tracking_uri=a.tracking_uri, run_id=a.run_id,
-                      out_dir=a.out or a.checkpoint.parent / "eval", device=a.device, strict=a.strict,
+                      out_dir=a.out or a.checkpoint.parent / EVAL_DIR, device=a.device, strict=a.strict,
                       log=not a.no_log)
     except (CorpusError, ValueError, FileNotFoundError, KeyError) as e:
         print(f"evaluate: {e}", file=sys.stderr)

@@ -1,7 +1,9 @@
 """Which code ran: the git commit of the checkout that holds ``asr_core``, and whether its work tree was dirty.
 
 :func:`code_version` answers with a :class:`CodeVersion` whose :attr:`~CodeVersion.label` is what the ledger
-records (``1a2b3c4d5e6f``, ``1a2b3c4d5e6f+dirty`` or ``unknown``). It never raises: a job must run the same
+records: ``1a2b3c4d5e6f`` (a clean tree at that commit), ``1a2b3c4d5e6f+dirty.0f1e2d3c`` (a dirty one; the part
+after :data:`DIRTY_SUFFIX` is the start of the SHA-256 of its diff, so two different uncommitted states of one
+commit get two labels and the same state always the same one) or ``unknown``. It never raises: a job must run the same
 whether or not git is installed or the code is a git checkout at all, so every failure becomes ``unknown`` with
 the reason in :attr:`~CodeVersion.why`.
 
@@ -23,13 +25,15 @@ checkout.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
 UNKNOWN = "unknown"
-DIRTY_SUFFIX = "+dirty"
+DIRTY_SUFFIX = "+dirty"  # the label of a dirty tree: <commit>+dirty.<DIFF_DIGITS hex of sha256(diff)>
+DIFF_DIGITS = 8  # tells apart the few uncommitted states one commit runs with; the diff itself is kept in full
 LABEL_DIGITS = 12  # short enough for a tag list, long enough to stay unique in any repository this project sees
 GIT_TIMEOUT_S = 10.0
 MAX_NEW_FILE_BYTES = 1 << 20  # an untracked file this large is data, not a source file someone forgot to add
@@ -58,10 +62,18 @@ class CodeVersion:
 
     @property
     def label(self) -> str:
-        """``1a2b3c4d5e6f``, ``1a2b3c4d5e6f+dirty`` or ``unknown``."""
+        """``1a2b3c4d5e6f`` (clean), ``1a2b3c4d5e6f+dirty.0f1e2d3c`` (dirty: :attr:`diff_digest`) or ``unknown``."""
         if self.commit is None:
             return UNKNOWN
-        return self.commit[:LABEL_DIGITS] + (DIRTY_SUFFIX if self.dirty else "")
+        if not self.dirty:
+            return self.commit[:LABEL_DIGITS]
+        return f"{self.commit[:LABEL_DIGITS]}{DIRTY_SUFFIX}.{self.diff_digest}"
+
+    @property
+    def diff_digest(self) -> str:
+        """The first :data:`DIFF_DIGITS` hex digits of the SHA-256 of :attr:`diff` (as the bytes it was read as)."""
+        data = self.diff.encode(errors="surrogateescape")
+        return hashlib.sha256(data).hexdigest()[:DIFF_DIGITS]
 
     def to_dict(self) -> dict[str, object]:
         """The JSON form recorded per trial segment and in sweep manifests (the diff is stored separately)."""

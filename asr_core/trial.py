@@ -10,7 +10,9 @@ Exit codes are the contract with the schedulers (defined in :mod:`asr_core.trial
 * ``75`` (EX_TEMPFAIL) SIGUSR2 or SIGTERM arrived: training checkpointed (or evaluation was interrupted), the run is
   back to SCHEDULED with ``trial.preemptions`` incremented; run the same command again to continue.
 * ``1``  failed; the run is FAILED with the error's last line in the tag ``trial.error``.
-* ``2``  the config file is invalid; nothing ran and the run is unchanged.
+* ``2``  the config file is invalid; nothing ran. The run (when ``--run-id`` is given) is FAILED with
+  ``trial.error`` = ``config <path> invalid: <reason>``, so ``orchestrate status`` names the reason instead of
+  the trial looking lost; correct the config, then ``orchestrate retry`` runs it again.
 
 Re-running a trial is always safe: training resumes from ``TRIAL_DIR/checkpoint.pt``, a finished training phase is
 remembered in ``TRIAL_DIR/TRAINED`` and a finished trial in ``TRIAL_DIR/DONE``, so nothing is trained twice.
@@ -19,7 +21,8 @@ Every start of the job that has work to do is a *segment* (the first start, then
 line to ``TRIAL_DIR/segments.jsonl`` (time, code version, host, scheduler job id) and sets the run's tags
 ``trial.segments`` (how many) and ``trial.code`` (every code version that ran a segment, in order of first use),
 so a run resumed after a new commit names both commits. A segment run from a dirty work tree also leaves its diff
-in ``TRIAL_DIR/code-<segment>.diff`` and in the run's artifacts under ``code/``. ``TRIAL_DIR/progress.jsonl``
+in ``TRIAL_DIR/code-<segment>.diff`` (:meth:`~asr_core.trial_contract.TrialFolder.segment_diff`) and in the
+run's artifacts under ``code/`` (:data:`~asr_core.trial_contract.CODE_ARTIFACT_DIR`). ``TRIAL_DIR/progress.jsonl``
 follows the job (``start``, ``train``, ``eval``, then ``preempted``, ``failed`` or ``done``) for ``orchestrate``.
 """
 
@@ -40,6 +43,7 @@ from typing import Any
 from asr_core.config import Config, ConfigError
 from asr_core.provenance import CodeVersion, code_version
 from asr_core.trial_contract import (
+    CODE_ARTIFACT_DIR,
     ENV_JOB_ID,
     EXIT_FAILED,
     EXIT_OK,
@@ -56,11 +60,9 @@ from asr_core.trial_contract import (
     TAG_SEGMENTS,
     ProgressLog,
     TrialFolder,
+    error_line,
     mark_run,
 )
-
-CODE_ARTIFACT_DIR = "code"  # the run's artifact folder for the diffs of segments run from a dirty work tree
-
 
 class EvaluationInterrupted(Exception):
     """SIGUSR2/SIGTERM during evaluation: evaluation has no checkpoint, so it simply starts again on requeue."""
@@ -107,8 +109,7 @@ def _start_segment(folder: TrialFolder, version: CodeVersion) -> int:
     why = f" ({version.why})" if not version.known else ""
     print(f"[trial] segment {n}: code {version.label}{why} on {rec['host']}{where}", flush=True)
     if version.dirty:
-        diff = folder.path / f"code-{n}.diff"
-        diff.write_text(version.diff, errors="surrogateescape")
+        folder.segment_diff(n).write_text(version.diff, errors="surrogateescape")
     return n
 
 
@@ -123,7 +124,7 @@ def _record_segment(folder: TrialFolder, segment: int, version: CodeVersion, tra
     if version.commit and TAG_GIT_COMMIT not in tags:  # MLflow's own tag names the first segment's commit
         new[TAG_GIT_COMMIT] = version.commit
     mark_run(tracking_uri, run_id, RUNNING, new)
-    diff = folder.path / f"code-{segment}.diff"
+    diff = folder.segment_diff(segment)
     if version.dirty and diff.exists():
         try:
             _client(tracking_uri).log_artifact(run_id, str(diff), artifact_path=CODE_ARTIFACT_DIR)
@@ -174,8 +175,8 @@ def run_trial(cfg: Config, out_dir: Path, *, tracking_uri: str | None = None, ru
         return EXIT_PREEMPTED
     except Exception as e:  # noqa: BLE001 - every failure must reach the ledger
         traceback.print_exc()
-        last = (f"{type(e).__name__}: {e}".strip().splitlines() or [type(e).__name__])[-1]
         progress.write("failed")
+        last = error_line(f"{type(e).__name__}: {e}", type(e).__name__)
         mark_run(tracking_uri, run_id, FAILED, {TAG_ERROR: last})
         return EXIT_FAILED
     folder.done.write_text("finished\n")
@@ -202,6 +203,25 @@ def _evaluate_interruptibly(cfg: Config, checkpoint: Path, out_dir: Path, tracki
             signal.signal(s, h)
 
 
+def _config_invalid(config: str, error: Exception, out_dir: Path, tracking_uri: str | None,
+                    run_id: str | None) -> None:
+    """Record an invalid config: the run FAILED with the reason (left SCHEDULED, it would look lost and every
+    ``resume`` would submit it again without saying why it never starts) and a ``failed`` progress record when the
+    trial folder exists. A ledger that cannot be written is reported, never raised: the exit code still says what
+    happened."""
+    if out_dir.is_dir():
+        ProgressLog(out_dir).write("failed")
+    if not run_id:
+        return
+    reason = error_line(str(error), type(error).__name__)
+    reason = reason.removeprefix(f"{config}: ")  # the config's own message may start with its path too
+    try:
+        mark_run(tracking_uri, run_id, FAILED, {TAG_ERROR: f"config {config} invalid: {reason}"})
+    except Exception as e:  # noqa: BLE001 - the usage error above is what the person must see
+        print(f"asr_core trial: cannot mark run {run_id} FAILED in {tracking_uri} ({type(e).__name__}: {e}); "
+              "it stays as it was", file=sys.stderr)
+
+
 def _limit_threads() -> None:
     """Use the CPUs the scheduler granted, not every core of the node: without cgroups, torch would start one
     thread per core in every job sharing the node. OMP_NUM_THREADS (set by Ray per trial, or by the user) wins."""
@@ -226,6 +246,7 @@ def cli(argv: list[str]) -> int:
         cfg = Config.from_yaml(args.config, args.overrides)
     except ConfigError as e:
         print(f"asr_core trial: {e}", file=sys.stderr)
+        _config_invalid(args.config, e, Path(args.out), args.tracking_uri, args.run_id)
         return EXIT_USAGE
     _limit_threads()
     return run_trial(cfg, Path(args.out), tracking_uri=args.tracking_uri, run_id=args.run_id)

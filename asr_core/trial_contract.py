@@ -172,6 +172,13 @@ def write_config(trial_dir: Path, cfg: "Config") -> Path:
     return folder.config
 
 
+def error_line(text: str, default: str = "error") -> str:
+    """The last non-blank line of an error's text (what :data:`TAG_ERROR` records), or ``default`` when it has
+    none."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    return lines[-1] if lines else default
+
+
 def mark_run(tracking_uri: str | None, run_id: str | None, status: str, tags: dict[str, str] | None = None) -> None:
     """Set a trial run's status (one of :data:`STATES`) and tags, as the job does; a no-op without a run.
 

@@ -189,14 +189,16 @@ def cmd_submit(args: argparse.Namespace) -> int:
         trials = merge_trials(sweep.read_trials(), trials)
     check_tracking_uri(uri)
     sweep_id = (old.sweep_id if old is not None else "") or new_sweep_id()
-    Ledger(uri, sweep.name).check_owner(sweep_id, str(sweep.path))  # before anything is written
+    # before anything is written; a folder that existed may adopt an experiment made before sweeps had ids
+    Ledger(uri, sweep.name).check_owner(sweep_id, str(sweep.path), adopt=old is not None)
     manifest = new_manifest(sweep.name, Path(args.grid).resolve(), args.backend, args.profile or "", uri,
                             tuple(args.overrides), sweep_id=sweep_id, code=old.code if old is not None else ())
     from orchestrate.backends import make_backend
 
     make_backend(args.backend, sweep, uri, profile).validate()
     manifest = _record_code(sweep, manifest)
-    plan = run_sweep(sweep, manifest, trials, profile, include_failed=False, what="submit", write=True)
+    plan = run_sweep(sweep, manifest, trials, profile, include_failed=False, what="submit", write=True,
+                     adopt=old is not None)
     print(f"sweep {sweep.name}: {plan.summary()}")
     print(f"  folder {sweep.path}\n  ledger {uri}\n  status: orchestrate status {sweep.name} "
           f"--sweep-root {args.sweep_root}")
@@ -209,7 +211,7 @@ def _open(args: argparse.Namespace) -> tuple[SweepDir, Manifest, list[Trial]]:
     if args.tracking_uri:
         manifest = dataclasses.replace(manifest, tracking_uri=args.tracking_uri)
     check_tracking_uri(manifest.tracking_uri)
-    Ledger(manifest.tracking_uri, manifest.name).check_owner(manifest.sweep_id, str(sweep.path))
+    Ledger(manifest.tracking_uri, manifest.name).check_owner(manifest.sweep_id, str(sweep.path), adopt=True)
     return sweep, manifest, sweep.read_trials()
 
 
@@ -258,7 +260,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
         manifest = dataclasses.replace(manifest, overrides=manifest.overrides + tuple(args.overrides))
     manifest = _record_code(sweep, manifest)
     plan = run_sweep(sweep, manifest, changed, profile, include_failed=True,
-                     only_failed=args.command == "retry", what=args.command, write=True)
+                     only_failed=args.command == "retry", what=args.command, write=True, adopt=True)
     print(f"sweep {sweep.name}: {plan.summary()}")
     return 0
 

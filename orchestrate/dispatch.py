@@ -87,17 +87,19 @@ def classify(trials: list[Trial], runs: dict[str, TrialRun], live: dict[str, str
 
 def run_sweep(sweep: SweepDir, manifest: Manifest, trials: list[Trial], profile: Profile, *,
               include_failed: bool = True, only_failed: bool = False, what: str = "submit",
-              backend: Backend | None = None, write: bool = False) -> Plan:
+              backend: Backend | None = None, write: bool = False, adopt: bool = False) -> Plan:
     """Reconcile ledger, scheduler and sweep, then submit what needs to run. Holds the sweep lock throughout.
 
     ``write``: record ``manifest`` and ``trials`` in the sweep folder first, under the lock and after the ledger
-    confirmed that this folder owns the sweep's experiment (a refused or busy call changes nothing)."""
+    confirmed that this folder owns the sweep's experiment (a refused or busy call changes nothing). ``adopt``: the
+    folder existed before this command, so it may claim an experiment made before sweeps had ids."""
     backend = backend or make_backend(manifest.backend, sweep, manifest.tracking_uri, profile)
     backend.validate()
     ledger = Ledger(manifest.tracking_uri, manifest.name)
     with sweep.lock(what):
         t0 = time.perf_counter()
-        parent = ledger.ensure_sweep(manifest.grid, manifest.backend, manifest.sweep_id, str(sweep.path))
+        parent = ledger.ensure_sweep(manifest.grid, manifest.backend, manifest.sweep_id, str(sweep.path),
+                                     adopt=adopt)
         if write:
             sweep.write_manifest(manifest)
             sweep.write_trials(trials)
@@ -146,7 +148,7 @@ def cancel_sweep(sweep: SweepDir, manifest: Manifest, profile: Profile) -> list[
     backend = make_backend(manifest.backend, sweep, manifest.tracking_uri, profile)
     ledger = Ledger(manifest.tracking_uri, manifest.name)
     with sweep.lock("cancel"):
-        ledger.check_owner(manifest.sweep_id, str(sweep.path))
+        ledger.check_owner(manifest.sweep_id, str(sweep.path), adopt=True)
         live = backend.live_jobs()
         job_ids = sorted(set(live.values()))
         if job_ids:

@@ -7,8 +7,11 @@ one paged ``search_runs`` with a tag filter, never a call per run, so ``status``
 A sweep owns its experiment: the experiment carries the id of the sweep folder that created it (``sweep.id``) and
 that folder's path (``sweep.root``). Names are chosen by people and collide (two users, or one user twice, submitting
 ``paper`` to one shared server); the id is what tells two sweeps of one name apart, so that one sweep's ``resume``
-never takes the other's unfinished runs for lost and its ``cancel`` never kills them. Run states and tag names are
-the trial contract's (:mod:`asr_core.trial_contract`), shared with the trial job.
+never takes the other's unfinished runs for lost and its ``cancel`` never kills them. An experiment made before
+sweeps had ids carries no owner; one that holds trial runs is adopted only by a caller that says the sweep folder is
+that sweep's own (``adopt=True``: the folder existed before the command), never by a brand-new folder that happens
+to reuse the name. Run states and tag names are the trial contract's (:mod:`asr_core.trial_contract`), shared with
+the trial job.
 """
 
 from __future__ import annotations
@@ -140,6 +143,9 @@ def _sqlite_path(uri: str) -> Path | None:
     return Path(uri[len("sqlite:///"):]) if uri.startswith("sqlite:///") else None
 
 
+_ADOPT_PROBE = 1  # trial runs an untagged experiment must hold before only its own sweep folder may adopt it
+
+
 def _tag_int(tags: dict[str, str], name: str) -> int:
     """An integer tag written by the trial job; 0 when absent or unreadable (one odd run must not break ``status``)."""
     try:
@@ -180,30 +186,38 @@ class Ledger:
             self._experiment_id = exp.experiment_id
         return self._experiment_id
 
-    def check_owner(self, sweep_id: str, root: str) -> None:
-        """Raise :class:`SweepOwnershipError` when the experiment named after this sweep belongs to another sweep
-        folder (its ``sweep.id`` tag is not ``sweep_id``), and :class:`LedgerError` when it was deleted.
+    def check_owner(self, sweep_id: str, root: str, *, adopt: bool = False) -> None:
+        """Raise :class:`SweepOwnershipError` when this sweep folder may not use the experiment named after it, and
+        :class:`LedgerError` when that experiment was deleted.
 
-        Read-only: an experiment that does not exist yet, or one made before sweeps had ids (no ``sweep.id`` tag),
-        passes; a sqlite ledger whose file does not exist yet is not created. ``sweep_id`` "" stands for a sweep
-        folder without an id, which owns no tagged experiment. ``root`` is this sweep's folder, named in the message.
+        The folder may not use it when the experiment belongs to another sweep folder (its ``sweep.id`` tag is not
+        ``sweep_id``), or when it was made before sweeps had ids (no ``sweep.id`` tag), holds trial runs and
+        ``adopt`` is False. Pass ``adopt=True`` only when the sweep folder existed before this command, i.e. it is
+        the folder of the sweep that made the experiment; a brand-new folder must not take over an older sweep's
+        runs (its ``resume`` would resubmit them). An untagged experiment without trial runs may always be adopted.
+
+        Read-only: an experiment that does not exist yet passes, and a sqlite ledger whose file does not exist yet is
+        not created. ``sweep_id`` "" stands for a sweep folder without an id (itself from before sweep ids), which
+        owns no tagged experiment and adopts nothing. ``root`` is this sweep's folder, named in the message.
         """
         db = _sqlite_path(self.uri)
         if db is not None and not db.exists():
             return
         exp = self.client.get_experiment_by_name(self.name)
         if exp is not None:
-            self._check(exp, sweep_id, root)
+            self._check(exp, sweep_id, root, adopt=adopt)
 
-    def ensure_sweep(self, grid: str, backend: str, sweep_id: str = "", root: str = "") -> str:
+    def ensure_sweep(self, grid: str, backend: str, sweep_id: str = "", root: str = "", *,
+                     adopt: bool = False) -> str:
         """Create (or claim) the sweep's experiment and its parent run; returns the parent run's id.
 
         Called by the submitting process under the sweep's lock, before any job. A new experiment is created with
         ``sweep.id`` = ``sweep_id`` and ``sweep.root`` = ``root``; an existing one must be this sweep's
-        (:meth:`check_owner`); one made before sweeps had ids is adopted (tagged with both). ``sweep_id`` "" (a
-        sweep folder without an id) only checks that no other sweep owns the experiment and claims nothing.
+        (:meth:`check_owner`, with the same ``adopt``); one made before sweeps had ids is adopted (tagged with both)
+        when it holds no trial runs or ``adopt`` is True. ``sweep_id`` "" (a sweep folder without an id) only checks
+        that no other sweep owns the experiment and claims nothing.
         """
-        self._experiment_id = self._claim(sweep_id, root)
+        self._experiment_id = self._claim(sweep_id, root, adopt)
         parent = self.parent_run_id()
         if parent is None:
             run = self.client.create_run(self.experiment_id, run_name=self.name,
@@ -212,7 +226,7 @@ class Ledger:
             parent = run.info.run_id
         return parent
 
-    def _claim(self, sweep_id: str, root: str) -> str:
+    def _claim(self, sweep_id: str, root: str, adopt: bool) -> str:
         """The experiment's id, creating it tagged with ``sweep_id``/``root`` or adopting an untagged one."""
         from mlflow.exceptions import MlflowException
 
@@ -230,7 +244,7 @@ class Ledger:
             else:
                 _enable_wal(self.uri)
                 return experiment_id
-        self._check(exp, sweep_id, root)
+        self._check(exp, sweep_id, root, adopt=adopt)
         if sweep_id and (exp.tags.get(TAG_SWEEP_ID) != sweep_id or exp.tags.get(TAG_SWEEP_ROOT) != root):
             # Adopt an experiment made before sweeps had ids, or record where the (moved) folder is now.
             for k, v in owner_tags.items():
@@ -238,14 +252,24 @@ class Ledger:
             # Two folders adopting one untagged experiment at once: the one whose tag stuck goes on.
             again = self.client.get_experiment_by_name(self.name)
             if again is not None:
-                self._check(again, sweep_id, root)
+                self._check(again, sweep_id, root, adopt=adopt)
         return exp.experiment_id
 
-    def _check(self, exp: Any, sweep_id: str, root: str) -> None:
+    def _check(self, exp: Any, sweep_id: str, root: str, *, adopt: bool) -> None:
+        """Raise unless the folder ``sweep_id``/``root`` may use ``exp`` (the rules of :meth:`check_owner`)."""
         if exp.lifecycle_stage != "active":
             raise self._deleted_error(exp)
         owner = exp.tags.get(TAG_SWEEP_ID)
-        if owner is None or owner == sweep_id:
+        if owner is None:
+            if sweep_id and not adopt and self._holds_trial_runs(exp.experiment_id):
+                raise SweepOwnershipError(
+                    f"experiment {self.name!r} in {self.uri} predates sweep ids and holds {_ADOPT_PROBE} or more "
+                    f"trial runs of the sweep that made it; this sweep folder ({root or 'no folder given'}) is new, "
+                    "and taking the experiment over would make its resume resubmit that sweep's unfinished runs. "
+                    "Run the command from that sweep's own folder (which then adopts the experiment), or submit "
+                    "this one under another name with `--sweep NAME`")
+            return
+        if owner == sweep_id:
             return
         owner_root = exp.tags.get(TAG_SWEEP_ROOT) or "a folder it did not record"
         ours = f"sweep id {sweep_id}" if sweep_id else "no sweep id"
@@ -254,6 +278,12 @@ class Ledger:
             f"{owner}), not this one ({root or 'this folder'}, {ours}); sweeps sharing one experiment would resume "
             f"and cancel each other's runs. Submit this one under another name with `--sweep NAME`, or run "
             f"status/resume/cancel from {owner_root}")
+
+    def _holds_trial_runs(self, experiment_id: str) -> bool:
+        """Whether the experiment holds at least one trial run (one search for a single run)."""
+        runs = self.client.search_runs([experiment_id], filter_string=f"tags.`{TAG_ROLE}` = '{ROLE_TRIAL}'",
+                                       max_results=_ADOPT_PROBE)
+        return len(runs) >= _ADOPT_PROBE
 
     def _deleted_error(self, exp: Any) -> LedgerError:
         eid = exp.experiment_id

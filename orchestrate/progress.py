@@ -3,7 +3,10 @@
 The trial job appends structured progress records to its folder (:class:`asr_core.trial_contract.ProgressLog`);
 :func:`trial_phase` reads the last one with :func:`asr_core.trial_contract.read_progress` and never parses the
 trainer's log text. A glance at the folders says how far each trial is:
-``[orchestrate] 2/8 finished, 2 running, 4 waiting: ctx10s-…-s1 train 30/60, ctx10s-…-s2 eval test 4/12``.
+``[orchestrate] 2/8 finished, 2 running, 4 waiting: ctx10s-…-s1 train 30/60, ctx10s-…-s2 eval test 4/12``;
+a trial whose job failed, or checkpointed and stopped when preempted, is counted as such, not as running:
+``[orchestrate] 2/8 finished, 1 running, 1 failed, 1 preempted, 3 waiting: ctx10s-…-s1 train 30/60, ctx10s-…-s2
+failed, ctx10s-…-s3 preempted``.
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ import time
 from pathlib import Path
 
 from asr_core.trial_contract import TrialFolder, read_progress
+
+STOPPED = ("failed", "preempted")  # phases of a trial whose job is no longer running (and not finished)
 
 
 def trial_phase(trial_dir: Path) -> str | None:
@@ -39,13 +44,20 @@ class ProgressPrinter:
         self._last_line = ""
 
     def line(self) -> str:
-        """``[orchestrate] D/N finished, R running, W waiting: LABEL PHASE, ...`` for the trials now."""
+        """``[orchestrate] D/N finished, R running[, F failed][, P preempted], W waiting: LABEL PHASE, ...`` for the
+        trials now: the running ones with their phase, then the failed and the preempted ones. A job that failed or
+        checkpointed on preemption is not running; the counts of failed and preempted show only when not zero."""
         phases = {k: trial_phase(d) for k, d in self.trials.items()}
         done = sum(p == "done" for p in phases.values())
-        running = [f"{self.labels.get(k, k)} {p}" for k, p in phases.items() if p not in (None, "done")]
         waiting = sum(p is None for p in phases.values())
-        text = f"[orchestrate] {done}/{len(phases)} finished, {len(running)} running, {waiting} waiting"
-        return text + (": " + ", ".join(running) if running else "")
+        stopped = {phase: [k for k, p in phases.items() if p == phase] for phase in STOPPED}
+        running = [k for k, p in phases.items() if p is not None and p != "done" and p not in STOPPED]
+        parts = [f"{done}/{len(phases)} finished", f"{len(running)} running"]
+        parts += [f"{len(keys)} {phase}" for phase, keys in stopped.items() if keys]
+        parts.append(f"{waiting} waiting")
+        shown = [f"{self.labels.get(k, k)} {phases[k]}" for k in running + [k for keys in stopped.values()
+                                                                          for k in keys]]
+        return "[orchestrate] " + ", ".join(parts) + (": " + ", ".join(shown) if shown else "")
 
     def tick(self) -> bool:
         """Print if due and changed. Returns False, so it can serve as a never-stopping poll callback."""

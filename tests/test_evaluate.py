@@ -19,10 +19,10 @@ from asr_core.corpora import load_corpus
 from asr_core.corpora.synth import synthesise
 from asr_core.corpora.fingerprint import fingerprint
 from asr_core.corpora.synth_text import TOPICS, vocabulary
-from asr_core.evaluate import CSV_COLUMNS, EvalDataChanged, evaluate, fingerprint_tag, metric_key
+from asr_core.evaluate import CSV_COLUMNS, EvalDataChanged, evaluate, metric_key
 from asr_core.model import build_model
 from asr_core.tokenizer import Tokenizer
-from asr_core.trial_contract import ProgressLog, TrialFolder
+from asr_core.trial_contract import EVAL_DIR, ProgressLog, TrialFolder, eval_fingerprint_tag
 
 ROOT = Path(__file__).resolve().parents[1]
 torch.set_num_threads(2)
@@ -73,11 +73,11 @@ def test_evaluate_writes_the_table_and_logs_into_the_checkpoints_run(setup: dict
             assert run.data.metrics[metric_key(name, snr)] == pytest.approx(expected)
     assert set(run.data.metrics) == {"wer/test", "wer/test/snr-7.5", "wer/test/snr10", "wer/shifted",
                                      "wer/shifted/snr-7.5", "wer/shifted/snr10"}
-    artifacts = {a.path for a in client.list_artifacts(setup["run_id"], "eval")}
-    assert artifacts == {"eval/test.csv", "eval/shifted.csv"}
+    artifacts = {a.path for a in client.list_artifacts(setup["run_id"], EVAL_DIR)}
+    assert artifacts == {f"{EVAL_DIR}/test.csv", f"{EVAL_DIR}/shifted.csv"}
     for name, split in (("test", "test"), ("shifted", "test-shifted")):
         expected = fingerprint(load_corpus(f"podcast:{setup['corpus'] / split}"))
-        assert run.data.tags[fingerprint_tag(name)] == expected
+        assert run.data.tags[eval_fingerprint_tag(name)] == expected
 
 
 def test_a_dataset_name_with_other_content_is_refused_before_any_work(setup: dict) -> None:
@@ -95,7 +95,7 @@ def test_a_dataset_name_with_other_content_is_refused_before_any_work(setup: dic
     assert all(s in message for s in ("'t'", old, new, "another dataset name", "new sweep"))
     assert "\n" not in message  # the trial job's trial.error tag keeps only the last line
     after = client.get_run(run_id).data
-    assert after.tags[fingerprint_tag("t")] == old and after.metrics == before.metrics
+    assert after.tags[eval_fingerprint_tag("t")] == old and after.metrics == before.metrics
     assert not (setup["tmp"] / "fp3").exists()  # refused before decoding anything
 
 

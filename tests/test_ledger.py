@@ -71,10 +71,12 @@ def test_status_cli_lists_failed_trials_with_their_error(tmp_path: Path, capsys:
     grid = load_grid(SMOKE)
     sweep = SweepDir(tmp_path, "smoke")
     uri = default_tracking_uri(tmp_path)
-    sweep.write_manifest(new_manifest("smoke", SMOKE, "local", "", uri, ()))
+    manifest = new_manifest("smoke", SMOKE, "local", "", uri, ())
+    sweep.write_manifest(manifest)
     sweep.write_trials(list(grid.trials))
     ledger = Ledger(uri, "smoke")
-    ids = ledger.create_trial_runs(ledger.ensure_sweep(str(SMOKE), "local"), list(grid.trials)[:3], "local")
+    ids = ledger.create_trial_runs(ledger.ensure_sweep(str(SMOKE), "local", manifest.sweep_id, str(sweep.path)),
+                                   list(grid.trials)[:3], "local")
     bad = grid.trials[1]
     ledger.set_status([ids[bad.key]], "FAILED", tags={"trial.error": "ValueError: loss is nan at step 7"})
     assert main(["status", "smoke", "--sweep-root", str(tmp_path)]) == 0
@@ -95,20 +97,20 @@ def test_status_names_trials_whose_segments_ran_different_code(tmp_path: Path,
     sweep = SweepDir(tmp_path, "smoke")
     uri = default_tracking_uri(tmp_path)
     manifest = new_manifest("smoke", SMOKE, "local", "", uri, ())
-    sweep.write_manifest(dataclasses.replace(manifest, code=("aaaaaaaaaaaa", "bbbbbbbbbbbb+dirty")))
+    sweep.write_manifest(dataclasses.replace(manifest, code=("aaaaaaaaaaaa", "bbbbbbbbbbbb+dirty.0f1e2d3c")))
     sweep.write_trials(list(grid.trials))
     ledger = Ledger(uri, "smoke")
     ids = ledger.create_trial_runs(ledger.ensure_sweep(str(SMOKE), "local", manifest.sweep_id, str(sweep.path)),
                                    list(grid.trials), "local")
     mixed, same = grid.trials[0], grid.trials[1]
-    ledger.tag_runs({ids[mixed.key]: {tc.TAG_CODE: "aaaaaaaaaaaa,bbbbbbbbbbbb+dirty", tc.TAG_SEGMENTS: "2"},
+    ledger.tag_runs({ids[mixed.key]: {tc.TAG_CODE: "aaaaaaaaaaaa,bbbbbbbbbbbb+dirty.0f1e2d3c", tc.TAG_SEGMENTS: "2"},
                      ids[same.key]: {tc.TAG_CODE: "aaaaaaaaaaaa", tc.TAG_SEGMENTS: "3"}})
     assert main(["status", "smoke", "--sweep-root", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert "submitted and resumed from code aaaaaaaaaaaa, bbbbbbbbbbbb+dirty" in out
+    assert "submitted and resumed from code aaaaaaaaaaaa, bbbbbbbbbbbb+dirty.0f1e2d3c" in out
     assert "1 trials ran different code" in out
     line = next(ln for ln in out.splitlines() if mixed.label in ln)
-    assert "2 segments" in line and "aaaaaaaaaaaa -> bbbbbbbbbbbb+dirty" in line
+    assert "2 segments" in line and "aaaaaaaaaaaa -> bbbbbbbbbbbb+dirty.0f1e2d3c" in line
     assert same.label not in out
 
 
@@ -180,19 +182,54 @@ def test_a_sweep_owns_its_experiment_and_another_sweep_of_that_name_is_refused(l
     assert set(ledger.trial_runs()) == set(ids)
 
 
-def test_an_experiment_made_before_sweep_ids_is_adopted(ledger: Ledger) -> None:
+def test_an_experiment_made_before_sweep_ids_is_adopted_only_by_its_own_folder(ledger: Ledger) -> None:
+    """An untagged experiment with trial runs names no owner: a brand-new folder reusing the name is refused (its
+    resume would resubmit the old sweep's unfinished runs); the old sweep's own folder (``adopt=True``) adopts it."""
     trials = list(load_grid(SMOKE).trials)[:2]
     parent = ledger.ensure_sweep("g", "local")  # an old sweep: no id, so the experiment carries no owner
     ids = ledger.create_trial_runs(parent, trials, "local")
     assert tc.TAG_SWEEP_ID not in ledger.client.get_experiment(ledger.experiment_id).tags
-    ledger.check_owner("id-a", "/runs/smoke")  # untagged: anyone may adopt it
+    before = sorted((r.info.run_id, r.info.status) for r in ledger.client.search_runs([ledger.experiment_id]))
 
-    assert Ledger(ledger.uri, "smoke").ensure_sweep("g", "local", "id-a", "/runs/smoke") == parent
+    new = Ledger(ledger.uri, "smoke")
+    with pytest.raises(SweepOwnershipError) as err:
+        new.check_owner("id-new", "/runs/new/smoke")
+    msg = str(err.value)
+    for needle in ("'smoke'", ledger.uri, "predates sweep ids", "1 or more trial runs", "/runs/new/smoke",
+                   "that sweep's own folder", "--sweep NAME"):
+        assert needle in msg, (needle, msg)
+    with pytest.raises(SweepOwnershipError, match="predates sweep ids"):
+        new.ensure_sweep("g", "local", "id-new", "/runs/new/smoke")
+    assert tc.TAG_SWEEP_ID not in ledger.client.get_experiment(ledger.experiment_id).tags  # nothing claimed
+    assert sorted((r.info.run_id, r.info.status) for r in ledger.client.search_runs([ledger.experiment_id])) == before
+
+    ledger.check_owner("id-a", "/runs/smoke", adopt=True)  # read-only: still untagged afterwards
+    assert tc.TAG_SWEEP_ID not in ledger.client.get_experiment(ledger.experiment_id).tags
+    assert Ledger(ledger.uri, "smoke").ensure_sweep("g", "local", "id-a", "/runs/smoke", adopt=True) == parent
     exp = ledger.client.get_experiment(ledger.experiment_id)
     assert exp.tags[tc.TAG_SWEEP_ID] == "id-a" and exp.tags[tc.TAG_SWEEP_ROOT] == "/runs/smoke"
     assert {k: r.run_id for k, r in ledger.trial_runs().items()} == ids  # same runs, nothing recreated
-    with pytest.raises(SweepOwnershipError, match="/runs/smoke"):
-        Ledger(ledger.uri, "smoke").check_owner("id-b", "/elsewhere/smoke")
+    Ledger(ledger.uri, "smoke").check_owner("id-a", "/runs/smoke")  # adopted: its own from now on, adopt or not
+    for adopt in (False, True):  # adopted: every other folder is refused as another sweep's, naming the owner
+        with pytest.raises(SweepOwnershipError, match="/runs/smoke"):
+            Ledger(ledger.uri, "smoke").check_owner("id-b", "/elsewhere/smoke", adopt=adopt)
+
+
+def test_an_experiment_made_before_sweep_ids_without_trial_runs_is_adopted_by_any_folder(ledger: Ledger) -> None:
+    parent = ledger.ensure_sweep("g", "local")  # an old sweep's experiment and parent run, but no trial runs
+    ledger.check_owner("id-new", "/runs/new/smoke")
+    assert Ledger(ledger.uri, "smoke").ensure_sweep("g", "local", "id-new", "/runs/new/smoke") == parent
+    assert ledger.client.get_experiment(ledger.experiment_id).tags[tc.TAG_SWEEP_ID] == "id-new"
+
+
+def test_a_folder_without_an_id_keeps_using_an_untagged_experiment(ledger: Ledger) -> None:
+    """A sweep folder without an id is itself from before sweep ids: it claims nothing, so it is never refused an
+    untagged experiment, runs or not."""
+    parent = ledger.ensure_sweep("g", "local")
+    ledger.create_trial_runs(parent, list(load_grid(SMOKE).trials)[:1], "local")
+    Ledger(ledger.uri, "smoke").check_owner("", "/runs/smoke")
+    assert Ledger(ledger.uri, "smoke").ensure_sweep("g", "local") == parent
+    assert tc.TAG_SWEEP_ID not in ledger.client.get_experiment(ledger.experiment_id).tags
 
 
 def test_a_moved_sweep_folder_keeps_its_experiment_and_records_where_it_is(ledger: Ledger) -> None:
@@ -235,12 +272,12 @@ def test_trial_runs_read_the_code_and_segments_of_each_trial(ledger: Ledger) -> 
     ids = ledger.create_trial_runs(ledger.ensure_sweep("g", "local", "id-a", "/r"), trials, "local")
     a, b, c = (t.key for t in trials)
     ledger.tag_runs({ids[a]: {tc.TAG_CODE: "3c079aa,3c079aa", tc.TAG_SEGMENTS: "2"},
-                     ids[b]: {tc.TAG_CODE: "3c079aa,c21a890+dirty,3c079aa", tc.TAG_SEGMENTS: "3"}})
+                     ids[b]: {tc.TAG_CODE: "3c079aa,c21a890+dirty.9a8b7c6d,3c079aa", tc.TAG_SEGMENTS: "3"}})
     runs = ledger.trial_runs()
     assert (runs[a].code, runs[a].segments, runs[a].mixed_code) == ("3c079aa,3c079aa", 2, False)
     assert runs[a].code_labels == ("3c079aa",)
     assert (runs[b].segments, runs[b].mixed_code) == (3, True)
-    assert runs[b].code_labels == ("3c079aa", "c21a890+dirty")
+    assert runs[b].code_labels == ("3c079aa", "c21a890+dirty.9a8b7c6d")
     assert (runs[c].code, runs[c].segments, runs[c].mixed_code, runs[c].code_labels) == ("", 0, False, ())
 
 

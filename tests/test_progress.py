@@ -23,7 +23,8 @@ def test_phase_follows_the_progress_records(tmp_path: Path) -> None:
     d = tmp_path / "t"
     assert trial_phase(d) is None  # no folder yet
     d.mkdir()
-    assert trial_phase(d) is None  # folder (config.json) written at submission: not started
+    TrialFolder(d).config.write_text("{}\n")
+    assert trial_phase(d) is None  # folder and config.json written at submission: not started
     folder = _started(tmp_path / "t2")
     assert trial_phase(folder.path) == "starting"
     log = ProgressLog(folder.path)
@@ -76,6 +77,28 @@ def test_line_counts_finished_running_and_waiting(tmp_path: Path) -> None:
     line = ProgressPrinter(dirs, {"b": "ctx5s-s1", "c": "ctx5s-s2"}).line()
     assert line == ("[orchestrate] 1/4 finished, 2 running, 1 waiting: ctx5s-s1 train 7/9, "
                     "ctx5s-s2 eval test 4/12")
+
+
+def test_line_counts_failed_and_preempted_trials_apart_from_running_ones(tmp_path: Path) -> None:
+    dirs = {k: tmp_path / k for k in "abcdefgh"}
+    for k in "ab":
+        _started(dirs[k]).done.write_text("")
+    ProgressLog(_started(dirs["c"]).path).write("train", 30, 60)
+    for k, last in (("d", "failed"), ("e", "preempted")):
+        log = ProgressLog(_started(dirs[k]).path)
+        log.write("train", 5, 60)
+        log.write(last)
+    labels = {"c": "ctx10s-s1", "d": "ctx10s-s2", "e": "ctx10s-s3"}
+    line = ProgressPrinter(dirs, labels).line()
+    assert line == ("[orchestrate] 2/8 finished, 1 running, 1 failed, 1 preempted, 3 waiting: ctx10s-s1 train 30/60, "
+                    "ctx10s-s2 failed, ctx10s-s3 preempted")
+
+    log = ProgressLog(dirs["e"])
+    log.write("start")  # the preempted trial's job runs again
+    log.write("train", 6, 60)
+    assert ProgressPrinter(dirs, labels).line() == (
+        "[orchestrate] 2/8 finished, 2 running, 1 failed, 3 waiting: ctx10s-s1 train 30/60, ctx10s-s3 train 6/60, "
+        "ctx10s-s2 failed")
 
 
 def test_tick_prints_only_when_due_and_changed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -6,6 +6,7 @@ of the checkout the suite runs from never matters.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -20,8 +21,9 @@ from mlflow.tracking import MlflowClient
 
 import asr_core
 from asr_core.config import Config, preset
-from asr_core.provenance import DIRTY_SUFFIX, UNKNOWN, code_version
+from asr_core.provenance import DIFF_DIGITS, DIRTY_SUFFIX, UNKNOWN, code_version
 from asr_core.trial_contract import (
+    CODE_ARTIFACT_DIR,
     ENV_JOB_ID,
     EXIT_FAILED,
     EXIT_OK,
@@ -91,13 +93,16 @@ def test_tracked_changes_and_new_package_files_make_it_dirty_with_a_diff_that_re
     with (repo / "asr_core" / "score.py").open("a") as f:
         f.write("# tuned by hand\n")
     v = code_version(repo)
-    assert v.dirty and v.label == head[:12] + DIRTY_SUFFIX
+    digest = hashlib.sha256(v.diff.encode()).hexdigest()[:DIFF_DIGITS]
+    assert v.dirty and v.label == f"{head[:12]}{DIRTY_SUFFIX}.{digest}" and len(digest) == 8
     assert "+# tuned by hand" in v.diff and "a/asr_core/score.py" in v.diff
+    assert code_version(repo).label == v.label  # the same uncommitted state, the same label
 
     (repo / "asr_core" / "extra").mkdir()
     (repo / "asr_core" / "extra" / "helper.py").write_text("VALUE = 1\nLAST = 2")  # no final newline
-    v = code_version(repo)
+    before, v = v, code_version(repo)
     assert "new file mode 100644" in v.diff and "+VALUE = 1" in v.diff
+    assert v.commit == before.commit and v.label != before.label  # another uncommitted state of the same commit
 
     # the diff is a patch: applied to a fresh clone of the commit it gives back the work tree
     clone = tmp_path / "clone"
@@ -110,6 +115,25 @@ def test_tracked_changes_and_new_package_files_make_it_dirty_with_a_diff_that_re
     _git(repo, "checkout", "-q", "--", "asr_core/score.py")
     shutil.rmtree(repo / "asr_core" / "extra")
     assert code_version(repo).label == head[:12]
+
+
+def test_two_dirty_work_trees_of_one_commit_get_different_labels(tmp_path: Path) -> None:
+    """Two checkouts of one commit with different uncommitted changes ran different code: their labels differ (and
+    name the commit); identical changes give identical labels, wherever the checkout is."""
+    a = _repo(tmp_path)
+    b, c = tmp_path / "b", tmp_path / "c"
+    for clone in (b, c):  # checkouts of a's commit elsewhere
+        _git(tmp_path, "clone", "-q", str(a), str(clone))
+    for repo, text in ((a, "# one experiment\n"), (b, "# another experiment\n"), (c, "# one experiment\n")):
+        with (repo / "asr_core" / "score.py").open("a") as f:
+            f.write(text)
+    va, vb, vc = code_version(a), code_version(b), code_version(c)
+    assert va.commit == vb.commit == vc.commit and va.dirty and vb.dirty
+    assert va.label != vb.label and va.label == vc.label
+    for v in (va, vb):
+        commit, _, digest = v.label.partition(DIRTY_SUFFIX + ".")
+        assert commit == v.commit[:12] and len(digest) == DIFF_DIGITS and int(digest, 16) >= 0
+        assert v.to_dict()["code"] == v.label
 
 
 def test_anything_but_a_checkout_is_unknown_and_never_raises(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -205,7 +229,7 @@ def test_a_run_resumed_after_a_new_commit_carries_both_commits(tmp_path: Path, c
     assert [(s["segment"], s["commit"], s["dirty"], s["job_id"]) for s in segments] == [
         (1, first, False, "job-1"), (2, second, False, "job-2")]
     assert all(s["code"] == s["commit"][:12] and s["host"] for s in segments)
-    assert not list(trial_dir.glob("code-*.diff"))  # clean segments leave no diff
+    assert not any(TrialFolder(trial_dir).segment_diff(n).exists() for n in (1, 2))  # clean segments leave no diff
     phases = [json.loads(ln)["phase"] for ln in TrialFolder(trial_dir).progress.read_text().splitlines()]
     assert phases[0] == "start" and phases[-1] == "done" and phases.count("start") == 2
     assert phases[phases.index("preempted") + 1] == "start"
@@ -225,13 +249,14 @@ def test_a_dirty_segment_keeps_its_diff_in_the_folder_and_the_run(tmp_path: Path
     cfg = Config.from_yaml(str(TrialFolder(trial_dir).config), [])
     assert trial.run_trial(cfg, trial_dir, tracking_uri=uri, run_id=run_id) == EXIT_FAILED
 
-    saved = trial_dir / "code-1.diff"
+    saved = TrialFolder(trial_dir).segment_diff(1)
     assert saved.read_text() == dirty.diff and "+# an uncommitted experiment" in dirty.diff
     run = client.get_run(run_id)
     assert run.info.status == FAILED and "no-such-corpus" in run.data.tags[TAG_ERROR]
-    assert run.data.tags[TAG_CODE] == dirty.label and dirty.label.endswith(DIRTY_SUFFIX)
-    assert [a.path for a in client.list_artifacts(run_id, "code")] == ["code/code-1.diff"]
-    local = client.download_artifacts(run_id, "code/code-1.diff", str(tmp_path))
+    assert run.data.tags[TAG_CODE] == dirty.label == f"{dirty.commit[:12]}{DIRTY_SUFFIX}.{dirty.diff_digest}"
+    attached = f"{CODE_ARTIFACT_DIR}/{saved.name}"
+    assert [a.path for a in client.list_artifacts(run_id, CODE_ARTIFACT_DIR)] == [attached]
+    local = client.download_artifacts(run_id, attached, str(tmp_path))
     assert Path(local).read_text() == dirty.diff
 
     # a store that refuses the artifact costs the diff in the run, never the trial: the error stays the corpus's
@@ -241,6 +266,6 @@ def test_a_dirty_segment_keeps_its_diff_in_the_folder_and_the_run(tmp_path: Path
     monkeypatch.setattr(MlflowClient, "log_artifact", refuse)
     assert trial.run_trial(cfg, trial_dir, tracking_uri=uri, run_id=run_id) == EXIT_FAILED
     run = client.get_run(run_id)
-    assert (trial_dir / "code-2.diff").exists() and run.data.tags[TAG_SEGMENTS] == "2"
+    assert TrialFolder(trial_dir).segment_diff(2).exists() and run.data.tags[TAG_SEGMENTS] == "2"
     assert "no-such-corpus" in run.data.tags[TAG_ERROR]
-    assert [a.path for a in client.list_artifacts(run_id, "code")] == ["code/code-1.diff"]
+    assert [a.path for a in client.list_artifacts(run_id, CODE_ARTIFACT_DIR)] == [attached]

@@ -1,8 +1,9 @@
 """``python -m asr_core trial``: the exit-code contract with the schedulers, against a real MLflow sqlite store.
 
 0 = trained, evaluated, run FINISHED; 75 = SIGUSR2 checkpointed, run back to SCHEDULED; 1 = run FAILED with the
-error's last line; re-running a finished trial trains nothing. Each start of the job is a segment (segments.jsonl,
-tags trial.segments and trial.code) and the job's progress records follow it from start to its end.
+error's last line; 2 = invalid config, run FAILED naming it; re-running a finished trial trains nothing. Each start
+of the job is a segment (segments.jsonl, tags trial.segments and trial.code) and the job's progress records follow
+it from start to its end.
 """
 
 from __future__ import annotations
@@ -102,7 +103,7 @@ def test_trial_trains_evaluates_and_finishes_once(tmp_path: Path, corpus: Path) 
     assert (segment["segment"], segment["code"], segment["commit"], segment["job_id"]) == (
         1, code.label, code.commit, "job-1")
     assert run.data.tags[TAG_SEGMENTS] == "1" and run.data.tags[TAG_CODE] == code.label
-    assert (trial_dir / "code-1.diff").exists() == code.dirty
+    assert TrialFolder(trial_dir).segment_diff(1).exists() == code.dirty
     records = _progress(trial_dir)
     phases = [r["phase"] for r in records]
     assert phases[0] == "start" and phases[-1] == "done" and "train" in phases
@@ -162,10 +163,26 @@ def test_a_failing_trial_marks_the_run_failed_with_the_error(tmp_path: Path, cor
     assert run.data.tags[TAG_SEGMENTS] == "1"
 
 
-def test_bad_config_is_a_usage_error_before_any_run_changes(tmp_path: Path, corpus: Path) -> None:
+def test_bad_config_is_a_usage_error_that_fails_the_run_with_the_reason(tmp_path: Path, corpus: Path) -> None:
+    """Nothing runs, and the run says why: left SCHEDULED it would look lost and be resubmitted without a reason."""
     trial_dir, uri, run_id, client = _setup(tmp_path, corpus)
-    (trial_dir / "config.json").write_text(json.dumps({"model": {"heads": 7}}))
+    config = trial_dir / "config.json"
+    config.write_text(json.dumps({"model": {"heads": 7}}))
     done = subprocess.run(_cmd(trial_dir, uri, run_id), capture_output=True, text=True, env=_env(), timeout=120)
     assert done.returncode == 2 and "model.heads" in done.stderr
-    assert client.get_run(run_id).info.status == "SCHEDULED"
-    assert not TrialFolder(trial_dir).segments.exists() and read_progress(trial_dir) is None  # nothing started
+    run = client.get_run(run_id)
+    assert run.info.status == "FAILED"
+    error = run.data.tags["trial.error"]
+    assert error.startswith(f"config {config} invalid: ") and "model.heads" in error and "\n" not in error
+    assert error.count(str(config)) == 1
+    assert not TrialFolder(trial_dir).segments.exists()  # no segment: nothing started
+    assert [r["phase"] for r in _progress(trial_dir)] == ["failed"]
+
+    # without a run id there is no run to mark: still exit 2, and nothing but the progress record is written
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "config.json").write_text(json.dumps({"model": {"heads": 7}}))
+    done = subprocess.run([sys.executable, "-m", "asr_core", "trial", "--config", str(bare / "config.json"),
+                           "--out", str(bare)], capture_output=True, text=True, env=_env(), timeout=120)
+    assert done.returncode == 2 and "model.heads" in done.stderr
+    assert sorted(p.name for p in bare.iterdir()) == ["config.json", "progress.jsonl"]

@@ -21,8 +21,8 @@ import sys
 import time
 from pathlib import Path
 
-from asr_core.trial_contract import (ENV_JOB_ID, EXIT_OK, EXIT_PREEMPTED, FAILED, TAG_ERROR, TrialFolder, mark_run,
-                                     trial_command)
+from asr_core.trial_contract import (ENV_JOB_ID, EXIT_OK, EXIT_PREEMPTED, FAILED, TAG_ERROR, TrialFolder, error_line,
+                                     mark_run, trial_command)
 from orchestrate.backends import slurm_commands
 from orchestrate.backends.base import Backend, BackendError, Job, OnSubmitted
 from orchestrate.runner import TrialProcess, install_forwarding, last_line
@@ -73,8 +73,7 @@ class TrialTask:
 
 def _mark_failed(uri: str, run_id: str, error: str) -> None:
     """FAILED with the error's last line, as the trial job itself would have recorded it."""
-    last = error.strip().splitlines()[-1] if error.strip() else "error"
-    mark_run(uri, run_id, FAILED, {TAG_ERROR: last})
+    mark_run(uri, run_id, FAILED, {TAG_ERROR: error_line(error)})
 
 
 class SlurmBackend(Backend):
