@@ -193,6 +193,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
     Ledger(uri, sweep.name).check_owner(sweep_id, str(sweep.path), adopt=old is not None)
     manifest = new_manifest(sweep.name, Path(args.grid).resolve(), args.backend, args.profile or "", uri,
                             tuple(args.overrides), sweep_id=sweep_id, code=old.code if old is not None else ())
+    if old is not None:  # the sweep keeps its birth date; a later submit's settings and folder are today's
+        manifest = dataclasses.replace(manifest, created=old.created)
     from orchestrate.backends import make_backend
 
     make_backend(args.backend, sweep, uri, profile).validate()
