@@ -64,6 +64,7 @@ from asr_core.trial_contract import (
     mark_run,
 )
 
+
 class EvaluationInterrupted(Exception):
     """SIGUSR2/SIGTERM during evaluation: evaluation has no checkpoint, so it simply starts again on requeue."""
 
