@@ -163,11 +163,14 @@ def config_json(d: Any) -> str:
 
 
 def write_config(trial_dir: Path, cfg: "Config") -> Path:
-    """Write (atomically) the config the job reads; returns its path."""
+    """Write (atomically) the config the job reads, unless the file already holds exactly it; returns its path."""
     folder = TrialFolder(Path(trial_dir))
     folder.path.mkdir(parents=True, exist_ok=True)
+    text = config_json(cfg.to_dict()) + "\n"
+    if folder.config.exists() and folder.config.read_text() == text:
+        return folder.config
     tmp = folder.config.with_name(f".{CONFIG_FILE}.{os.getpid()}.tmp")
-    tmp.write_text(config_json(cfg.to_dict()) + "\n")
+    tmp.write_text(text)
     os.replace(tmp, folder.config)
     return folder.config
 

@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Iterator
 
-from asr_core.trial_contract import TrialFolder, config_json, write_config
+from asr_core.trial_contract import TrialFolder, write_config
 from orchestrate.trial import Trial
 
 
@@ -117,10 +117,7 @@ class SweepDir:
         left as it ran."""
         folder = TrialFolder(self.trial_dir(trial.key))
         folder.path.mkdir(parents=True, exist_ok=True)
-        if folder.done.exists():
-            return folder.path
-        wanted = config_json(trial.config.to_dict()) + "\n"
-        if not folder.config.exists() or folder.config.read_text() != wanted:
+        if not folder.done.exists():
             write_config(folder.path, trial.config)
         return folder.path
 
