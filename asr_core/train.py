@@ -111,9 +111,10 @@ class _Tracker:
         self.run_id = run_id
         run = self.client.get_run(run_id)
         self._log_params(cfg, run.data.params)
-        commit = code_version().commit
-        if commit and TAG_GIT_COMMIT not in run.data.tags:
-            self.client.set_tag(run_id, TAG_GIT_COMMIT, commit)
+        if TAG_GIT_COMMIT not in run.data.tags:  # the trial job has usually set it already: no second git call
+            commit = code_version().commit
+            if commit:
+                self.client.set_tag(run_id, TAG_GIT_COMMIT, commit)
         self._tags = run.data.tags
         history = self.client.get_metric_history(run_id, "train/loss")
         self.last_logged = max((m.step for m in history), default=0)
@@ -224,14 +225,6 @@ def _tokenizer(cfg: Config, recs: Sequence[Recording], out_dir: Path, state: dic
     return Tokenizer.train([r.text for r in recs], cfg.model.vocab_size, out_dir / TOKENIZER_FILE)
 
 
-def _data_mismatch(before: str, now: str, where: str) -> str:
-    name = before.partition("=")[0]
-    return (f"the training data named {name!r} has other content than when this trial started ({where} recorded "
-            f"{before}, the corpus now gives {now}); a corpus may move but not change under its name: point "
-            f"data.train back at the original data, or give the new data another name (NAME=FORMAT:PATH), which "
-            "makes these new trials")
-
-
 def _data_identity(cfg: Config, recs: Sequence[Recording], state: dict[str, Any] | None) -> str:
     """``name=fingerprint`` of the training data; on resume it must equal the checkpoint's."""
     from .corpora import dataset_name
@@ -241,7 +234,10 @@ def _data_identity(cfg: Config, recs: Sequence[Recording], state: dict[str, Any]
     data_id = f"{name}={fingerprint(recs)}"
     before = (state or {}).get("data_fingerprint")
     if before and before != data_id:
-        raise TrainError(_data_mismatch(before, data_id, "the checkpoint"))
+        raise TrainError(f"the training data named {name!r} has other content than when this trial started (the "
+                         f"checkpoint recorded {before}, the corpus now gives {data_id}); a corpus may move but not "
+                         "change under its name: point data.train back at the original data, or give the new data "
+                         "another name (NAME=FORMAT:PATH), which makes these new trials")
     return data_id
 
 
