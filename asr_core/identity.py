@@ -161,37 +161,35 @@ def _same(a: Any, b: Any) -> bool:
 _CONFIG_DEFAULTS: dict[str, Any] | None = None
 
 
-def baseline(field: str) -> Any:
+def baseline(field: str, defaults: dict[str, Any] | None = None) -> Any:
     """The identity value of ``field`` that does not enter keys: :data:`BASELINE`'s, else (a field added since it
-    was frozen) the field's own default in :class:`~asr_core.config.Config`."""
+    was frozen) the field's own default, from ``defaults`` (:func:`_defaults` of a config) or
+    :class:`~asr_core.config.Config`'s; None for a name that is no field."""
     global _CONFIG_DEFAULTS
     if field in BASELINE:
         return BASELINE[field]
-    if _CONFIG_DEFAULTS is None:
-        from asr_core.config import Config
+    if defaults is None:
+        if _CONFIG_DEFAULTS is None:
+            from asr_core.config import Config
 
-        _CONFIG_DEFAULTS = _defaults(Config())
-    return identity_value(field, _CONFIG_DEFAULTS[field]) if field in _CONFIG_DEFAULTS else None
+            _CONFIG_DEFAULTS = _defaults(Config())
+        defaults = _CONFIG_DEFAULTS
+    return identity_value(field, defaults[field]) if field in defaults else None
 
 
 def science(cfg: Any) -> dict[str, Any]:
     """The fields of ``cfg`` that name its experiment and differ from the baseline: ``{"data.context_s": 81.92}``.
 
     ``cfg`` is a :class:`~asr_core.config.Config` (or any dataclass of the same shape with extra fields)."""
-    values = _flat_values(cfg)
-    fallback = None
+    defaults = None  # read from cfg's own section types, only when a field is newer than the baseline
     out: dict[str, Any] = {}
-    for field, value in values.items():
+    for field, value in _flat_values(cfg).items():
         if field in EXECUTION:
             continue
         ident = identity_value(field, value)
-        if field in BASELINE:
-            base = BASELINE[field]
-        else:  # a field added since the baseline was frozen: its own default is its baseline
-            if fallback is None:
-                fallback = _defaults(cfg)
-            base = identity_value(field, fallback.get(field, value))
-        if not _same(ident, base):
+        if field not in BASELINE and defaults is None:
+            defaults = _defaults(cfg)
+        if not _same(ident, baseline(field, defaults)):
             out[field] = list(ident) if isinstance(ident, tuple) else ident
     return out
 
