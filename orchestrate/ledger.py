@@ -107,8 +107,9 @@ def check_tracking_uri(uri: str, timeout: float = 5.0) -> None:
 def _enable_wal(uri: str) -> None:
     """Write-ahead logging for a sqlite ledger: many trial jobs write while ``status`` reads, and one fsync per
     commit instead of several makes creating hundreds of runs several times faster. The mode sticks to the file."""
-    if uri.startswith("sqlite:///"):
-        con = sqlite3.connect(uri[len("sqlite:///"):], timeout=30)
+    db = _sqlite_path(uri)
+    if db is not None:
+        con = sqlite3.connect(db, timeout=30)
         try:
             con.execute("PRAGMA journal_mode=WAL")
         finally:
