@@ -62,6 +62,7 @@ from asr_core.trial_contract import (
     TrialFolder,
     error_line,
     mark_run,
+    read_segments,
 )
 
 
@@ -82,23 +83,6 @@ def _preemptions(tracking_uri: str | None, run_id: str | None) -> int:
 
 
 # ---- segments ------------------------------------------------------------------------------------------------------
-def read_segments(trial_dir: Path | str) -> list[dict[str, Any]]:
-    """The segment records of a trial folder, oldest first (none when the job never started)."""
-    try:
-        lines = TrialFolder(Path(trial_dir)).segments.read_text().splitlines()
-    except FileNotFoundError:
-        return []
-    out = []
-    for line in lines:
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a line cut short by a crash while it was written; the next start still counts itself
-        if isinstance(rec, dict):
-            out.append(rec)
-    return out
-
-
 def _start_segment(folder: TrialFolder, version: CodeVersion) -> int:
     """Append this start's record to ``segments.jsonl``; returns its number (1 for the first start)."""
     n = len(read_segments(folder.path)) + 1

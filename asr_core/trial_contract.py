@@ -37,6 +37,8 @@ EXIT_OK = 0  # trained and evaluated; the run is FINISHED
 EXIT_FAILED = 1  # failed; the run is FAILED with TAG_ERROR set
 EXIT_USAGE = 2  # the config file is invalid; nothing ran
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL: SIGUSR2/SIGTERM arrived, checkpointed; run the same command again
+EXIT_FENCED = 73  # another live trainer holds the trial's lease: this one exited having changed nothing
+EXIT_CANCELLED = 77  # the trial was cancelled (`orchestrate cancel`): checkpointed if it trained, never requeued
 
 # ---- run states (MLflow's RunStatus names) --------------------------------------------------------------------------
 SCHEDULED = "SCHEDULED"  # created at submission (ledger), or written back by a preempted job
@@ -91,6 +93,10 @@ PROGRESS_FILE = "progress.jsonl"
 SEGMENTS_FILE = "segments.jsonl"  # one JSON line per start of the job: time, code version, host, job id
 EVAL_DIR = "eval"  # the evaluator's per-recording tables (also the run's artifact folder for them)
 TOKENIZER_FILE = "tokenizer.model"  # the BPE model a trial learned (also inside the checkpoint)
+OUTBOX_DIR = "outbox"  # what the job has to tell MLflow, appended first here and shipped in the background
+LEASE_DIR = "lease"  # the fence: one file per lease generation; the newest live one names the trainer that may run
+ATTEMPTS_FILE = "attempts.jsonl"  # one JSON line per ended segment (or lost job): its outcome, for the failure budget
+CANCELLED_FILE = "CANCELLED"  # written by `orchestrate cancel`: the trial ends KILLED, whatever its trainer does
 
 
 @dataclass(frozen=True)
@@ -134,6 +140,22 @@ class TrialFolder:
     @property
     def tokenizer(self) -> Path:
         return self.path / TOKENIZER_FILE
+
+    @property
+    def outbox_dir(self) -> Path:
+        return self.path / OUTBOX_DIR
+
+    @property
+    def lease_dir(self) -> Path:
+        return self.path / LEASE_DIR
+
+    @property
+    def attempts(self) -> Path:
+        return self.path / ATTEMPTS_FILE
+
+    @property
+    def cancelled(self) -> Path:
+        return self.path / CANCELLED_FILE
 
     def segment_diff(self, segment: int) -> Path:
         """The uncommitted changes of the code that ran segment ``segment`` (1-based), when its tree was dirty."""
@@ -286,3 +308,105 @@ def progress_records(trial_dir: Path | str) -> list[Progress]:
     except OSError:
         return []
     return [rec for line in text.splitlines() if (rec := _parse(line)) is not None]
+
+
+# ---- segments ------------------------------------------------------------------------------------------------------
+def read_segments(trial_dir: Path | str) -> list[dict[str, Any]]:
+    """The segment records of a trial folder, oldest first (none when the job never started)."""
+    try:
+        lines = TrialFolder(Path(trial_dir)).segments.read_text().splitlines()
+    except FileNotFoundError:
+        return []
+    out = []
+    for line in lines:
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line cut short by a crash while it was written; the next start still counts itself
+        if isinstance(rec, dict):
+            out.append(rec)
+    return out
+
+
+# ---- attempts: how each segment ended (the failure budget) --------------------------------------------------------
+OUTCOME_FINISHED = "finished"  # the job: trained and evaluated
+OUTCOME_PREEMPTED = "preempted"  # the job: checkpointed after USR2/TERM, to be requeued (not a failure)
+OUTCOME_FAILED = "failed"  # the job: its own error (reason = the error's last line)
+OUTCOME_KILLED = "killed"  # the system ended it: a signal (SIGKILL: out of memory), OUT_OF_MEMORY, TIMEOUT, NODE_FAIL
+OUTCOME_LOST = "lost"  # it ended without a word and the scheduler cannot say how (no accounting)
+OUTCOME_FENCED = "fenced"  # a second trainer found the lease held and exited (not a failure)
+OUTCOME_CANCELLED = "cancelled"  # `orchestrate cancel` (not a failure; only `retry --cancelled` runs it again)
+OUTCOME_RESET = "reset"  # `retry --failed`: failures before this line no longer count
+OUTCOMES = (OUTCOME_FINISHED, OUTCOME_PREEMPTED, OUTCOME_FAILED, OUTCOME_KILLED, OUTCOME_LOST, OUTCOME_FENCED,
+            OUTCOME_CANCELLED, OUTCOME_RESET)
+FAILURE_OUTCOMES = (OUTCOME_FAILED, OUTCOME_KILLED, OUTCOME_LOST)  # what `max_failures` counts
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """How one segment of a trial ended (or a job that never started one: ``segment`` None).
+
+    ``by`` says who recorded it: ``job`` (the trial process itself), ``task`` (the scheduler task that ran it and saw
+    it die), ``resume`` (reconciliation, from the scheduler's accounting) or ``retry``. A segment's outcome is
+    recorded once: (segment, job id) identifies it, so two ``resume`` calls never count one failure twice."""
+
+    outcome: str
+    reason: str = ""
+    segment: int | None = None
+    job_id: str = ""
+    time: float = 0.0
+    by: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"outcome": self.outcome, "reason": self.reason, "segment": self.segment, "job_id": self.job_id,
+                "time": self.time, "by": self.by}
+
+
+def read_attempts(trial_dir: Path | str) -> list[Attempt]:
+    """Every attempt recorded in a trial folder, oldest first (a line cut short by a crash is skipped)."""
+    try:
+        text = TrialFolder(Path(trial_dir)).attempts.read_text(errors="replace")
+    except OSError:
+        return []
+    out = []
+    for line in text.splitlines():
+        try:
+            d = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if not isinstance(d, dict) or d.get("outcome") not in OUTCOMES:
+            continue
+        seg = d.get("segment")
+        out.append(Attempt(outcome=d["outcome"], reason=str(d.get("reason") or ""),
+                           segment=int(seg) if isinstance(seg, int) else None, job_id=str(d.get("job_id") or ""),
+                           time=float(d.get("time") or 0.0), by=str(d.get("by") or "")))
+    return out
+
+
+def attempt_recorded(attempts: list[Attempt], segment: int | None, job_id: str) -> bool:
+    """Whether the outcome of (segment, job id) is already recorded (resets never count as outcomes)."""
+    return any(a.outcome != OUTCOME_RESET and a.segment == segment and (segment is not None or a.job_id == job_id)
+               for a in attempts)
+
+
+def record_attempt(trial_dir: Path | str, outcome: str, reason: str = "", *, segment: int | None = None,
+                   job_id: str = "", by: str = "") -> Attempt | None:
+    """Append an attempt unless (segment, job id) already has one; returns it, or None when it was recorded before.
+
+    One ``write`` of one whole line to a file opened for appending, like :class:`ProgressLog`."""
+    if outcome not in OUTCOMES:
+        raise ValueError(f"unknown attempt outcome {outcome!r}; valid: {', '.join(OUTCOMES)}")
+    if outcome != OUTCOME_RESET and attempt_recorded(read_attempts(trial_dir), segment, job_id):
+        return None
+    a = Attempt(outcome, error_line(reason, "") if reason else "", segment, job_id or "", round(time.time(), 3), by)
+    folder = TrialFolder(Path(trial_dir))
+    folder.path.mkdir(parents=True, exist_ok=True)
+    with open(folder.attempts, "a") as f:
+        f.write(json.dumps(a.to_dict()) + "\n")
+    return a
+
+
+def failures(attempts: list[Attempt]) -> list[Attempt]:
+    """The attempts that count against ``max_failures``: failures since the last reset."""
+    last_reset = max((i for i, a in enumerate(attempts) if a.outcome == OUTCOME_RESET), default=-1)
+    return [a for a in attempts[last_reset + 1:] if a.outcome in FAILURE_OUTCOMES]
