@@ -1,17 +1,20 @@
 """slurm/mlflow-server.sh starts a real tracking server: runs, metrics and artifacts round-trip through it, it
-binds 127.0.0.1 unless told otherwise, and with another --host it accepts the machine's own name."""
+binds 127.0.0.1 (without credentials) unless told otherwise, and with another --host it accepts the machine's own
+name. Credentials on a network bind: tests/test_mlflow_auth.py."""
 
 from __future__ import annotations
 
 import http.client
+import os
 import socket
 import subprocess
 import time
+from base64 import b64encode
 from pathlib import Path
 
 import pytest
 
-from tests.plugins.mlflow_server import SCRIPT, MlflowServer, free_port
+from tests.plugins.mlflow_server import SCRIPT, MlflowServer, free_port, read_credentials
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -36,10 +39,13 @@ def _listen_addresses(port: int) -> set[str]:
     return found
 
 
-def _get(port: int, path: str, host_header: str) -> int:
+def _get(port: int, path: str, host_header: str, auth: tuple[str, str] | None = None) -> int:
+    headers = {"Host": host_header}
+    if auth:
+        headers["Authorization"] = "Basic " + b64encode(f"{auth[0]}:{auth[1]}".encode()).decode()
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
     try:
-        conn.request("GET", path, headers={"Host": host_header})
+        conn.request("GET", path, headers=headers)
         return conn.getresponse().status
     finally:
         conn.close()
@@ -66,8 +72,10 @@ def test_runs_metrics_and_artifacts_round_trip(mlflow_server: MlflowServer, tmp_
     assert list((mlflow_server.dir / "artifacts").rglob("dev.csv"))
 
 
-def test_default_bind_is_loopback_only(mlflow_server: MlflowServer) -> None:
+def test_default_bind_is_loopback_only_and_takes_no_credentials(mlflow_server: MlflowServer) -> None:
     assert _listen_addresses(mlflow_server.port) == {"127.0.0.1"}
+    assert _get(mlflow_server.port, "/api/2.0/mlflow/experiments/search?max_results=1", "127.0.0.1") == 200
+    assert not (mlflow_server.dir / "credentials").exists() and not (mlflow_server.dir / "basic_auth.ini").exists()
 
 
 def test_bad_port_is_refused_before_anything_starts(tmp_path: Path) -> None:
@@ -88,9 +96,10 @@ def test_detached_server_on_all_interfaces_accepts_this_machines_name_and_stops(
     port = free_port()
     directory = tmp_path / "srv"
     base = ["bash", str(SCRIPT), "--dir", str(directory)]
+    env = {**os.environ, "HOME": str(tmp_path / "home")}  # the credentials go to HOME/.mlflow, not the real one
     proc = subprocess.run(
         [*base, "--host", "0.0.0.0", "--port", str(port), "--workers", "1", "--detach"],
-        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=240,
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=240, env=env,
     )
     pid = int((directory / "server.pid").read_text()) if (directory / "server.pid").exists() else None
     try:
@@ -103,13 +112,15 @@ def test_detached_server_on_all_interfaces_accepts_this_machines_name_and_stops(
         # and still turn away a name it was not given.
         assert _get(port, "/health", f"{short}:{port}") == 200
         assert _get(port, "/health", f"{fqdn}:{port}") == 200
-        assert _get(port, "/api/2.0/mlflow/experiments/search?max_results=1", f"{short}:{port}") == 200
-        assert _get(port, "/api/2.0/mlflow/experiments/search?max_results=1", "attacker.example.com") >= 400
+        auth = read_credentials(tmp_path / "home" / ".mlflow" / "credentials")
+        assert _get(port, "/api/2.0/mlflow/experiments/search?max_results=1", f"{short}:{port}", auth) == 200
+        assert _get(port, "/api/2.0/mlflow/experiments/search?max_results=1", "attacker.example.com", auth) >= 400
         # A second start finds the running server instead of starting another.
-        again = subprocess.run([*base, "--port", str(port), "--detach"], capture_output=True, text=True, timeout=60)
+        again = subprocess.run([*base, "--port", str(port), "--detach"], capture_output=True, text=True, timeout=60,
+                               env=env)
         assert again.returncode == 0 and "already running" in again.stderr
     finally:
-        stop = subprocess.run([*base, "--stop"], capture_output=True, text=True, timeout=120)
+        stop = subprocess.run([*base, "--stop"], capture_output=True, text=True, timeout=120, env=env)
     assert stop.returncode == 0 and "stopped the MLflow server" in stop.stderr
     assert pid is not None
     deadline = time.monotonic() + 30

@@ -2,10 +2,13 @@
 
 It listens on a free port of 127.0.0.1 with a sqlite backend store and an artifact root under a temporary folder,
 exactly as a sweep's server does on a cluster login node, and is stopped (its whole process group) at the end.
+A loopback server takes no credentials; `start_server(..., host="0.0.0.0", env=...)` starts one that does (give it
+a temporary HOME in `env`: the script writes the credentials to HOME/.mlflow/credentials).
 """
 
 from __future__ import annotations
 
+import configparser
 import os
 import signal
 import socket
@@ -44,6 +47,22 @@ class MlflowServer:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:]) if self.log.exists() else ""
 
 
+def network_address() -> str | None:
+    """This machine's first non-loopback IPv4 address (`hostname -I`), or None when it has none."""
+    try:
+        out = subprocess.run(["hostname", "-I"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return next((a for a in out.split() if "." in a and not a.startswith("127.")), None)
+
+
+def read_credentials(path: Path) -> tuple[str, str]:
+    """(user, password) from an MLflow credentials file (`[mlflow]` mlflow_tracking_username/password)."""
+    ini = configparser.ConfigParser()
+    ini.read(path)
+    return ini["mlflow"]["mlflow_tracking_username"], ini["mlflow"]["mlflow_tracking_password"]
+
+
 def free_port() -> int:
     """A TCP port nobody listens on right now (the kernel's choice for an ephemeral bind)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -68,19 +87,23 @@ def wait_healthy(uri: str, process: subprocess.Popen[bytes], log: Path, timeout:
     raise RuntimeError(f"mlflow server at {uri} not healthy after {timeout:.0f}s:\n{log.read_text(errors='replace')[-3000:]}")
 
 
-def start_server(directory: Path, *, port: int | None = None, workers: int = 1, extra: list[str] | None = None) -> MlflowServer:
-    """Starts `slurm/mlflow-server.sh --dir DIRECTORY --port PORT` in the foreground (its own process group) and
-    waits for /health."""
+def start_server(directory: Path, *, port: int | None = None, workers: int = 1, extra: list[str] | None = None,
+                 host: str = "127.0.0.1", env: dict[str, str] | None = None) -> MlflowServer:
+    """Starts `slurm/mlflow-server.sh --dir DIRECTORY --host HOST --port PORT` in the foreground (its own process
+    group, environment `env`) and waits for /health. A server bound to all interfaces is addressed by this
+    machine's network address (as jobs on other nodes reach it), or by 127.0.0.1 when it has none."""
     port = port or free_port()
     directory.mkdir(parents=True, exist_ok=True)
     log = directory / "server.log"
     t0 = time.monotonic()
     with open(log, "ab") as fh:
         process = subprocess.Popen(
-            ["bash", str(SCRIPT), "--dir", str(directory), "--port", str(port), "--workers", str(workers), *(extra or [])],
-            stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+            ["bash", str(SCRIPT), "--dir", str(directory), "--host", host, "--port", str(port), "--workers", str(workers),
+             *(extra or [])],
+            stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, env=env,
         )
-    uri = f"http://127.0.0.1:{port}"
+    address = host if host not in ("0.0.0.0", "::") else (network_address() or "127.0.0.1")
+    uri = f"http://{address}:{port}"
     try:
         wait_healthy(uri, process, log)
     except RuntimeError:
