@@ -2,12 +2,23 @@
 
 Each command lives in the module named after what it does and exposes ``cli(argv) -> int``; this file only
 dispatches, so importing it stays cheap and a command's heavy imports happen only when it runs.
+
+The commands a scheduler stops with SIGUSR2/SIGTERM (:data:`SIGNALLED`: ``trial``, ``train``) get the recording
+handlers of :mod:`asr_core.signals` before anything else is imported, so a signal that arrives while the job is
+still importing torch or loading its corpus is honoured (checkpoint if there is anything to checkpoint, exit 75)
+instead of killing it. The other commands keep Python's default handling.
 """
 
 from __future__ import annotations
 
-import importlib
 import sys
+
+if __name__ == "__main__" and sys.argv[1:2] in (["trial"], ["train"]):  # the first thing the process does
+    from asr_core import signals as _signals
+
+    _signals.install()
+
+import importlib  # noqa: E402 - after the handlers, on purpose
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("asr_core.train", "train a model from a config: train CONFIG.yaml [--set k=v ...] [--out DIR]"),
@@ -17,10 +28,15 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "trial": ("asr_core.trial", "one grid trial (train, then evaluate) inside an MLflow run; used by orchestrate"),
     "bench": ("asr_core.bench", "benchmarks: bench train | bench decode"),
 }
+SIGNALLED = ("trial", "train")  # commands that checkpoint on SIGUSR2/SIGTERM
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in SIGNALLED:  # (already done at import when run as ``python -m asr_core``)
+        from asr_core import signals
+
+        signals.install()
     if not argv or argv[0] in ("-h", "--help"):
         print("usage: python -m asr_core COMMAND [ARGS]\n\ncommands:")
         for name, (_, text) in COMMANDS.items():

@@ -7,10 +7,17 @@ checkpoint's MLflow run (docs/ARCHITECTURE.md, "Evaluation contract"): metrics `
 ``wer/<NAME>/snr<DB:g>`` in percent, artifacts ``eval/<NAME>.csv`` (the folder is
 :data:`~asr_core.trial_contract.EVAL_DIR`). Hypotheses go to ``DIR/<NAME>.hyp.jsonl`` (local only) for inspection.
 
+Everything logged goes through an outbox (:mod:`asr_core.outbox`): the trial job passes its own, so evaluation never
+waits for MLflow; the standalone command keeps one in ``DIR/outbox`` and waits for it at most
+``ASR_CORE_FINAL_FLUSH_S`` seconds at the end (what is left is shipped later with ``python -m asr_core.outbox DIR
+--tracking-uri URI --run-id RUN``).
+
 A dataset *name* stands for one content within a run: each dataset's content fingerprint
 (:func:`asr_core.corpora.fingerprint.fingerprint`) is recorded as the run's tag ``eval.<NAME>.fingerprint``
 (:func:`asr_core.trial_contract.eval_fingerprint_tag`), and an evaluation that finds the same name with other
-content refuses to run (:class:`EvalDataChanged`) rather than mix two test sets under one metric. Progress goes to
+content refuses to run (:class:`EvalDataChanged`) rather than mix two test sets under one metric (the trial job
+checks against the tags its outbox recorded, without a call to MLflow; the standalone command reads the run's tags
+once before any work). Progress goes to
 an optional :class:`~asr_core.trial_contract.ProgressLog` as ``eval`` records: recordings × conditions done of the
 dataset's total.
 """
@@ -33,6 +40,7 @@ from asr_core.corpora import CorpusError, Recording, load_corpus, parse_dataset_
 from asr_core.corpora.fingerprint import fingerprint
 from asr_core.decode import decode_features, plan_windows, prepare_features, window_frames
 from asr_core.noise import add_music
+from asr_core.outbox import FINAL_FLUSH_S, Outbox, fail_fast_http
 from asr_core.score import Counts, corpus_wer, normalise, score
 from asr_core.trial_contract import EVAL_DIR, ProgressLog, eval_fingerprint_tag
 
@@ -71,14 +79,15 @@ def evaluate(checkpoint: str | Path, datasets: list[str], snrs: list[float], str
              batch_windows: int = 8, noise: str = "synthetic", tracking_uri: str | None = None,
              run_id: str | None = None, out_dir: str | Path | None = None, *, device: str = "auto",
              strict: bool = False, noise_seed: int = 0, log: bool = True,
-             progress: ProgressLog | None = None) -> pd.DataFrame:
+             progress: ProgressLog | None = None, outbox: Outbox | None = None) -> pd.DataFrame:
     """WER of ``checkpoint`` on each ``NAME=FORMAT:PATH`` dataset, clean and at each SNR (dB).
 
     Returns the per-recording table (columns :data:`CSV_COLUMNS`). MLflow logging goes to ``run_id`` at
     ``tracking_uri`` (default: the ones stored in the checkpoint); with no run known, nothing is logged.
     Before any decoding, each dataset's fingerprint is checked against and recorded in the run's
     :func:`~asr_core.trial_contract.eval_fingerprint_tag` (raises :class:`EvalDataChanged` on a mismatch).
-    ``progress`` receives an ``eval`` record per recording and condition.
+    ``progress`` receives an ``eval`` record per recording and condition. ``outbox`` (the trial job's) receives the
+    metrics, tags and artifacts instead of MLflow; without one, they go through an outbox in ``out_dir``.
     """
     checkpoint = Path(checkpoint)
     # ---- validate everything before any work ----
@@ -101,10 +110,19 @@ def evaluate(checkpoint: str | Path, datasets: list[str], snrs: list[float], str
         raise FileNotFoundError(f"noise file {noise} not found; use 'synthetic' or the path of an audio file")
     corpora = {name: load_corpus(spec, strict=strict) for name, spec in parsed}
     run: tuple[str, str | None] | None = None
+    new_tags: dict[str, str] = {}
     if log:
-        run = _resolve_run(checkpoint, run_id, tracking_uri)
+        if outbox is not None:  # the trial job: its run, and the tags its outbox recorded
+            job_run = run_id or outbox.run_id
+            run = (job_run, tracking_uri or outbox.tracking_uri) if job_run else None
+        else:
+            run = _resolve_run(checkpoint, run_id, tracking_uri)
         if run is not None:
-            _check_fingerprints(*run, {name: fingerprint(recs) for name, recs in corpora.items()})
+            known = outbox.known_tags() if outbox is not None else _run_tags(*run)
+            new_tags = _check_fingerprints(run[0], known, {name: fingerprint(recs) for name, recs in corpora.items()})
+            if outbox is not None and new_tags:  # recorded before any decoding (the standalone command: at the end)
+                outbox.tags(new_tags)
+                new_tags = {}
 
     from asr_core.checkpoint import load_for_eval
     from asr_core.features import FeatureExtractor
@@ -143,7 +161,7 @@ def evaluate(checkpoint: str | Path, datasets: list[str], snrs: list[float], str
             print(f"[eval] {metric_key(name, snr)} = {wer:.2f}%", file=sys.stderr, flush=True)
     df = pd.DataFrame(rows, columns=CSV_COLUMNS)
     if run is not None:
-        _log_mlflow(*run, metrics, [out / f"{n}.csv" for n in names])
+        _log(outbox, out, *run, new_tags, metrics, [out / f"{n}.csv" for n in names])
     return df
 
 
@@ -198,36 +216,50 @@ def _resolve_run(checkpoint: Path, run_id: str | None, tracking_uri: str | None)
     return run_id, tracking_uri or ck_uri
 
 
-def _check_fingerprints(run_id: str, tracking_uri: str | None, fingerprints: dict[str, str]) -> None:
-    """Refuse a dataset name the run knows with other content; record the fingerprints it does not know yet."""
-    from mlflow.entities import RunTag
+def _run_tags(run_id: str, tracking_uri: str | None) -> dict[str, str]:
+    """The run's tags, read once by the standalone command (the trial job reads its outbox instead)."""
     from mlflow.tracking import MlflowClient
 
-    client = MlflowClient(tracking_uri)
-    tags = client.get_run(run_id).data.tags
+    return dict(MlflowClient(tracking_uri).get_run(run_id).data.tags)
+
+
+def _check_fingerprints(run_id: str, known: dict[str, str], fingerprints: dict[str, str]) -> dict[str, str]:
+    """Refuse a dataset name the run knows with other content; returns the fingerprint tags it does not know yet."""
     for name, fp in fingerprints.items():
-        before = tags.get(eval_fingerprint_tag(name))
+        before = known.get(eval_fingerprint_tag(name))
         if before and before != fp:
             raise EvalDataChanged(
                 f"evaluation dataset {name!r} has other content than when MLflow run {run_id} was evaluated on it "
                 f"(fingerprint {before} then, {fp} now); its metrics would mix two test sets: give the new "
                 f"content another dataset name (NAME=FORMAT:PATH), or start a new sweep")
-    new = [RunTag(eval_fingerprint_tag(n), fp) for n, fp in fingerprints.items()
-           if tags.get(eval_fingerprint_tag(n)) != fp]
-    if new:
-        client.log_batch(run_id, tags=new)
+    return {eval_fingerprint_tag(n): fp for n, fp in fingerprints.items() if known.get(eval_fingerprint_tag(n)) != fp}
 
 
-def _log_mlflow(run_id: str, tracking_uri: str | None, metrics: dict[str, float], csvs: list[Path]) -> None:
-    from mlflow.entities import Metric
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(tracking_uri)
-    now = int(time.time() * 1000)
-    client.log_batch(run_id, metrics=[Metric(k, float(v), now, 0) for k, v in sorted(metrics.items())])
+def _log(outbox: Outbox | None, out: Path, run_id: str, tracking_uri: str | None, tags: dict[str, str],
+         metrics: dict[str, float], csvs: list[Path]) -> None:
+    """Fingerprint tags, metrics (step 0) and tables into the outbox: the job's, or one in ``out`` that this call
+    flushes for at most :data:`~asr_core.outbox.FINAL_FLUSH_S` seconds."""
+    own = outbox is None
+    box = Outbox(out, tracking_uri=tracking_uri, run_id=run_id).start() if own else outbox
+    assert box is not None
+    if tags:
+        box.tags(tags)
+    # the trial job keeps the first value per key (an evaluation interrupted after logging is not logged twice); a
+    # standalone evaluation logs what it computed
+    box.metrics(0, dict(sorted(metrics.items())), first_only=not own)
     for csv in csvs:
-        client.log_artifact(run_id, str(csv), artifact_path=EVAL_DIR)
-    print(f"[eval] logged {len(metrics)} metrics and {len(csvs)} tables to run {run_id}", file=sys.stderr)
+        box.artifact(csv, EVAL_DIR)
+    if own:
+        if box.flush(FINAL_FLUSH_S):
+            print(f"[eval] logged {len(metrics)} metrics and {len(csvs)} tables to run {run_id}", file=sys.stderr)
+        else:
+            why = box.last_error or "no answer in time"
+            print(f"[eval] MLflow at {tracking_uri} has not taken everything yet ({why}); ship the rest later: "
+                  f"python -m asr_core.outbox {out} --tracking-uri {tracking_uri} --run-id {run_id}",
+                  file=sys.stderr)
+        box.close()
+    else:
+        print(f"[eval] {len(metrics)} metrics and {len(csvs)} tables queued for run {run_id}", file=sys.stderr)
 
 
 def cli(argv: list[str]) -> int:
@@ -248,6 +280,7 @@ def cli(argv: list[str]) -> int:
     ap.add_argument("--run-id", default=None)
     ap.add_argument("--no-log", action="store_true", help="do not log to MLflow")
     a = ap.parse_args(argv)
+    fail_fast_http()  # one MLflow call fails fast; the outbox retries
     if not a.checkpoint.is_file():
         print(f"evaluate: checkpoint {a.checkpoint} not found", file=sys.stderr)
         return 2

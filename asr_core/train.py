@@ -11,27 +11,48 @@ model trains (:class:`asr_core.batching.StepLoader`); neither setting changes th
 
 Stopping is always safe. ``OUT/checkpoint.pt`` is rewritten atomically every ``train.checkpoint_every`` steps, at
 the end, and at the first step boundary after SIGUSR2 or SIGTERM (then :class:`Preempted` is raised and the command
-exits 75). Calling ``train`` again with the same ``out_dir`` resumes exactly: weights, optimiser, batch-renorm
-statistics, RNG states and the data position all come back, and the same MLflow run continues. Steps that a killed
-process logged after its last checkpoint are recomputed but not logged twice, so the run keeps one value per step.
+exits 75). The signals are recorded by :mod:`asr_core.signals` (from the first line of the process when run as a
+command): one that arrives while the trainer is still setting up (loading the corpus, learning the tokenizer,
+building the model) raises :class:`Preempted` at once, with nothing new to checkpoint. Calling ``train`` again with
+the same ``out_dir`` resumes exactly: weights, optimiser, batch-renorm statistics, RNG states and the data position
+all come back, and the same MLflow run continues.
+
+MLflow never slows training down: every step's metrics, the params (``cfg.flat()``), the tags and the run's status
+are appended to the trial folder's outbox (:mod:`asr_core.outbox`) and shipped by a background thread; the trainer
+asks it to ship every ``train.log_every`` steps (at most once a second; at least every few seconds anyway). The
+trial job passes its own :class:`~asr_core.outbox.Outbox`; called without one but with a tracking URI or run id,
+``train`` keeps one in ``OUT/outbox`` and, at the end, waits for it at most ``ASR_CORE_FINAL_FLUSH_S`` (60 s; 5 s
+after a stop signal), leaving the rest in the folder. Only creating a new run (no ``run_id`` and none in the
+checkpoint: the standalone command) talks to MLflow synchronously. Steps that a killed process logged after its
+last checkpoint are recomputed but not logged twice (the outbox keeps the first value per step), so the run keeps
+one value per step. The outbox is fsynced before every checkpoint, so no step up to a checkpoint can be lost.
+
+The fence: ``held`` (the trial job passes its lease's ``held``) is asked before every checkpoint save; a trainer
+that lost its lease to another stops without saving and raises :class:`Fenced`.
+
+Fault injection (for tests of the orchestration; never set in production), environment ``ASR_CORE_FAULT``:
+
+* ``raise-at-step:N``: raise ``RuntimeError("fault injected at step N")`` when the trainer is about to train step
+  ``N`` (1-based; after step ``N-1`` and its checkpoint, if one is due), every time, also on resume;
+* ``sleep-at-step:N:S``: sleep ``S`` seconds at that point (so a test can kill the trainer mid-training).
 """
 
 from __future__ import annotations
 
 import argparse
 import math
-import signal
+import os
 import sys
-import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from types import FrameType
 from typing import Any, Sequence
 
 import torch
 from madgrad import MADGRAD
 
+from . import signals
 from .batching import BatchMaker, MicroBatch, StepLoader
 from .batchrenorm import MaskedBatchRenorm
 from .checkpoint import FORMAT_VERSION, load_checkpoint, rng_state, save_checkpoint, set_rng_state
@@ -43,6 +64,7 @@ from .features import FeatureExtractor
 from .model import AcousticModel, build_model
 from .schedules import learning_rate
 from .identity import science
+from .outbox import FINAL_FLUSH_S, PREEMPT_FLUSH_S, Outbox, fail_fast_http, outbox_dir
 from .provenance import code_version
 from .tokenizer import Tokenizer
 from .trial_contract import (CHECKPOINT_FILE, EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, EXIT_USAGE, FINISHED, RUNNING,
@@ -53,7 +75,12 @@ DEFAULT_EXPERIMENT = "asr_core"
 
 
 class Preempted(Exception):
-    """SIGUSR2/SIGTERM arrived; the checkpoint is written and the run should be requeued (exit code 75)."""
+    """SIGUSR2/SIGTERM arrived; the checkpoint is written (when training had begun) and the run should be requeued
+    (exit code 75)."""
+
+
+class Fenced(Exception):
+    """Another trainer took this trial's lease: this one stopped without saving (exit code 73)."""
 
 
 class TrainError(RuntimeError):
@@ -68,89 +95,58 @@ class TrainResult:
     final_loss: float
 
 
-# ---- signals -------------------------------------------------------------------------------------------------
-class _StopFlag:
-    """Records SIGUSR2/SIGTERM; the loop checks it at step boundaries (a handler must not checkpoint mid-step)."""
-
-    SIGNALS = (signal.SIGUSR2, signal.SIGTERM)
-
-    def __init__(self) -> None:
-        self.signum: int | None = None
-        self._old: dict[int, Any] = {}
-
-    def __enter__(self) -> "_StopFlag":
-        if threading.current_thread() is threading.main_thread():
-            for s in self.SIGNALS:
-                self._old[s] = signal.signal(s, self._handle)
-        return self
-
-    def _handle(self, signum: int, frame: FrameType | None) -> None:
-        self.signum = signum
-
-    def __exit__(self, *exc: object) -> None:
-        for s, old in self._old.items():
-            signal.signal(s, old)
+# ---- fault injection (tests) ----------------------------------------------------------------------------------
+FAULT_ENV = "ASR_CORE_FAULT"
 
 
-# ---- MLflow --------------------------------------------------------------------------------------------------
-class _Tracker:
-    """The run's MLflow side, through ``MlflowClient`` only (no global active-run state to leak into callers)."""
+def _fault() -> Callable[[int], None]:
+    """The hook the loop calls before training each step (see the module docstring); a no-op unless set."""
+    spec = os.environ.get(FAULT_ENV, "").strip()
+    if not spec:
+        return lambda step: None
+    kind, _, rest = spec.partition(":")
+    try:
+        if kind == "raise-at-step":
+            at = int(rest)
 
-    def __init__(self, tracking_uri: str | None, run_id: str | None, experiment: str | None, cfg: Config) -> None:
-        from mlflow.tracking import MlflowClient
+            def hook(step: int) -> None:
+                if step == at:
+                    raise RuntimeError(f"fault injected at step {at}")
 
-        self.client = MlflowClient(tracking_uri=tracking_uri)
-        self.tracking_uri = tracking_uri
-        if run_id is None:
-            name = experiment or DEFAULT_EXPERIMENT
-            exp = self.client.get_experiment_by_name(name)
-            exp_id = exp.experiment_id if exp is not None else self.client.create_experiment(name)
-            run_id = self.client.create_run(exp_id, run_name=f"train-{cfg.key()}").info.run_id
-        else:
-            self.client.update_run(run_id, status=RUNNING)
-        self.run_id = run_id
-        run = self.client.get_run(run_id)
-        self._log_params(cfg, run.data.params)
-        if TAG_GIT_COMMIT not in run.data.tags:  # the trial job has usually set it already: no second git call
-            commit = code_version().commit
-            if commit:
-                self.client.set_tag(run_id, TAG_GIT_COMMIT, commit)
-        self._tags = run.data.tags
-        history = self.client.get_metric_history(run_id, "train/loss")
-        self.last_logged = max((m.step for m in history), default=0)
+            return hook
+        if kind == "sleep-at-step":
+            n, _, secs = rest.partition(":")
+            at, pause = int(n), float(secs)
 
-    def _log_params(self, cfg: Config, existing: dict[str, str]) -> None:
-        from mlflow.entities import Param
+            def hook(step: int) -> None:
+                if step == at:
+                    print(f"[train] {FAULT_ENV}: sleeping {pause:g} s at step {at}", flush=True)
+                    time.sleep(pause)
 
-        new = [Param(k, str(v)) for k, v in cfg.flat().items() if k not in existing]
-        clash = [k for k, v in cfg.flat().items() if k in existing and existing[k] != str(v)]
-        if clash:  # execution settings or data locations changed since the run started (the key vouches for it)
-            print(f"[train] MLflow run {self.run_id} started with other values of {', '.join(clash)} (execution "
-                  "settings or data locations, the same trial); params keep the first values, config.json in the "
-                  "trial folder has the current ones", file=sys.stderr)
-        for i in range(0, len(new), 100):
-            self.client.log_batch(self.run_id, params=new[i : i + 100])
+            return hook
+    except ValueError:
+        pass
+    raise TrainError(f"{FAULT_ENV}={spec!r} is not a fault: use raise-at-step:N or sleep-at-step:N:SECONDS "
+                     f"(or unset {FAULT_ENV})")
 
-    def record_data(self, data_id: str) -> None:
-        """Record the training data's ``name=fingerprint`` on the run. The checkpoint holds the one that counts:
-        a segment that fails before its first checkpoint leaves nothing trained on the data it read."""
-        if self._tags.get(TAG_DATA_FINGERPRINT) != data_id:
-            self.client.set_tag(self.run_id, TAG_DATA_FINGERPRINT, data_id)
 
-    def log_step(self, step: int, values: dict[str, float]) -> None:
-        if step <= self.last_logged:  # recomputed after a crash: already in the history
-            return
-        from mlflow.entities import Metric
+# ---- MLflow ------------------------------------------------------------------------------------------------------
+def _create_run(tracking_uri: str | None, experiment: str | None, cfg: Config) -> str:
+    """A new run for the standalone command (no run id given, none in a checkpoint): the one synchronous MLflow
+    call of the trainer. The trial job always has its run."""
+    from mlflow.tracking import MlflowClient
 
-        ts = int(time.time() * 1000)
-        self.client.log_batch(self.run_id, metrics=[Metric(k, float(v), ts, step) for k, v in values.items()])
-        self.last_logged = step
+    client = MlflowClient(tracking_uri=tracking_uri)
+    name = experiment or DEFAULT_EXPERIMENT
+    exp = client.get_experiment_by_name(name)
+    exp_id = exp.experiment_id if exp is not None else client.create_experiment(name)
+    return client.create_run(exp_id, run_name=f"train-{cfg.key()}").info.run_id
 
-    def set_tag(self, key: str, value: str) -> None:
-        self.client.set_tag(self.run_id, key, value)
 
-    def end(self, status: str = FINISHED) -> None:
-        self.client.set_terminated(self.run_id, status=status)
+def _next_file_number(out_dir: Path) -> int:
+    """The outbox file of a standalone segment: one after the newest."""
+    names = sorted(p.name for p in outbox_dir(out_dir).glob("*.jsonl") if p.name[:6].isdigit())
+    return int(names[-1][:6]) + 1 if names else 1
 
 
 # ---- one optimiser step's gradient ----------------------------------------------------------------------------
@@ -251,71 +247,126 @@ def build_optimizer(model: torch.nn.Module, t: TrainConfig) -> torch.optim.Optim
 
 def train(cfg: Config, out_dir: str | Path, *, tracking_uri: str | None = None, run_id: str | None = None,
           experiment: str | None = None, end_run: bool = True,
-          recordings: Sequence[Recording] | None = None, progress: ProgressLog | None = None) -> TrainResult:
+          recordings: Sequence[Recording] | None = None, progress: ProgressLog | None = None,
+          outbox: Outbox | None = None, held: Callable[[], bool] | None = None) -> TrainResult:
     """Train (or resume) the model of ``cfg`` in ``out_dir``; see the module docstring. ``progress`` receives a
-    ``train`` record every ``train.log_every`` steps (the trial job passes the trial folder's)."""
-    out_dir = Path(out_dir)
+    ``train`` record every ``train.log_every`` steps (the trial job passes the trial folder's); ``outbox`` receives
+    params, tags and metrics (the trial job passes its own; it also writes the run's status); ``held`` is asked
+    before each checkpoint save."""
+    with signals.installed():
+        return _train(cfg, Path(out_dir), tracking_uri, run_id, experiment, end_run, recordings, progress, outbox,
+                      held)
+
+
+def _train(cfg: Config, out_dir: Path, tracking_uri: str | None, run_id: str | None, experiment: str | None,
+           end_run: bool, recordings: Sequence[Recording] | None, progress: ProgressLog | None,
+           outbox: Outbox | None, held: Callable[[], bool] | None) -> TrainResult:
     out_dir.mkdir(parents=True, exist_ok=True)
     ckpt_path = out_dir / CHECKPOINT_NAME
-    state = load_checkpoint(ckpt_path) if ckpt_path.exists() else None
-    if state is not None:
-        saved = Config.from_dict(state["config"], source=str(ckpt_path))
-        if saved.key() != cfg.key():
-            was, now = science(saved), science(cfg)
-            flat_was, flat_now = saved.flat(), cfg.flat()
-            diff = ", ".join(f"{k}: {flat_was.get(k)!r} -> {flat_now.get(k)!r}"
-                             for k in sorted(set(was) | set(now)) if was.get(k) != now.get(k))
-            raise TrainError(f"{ckpt_path} was written for trial {saved.key()}, not {cfg.key()} (science differs: "
-                             f"{diff}); resume with that trial's config, or train this one in another --out folder")
-        run_id = run_id or state.get("mlflow_run_id")
-        tracking_uri = tracking_uri or state.get("tracking_uri")
+    fault = _fault()
+    with signals.raising(Preempted):  # nothing to checkpoint yet: a stop signal ends the setup at once
+        state = load_checkpoint(ckpt_path) if ckpt_path.exists() else None
+        if state is not None:
+            saved = Config.from_dict(state["config"], source=str(ckpt_path))
+            if saved.key() != cfg.key():
+                was, now = science(saved), science(cfg)
+                flat_was, flat_now = saved.flat(), cfg.flat()
+                diff = ", ".join(f"{k}: {flat_was.get(k)!r} -> {flat_now.get(k)!r}"
+                                 for k in sorted(set(was) | set(now)) if was.get(k) != now.get(k))
+                raise TrainError(f"{ckpt_path} was written for trial {saved.key()}, not {cfg.key()} (science "
+                                 f"differs: {diff}); resume with that trial's config, or train this one in another "
+                                 "--out folder")
+            run_id = run_id or state.get("mlflow_run_id")
+            tracking_uri = tracking_uri or state.get("tracking_uri")
 
-    recs = _recordings(cfg, recordings)
-    data_id = _data_identity(cfg, recs, state)
-    tok = _tokenizer(cfg, recs, out_dir, state)
-    device = _device(cfg)
-    bf16 = _use_bf16(cfg, device)
-    precision = "bf16" if bf16 else "fp32"
-    if state is not None and state.get("precision", precision) != precision:
-        raise TrainError(f"{ckpt_path} was trained in {state['precision']}, but this segment would train in "
-                         f"{precision} on {device.type} (train.precision={cfg.train.precision}, train.device="
-                         f"{cfg.train.device}); resume on a {('CUDA' if state['precision'] == 'bf16' else 'CPU')} "
-                         "device, or set train.precision so that the whole trial trains in one precision")
-    t = cfg.train
+        recs = _recordings(cfg, recordings)
+        data_id = _data_identity(cfg, recs, state)
+        tok = _tokenizer(cfg, recs, out_dir, state)
+        device = _device(cfg)
+        bf16 = _use_bf16(cfg, device)
+        precision = "bf16" if bf16 else "fp32"
+        if state is not None and state.get("precision", precision) != precision:
+            raise TrainError(f"{ckpt_path} was trained in {state['precision']}, but this segment would train in "
+                             f"{precision} on {device.type} (train.precision={cfg.train.precision}, train.device="
+                             f"{cfg.train.device}); resume on a {('CUDA' if state['precision'] == 'bf16' else 'CPU')} "
+                             "device, or set train.precision so that the whole trial trains in one precision")
+        t = cfg.train
 
-    torch.manual_seed(t.seed)  # the seed sets the initial weights (and, in WindowStream, the data order)
-    model: AcousticModel = build_model(cfg.model, cfg.data.features.n_mels).to(device)
-    opt = build_optimizer(model, t)
-    # with train.max_steps the data repeats (a fresh order per epoch) until the steps are done
-    stream = WindowStream(recs, cfg.data, t.seed, t.epochs if not t.max_steps else 1 << 30)
-    step, pos, last_loss = 0, Position(), math.nan
-    if state is not None:
-        model.load_state_dict(state["model"])
-        opt.load_state_dict(state["optimizer"])
-        step = int(state["step"])
-        pos = Position.from_dict(state["data_position"])
-        total_steps = int(state["schedule"]["total_steps"])
-        last_loss = float(state["schedule"].get("last_loss", math.nan))
-        set_rng_state(state["rng"])
-        print(f"[train] resuming {ckpt_path} at step {step}/{total_steps}", flush=True)
-    else:
-        total_steps = t.max_steps or stream.count_steps()
+        torch.manual_seed(t.seed)  # the seed sets the initial weights (and, in WindowStream, the data order)
+        model: AcousticModel = build_model(cfg.model, cfg.data.features.n_mels).to(device)
+        opt = build_optimizer(model, t)
+        # with train.max_steps the data repeats (a fresh order per epoch) until the steps are done
+        stream = WindowStream(recs, cfg.data, t.seed, t.epochs if not t.max_steps else 1 << 30)
+        step, pos, last_loss = 0, Position(), math.nan
+        if state is not None:
+            model.load_state_dict(state["model"])
+            opt.load_state_dict(state["optimizer"])
+            step = int(state["step"])
+            pos = Position.from_dict(state["data_position"])
+            total_steps = int(state["schedule"]["total_steps"])
+            last_loss = float(state["schedule"].get("last_loss", math.nan))
+            set_rng_state(state["rng"])
+            print(f"[train] resuming {ckpt_path} at step {step}/{total_steps}", flush=True)
+        else:
+            total_steps = t.max_steps or stream.count_steps()
 
-    tracker = _Tracker(tracking_uri, run_id, experiment, cfg) if tracking_uri or run_id else None
-    if tracker is None:
+    own_outbox: Outbox | None = None
+    if outbox is None and (tracking_uri or run_id):  # the standalone command: its own outbox in OUT/outbox
+        if run_id is None:
+            run_id = _create_run(tracking_uri, experiment, cfg)
+        own_outbox = outbox = Outbox(out_dir, segment=_next_file_number(out_dir), tracking_uri=tracking_uri,
+                                     run_id=run_id).start()
+        outbox.status(RUNNING)
+        commit = code_version().commit if state is None else None  # the first segment's commit names the run's
+        if commit:
+            outbox.tags({TAG_GIT_COMMIT: commit})
+    elif outbox is not None and run_id is None and tracking_uri:  # the trial job without --run-id: a new run
+        run_id = _create_run(tracking_uri, experiment, cfg)
+    if outbox is None:
         print("[train] no MLflow tracking URI given: metrics go to this log only", file=sys.stderr)
     else:
-        tracker.record_data(data_id)
-        tracker.set_tag(TAG_CHECKPOINT, str(ckpt_path.resolve()))
+        if run_id and outbox.run_id != run_id:
+            outbox.set_run(run_id, tracking_uri)
+        outbox.params(cfg.flat())
+        # the training data's name=fingerprint on the run is a record; the checkpoint holds the one that counts (a
+        # segment that fails before its first checkpoint leaves nothing trained on the data it read)
+        outbox.tags({TAG_DATA_FINGERPRINT: data_id, TAG_CHECKPOINT: str(ckpt_path.resolve())})
+    try:
+        result = _loop(cfg, out_dir, ckpt_path, model, opt, stream, step, pos, last_loss, total_steps, tok, data_id,
+                       precision, device, bf16, recs, run_id, tracking_uri, progress, outbox, held, fault)
+        if own_outbox is not None and end_run:
+            own_outbox.status(FINISHED)
+        return result
+    finally:
+        if own_outbox is not None:
+            hurry = signals.received() is not None
+            if not own_outbox.flush(PREEMPT_FLUSH_S if hurry else FINAL_FLUSH_S, signals.received):
+                why = own_outbox.last_error or "no answer in time"
+                print(f"[train] MLflow at {tracking_uri} has not taken everything yet ({why}); the rest waits in "
+                      f"{own_outbox.dir} and is shipped by the next segment", file=sys.stderr, flush=True)
+            own_outbox.close()
+
+
+def _loop(cfg: Config, out_dir: Path, ckpt_path: Path, model: AcousticModel, opt: torch.optim.Optimizer,
+          stream: WindowStream, step: int, pos: Position, last_loss: float, total_steps: int, tok: Tokenizer,
+          data_id: str, precision: str, device: torch.device, bf16: bool, recs: Sequence[Recording],
+          run_id: str | None, tracking_uri: str | None, progress: ProgressLog | None, outbox: Outbox | None,
+          held: Callable[[], bool] | None, fault: Callable[[int], None]) -> TrainResult:
+    t = cfg.train
 
     def checkpoint() -> None:
+        if held is not None and not held():
+            raise Fenced(f"another trainer took the lease of {out_dir} before step {step} was saved; this one "
+                         "stops without saving")
+        if outbox is not None:
+            outbox.sync()  # every step up to this checkpoint's is on disk before the checkpoint is
         save_checkpoint(ckpt_path, {
             "format_version": FORMAT_VERSION, "config": cfg.to_dict(), "model": model.state_dict(),
             "optimizer": opt.state_dict(), "step": step,
             "schedule": {"total_steps": total_steps, "warmup_steps": t.warmup_steps, "peak_lr": t.lr,
                          "last_loss": last_loss},
             "rng": rng_state(), "data_position": pos.to_dict(),
-            "mlflow_run_id": tracker.run_id if tracker else None, "tracking_uri": tracking_uri,
+            "mlflow_run_id": run_id, "tracking_uri": tracking_uri,
             "tokenizer": tok.to_bytes(), "data_fingerprint": data_id, "precision": precision,
         })
 
@@ -331,11 +382,11 @@ def train(cfg: Config, out_dir: str | Path, *, tracking_uri: str | None = None, 
         progress.write("train", step, total_steps)
     model.train()  # for the whole run: nothing in the loop evaluates
     try:
-        with _StopFlag() as stop, StepLoader(stream, pos, maker, cfg.data.micro_batch_audio_s,
-                                             cfg.data.num_workers) as steps:
+        with StepLoader(stream, pos, maker, cfg.data.micro_batch_audio_s, cfg.data.num_workers) as steps:
             while step < total_steps:
-                if stop.signum is not None:
+                if signals.received() is not None:
                     break
+                fault(step + 1)
                 batch = next(steps, None)
                 if batch is None:  # data used up before max_steps: the run is one pass (or train.epochs passes)
                     break
@@ -351,27 +402,26 @@ def train(cfg: Config, out_dir: str | Path, *, tracking_uri: str | None = None, 
                 values = {"train/loss": last_loss, "train/lr": lr, "train/seq_len_s": seq,
                           "train/batch_size": float(batch.size), "train/grad_norm": float(grad_norm),
                           "train/micro_batches": float(len(batch.micro))}
-                if tracker is not None:
-                    tracker.log_step(step, values)
+                if outbox is not None:
+                    outbox.metrics(step, values)  # local and cheap; the shipper sends them in the background
                 if step % t.log_every == 0 or step == total_steps:
                     _report(bar, step, total_steps, values)
                     if progress is not None:
                         progress.write("train", step, total_steps)
+                    if outbox is not None:
+                        outbox.kick()
                 if step % t.checkpoint_every == 0:
                     checkpoint()
-            if stop.signum is not None:
+            if signals.received() is not None:
                 checkpoint()
-                name = signal.Signals(stop.signum).name
-                print(f"[train] {name} received: checkpointed at step {step} to {ckpt_path}", flush=True)
-                raise Preempted(f"{name} at step {step}")
+                print(f"[train] {signals.name()} received: checkpointed at step {step} to {ckpt_path}", flush=True)
+                raise Preempted(f"{signals.name()} at step {step}")
     finally:
         if bar is not None:
             bar.close()
     checkpoint()
-    if tracker is not None and end_run:
-        tracker.end(FINISHED)
     print(f"[train] done: {step} steps, final loss {last_loss:.4f}, checkpoint {ckpt_path}", flush=True)
-    return TrainResult(ckpt_path, tracker.run_id if tracker else None, step, last_loss)
+    return TrainResult(ckpt_path, run_id, step, last_loss)
 
 
 def _progress(total: int, initial: int) -> Any:
@@ -405,8 +455,7 @@ def cli(argv: list[str]) -> int:
     ap.add_argument("--run-id", default=None, help="continue this MLflow run")
     ap.add_argument("--experiment", default=None, help=f"MLflow experiment for a new run ({DEFAULT_EXPERIMENT})")
     args = ap.parse_args(argv)
-    import os
-
+    fail_fast_http()  # one MLflow call fails fast; the outbox retries
     from .params import load_config
 
     try:

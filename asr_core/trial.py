@@ -7,8 +7,13 @@ This is the command every backend runs for a trial (:func:`asr_core.trial_contra
 Exit codes are the contract with the schedulers (defined in :mod:`asr_core.trial_contract`):
 
 * ``0``  trained and evaluated; the run is FINISHED.
-* ``75`` (EX_TEMPFAIL) SIGUSR2 or SIGTERM arrived: training checkpointed (or evaluation was interrupted), the run is
-  back to SCHEDULED with ``trial.preemptions`` incremented; run the same command again to continue.
+* ``75`` (EX_TEMPFAIL) SIGUSR2 or SIGTERM arrived: training checkpointed (or evaluation, or the setup before
+  training, was interrupted: nothing new to keep), the run is back to SCHEDULED with ``trial.preemptions`` = the
+  folder's count of preempted attempts; run the same command again to continue.
+* ``77`` the trial is cancelled (``TRIAL_DIR/CANCELLED``, written by ``orchestrate cancel``): a job that starts exits
+  at once; a running one that gets SIGUSR2/SIGTERM checkpoints first. The run is KILLED; never requeue it.
+* ``73`` another live job holds the trial's lease (:mod:`asr_core.lease`): this one exited having written nothing,
+  or, having lost the lease while training, stopped without saving.
 * ``1``  failed; the run is FAILED with the error's last line in the tag ``trial.error``.
 * ``2``  the config file is invalid; nothing ran. The run (when ``--run-id`` is given) is FAILED with
   ``trial.error`` = ``config <path> invalid: <reason>``, so ``orchestrate status`` names the reason instead of
@@ -17,13 +22,30 @@ Exit codes are the contract with the schedulers (defined in :mod:`asr_core.trial
 Re-running a trial is always safe: training resumes from ``TRIAL_DIR/checkpoint.pt``, a finished training phase is
 remembered in ``TRIAL_DIR/TRAINED`` and a finished trial in ``TRIAL_DIR/DONE``, so nothing is trained twice.
 
+The trial folder holds the truth, MLflow is its mirror. Order of a start: DONE or CANCELLED (read only) → the lease
+(:class:`asr_core.lease.Lease`, taken before the job touches the checkpoint, the outbox or the run; held → exit 73)
+→ the segment → training → evaluation → the outcome. Everything the job tells MLflow (params, tags, metrics,
+artifacts, the run's status) goes through the trial's outbox (:mod:`asr_core.outbox`), shipped by a background
+thread: nothing in the job waits for MLflow. At the end the job waits for the outbox at most
+``ASR_CORE_FINAL_FLUSH_S`` (60 s) after finishing or failing and ``ASR_CORE_PREEMPT_FLUSH_S`` (5 s) after a stop
+signal, then exits anyway: what is left is shipped by the next segment or by ``orchestrate status``/``resume``
+(:func:`asr_core.outbox.ship_pending`).
+
+SIGUSR2/SIGTERM are recorded from the first line of the process (:mod:`asr_core.signals`), so a signal that
+arrives while the job imports, loads its corpus or learns its tokenizer still ends in exit 75 (or 77) and an
+outcome in the folder.
+
 Every start of the job that has work to do is a *segment* (the first start, then one per resume). Each appends a
 line to ``TRIAL_DIR/segments.jsonl`` (time, code version, host, scheduler job id) and sets the run's tags
-``trial.segments`` (how many) and ``trial.code`` (every code version that ran a segment, in order of first use),
-so a run resumed after a new commit names both commits. A segment run from a dirty work tree also leaves its diff
-in ``TRIAL_DIR/code-<segment>.diff`` (:meth:`~asr_core.trial_contract.TrialFolder.segment_diff`) and in the
-run's artifacts under ``code/`` (:data:`~asr_core.trial_contract.CODE_ARTIFACT_DIR`). ``TRIAL_DIR/progress.jsonl``
-follows the job (``start``, ``train``, ``eval``, then ``preempted``, ``failed`` or ``done``) for ``orchestrate``.
+``trial.segments`` (how many) and ``trial.code`` (every code version that ran a segment, in order of first use,
+from ``segments.jsonl``), so a run resumed after a new commit names both commits. A segment run from a dirty work
+tree also leaves its diff in ``TRIAL_DIR/code-<segment>.diff``
+(:meth:`~asr_core.trial_contract.TrialFolder.segment_diff`) and in the run's artifacts under ``code/``
+(:data:`~asr_core.trial_contract.CODE_ARTIFACT_DIR`). ``TRIAL_DIR/progress.jsonl`` follows the job (``start``,
+``train``, ``eval``, then ``preempted``, ``failed``, ``cancelled`` or ``done``) for ``orchestrate``, and each
+segment's outcome is one line of ``TRIAL_DIR/attempts.jsonl`` (:func:`~asr_core.trial_contract.record_attempt`,
+``by="job"``: ``finished``, ``preempted``, ``failed`` with the error's last line, ``cancelled``, ``fenced``), which
+the failure budget of ``orchestrate`` counts.
 """
 
 from __future__ import annotations
@@ -31,26 +53,34 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import socket
 import sys
 import time
 import traceback
 from pathlib import Path
-from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING
 
+from asr_core import signals
 from asr_core.config import Config, ConfigError
+from asr_core.outbox import FINAL_FLUSH_S, PREEMPT_FLUSH_S, Outbox, fail_fast_http
 from asr_core.provenance import CodeVersion, code_version
 from asr_core.trial_contract import (
     CODE_ARTIFACT_DIR,
     ENV_JOB_ID,
+    EXIT_CANCELLED,
     EXIT_FAILED,
+    EXIT_FENCED,
     EXIT_OK,
     EXIT_PREEMPTED,
     EXIT_USAGE,
     FAILED,
     FINISHED,
+    KILLED,
+    OUTCOME_CANCELLED,
+    OUTCOME_FAILED,
+    OUTCOME_FENCED,
+    OUTCOME_FINISHED,
+    OUTCOME_PREEMPTED,
     RUNNING,
     SCHEDULED,
     TAG_CODE,
@@ -61,25 +91,55 @@ from asr_core.trial_contract import (
     ProgressLog,
     TrialFolder,
     error_line,
-    mark_run,
+    preemptions,
+    read_attempts,
     read_segments,
+    record_attempt,
 )
+
+if TYPE_CHECKING:
+    from asr_core.lease import Lease
 
 
 class EvaluationInterrupted(Exception):
     """SIGUSR2/SIGTERM during evaluation: evaluation has no checkpoint, so it simply starts again on requeue."""
 
 
-def _client(tracking_uri: str | None) -> Any:
-    from mlflow.tracking import MlflowClient
-
-    return MlflowClient(tracking_uri=tracking_uri)
+def _say(text: str) -> None:
+    print(f"[trial] {text}", flush=True)
 
 
-def _preemptions(tracking_uri: str | None, run_id: str | None) -> int:
-    if not run_id:
-        return 0
-    return int(_client(tracking_uri).get_run(run_id).data.tags.get(TAG_PREEMPTIONS, "0"))
+# ---- the fence -----------------------------------------------------------------------------------------------------
+def _acquire(folder: TrialFolder, job_id: str) -> "Lease | None":
+    """The trial's lease, or None (after saying who holds it) when another live job has it."""
+    from asr_core.lease import Lease, LeaseHeld
+
+    try:
+        return Lease(folder.path, job_id).acquire()
+    except LeaseHeld as e:
+        _say(f"{folder.path} is being run by another job ({e.info.describe()}); this one exits "
+             f"{EXIT_FENCED} having changed nothing")
+        return None
+
+
+def _outbox(folder: TrialFolder, segment: int | None, tracking_uri: str | None, run_id: str | None,
+            lease: "Lease") -> Outbox | None:
+    """The job's outbox (None when there is no MLflow to tell: no tracking URI and no run id)."""
+    if not (tracking_uri or run_id):
+        return None
+    return Outbox(folder.path, segment=segment, tracking_uri=tracking_uri, run_id=run_id, guard=lease.held).start()
+
+
+def _flush(outbox: Outbox | None, deadline_s: float) -> None:
+    """Wait for the outbox at most ``deadline_s`` (less once a stop signal arrives), then go on regardless."""
+    if outbox is None:
+        return
+    if not outbox.flush(deadline_s, hurry=lambda: signals.received() is not None):
+        left = outbox.pending()
+        why = outbox.last_error or (f"not done within {deadline_s:g} s" if outbox.run_id else "no run to ship to")
+        print(f"[trial] MLflow has not taken {left} outbox record(s) yet ({why}); they wait in {outbox.dir} and "
+              "are shipped by the next segment or by `orchestrate status`/`resume`", file=sys.stderr, flush=True)
+    outbox.close()
 
 
 # ---- segments ------------------------------------------------------------------------------------------------------
@@ -92,30 +152,25 @@ def _start_segment(folder: TrialFolder, version: CodeVersion) -> int:
         f.write(json.dumps(rec) + "\n")
     where = f" (job {rec['job_id']})" if rec["job_id"] else ""
     why = f" ({version.why})" if not version.known else ""
-    print(f"[trial] segment {n}: code {version.label}{why} on {rec['host']}{where}", flush=True)
+    _say(f"segment {n}: code {version.label}{why} on {rec['host']}{where}")
     if version.dirty:
         folder.segment_diff(n).write_text(version.diff, errors="surrogateescape")
     return n
 
 
-def _record_segment(folder: TrialFolder, segment: int, version: CodeVersion, tracking_uri: str | None,
-                    run_id: str) -> None:
-    """Tag the run with the segment count and the code versions so far; attach a dirty tree's diff."""
-    tags = _client(tracking_uri).get_run(run_id).data.tags
-    labels = [c for c in tags.get(TAG_CODE, "").split(",") if c]
-    if version.label not in labels:
-        labels.append(version.label)
-    new = {TAG_SEGMENTS: str(segment), TAG_CODE: ",".join(labels)}
-    if version.commit and TAG_GIT_COMMIT not in tags:  # MLflow's own tag names the first segment's commit
-        new[TAG_GIT_COMMIT] = version.commit
-    mark_run(tracking_uri, run_id, RUNNING, new)
+def _record_segment(folder: TrialFolder, segment: int, version: CodeVersion, outbox: Outbox) -> None:
+    """The run is RUNNING, tagged with the segment count and the code versions so far (both from
+    ``segments.jsonl``, never read back from MLflow); a dirty tree's diff goes to its artifacts."""
+    segs = read_segments(folder.path)
+    labels = list(dict.fromkeys(str(s["code"]) for s in segs if s.get("code")))
+    tags = {TAG_SEGMENTS: str(segment), TAG_CODE: ",".join(labels)}
+    first_commit = next((s["commit"] for s in segs if s.get("commit")), None)
+    if first_commit:  # MLflow's own tag names the first segment's commit
+        tags[TAG_GIT_COMMIT] = first_commit
+    outbox.status(RUNNING, tags)
     diff = folder.segment_diff(segment)
     if version.dirty and diff.exists():
-        try:
-            _client(tracking_uri).log_artifact(run_id, str(diff), artifact_path=CODE_ARTIFACT_DIR)
-        except Exception as e:  # noqa: BLE001 - the diff stays in the trial folder; training matters more
-            print(f"[trial] warning: cannot attach {diff} to run {run_id} ({type(e).__name__}: {e}); the diff "
-                  "stays in the trial folder", file=sys.stderr, flush=True)
+        outbox.artifact(diff, CODE_ARTIFACT_DIR)
 
 
 # ---- the job -------------------------------------------------------------------------------------------------------
@@ -123,88 +178,153 @@ def run_trial(cfg: Config, out_dir: Path, *, tracking_uri: str | None = None, ru
     """Train ``cfg`` into ``out_dir`` and evaluate it on ``cfg.eval.datasets``; returns the exit code above."""
     folder = TrialFolder(Path(out_dir))
     folder.path.mkdir(parents=True, exist_ok=True)
+    job_id = os.environ.get(ENV_JOB_ID) or ""
     if folder.done.exists():  # not a segment: nothing of the trial runs
-        print(f"[trial] {folder.path} already finished; nothing to do", flush=True)
-        mark_run(tracking_uri, run_id, FINISHED)
-        return EXIT_OK
+        _say(f"{folder.path} already finished; nothing to do")
+    elif folder.cancelled.exists():
+        _say(f"{folder.path} is cancelled (its {folder.cancelled.name} file); nothing runs, exit {EXIT_CANCELLED}")
+    lease = _acquire(folder, job_id)
+    if lease is None:  # the holder ends the run; this start's own answer still says what the folder says
+        return EXIT_OK if folder.done.exists() else EXIT_CANCELLED if folder.cancelled.exists() else EXIT_FENCED
+    try:
+        if folder.done.exists():
+            return _closed(folder, lease, tracking_uri, run_id, FINISHED, EXIT_OK,
+                           time_ms=int(folder.done.stat().st_mtime * 1000))
+        if folder.cancelled.exists():
+            record_attempt(folder.path, OUTCOME_CANCELLED, "cancelled before the job started", job_id=job_id,
+                           by="job")
+            return _closed(folder, lease, tracking_uri, run_id, KILLED, EXIT_CANCELLED)
+        return _segment(cfg, folder, lease, job_id, tracking_uri, run_id)
+    finally:
+        lease.release()
 
+
+def _closed(folder: TrialFolder, lease: "Lease", tracking_uri: str | None, run_id: str | None, status: str,
+            code: int, time_ms: int | None = None) -> int:
+    """A start that opens no segment: bring the run to the state the folder says (FINISHED, KILLED)."""
+    outbox = _outbox(folder, None, tracking_uri, run_id, lease) if run_id else None
+    if outbox is not None:
+        outbox.status(status, time_ms=time_ms)
+        _flush(outbox, FINAL_FLUSH_S)  # nothing else to do; a stop signal still shortens it
+    return code
+
+
+def _segment(cfg: Config, folder: TrialFolder, lease: "Lease", job_id: str, tracking_uri: str | None,
+             run_id: str | None) -> int:
     progress = ProgressLog(folder.path)
     progress.write("start")
     version = code_version()
+    segment: int | None = None
+    outbox: Outbox | None = None
 
-    from asr_core.train import Preempted, train
+    def outcome(kind: str, reason: str = "") -> None:
+        record_attempt(folder.path, kind, reason, segment=segment, job_id=job_id, by="job")
+
+    from asr_core.train import Fenced, Preempted, train
 
     try:
         segment = _start_segment(folder, version)
-        if run_id:
-            _record_segment(folder, segment, version, tracking_uri, run_id)
+        outbox = _outbox(folder, segment, tracking_uri, run_id, lease)
+        if outbox is not None:
+            _record_segment(folder, segment, version, outbox)
         if folder.trained.exists():
             checkpoint = Path(json.loads(folder.trained.read_text())["checkpoint"])
-            print(f"[trial] training already finished ({checkpoint}); evaluating", flush=True)
+            _say(f"training already finished ({checkpoint}); evaluating")
         else:
             result = train(cfg, folder.path, tracking_uri=tracking_uri, run_id=run_id, end_run=False,
-                           progress=progress)
-            if not run_id and result.run_id:  # the trainer created the run: record this segment on it now
-                run_id = result.run_id
-                _record_segment(folder, segment, version, tracking_uri, run_id)
+                           progress=progress, outbox=outbox, held=lease.held)
+            run_id = result.run_id or run_id
             checkpoint = Path(result.checkpoint)
             folder.trained.write_text(json.dumps({"checkpoint": str(checkpoint), "steps": result.steps}))
         if cfg.eval.datasets:
-            _evaluate_interruptibly(cfg, checkpoint, folder.path, tracking_uri, run_id, progress)
+            _evaluate_interruptibly(cfg, checkpoint, folder.path, tracking_uri, run_id, progress, outbox)
+    except Fenced as e:  # another job has the trial now: leave the folder and the run to it
+        _say(f"{e}; exit {EXIT_FENCED}")
+        outcome(OUTCOME_FENCED, str(e))
+        if outbox is not None:
+            outbox.close()
+        return EXIT_FENCED
     except (Preempted, EvaluationInterrupted) as e:
-        n = _preemptions(tracking_uri, run_id) + 1
-        print(f"[trial] preempted ({e or type(e).__name__}); checkpointed, exit {EXIT_PREEMPTED} to be requeued",
-              flush=True)
+        what = e or type(e).__name__
+        if folder.cancelled.exists():  # `orchestrate cancel` sent the signal: the end is final
+            _say(f"cancelled ({what}); checkpointed, the run is KILLED, exit {EXIT_CANCELLED}")
+            outcome(OUTCOME_CANCELLED, f"cancelled ({what})")
+            progress.write("cancelled")
+            if outbox is not None:
+                outbox.status(KILLED)
+            _flush(outbox, PREEMPT_FLUSH_S)
+            return EXIT_CANCELLED
+        outcome(OUTCOME_PREEMPTED, str(what))
+        n = preemptions(read_attempts(folder.path))
+        _say(f"preempted ({what}); checkpointed, exit {EXIT_PREEMPTED} to be requeued")
         progress.write("preempted")
-        mark_run(tracking_uri, run_id, SCHEDULED, {TAG_PREEMPTIONS: str(n)})
+        if outbox is not None:
+            outbox.status(SCHEDULED, {TAG_PREEMPTIONS: str(n)})
+        _flush(outbox, PREEMPT_FLUSH_S)
         return EXIT_PREEMPTED
-    except Exception as e:  # noqa: BLE001 - every failure must reach the ledger
+    except Exception as e:  # noqa: BLE001 - every failure must reach the folder and the ledger
         traceback.print_exc()
-        progress.write("failed")
         last = error_line(f"{type(e).__name__}: {e}", type(e).__name__)
-        mark_run(tracking_uri, run_id, FAILED, {TAG_ERROR: last})
+        outcome(OUTCOME_FAILED, last)
+        progress.write("failed")
+        if outbox is not None:
+            outbox.status(FAILED, {TAG_ERROR: last})
+        _flush(outbox, FINAL_FLUSH_S)
         return EXIT_FAILED
     folder.done.write_text("finished\n")
+    outcome(OUTCOME_FINISHED)
     progress.write("done")
-    mark_run(tracking_uri, run_id, FINISHED)
-    print(f"[trial] finished: {folder.path}", flush=True)
+    if outbox is not None:
+        outbox.status(FINISHED)
+    _say(f"finished: {folder.path}")
+    _flush(outbox, FINAL_FLUSH_S)
     return EXIT_OK
 
 
 def _evaluate_interruptibly(cfg: Config, checkpoint: Path, out_dir: Path, tracking_uri: str | None,
-                            run_id: str | None, progress: ProgressLog) -> None:
+                            run_id: str | None, progress: ProgressLog, outbox: Outbox | None) -> None:
+    """Evaluation has no checkpoint: a stop signal (also one that arrived before it began) interrupts it at once."""
     from asr_core.evaluate import evaluate
 
-    def handler(signum: int, frame: FrameType | None) -> None:
-        raise EvaluationInterrupted(signal.Signals(signum).name)
-
-    old = {s: signal.signal(s, handler) for s in (signal.SIGUSR2, signal.SIGTERM)}
-    try:
+    with signals.installed(), signals.raising(EvaluationInterrupted):
         evaluate(checkpoint, list(cfg.eval.datasets), list(cfg.eval.snrs), stride=cfg.eval.stride,
                  batch_windows=cfg.eval.batch_windows, noise=cfg.eval.noise, tracking_uri=tracking_uri,
-                 run_id=run_id, out_dir=TrialFolder(out_dir).eval_dir, progress=progress)
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
+                 run_id=run_id, out_dir=TrialFolder(out_dir).eval_dir, progress=progress, outbox=outbox,
+                 log=outbox is not None)
 
 
 def _config_invalid(config: str, error: Exception, out_dir: Path, tracking_uri: str | None,
-                    run_id: str | None) -> None:
-    """Record an invalid config: the run FAILED with the reason (left SCHEDULED, it would look lost and every
-    ``resume`` would submit it again without saying why it never starts) and a ``failed`` progress record when the
-    trial folder exists. A ledger that cannot be written is reported, never raised: the exit code still says what
-    happened."""
-    if out_dir.is_dir():
-        ProgressLog(out_dir).write("failed")
-    if not run_id:
-        return
-    reason = error_line(str(error), type(error).__name__)
-    reason = reason.removeprefix(f"{config}: ")  # the config's own message may start with its path too
+                    run_id: str | None) -> int:
+    """Record an invalid config: a ``failed`` attempt and progress record, and the run FAILED with the reason (left
+    SCHEDULED, it would look lost and every ``resume`` would submit it again without saying why it never starts).
+    Needs the trial folder (made when a run id is given) and the lease (held by another job: exit 73, nothing
+    written). MLflow is told through the outbox like everything else; the exit code says what happened."""
+    if run_id:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    if not out_dir.is_dir():
+        return EXIT_USAGE
+    folder = TrialFolder(out_dir)
+    lease = _acquire(folder, os.environ.get(ENV_JOB_ID) or "")
+    if lease is None:
+        return EXIT_FENCED
     try:
-        mark_run(tracking_uri, run_id, FAILED, {TAG_ERROR: f"config {config} invalid: {reason}"})
-    except Exception as e:  # noqa: BLE001 - the usage error above is what the person must see
-        print(f"asr_core trial: cannot mark run {run_id} FAILED in {tracking_uri} ({type(e).__name__}: {e}); "
-              "it stays as it was", file=sys.stderr)
+        reason = error_line(str(error), type(error).__name__)
+        reason = reason.removeprefix(f"{config}: ")  # the config's own message may start with its path too
+        ProgressLog(out_dir).write("failed")
+        record_attempt(out_dir, OUTCOME_FAILED, f"config {config} invalid: {reason}",
+                       job_id=os.environ.get(ENV_JOB_ID) or "", by="job")
+        return _closed_failed(folder, lease, tracking_uri, run_id, f"config {config} invalid: {reason}")
+    finally:
+        lease.release()
+
+
+def _closed_failed(folder: TrialFolder, lease: "Lease", tracking_uri: str | None, run_id: str | None,
+                   error: str) -> int:
+    outbox = _outbox(folder, None, tracking_uri, run_id, lease) if run_id else None
+    if outbox is not None:
+        outbox.status(FAILED, {TAG_ERROR: error})
+        _flush(outbox, FINAL_FLUSH_S)
+    return EXIT_USAGE
 
 
 def _limit_threads() -> None:
@@ -227,11 +347,11 @@ def cli(argv: list[str]) -> int:
     p.add_argument("--run-id", default=None, help="the MLflow run created for this trial at submission")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     args = p.parse_args(argv)
+    fail_fast_http()  # one MLflow call fails fast; the outbox retries
     try:
         cfg = Config.from_yaml(args.config, args.overrides)
     except ConfigError as e:
         print(f"asr_core trial: {e}", file=sys.stderr)
-        _config_invalid(args.config, e, Path(args.out), args.tracking_uri, args.run_id)
-        return EXIT_USAGE
+        return _config_invalid(args.config, e, Path(args.out), args.tracking_uri, args.run_id)
     _limit_threads()
     return run_trial(cfg, Path(args.out), tracking_uri=args.tracking_uri, run_id=args.run_id)

@@ -7,8 +7,10 @@ what                      here
 the command               :func:`trial_command` (``python -m asr_core trial --config … --out … --tracking-uri …
                           --run-id …``), run with ``cwd`` = the sweep's workdir and :data:`ENV_JOB_ID` set
 the config it reads       :data:`CONFIG_FILE` in the trial folder, written by :func:`write_config`
-exit codes                :data:`EXIT_OK` 0, :data:`EXIT_FAILED` 1, :data:`EXIT_USAGE` 2, :data:`EXIT_PREEMPTED` 75
-run states                :data:`SCHEDULED` … :data:`KILLED` (MLflow's), who writes which: see :data:`STATES`
+exit codes                :data:`EXIT_OK` 0, :data:`EXIT_FAILED` 1, :data:`EXIT_USAGE` 2, :data:`EXIT_PREEMPTED` 75,
+                          :data:`EXIT_FENCED` 73, :data:`EXIT_CANCELLED` 77
+run states                :data:`SCHEDULED` … :data:`KILLED` (MLflow's), who writes which: see :data:`STATES`; the
+                          job writes them through its outbox (:mod:`asr_core.outbox`, folder :data:`OUTBOX_DIR`)
 tags                      ``TAG_*`` below: the ledger writes the ``sweep.*`` and identity tags at submission, the
                           job writes :data:`TAG_ERROR`, :data:`TAG_PREEMPTIONS`, :data:`TAG_CHECKPOINT`,
                           :data:`TAG_CODE`, :data:`TAG_SEGMENTS`, :data:`TAG_DATA_FINGERPRINT` and
@@ -16,6 +18,8 @@ tags                      ``TAG_*`` below: the ledger writes the ``sweep.*`` and
 trial-folder files        :class:`TrialFolder`
 progress                  :class:`ProgressLog` (JSON lines the trainer and evaluator append) and
                           :func:`read_progress` (what ``orchestrate`` shows); never parsed from log text
+segments and outcomes     :func:`read_segments` (one line per start of the job), :func:`record_attempt` /
+                          :func:`read_attempts` / :func:`failures` / :func:`preemptions` (one line per ended segment)
 ========================  ===========================================================================================
 """
 
@@ -45,7 +49,7 @@ SCHEDULED = "SCHEDULED"  # created at submission (ledger), or written back by a 
 RUNNING = "RUNNING"  # written by the job when training (re)starts
 FINISHED = "FINISHED"  # written by the job after evaluation
 FAILED = "FAILED"  # written by the job (or its SLURM task when the job could not start)
-KILLED = "KILLED"  # written by the ledger on `orchestrate cancel`
+KILLED = "KILLED"  # written by the ledger on `orchestrate cancel`, and by a job that finds CANCELLED
 STATES = (SCHEDULED, RUNNING, FINISHED, FAILED, KILLED)  # the order `status` prints them
 ENDED = (FINISHED, FAILED, KILLED)
 
@@ -205,7 +209,8 @@ def error_line(text: str, default: str = "error") -> str:
 
 
 def mark_run(tracking_uri: str | None, run_id: str | None, status: str, tags: dict[str, str] | None = None) -> None:
-    """Set a trial run's status (one of :data:`STATES`) and tags, as the job does; a no-op without a run.
+    """Set a trial run's status (one of :data:`STATES`) and tags at once, synchronously; a no-op without a run. For
+    the scheduler's side (a SLURM task whose job could not start); the job itself writes through its outbox.
 
     Writes through ``MlflowClient`` only (never a fluent active run), so no exit hook of MLflow's can overwrite it."""
     if not run_id:
@@ -225,7 +230,7 @@ def mark_run(tracking_uri: str | None, run_id: str | None, status: str, tags: di
 
 
 # ---- progress records ---------------------------------------------------------------------------------------------
-PHASES = ("start", "train", "eval", "preempted", "failed", "done")
+PHASES = ("start", "train", "eval", "preempted", "failed", "cancelled", "done")
 
 
 @dataclass(frozen=True)
@@ -240,7 +245,7 @@ class Progress:
     time: float = 0.0
 
     def describe(self) -> str:
-        """``train 30/60``, ``eval test 4/12``, ``starting``, ``preempted``, ``failed``, ``done``."""
+        """``train 30/60``, ``eval test 4/12``, ``starting``, ``preempted``, ``failed``, ``cancelled``, ``done``."""
         if self.phase == "train":
             return f"train {self.done}/{self.total}"
         if self.phase == "eval":
@@ -404,6 +409,12 @@ def record_attempt(trial_dir: Path | str, outcome: str, reason: str = "", *, seg
     with open(folder.attempts, "a") as f:
         f.write(json.dumps(a.to_dict()) + "\n")
     return a
+
+
+def preemptions(attempts: list[Attempt]) -> int:
+    """How often the trial checkpointed on a stop signal and asked to be run again (what
+    :data:`TAG_PREEMPTIONS` records): counted from the folder, never read back from MLflow."""
+    return sum(a.outcome == OUTCOME_PREEMPTED for a in attempts)
 
 
 def failures(attempts: list[Attempt]) -> list[Attempt]:

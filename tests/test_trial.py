@@ -23,7 +23,8 @@ from asr_core.config import preset
 from asr_core.corpora import load_corpus
 from asr_core.provenance import code_version
 from asr_core.score import normalise
-from asr_core.trial_contract import ENV_JOB_ID, TAG_CODE, TAG_PREEMPTIONS, TAG_SEGMENTS, TrialFolder, read_progress
+from asr_core.trial_contract import (ENV_JOB_ID, TAG_CODE, TAG_PREEMPTIONS, TAG_SEGMENTS, TrialFolder, read_attempts,
+                                     read_progress)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -100,10 +101,10 @@ def test_trial_trains_evaluates_and_finishes_once(tmp_path: Path, corpus: Path) 
     # one segment, run by the code of this checkout; progress from start through training and evaluation to done
     code = code_version()
     (segment,) = _segments(trial_dir)
-    assert (segment["segment"], segment["code"], segment["commit"], segment["job_id"]) == (
-        1, code.label, code.commit, "job-1")
-    assert run.data.tags[TAG_SEGMENTS] == "1" and run.data.tags[TAG_CODE] == code.label
-    assert TrialFolder(trial_dir).segment_diff(1).exists() == code.dirty
+    assert (segment["segment"], segment["commit"], segment["job_id"]) == (1, code.commit, "job-1")
+    assert segment["code"].startswith(code.commit[:12])  # (its dirty digest is of the tree when the job started)
+    assert run.data.tags[TAG_SEGMENTS] == "1" and run.data.tags[TAG_CODE] == segment["code"]
+    assert TrialFolder(trial_dir).segment_diff(1).exists() == segment["dirty"]
     records = _progress(trial_dir)
     phases = [r["phase"] for r in records]
     assert phases[0] == "start" and phases[-1] == "done" and "train" in phases
@@ -143,12 +144,16 @@ def test_sigusr2_checkpoints_exits_75_and_the_rerun_finishes_the_same_run(tmp_pa
     assert run.info.status == "FINISHED" and "wer/test" in run.data.metrics
     # two segments of the same code: the count grows, the code list does not repeat itself
     assert [(s["segment"], s["job_id"]) for s in _segments(trial_dir)] == [(1, "job-1"), (2, "job-2")]
-    assert run.data.tags[TAG_SEGMENTS] == "2" and run.data.tags[TAG_CODE] == code_version().label
+    labels = ",".join(dict.fromkeys(s["code"] for s in _segments(trial_dir)))  # one label when the code stayed
+    assert run.data.tags[TAG_SEGMENTS] == "2" and run.data.tags[TAG_CODE] == labels
     phases = [r["phase"] for r in _progress(trial_dir)]
     assert phases[0] == "start" and phases[-1] == "done" and phases.count("start") == 2
     assert phases[phases.index("preempted") + 1] == "start"
-    steps = sorted({m.step for m in client.get_metric_history(run_id, "train/loss")})
-    assert len(steps) == 16 and steps[-1] - steps[0] == 15  # one continuous history, nothing lost
+    steps = sorted(m.step for m in client.get_metric_history(run_id, "train/loss"))
+    assert steps == list(range(1, 17))  # one continuous history, one value per step, nothing lost
+    # each segment's outcome, in the folder (the preemption count of the run is counted from these)
+    assert [(a.outcome, a.segment, a.job_id, a.by) for a in read_attempts(trial_dir)] == [
+        ("preempted", 1, "job-1", "job"), ("finished", 2, "job-2", "job")]
 
 
 def test_a_failing_trial_marks_the_run_failed_with_the_error(tmp_path: Path, corpus: Path) -> None:
@@ -161,6 +166,9 @@ def test_a_failing_trial_marks_the_run_failed_with_the_error(tmp_path: Path, cor
     assert "no-such-corpus" in run.data.tags["trial.error"]
     assert [r["phase"] for r in _progress(trial_dir)] == ["start", "failed"]
     assert run.data.tags[TAG_SEGMENTS] == "1"
+    (attempt,) = read_attempts(trial_dir)
+    assert (attempt.outcome, attempt.segment, attempt.job_id) == ("failed", 1, "job-1")
+    assert attempt.reason == run.data.tags["trial.error"]
 
 
 def test_bad_config_is_a_usage_error_that_fails_the_run_with_the_reason(tmp_path: Path, corpus: Path) -> None:
@@ -178,11 +186,14 @@ def test_bad_config_is_a_usage_error_that_fails_the_run_with_the_reason(tmp_path
     assert not TrialFolder(trial_dir).segments.exists()  # no segment: nothing started
     assert [r["phase"] for r in _progress(trial_dir)] == ["failed"]
 
-    # without a run id there is no run to mark: still exit 2, and nothing but the progress record is written
+    (attempt,) = read_attempts(trial_dir)  # a failure of the job's own, for the failure budget
+    assert (attempt.outcome, attempt.reason, attempt.segment, attempt.by) == ("failed", error, None, "job")
+
+    # without a run id there is no run to mark: still exit 2, and nothing reaches an outbox
     bare = tmp_path / "bare"
     bare.mkdir()
     (bare / "config.json").write_text(json.dumps({"model": {"heads": 7}}))
     done = subprocess.run([sys.executable, "-m", "asr_core", "trial", "--config", str(bare / "config.json"),
                            "--out", str(bare)], capture_output=True, text=True, env=_env(), timeout=120)
     assert done.returncode == 2 and "model.heads" in done.stderr
-    assert sorted(p.name for p in bare.iterdir()) == ["config.json", "progress.jsonl"]
+    assert sorted(p.name for p in bare.iterdir()) == ["attempts.jsonl", "config.json", "lease", "progress.jsonl"]
