@@ -90,6 +90,7 @@ from asr_core.trial_contract import (
     TAG_SEGMENTS,
     ProgressLog,
     TrialFolder,
+    append_json_line,
     error_line,
     preemptions,
     read_attempts,
@@ -148,8 +149,7 @@ def _start_segment(folder: TrialFolder, version: CodeVersion) -> int:
     n = len(read_segments(folder.path)) + 1
     rec = {"segment": n, "time": round(time.time(), 3), **version.to_dict(), "host": socket.gethostname(),
            "job_id": os.environ.get(ENV_JOB_ID)}
-    with open(folder.segments, "a") as f:
-        f.write(json.dumps(rec) + "\n")
+    append_json_line(folder.segments, rec)
     where = f" (job {rec['job_id']})" if rec["job_id"] else ""
     why = f" ({version.why})" if not version.known else ""
     _say(f"segment {n}: code {version.label}{why} on {rec['host']}{where}")

@@ -229,6 +229,18 @@ def mark_run(tracking_uri: str | None, run_id: str | None, status: str, tags: di
         client.set_terminated(run_id, status=status)
 
 
+def append_json_line(path: Path, record: dict[str, Any]) -> None:
+    """Append ``record`` as one JSON line with one ``write``. A line cut short by a crash (no newline at the end of
+    the file) is closed first, so the new record is never glued onto it and lost."""
+    line = json.dumps(record) + "\n"
+    with open(path, "ab+") as f:
+        if f.seek(0, os.SEEK_END) > 0:
+            f.seek(-1, os.SEEK_END)
+            if f.read(1) != b"\n":
+                line = "\n" + line
+        f.write(line.encode())
+
+
 # ---- progress records ---------------------------------------------------------------------------------------------
 PHASES = ("start", "train", "eval", "preempted", "failed", "cancelled", "done")
 
@@ -271,8 +283,7 @@ class ProgressLog:
         if dataset:
             rec["dataset"] = dataset
         try:
-            with open(self.path, "a") as f:
-                f.write(json.dumps(rec) + "\n")
+            append_json_line(self.path, rec)
         except OSError as e:  # progress is for people watching; never let it stop training
             print(f"[trial] warning: cannot write progress to {self.path}: {e}", file=sys.stderr)
 
@@ -406,8 +417,7 @@ def record_attempt(trial_dir: Path | str, outcome: str, reason: str = "", *, seg
     a = Attempt(outcome, error_line(reason, "") if reason else "", segment, job_id or "", round(time.time(), 3), by)
     folder = TrialFolder(Path(trial_dir))
     folder.path.mkdir(parents=True, exist_ok=True)
-    with open(folder.attempts, "a") as f:
-        f.write(json.dumps(a.to_dict()) + "\n")
+    append_json_line(folder.attempts, a.to_dict())
     return a
 
 
