@@ -86,6 +86,7 @@ from asr_core.trial_contract import (
     TAG_CODE,
     TAG_ERROR,
     TAG_GIT_COMMIT,
+    TAG_JOB_ID,
     TAG_PREEMPTIONS,
     TAG_SEGMENTS,
     ProgressLog,
@@ -167,6 +168,8 @@ def _record_segment(folder: TrialFolder, segment: int, version: CodeVersion, out
     first_commit = next((s["commit"] for s in segs if s.get("commit")), None)
     if first_commit:  # MLflow's own tag names the first segment's commit
         tags[TAG_GIT_COMMIT] = first_commit
+    if segs and segs[-1].get("job_id"):  # the scheduler's job running this segment (submission does not tag it)
+        tags[TAG_JOB_ID] = str(segs[-1]["job_id"])
     outbox.status(RUNNING, tags)
     diff = folder.segment_diff(segment)
     if version.dirty and diff.exists():

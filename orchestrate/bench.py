@@ -1,47 +1,60 @@
-"""``python -m orchestrate bench``: how long the daily operations take, against their goals.
+"""``python -m orchestrate bench``: how long the daily operations take, against their goals, in one table.
 
-* plan the paper grid (321 trials) and a 10,000-trial grid (goal: 10k < 5 s);
-* submit 321 trials to SLURM (goal < 10 s): the real submission path (sweep folder, 321 MLflow runs created
-  SCHEDULED with their params, one submitit job array, job ids tagged), except that each array task runs a
-  trivial function instead of training, so only submission is timed; the array is cancelled afterwards;
-* ``status`` on that 321-trial sweep (goal < 2 s): the ledger query alone, and ``python -m orchestrate status`` as
-  a new process (what a person typing it waits for, imports included).
+* plan the paper grid (321 trials) and a 10,000-trial grid (goal: < 5 s each);
+* submit 321 trials (goal < 5 s): the whole ``python -m orchestrate submit grids/paper.yaml --backend slurm`` in a
+  fresh process, imports included, against a real MLflow server (321 runs created SCHEDULED with their params, one
+  submitit job array, job ids tagged). The bench's cluster profile submits the array held (``--hold``), so no task
+  runs; it is cancelled afterwards;
+* the ledger query of that sweep (every trial run, one paged search; goal < 2 s);
+* ``python -m orchestrate status`` in a fresh process on a full-size sweep folder of 321 and of 3,000 trials
+  (:func:`orchestrate.fake_sweep.make_fake_sweep`: a sweep half-way through, read from its folders; goals < 1 s
+  and < 3 s).
 
-Needs a SLURM cluster for the submission timing (``SLURM_CONF``; ``slurm/testcluster/start.sh DIR`` makes one);
-without one that row says it was skipped.
+The server: ``MLFLOW_TRACKING_URI`` (or ``tracking_uri``) when it names an http(s) server, else one started for
+the bench with ``slurm/mlflow-server.sh`` under the bench's temporary folder and stopped afterwards (its start is
+not timed; neither is a first request that warms it). The submission needs a SLURM cluster (``SLURM_CONF``;
+``slurm/testcluster/start.sh DIR`` makes one); without one those rows say they were skipped.
 """
 
 from __future__ import annotations
 
-import contextlib
-import io
+import os
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, TypeVar
+from urllib.parse import urlparse
 
 import yaml
 
 from orchestrate.grid import load_grid
 
-GRIDS = Path(__file__).resolve().parents[1] / "grids"
+REPO = Path(__file__).resolve().parents[1]
+GRIDS = REPO / "grids"
+SERVER_SCRIPT = REPO / "slurm" / "mlflow-server.sh"
+CLI_TIMEOUT_S = 600
+STATUS_GOALS = ((321, 1.0), (3000, 3.0))  # (trials in the sweep folder, seconds ``status`` may take)
 
 
-class _TrivialTask:
-    """Bench stand-in for TrialTask: returns at once, so the benchmark measures submission, not training."""
-
-    def __init__(self, sweep_path: str, sub_id: str) -> None:
-        self.sweep_path = sweep_path
-        self.sub_id = sub_id
-
-    def __call__(self) -> int:
-        return 0
+T = TypeVar("T")
 
 
-def _timed(fn: Callable[[], object]) -> tuple[float, object]:
+@dataclass(frozen=True)
+class Row:
+    """One line of the table: what was timed, how long it took (None: not measured), its goal and a note."""
+
+    what: str
+    seconds: float | None
+    goal: float
+    note: str
+
+
+def _timed(fn: Callable[[], T]) -> tuple[float, T]:
     t0 = time.perf_counter()
     out = fn()
     return time.perf_counter() - t0, out
@@ -58,80 +71,153 @@ def _grid_10k(path: Path) -> Path:
     return path
 
 
-def run_bench(skip_slurm: bool = False) -> int:
-    rows: list[tuple[str, float | None, float, str]] = []  # (what, seconds, goal, note)
+def _cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    """``python -m orchestrate ARGS`` in a fresh process, as a person runs it."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    return subprocess.run([sys.executable, "-m", "orchestrate", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=CLI_TIMEOUT_S)
+
+
+def run_bench(skip_slurm: bool = False, tracking_uri: str | None = None,
+              status_goals: tuple[tuple[int, float], ...] = STATUS_GOALS) -> int:
+    """Time every operation and print the table; returns 0 (a slow figure is reported, not an error).
+    ``status_goals``: the sizes of sweep folder ``status`` is timed on, each with its goal."""
+    rows: list[Row] = []
     work = Path(tempfile.mkdtemp(prefix="orchestrate-bench-"))
     try:
-        t, g = _timed(lambda: load_grid(GRIDS / "paper.yaml"))
-        rows.append(("plan paper grid (321 trials)", t, 5.0, f"{len(g.trials)} trials"))  # type: ignore[attr-defined]
-        big = _grid_10k(work / "g10k.yaml")
-        t, g = _timed(lambda: load_grid(big))
-        rows.append(("plan 10k-trial grid", t, 5.0, f"{len(g.trials)} trials"))  # type: ignore[attr-defined]
-        print(f"[bench] planned: paper {rows[0][1]:.2f}s, 10k {rows[1][1]:.2f}s", file=sys.stderr, flush=True)
+        t, n = _timed(lambda: len(load_grid(GRIDS / "paper.yaml").trials))
+        rows.append(Row("plan paper grid (321 trials)", t, 5.0, f"{n} trials"))
+        t, n = _timed(lambda: len(load_grid(_grid_10k(work / "g10k.yaml")).trials))
+        rows.append(Row("plan 10k-trial grid", t, 5.0, f"{n} trials"))
+        _say(f"planned: paper {rows[0].seconds:.2f}s, 10k {rows[1].seconds:.2f}s")
         if skip_slurm or shutil.which("sbatch") is None:
             why = "skipped (--skip-slurm)" if skip_slurm else "skipped: no sbatch (start slurm/testcluster/start.sh)"
-            rows.append(("submit 321 trials to SLURM", None, 10.0, why))
-            rows.append(("ledger query, 321-trial sweep", None, 2.0, why))
-            rows.append(("status, 321-trial sweep", None, 2.0, why))
+            rows += [Row("submit 321 trials (slurm, mlflow server)", None, 5.0, why),
+                     Row("ledger query, 321-trial sweep", None, 2.0, why)]
         else:
-            rows += _bench_slurm(work)
+            rows += _bench_submit(work, tracking_uri or os.environ.get("MLFLOW_TRACKING_URI"))
+        rows += _bench_status(work, status_goals)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    print(f"orchestrate bench: {os.cpu_count()} cores, load average {load:.1f} at the end")
     _print(rows)
     return 0
 
 
-def _bench_slurm(work: Path) -> list[tuple[str, float | None, float, str]]:
-    from orchestrate.backends.profile import Profile
-    from orchestrate.backends.slurm import SlurmBackend
-    from orchestrate.dispatch import new_manifest, run_sweep
-    from orchestrate.ledger import Ledger, default_tracking_uri
+def _say(msg: str) -> None:
+    print(f"[bench] {msg}", file=sys.stderr, flush=True)
+
+
+# ---- the server ------------------------------------------------------------------------------------------------------
+def _free_port() -> int:
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class _Server:
+    """The bench's own MLflow server (``slurm/mlflow-server.sh --detach`` under ``folder``), stopped on exit."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        p = subprocess.run(["bash", str(SERVER_SCRIPT), "--dir", str(folder), "--port", str(_free_port()),
+                            "--detach"], capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+        line = next((ln for ln in p.stdout.splitlines() if ln.startswith("MLFLOW_TRACKING_URI=")), "")
+        if p.returncode != 0 or not line:
+            raise RuntimeError(f"the bench's MLflow server did not start (exit {p.returncode}): "
+                               f"{(p.stderr or p.stdout).strip()[-800:]}")
+        self.uri = line.split("=", 1)[1].strip()
+
+    def stop(self) -> None:
+        subprocess.run(["bash", str(SERVER_SCRIPT), "--dir", str(self.folder), "--stop"], capture_output=True,
+                       timeout=120, stdin=subprocess.DEVNULL)
+
+
+# ---- submit and the ledger query -------------------------------------------------------------------------------------
+def _bench_submit(work: Path, uri: str | None) -> list[Row]:
+    from orchestrate.ledger import Ledger
+    from orchestrate.mlflow_rest import MlflowRest
     from orchestrate.sweep import SweepDir
 
-    class TrivialSlurm(SlurmBackend):
-        task_class = _TrivialTask
+    server = None
+    if not uri or urlparse(uri).scheme not in ("http", "https"):
+        _say("starting an MLflow server for the bench (not timed)")
+        try:
+            server = _Server(work / "mlflow-server")
+        except (RuntimeError, OSError, subprocess.TimeoutExpired) as e:
+            why = f"skipped: {e}"
+            return [Row("submit 321 trials (slurm, mlflow server)", None, 5.0, why),
+                    Row("ledger query, 321-trial sweep", None, 2.0, why)]
+        uri = server.uri
+    try:
+        MlflowRest(uri).get_experiment_by_name("Default")  # the server's first request, not timed
+        partition = subprocess.run(["sinfo", "-h", "-o", "%R"], capture_output=True, text=True).stdout.split()
+        profile = work / "held.yaml"
+        profile.write_text(yaml.safe_dump({"partition": partition[0] if partition else "", "time_limit": "00:05:00",
+                                           "max_parallel": 2, "additional": {"hold": True}}))
+        root, name = work / "runs", f"bench321-{time.strftime('%H%M%S')}-{os.getpid()}"
+        args = ["submit", str(GRIDS / "paper.yaml"), "--backend", "slurm", "--profile", str(profile),
+                "--sweep", name, "--sweep-root", str(root), "--tracking-uri", uri, "--no-check-data"]
+        _say(f"submitting 321 trials to {uri} (held array)")
+        t, p = _timed(lambda: _cli(args, work))
+        subs = SweepDir(root, name).submissions()
+        for s in subs:  # held, so nothing ran; a refused scancel is not a failed benchmark
+            if s.job_id:
+                subprocess.run(["scancel", str(s.job_id)], check=False, capture_output=True)
+        if p.returncode != 0:
+            why = f"failed (exit {p.returncode}): {(p.stderr or p.stdout).strip().splitlines()[-1:]}"
+            return [Row("submit 321 trials (slurm, mlflow server)", None, 5.0, why),
+                    Row("ledger query, 321-trial sweep", None, 2.0, "no sweep")]
+        rows = [Row("submit 321 trials (slurm, mlflow server)", t, 5.0, _submit_note(p.stderr))]
+        t_query, runs = _timed(lambda: len(Ledger(uri, name).trial_runs()))
+        rows.append(Row("ledger query, 321-trial sweep", t_query, 2.0, f"{runs} runs, one paged runs/search"))
+        return rows
+    finally:
+        if server is not None:
+            server.stop()
 
-    rows: list[tuple[str, float | None, float, str]] = []
-    root = work / "runs"
-    grid = load_grid(GRIDS / "paper.yaml")
-    uri = default_tracking_uri(root)
-    sweep = SweepDir(root, "bench321")
-    # The database and its tables are created once per cluster, not per sweep: outside the timing.
-    Ledger(uri, "warmup").ensure_sweep("-", "slurm")
-    partition = subprocess.run(["sinfo", "-h", "-o", "%R"], capture_output=True, text=True).stdout.split()
-    profile = Profile(partition=partition[0] if partition else "", time_limit="00:05:00", max_parallel=2)
-    manifest = new_manifest(sweep.name, GRIDS / "paper.yaml", "slurm", "", uri, ())
 
-    def submit() -> object:
-        sweep.write_manifest(manifest)
-        sweep.write_trials(list(grid.trials))
-        with contextlib.redirect_stderr(io.StringIO()):
-            return run_sweep(sweep, manifest, list(grid.trials), profile, include_failed=False,
-                             backend=TrivialSlurm(sweep, uri, profile))
+def _submit_note(stderr: str) -> str:
+    """Where a submission's time went, from its own log lines."""
+    ledger = re.search(r"ledger ready in ([\d.]+)s", stderr)
+    sbatch = re.search(r"job array (\S+) with (\d+) tasks \(([\d.]+)s\)", stderr)
+    parts = ["fresh process"]
+    if ledger:
+        parts.append(f"runs created in {ledger.group(1)}s")
+    if sbatch:
+        parts.append(f"array {sbatch.group(1)} submitted and tagged in {sbatch.group(3)}s")
+    return ", ".join(parts)
 
-    t, _ = _timed(submit)
-    sub = sweep.submissions()[0]
-    rows.append(("submit 321 trials to SLURM", t, 10.0,
-                 f"array {sub.job_id}: 321 runs + sbatch; tasks are trivial (submission only)"))
-    # the array's tasks are trivial and may have ended already: a refused scancel is not a failed benchmark
-    subprocess.run(["scancel", str(sub.job_id)], check=False, capture_output=True)
-    t_query, runs = _timed(lambda: len(Ledger(uri, sweep.name).trial_runs()))
-    rows.append(("ledger query, 321-trial sweep", t_query, 2.0, f"{runs} runs, one search_runs"))
-    # `status` as a person runs it: a new process, so the imports it pays for are counted (and this module never
-    # imports the CLI that imports it).
-    t_cli, _ = _timed(lambda: subprocess.run([sys.executable, "-m", "orchestrate", "status", sweep.name,
-                                              "--sweep-root", str(root)], capture_output=True, check=True))
-    rows.append(("status, 321-trial sweep", t_cli, 2.0, "python -m orchestrate status: a new process"))
+
+# ---- status ----------------------------------------------------------------------------------------------------------
+def _bench_status(work: Path, goals: tuple[tuple[int, float], ...]) -> list[Row]:
+    try:
+        from orchestrate.fake_sweep import make_fake_sweep
+    except ImportError as e:
+        return [Row(f"status, {n}-trial sweep", None, goal, f"skipped: no sweep generator ({e})") for n, goal in goals]
+    rows = []
+    for n, goal in goals:
+        root = work / f"fake{n}"
+        _say(f"making a {n}-trial sweep folder (not timed)")
+        sweep = make_fake_sweep(root, n)
+        t, p = _timed(lambda: _cli(["status", sweep.name, "--sweep-root", str(root)], work))
+        note = "python -m orchestrate status, fresh process, folders only"
+        if p.returncode != 0:
+            note = f"exit {p.returncode}: {(p.stderr or p.stdout).strip().splitlines()[-1:]}"
+        rows.append(Row(f"status, {n}-trial sweep", t, goal, note))
     return rows
 
 
-def _print(rows: list[tuple[str, float | None, float, str]]) -> None:
-    w = max(len(r[0]) for r in rows)
+def _print(rows: list[Row]) -> None:
+    w = max(len(r.what) for r in rows)
     print(f"{'operation':<{w}}  {'time (s)':>9}  {'goal (s)':>8}  {'time/goal':>9}  {'':4}  note")
     print("-" * (w + 48))
-    for what, t, goal, note in rows:
-        if t is None:
-            print(f"{what:<{w}}  {'-':>9}  {goal:>8.1f}  {'-':>9}  {'':4}  {note}")
+    for r in rows:
+        if r.seconds is None:
+            print(f"{r.what:<{w}}  {'-':>9}  {r.goal:>8.1f}  {'-':>9}  {'':4}  {r.note}")
         else:
-            ok = "ok" if t <= goal else "SLOW"
-            print(f"{what:<{w}}  {t:>9.2f}  {goal:>8.1f}  {t / goal:>9.2f}  {ok:4}  {note}")
+            ok = "ok" if r.seconds <= r.goal else "SLOW"
+            print(f"{r.what:<{w}}  {r.seconds:>9.2f}  {r.goal:>8.1f}  {r.seconds / r.goal:>9.2f}  {ok:4}  {r.note}")

@@ -1,7 +1,15 @@
 """``orchestrate`` / ``python -m orchestrate``: plan, submit, status, resume, retry, cancel, bench.
 
 A thin layer over the library. Every input is validated before anything is created or submitted; invalid input
-exits with status 2 and a message naming the file, key or value and what is valid.
+exits with status 2 and a message naming the file, key or value and what is valid. Every command that changes a
+sweep takes its lock before it writes anything (:meth:`orchestrate.sweep.SweepDir.lock`): a busy sweep exits 2
+having changed no file.
+
+One ledger per sweep: the jobs read the tracking URI from ``sweep.json``, so ``resume``, ``retry``, ``cancel`` and
+``status`` refuse a ``--tracking-uri`` that differs from it (exit 2, naming both). A cluster backend (``slurm``,
+``ray-slurm``) refuses a ``sqlite:`` ledger, explicit or the default: its jobs would write one sqlite file from many
+hosts over a network filesystem. ``--allow-sqlite`` (recorded in the manifest) accepts it where every job runs on
+the submitting host.
 """
 
 from __future__ import annotations
@@ -11,16 +19,20 @@ import dataclasses
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
-from asr_core.trial_contract import EXIT_USAGE, FAILED, KILLED
-from orchestrate.backends.base import BackendError
+from asr_core.trial_contract import EXIT_USAGE
+from orchestrate.backends.base import Backend, BackendError
 from orchestrate.backends.profile import load_profile
 from orchestrate.grid import GridError, load_grid, plan_table
-from orchestrate.ledger import STATES, Ledger, LedgerError, check_tracking_uri, counts, default_tracking_uri
-from orchestrate.sweep import Manifest, SweepDir, SweepError, new_sweep_id
+from orchestrate.ledger import Ledger, LedgerError, check_tracking_uri, default_tracking_uri
+from orchestrate.sweep import DEFAULT_MAX_FAILURES, Manifest, SweepDir, SweepError, new_sweep_id
 from orchestrate.trial import Trial
 
+if TYPE_CHECKING:
+    from asr_core.provenance import CodeVersion
+
+SERVER_HINT = "slurm/mlflow-server.sh --dir /shared/mlflow --host 0.0.0.0 --detach"
 
 
 class UsageError(Exception):
@@ -31,6 +43,15 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="orchestrate", description="Grids of training configurations → Ray Tune, "
                                 "SLURM or Ray-on-SLURM, with MLflow as the ledger.")
     sub = p.add_subparsers(dest="command", required=True)
+
+    def sweep_settings(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--max-failures", type=_positive_int, default=None, metavar="N",
+                        help=f"failures (its own error, killed by the system, lost) after which a trial stays FAILED "
+                             f"and is not resubmitted; `retry --failed` resets the count (default: the sweep's "
+                             f"setting, {DEFAULT_MAX_FAILURES} for a new sweep)")
+        sp.add_argument("--allow-sqlite", action="store_true",
+                        help="let a cluster backend (slurm, ray-slurm) use a sqlite: ledger; only safe when every "
+                             "job runs on this host (recorded in the sweep)")
 
     def common(sp: argparse.ArgumentParser) -> None:
         sp.add_argument("--sweep-root", default="runs", help="folder holding sweeps and the default sqlite ledger "
@@ -51,18 +72,28 @@ def _parser() -> argparse.ArgumentParser:
     sp.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                     help="override a base field of every trial, e.g. data.train=podcast:/data/train")
     sp.add_argument("--no-check-data", action="store_true", help="skip checking that data paths exist here")
+    sweep_settings(sp)
     common(sp)
 
     for name, text in (("status", "counts by state and the failed trials"),
-                       ("resume", "re-attach live jobs, resubmit lost and failed ones, skip finished ones"),
-                       ("retry", "resubmit the failed trials"), ("cancel", "cancel the sweep's live jobs")):
+                       ("resume", "re-attach live jobs, resubmit lost, preempted and failed ones within the failure "
+                                  "budget, skip finished and cancelled ones"),
+                       ("retry", "start failed trials (their failure count reset) or cancelled ones again"),
+                       ("cancel", "cancel the sweep for good: unfinished trials end KILLED (retry --cancelled "
+                                  "starts them again)")):
         sp = sub.add_parser(name, help=text)
         sp.add_argument("sweep")
         common(sp)
         if name == "status":
-            sp.add_argument("--json", action="store_true", help="one JSON object per trial run")
+            from orchestrate.status import add_arguments
+
+            sp.add_argument("--json", action="store_true", help="one JSON object per trial")
+            add_arguments(sp)
         if name == "retry":
-            sp.add_argument("--failed", action="store_true", required=True, help="resubmit FAILED/KILLED trials")
+            sp.add_argument("--failed", action="store_true",
+                            help="start FAILED trials again, also those past --max-failures (their count is reset)")
+            sp.add_argument("--cancelled", action="store_true",
+                            help="start cancelled trials again, from their checkpoints")
         if name in ("resume", "retry"):
             sp.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                             help="change how unfinished trials run or where their data lies, under the same keys "
@@ -70,11 +101,22 @@ def _parser() -> argparse.ArgumentParser:
                                  "anything that would change a trial's key is refused")
             sp.add_argument("--no-check-data", action="store_true",
                             help="skip checking that data paths given with --set exist here")
+            sweep_settings(sp)
 
     sp = sub.add_parser("bench", help="time plan, submit and status against their goals")
     sp.add_argument("--skip-slurm", action="store_true", help="skip the SLURM submission timing")
     common(sp)
     return p
+
+
+def _positive_int(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"invalid value {text!r}; valid: a whole number of at least 1")
+    return n
 
 
 # ---- commands ------------------------------------------------------------------------------------------------------
@@ -158,17 +200,26 @@ def execution_overrides(trials: list[Trial], overrides: list[str]) -> list[Trial
     return out
 
 
-def _record_code(sweep: SweepDir, manifest: Manifest) -> Manifest:
-    """The manifest with the running code version appended; a dirty tree's diff is kept in the sweep folder."""
+def check_shared_ledger(backend: Backend, uri: str, allow_sqlite: bool, source: str) -> None:
+    """Refuse a sqlite ledger (``uri``, which ``source`` names) for a backend whose jobs run on many hosts, unless
+    ``allow_sqlite``."""
+    if not backend.many_hosts or not uri.startswith("sqlite:") or allow_sqlite:
+        return
+    raise UsageError(
+        f"--backend {backend.name} with the sqlite ledger {uri} ({source}): its jobs run on many hosts and would all "
+        "write that one file over a network filesystem, where sqlite's locks fail (runs lost, the database "
+        f"corrupted). Start an MLflow server on the login node (`{SERVER_HINT}`) and pass --tracking-uri "
+        "http://LOGIN-NODE:5000, or pass --allow-sqlite if every job runs on this host")
+
+
+def _code() -> "CodeVersion":
     from asr_core.provenance import code_version
 
-    code = code_version()
-    if code.dirty and code.diff:
-        sweep.save_diff(code.label, code.diff)
-    return manifest.with_code(code.label)
+    return code_version()
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
+    from orchestrate.backends import make_backend
     from orchestrate.dispatch import new_manifest, run_sweep
 
     grid = load_grid(args.grid, args.overrides)
@@ -183,86 +234,92 @@ def cmd_submit(args: argparse.Namespace) -> int:
         if old.backend != args.backend:
             raise UsageError(f"sweep {sweep.name!r} exists with backend {old.backend!r}; use `orchestrate resume "
                              f"{sweep.name}` or give another --sweep name")
-        if old.tracking_uri != uri:
+        if not _same_uri(old.tracking_uri, uri):
             raise UsageError(f"sweep {sweep.name!r} is ledgered in {old.tracking_uri}, not {uri}; drop "
                              "--tracking-uri or give another --sweep name")
         trials = merge_trials(sweep.read_trials(), trials)
+    allow_sqlite = args.allow_sqlite or (old is not None and old.allow_sqlite)
+    backend = make_backend(args.backend, sweep, uri, profile)
+    check_shared_ledger(backend, uri, allow_sqlite, "given with --tracking-uri" if args.tracking_uri else
+                        "the sweep's" if old is not None else "the default without --tracking-uri")
     check_tracking_uri(uri)
     sweep_id = (old.sweep_id if old is not None else "") or new_sweep_id()
     # before anything is written; a folder that existed may adopt an experiment made before sweeps had ids
     Ledger(uri, sweep.name).check_owner(sweep_id, str(sweep.path), adopt=old is not None)
+    max_failures = args.max_failures or (old.max_failures if old is not None else DEFAULT_MAX_FAILURES)
     manifest = new_manifest(sweep.name, Path(args.grid).resolve(), args.backend, args.profile or "", uri,
-                            tuple(args.overrides), sweep_id=sweep_id, code=old.code if old is not None else ())
+                            tuple(args.overrides), sweep_id=sweep_id, code=old.code if old is not None else (),
+                            max_failures=max_failures, allow_sqlite=allow_sqlite)
     if old is not None:  # the sweep keeps its birth date; a later submit's settings and folder are today's
         manifest = dataclasses.replace(manifest, created=old.created)
-    from orchestrate.backends import make_backend
-
-    make_backend(args.backend, sweep, uri, profile).validate()
-    manifest = _record_code(sweep, manifest)
     plan = run_sweep(sweep, manifest, trials, profile, include_failed=False, what="submit", write=True,
-                     adopt=old is not None)
+                     adopt=old is not None, backend=backend, code=_code())
     print(f"sweep {sweep.name}: {plan.summary()}")
     print(f"  folder {sweep.path}\n  ledger {uri}\n  status: orchestrate status {sweep.name} "
           f"--sweep-root {args.sweep_root}")
     return 0
 
 
-def _open(args: argparse.Namespace) -> tuple[SweepDir, Manifest, list[Trial]]:
+def _same_uri(a: str, b: str) -> bool:
+    return a.rstrip("/") == b.rstrip("/")
+
+
+def _read(args: argparse.Namespace) -> tuple[SweepDir, Manifest]:
+    """The sweep folder and its manifest; a ``--tracking-uri`` other than the manifest's is refused: the jobs read
+    the manifest's, so a second one would split the ledger."""
     sweep = SweepDir(args.sweep_root, args.sweep)
     manifest = sweep.read_manifest()
-    if args.tracking_uri:
-        manifest = dataclasses.replace(manifest, tracking_uri=args.tracking_uri)
+    if args.tracking_uri and not _same_uri(args.tracking_uri, manifest.tracking_uri):
+        raise UsageError(f"sweep {sweep.name!r} is ledgered in {manifest.tracking_uri} (its sweep.json, which its "
+                         f"jobs read), not {args.tracking_uri}; a second ledger would split the sweep's record. "
+                         "Drop --tracking-uri (the sweep's own is used), or submit the grid under another --sweep "
+                         "name to ledger it elsewhere")
+    return sweep, manifest
+
+
+def _open(args: argparse.Namespace) -> tuple[SweepDir, Manifest, list[Trial]]:
+    sweep, manifest = _read(args)
     check_tracking_uri(manifest.tracking_uri)
     Ledger(manifest.tracking_uri, manifest.name).check_owner(manifest.sweep_id, str(sweep.path), adopt=True)
     return sweep, manifest, sweep.read_trials()
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    sweep, manifest, trials = _open(args)
-    ledger = Ledger(manifest.tracking_uri, manifest.name)
-    runs = ledger.trial_runs()
-    if args.json:
-        for r in runs.values():
-            print(json.dumps(dataclasses.asdict(r)))
-        return 0
-    c = counts(runs.values(), len(trials))
-    print(f"sweep {sweep.name} ({manifest.backend}, {len(trials)} trials, ledger {manifest.tracking_uri})")
-    if len(manifest.code) > 1:
-        print(f"  submitted and resumed from code {', '.join(manifest.code)}")
-    width = max(len(s) for s in c)
-    for state in (*STATES, "MISSING"):
-        if c.get(state):
-            print(f"  {state:<{width}}  {c[state]:>5}")
-    bad = [r for r in runs.values() if r.status in (FAILED, KILLED)]
-    if bad:
-        print(f"\n{len(bad)} failed or killed:")
-        lw = max(len(r.label) for r in bad)
-        for r in sorted(bad, key=lambda r: r.label):
-            print(f"  {r.label:<{lw}}  {r.key}  {r.status:<6}  job {r.job_id or '-':<10}  {r.error or '-'}")
-    mixed = [r for r in runs.values() if r.mixed_code]
-    if mixed:
-        print(f"\n{len(mixed)} trials ran different code in their segments (start and resumes):")
-        lw = max(len(r.label) for r in mixed)
-        for r in sorted(mixed, key=lambda r: r.label):
-            print(f"  {r.label:<{lw}}  {r.key}  {r.segments} segments  code {r.code.replace(',', ' -> ')}")
-    return 0
+    from orchestrate.status import check_owner, ledger_probe, show_status
+
+    sweep, manifest = _read(args)
+    # status reads the trial folders and works while MLflow is down; a ledger that answers must be this sweep's
+    check_owner(ledger_probe(manifest.tracking_uri, manifest.name), manifest, sweep)
+    return show_status(args, sweep, manifest)
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
+    from orchestrate.backends import make_backend
     from orchestrate.dispatch import run_sweep
 
+    retry: tuple[str, ...] = ()
+    if args.command == "retry":
+        retry = tuple(w for w in ("failed", "cancelled") if getattr(args, w))
+        if not retry:
+            raise UsageError("retry what? pass --failed (failed trials, their failure count reset), --cancelled "
+                             "(cancelled trials, from their checkpoints), or both")
     sweep, manifest, trials = _open(args)
     profile = load_profile(manifest.profile or None)
     if not manifest.sweep_id:  # a folder made before sweeps had ids gets one now, and claims its experiment
         manifest = dataclasses.replace(manifest, sweep_id=new_sweep_id())
+    if args.max_failures:
+        manifest = dataclasses.replace(manifest, max_failures=args.max_failures)
+    if args.allow_sqlite:
+        manifest = dataclasses.replace(manifest, allow_sqlite=True)
+    backend = make_backend(manifest.backend, sweep, manifest.tracking_uri, profile)
+    check_shared_ledger(backend, manifest.tracking_uri, manifest.allow_sqlite, "the sweep's, in its sweep.json")
     changed = execution_overrides(trials, args.overrides)
     if changed is not trials and not args.no_check_data:
         _check_data(changed, Path(manifest.workdir or Path.cwd()))
     if changed is not trials:
         manifest = dataclasses.replace(manifest, overrides=manifest.overrides + tuple(args.overrides))
-    manifest = _record_code(sweep, manifest)
-    plan = run_sweep(sweep, manifest, changed, profile, include_failed=True,
-                     only_failed=args.command == "retry", what=args.command, write=True, adopt=True)
+    plan = run_sweep(sweep, manifest, changed, profile, include_failed=True, retry=retry, what=args.command,
+                     write=True, adopt=True, backend=backend, code=_code())
     print(f"sweep {sweep.name}: {plan.summary()}")
     return 0
 
@@ -272,7 +329,8 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
     sweep, manifest, _ = _open(args)
     job_ids = cancel_sweep(sweep, manifest, load_profile(manifest.profile or None))
-    print(f"sweep {sweep.name}: cancelled {len(job_ids)} jobs")
+    print(f"sweep {sweep.name}: cancelled {len(job_ids)} jobs; unfinished trials end KILLED (retry --cancelled "
+          "starts them again)")
     return 0
 
 

@@ -21,25 +21,22 @@ import sqlite3
 import time
 import urllib.error
 import urllib.request
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable, Mapping, TypeVar
 from urllib.parse import urlparse
 
 from asr_core.trial_contract import (ENDED, FINISHED, ROLE_PARENT, ROLE_TRIAL, RUNNING, SCHEDULED, STATES,
                                      TAG_BACKEND, TAG_CODE, TAG_ERROR, TAG_JOB_ID, TAG_KEY, TAG_LABEL,
                                      TAG_PARENT_RUN, TAG_PREEMPTIONS, TAG_ROLE, TAG_SEED, TAG_SEGMENTS, TAG_SUBGRIDS,
                                      TAG_SWEEP_BACKEND, TAG_SWEEP_GRID, TAG_SWEEP_ID, TAG_SWEEP_ROOT)
+from orchestrate.mlflow_rest import (MAX_PER_BATCH, Experiment, LedgerError, MlflowRest, Run, UncertainWrite,
+                                     auth_header)
 from orchestrate.trial import Trial
 
 __all__ = ["STATES", "Ledger", "LedgerError", "SweepOwnershipError", "TrialRun", "check_tracking_uri", "counts",
            "default_tracking_uri", "wait_for"]
-
-
-class LedgerError(RuntimeError):
-    """The tracking server or database cannot be used; the message says which URI and what to do."""
 
 
 class SweepOwnershipError(LedgerError):
@@ -83,10 +80,14 @@ def check_tracking_uri(uri: str, timeout: float = 5.0) -> None:
     parsed = urlparse(uri)
     if parsed.scheme in ("http", "https"):
         url = uri.rstrip("/") + "/health"
+        auth = auth_header()
+        request = urllib.request.Request(url, headers={"Authorization": auth} if auth else {})
         try:
-            with urllib.request.urlopen(url, timeout=timeout) as r:  # noqa: S310 - the user's own server
+            with urllib.request.urlopen(request, timeout=timeout) as r:  # noqa: S310 - the user's own server
                 if r.status != 200:
                     raise LedgerError(f"tracking URI {uri}: {url} answered HTTP {r.status}; is it an mlflow server?")
+        except urllib.error.HTTPError as e:
+            raise LedgerError(f"tracking URI {uri}: {url} answered HTTP {e.code}; is it an mlflow server?") from None
         except (urllib.error.URLError, OSError) as e:
             raise LedgerError(f"tracking URI {uri} is unreachable ({getattr(e, 'reason', e)}); start one with "
                               "slurm/mlflow-server.sh or pass --tracking-uri sqlite:///PATH/mlflow.db") from None
@@ -155,8 +156,100 @@ def _tag_int(tags: dict[str, str], name: str) -> int:
         return 0
 
 
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+class _ClientStore:
+    """The calls of :class:`~orchestrate.mlflow_rest.MlflowRest` on an ``MlflowClient`` (a ``sqlite:`` ledger,
+    which has no server to talk REST to), returning the same records. ``client`` is asked for the client at every
+    call: the ledger makes it on first use."""
+
+    def __init__(self, client: Callable[[], Any]) -> None:
+        self._client = client
+
+    def get_experiment_by_name(self, name: str) -> Experiment | None:
+        exp = self._client().get_experiment_by_name(name)
+        return None if exp is None else Experiment(experiment_id=exp.experiment_id, name=exp.name,
+                                                   lifecycle_stage=exp.lifecycle_stage, tags=dict(exp.tags))
+
+    def create_experiment(self, name: str, tags: Mapping[str, str] | None = None) -> str | None:
+        from mlflow.exceptions import MlflowException
+
+        try:
+            return self._client().create_experiment(name, tags=dict(tags) if tags else None)
+        except MlflowException as e:
+            if e.error_code == "RESOURCE_ALREADY_EXISTS":
+                return None
+            raise
+
+    def set_experiment_tag(self, experiment_id: str, key: str, value: str) -> None:
+        self._client().set_experiment_tag(experiment_id, key, value)
+
+    def create_run(self, experiment_id: str, run_name: str, tags: Mapping[str, str] | None = None) -> Run:
+        return _record(self._client().create_run(experiment_id, run_name=run_name, tags=dict(tags or {})))
+
+    def update_run(self, run_id: str, status: str) -> None:
+        # MlflowClient.update_run reads the whole run back first; the store's own update (the documented store
+        # interface) does not, which matters when a sweep creates hundreds of runs.
+        from mlflow.entities import RunStatus
+
+        client = self._client()
+        store = getattr(getattr(client, "_tracking_client", None), "store", None)
+        if store is not None and hasattr(store, "update_run_info"):
+            store.update_run_info(run_id, RunStatus.from_string(status), end_time=None, run_name=None)
+        else:
+            client.update_run(run_id, status=status)
+
+    def set_terminated(self, run_id: str, status: str) -> None:
+        self._client().set_terminated(run_id, status=status)
+
+    def log_batch(self, run_id: str, params: Mapping[str, str] | None = None,
+                  tags: Mapping[str, str] | None = None) -> None:
+        from mlflow.entities import Param, RunTag
+
+        p = [Param(k, str(v)) for k, v in (params or {}).items()]
+        t = [RunTag(k, str(v)) for k, v in (tags or {}).items()]
+        while p or t:  # MLflow takes at most 100 params and 100 tags per batch
+            self._client().log_batch(run_id, params=p[:MAX_PER_BATCH], tags=t[:MAX_PER_BATCH])
+            p, t = p[MAX_PER_BATCH:], t[MAX_PER_BATCH:]
+
+    def search_runs(self, experiment_ids: list[str], filter_string: str = "", *, max_results: int = 1000,
+                    order_by: list[str] | None = None,
+                    page_token: str | None = None) -> tuple[list[Run], str | None]:
+        page = self._client().search_runs(experiment_ids, filter_string=filter_string, max_results=max_results,
+                                          order_by=order_by, page_token=page_token)
+        return [_record(r) for r in page], page.token or None
+
+    def search_all_runs(self, experiment_ids: list[str], filter_string: str = "", *, page_size: int = 5000,
+                        order_by: list[str] | None = None) -> list[Run]:
+        runs: list[Run] = []
+        token: str | None = None
+        while True:
+            page, token = self.search_runs(experiment_ids, filter_string, max_results=page_size,
+                                           order_by=order_by, page_token=token)
+            runs += page
+            if not token:
+                return runs
+
+    def map(self, fn: Callable[[T], R], items: list[T]) -> list[R]:
+        """One after the other: a sqlite file takes one writer at a time."""
+        return [fn(i) for i in items]
+
+
+def _record(run: Any) -> Run:
+    """An ``mlflow.entities.Run`` as the ledger's :class:`~orchestrate.mlflow_rest.Run`."""
+    i = run.info
+    return Run(run_id=i.run_id, run_name=i.run_name or "", status=i.status, start_time=i.start_time or 0,
+               end_time=i.end_time, lifecycle_stage=i.lifecycle_stage, tags=dict(run.data.tags),
+               params=dict(run.data.params))
+
+
 class Ledger:
-    """The sweep ``name`` in the MLflow tracking store at ``tracking_uri``."""
+    """The sweep ``name`` in the MLflow tracking store at ``tracking_uri``.
+
+    An ``http(s)://`` server is spoken to through its REST API (:mod:`orchestrate.mlflow_rest`: no mlflow import,
+    pooled connections, calls in parallel); a ``sqlite:`` file through ``MlflowClient``."""
 
     def __init__(self, tracking_uri: str, name: str) -> None:
         if tracking_uri.startswith("sqlite:"):
@@ -164,22 +257,26 @@ class Ledger:
         self.uri = tracking_uri
         self.name = name
         self._experiment_id: str | None = None
-        # An http server takes concurrent requests; a sqlite file is written by one writer at a time.
-        self._workers = 8 if urlparse(tracking_uri).scheme in ("http", "https") else 1
+        self._rest = urlparse(tracking_uri).scheme in ("http", "https")
 
     @cached_property
     def client(self) -> Any:
-        """The ``MlflowClient``, made on first use: making one creates a sqlite database that does not exist yet,
-        which :meth:`check_owner` must not do."""
+        """An ``MlflowClient`` of the tracking URI, made on first use: making one creates a sqlite database that
+        does not exist yet, which :meth:`check_owner` must not do. The ledger itself uses it for ``sqlite:`` only."""
         from mlflow.tracking import MlflowClient
 
         return MlflowClient(tracking_uri=self.uri)
+
+    @cached_property
+    def store(self) -> MlflowRest | _ClientStore:
+        """What the ledger's calls go to: the REST API of a server, or ``MlflowClient`` on a sqlite file."""
+        return MlflowRest(self.uri) if self._rest else _ClientStore(lambda: self.client)
 
     # ---- the sweep --------------------------------------------------------------------------------------------------
     @property
     def experiment_id(self) -> str:
         if self._experiment_id is None:
-            exp = self.client.get_experiment_by_name(self.name)
+            exp = self.store.get_experiment_by_name(self.name)
             if exp is None:
                 raise LedgerError(f"no sweep {self.name!r} in {self.uri}; submit it first")
             if exp.lifecycle_stage != "active":
@@ -204,7 +301,7 @@ class Ledger:
         db = _sqlite_path(self.uri)
         if db is not None and not db.exists():
             return
-        exp = self.client.get_experiment_by_name(self.name)
+        exp = self.store.get_experiment_by_name(self.name)
         if exp is not None:
             self._check(exp, sweep_id, root, adopt=adopt)
 
@@ -221,42 +318,36 @@ class Ledger:
         self._experiment_id = self._claim(sweep_id, root, adopt)
         parent = self.parent_run_id()
         if parent is None:
-            run = self.client.create_run(self.experiment_id, run_name=self.name,
-                                         tags={TAG_ROLE: ROLE_PARENT, TAG_SWEEP_GRID: grid,
-                                               TAG_SWEEP_BACKEND: backend})
-            parent = run.info.run_id
+            tags = {TAG_ROLE: ROLE_PARENT, TAG_SWEEP_GRID: grid, TAG_SWEEP_BACKEND: backend}
+            parent = self._create_once(self.parent_run_id,
+                                       lambda: self.store.create_run(self.experiment_id, self.name, tags).run_id)
         return parent
 
     def _claim(self, sweep_id: str, root: str, adopt: bool) -> str:
         """The experiment's id, creating it tagged with ``sweep_id``/``root`` or adopting an untagged one."""
-        from mlflow.exceptions import MlflowException
-
         owner_tags = {TAG_SWEEP_ID: sweep_id, TAG_SWEEP_ROOT: root} if sweep_id else {}
-        exp = self.client.get_experiment_by_name(self.name)
+        exp = self.store.get_experiment_by_name(self.name)
         if exp is None:
-            try:
-                experiment_id = self.client.create_experiment(self.name, tags=owner_tags or None)
-            except MlflowException as e:
-                if e.error_code != "RESOURCE_ALREADY_EXISTS":
-                    raise
-                exp = self.client.get_experiment_by_name(self.name)  # another submitter created it just now
-                if exp is None:
-                    raise
-            else:
+            experiment_id = self.store.create_experiment(self.name, owner_tags or None)
+            if experiment_id is not None:
                 _enable_wal(self.uri)
                 return experiment_id
+            exp = self.store.get_experiment_by_name(self.name)  # another submitter created it just now
+            if exp is None:
+                raise LedgerError(f"{self.uri} says an experiment {self.name!r} exists but does not return it; "
+                                  "run the command again, or submit under another name with `--sweep NAME`")
         self._check(exp, sweep_id, root, adopt=adopt)
         if sweep_id and (exp.tags.get(TAG_SWEEP_ID) != sweep_id or exp.tags.get(TAG_SWEEP_ROOT) != root):
             # Adopt an experiment made before sweeps had ids, or record where the (moved) folder is now.
             for k, v in owner_tags.items():
-                self.client.set_experiment_tag(exp.experiment_id, k, v)
+                self.store.set_experiment_tag(exp.experiment_id, k, v)
             # Two folders adopting one untagged experiment at once: the one whose tag stuck goes on.
-            again = self.client.get_experiment_by_name(self.name)
+            again = self.store.get_experiment_by_name(self.name)
             if again is not None:
                 self._check(again, sweep_id, root, adopt=adopt)
         return exp.experiment_id
 
-    def _check(self, exp: Any, sweep_id: str, root: str, *, adopt: bool) -> None:
+    def _check(self, exp: Experiment, sweep_id: str, root: str, *, adopt: bool) -> None:
         """Raise unless the folder ``sweep_id``/``root`` may use ``exp`` (the rules of :meth:`check_owner`)."""
         if exp.lifecycle_stage != "active":
             raise self._deleted_error(exp)
@@ -282,11 +373,11 @@ class Ledger:
 
     def _holds_trial_runs(self, experiment_id: str) -> bool:
         """Whether the experiment holds at least one trial run (one search for a single run)."""
-        runs = self.client.search_runs([experiment_id], filter_string=f"tags.`{TAG_ROLE}` = '{ROLE_TRIAL}'",
-                                       max_results=_ADOPT_PROBE)
+        runs, _ = self.store.search_runs([experiment_id], f"tags.`{TAG_ROLE}` = '{ROLE_TRIAL}'",
+                                         max_results=_ADOPT_PROBE)
         return len(runs) >= _ADOPT_PROBE
 
-    def _deleted_error(self, exp: Any) -> LedgerError:
+    def _deleted_error(self, exp: Experiment) -> LedgerError:
         eid = exp.experiment_id
         gc = (f"`mlflow gc --backend-store-uri {self.uri} --experiment-ids {eid}`" if _sqlite_path(self.uri)
               else f"`mlflow gc --backend-store-uri STORE --experiment-ids {eid}` with the server's backend store")
@@ -299,82 +390,74 @@ class Ledger:
             "under another name with `--sweep NAME`")
 
     def parent_run_id(self) -> str | None:
-        runs = self.client.search_runs([self.experiment_id], filter_string=f"tags.`{TAG_ROLE}` = '{ROLE_PARENT}'",
-                                       max_results=10)
-        return runs[0].info.run_id if runs else None
+        runs, _ = self.store.search_runs([self.experiment_id], f"tags.`{TAG_ROLE}` = '{ROLE_PARENT}'",
+                                         max_results=10, order_by=["attributes.start_time ASC"])
+        return runs[0].run_id if runs else None
+
+    @staticmethod
+    def _create_once(find: Callable[[], str | None], create: Callable[[], str]) -> str:
+        """``create()``; when the server may or may not have carried it out (the connection broke after the
+        request went out), the run ``find()`` finds, and only if there is none ``create()`` again. A run created
+        twice for one trial would leave its job continuing one run while the ledger reads the other."""
+        try:
+            return create()
+        except UncertainWrite:
+            return find() or create()
 
     # ---- trials -----------------------------------------------------------------------------------------------------
     def trial_runs(self) -> dict[str, TrialRun]:
         """Every child run by trial key (one paged search). If a key appears twice the oldest run wins."""
         out: dict[str, TrialRun] = {}
-        token: str | None = None
-        runs: list[Any] = []
-        while True:
-            page = self.client.search_runs([self.experiment_id], filter_string=f"tags.`{TAG_ROLE}` = '{ROLE_TRIAL}'",
-                                           max_results=5000, order_by=["attributes.start_time ASC"],
-                                           page_token=token)
-            runs += list(page)
-            token = page.token
-            if not token:
-                break
+        runs = self.store.search_all_runs([self.experiment_id], f"tags.`{TAG_ROLE}` = '{ROLE_TRIAL}'",
+                                          order_by=["attributes.start_time ASC"])
         for r in runs:
-            tags = r.data.tags
+            tags = r.tags
             key = tags.get(TAG_KEY, "")
             if not key or key in out:
                 continue
-            out[key] = TrialRun(run_id=r.info.run_id, key=key, label=tags.get(TAG_LABEL, r.info.run_name or ""),
-                                status=r.info.status, job_id=tags.get(TAG_JOB_ID, ""),
+            out[key] = TrialRun(run_id=r.run_id, key=key, label=tags.get(TAG_LABEL, r.run_name or ""),
+                                status=r.status, job_id=tags.get(TAG_JOB_ID, ""),
                                 backend=tags.get(TAG_BACKEND, ""), subgrids=tags.get(TAG_SUBGRIDS, ""),
                                 error=tags.get(TAG_ERROR, ""), preemptions=_tag_int(tags, TAG_PREEMPTIONS),
                                 code=tags.get(TAG_CODE, ""), segments=_tag_int(tags, TAG_SEGMENTS))
         return out
 
+    def _find_trial_run(self, key: str) -> str | None:
+        """The oldest trial run of ``key``, or None (one search)."""
+        runs, _ = self.store.search_runs(
+            [self.experiment_id], f"tags.`{TAG_ROLE}` = '{ROLE_TRIAL}' and tags.`{TAG_KEY}` = '{key}'",
+            max_results=1, order_by=["attributes.start_time ASC"])
+        return runs[0].run_id if runs else None
+
     def create_trial_runs(self, parent_id: str, trials: Iterable[Trial], backend: str) -> dict[str, str]:
         """Create a SCHEDULED child run for every trial whose key has none yet; returns {key: run_id} of all trials.
 
-        Idempotent: keys already in the ledger keep their run (the caller holds the sweep lock, so no other
-        submitter races us between the lookup and the creation).
+        Two calls per new run, runs in parallel on a server: the run with its identity tags, and SCHEDULED (MLflow
+        creates every run RUNNING). The config's params are logged by the trial job when it first starts (its
+        outbox), and the job id by each segment: submission stays within seconds for hundreds of trials, and a run
+        never holds params of a config that did not run. Idempotent: keys already in the ledger keep their run (the
+        caller holds the sweep lock, so no other submitter races us between the lookup and the creation).
         """
-        from mlflow.entities import Param
-
         existing = self.trial_runs()
         todo = [t for t in trials if t.key not in existing]
         out = {k: r.run_id for k, r in existing.items()}
+        experiment_id = self.experiment_id
 
         def create(t: Trial) -> tuple[str, str]:
             tags = {TAG_PARENT_RUN: parent_id, TAG_ROLE: ROLE_TRIAL, TAG_KEY: t.key,
                     TAG_SUBGRIDS: ",".join(t.subgrids), TAG_LABEL: t.label, TAG_SEED: str(t.seed),
                     TAG_BACKEND: backend, TAG_JOB_ID: ""}
-            run = self.client.create_run(self.experiment_id, run_name=t.label, tags=tags)
-            params = [Param(k, str(v)) for k, v in t.config.flat().items()]
-            for i in range(0, len(params), 100):  # MLflow takes at most 100 params per batch
-                self.client.log_batch(run.info.run_id, params=params[i:i + 100])
-            self._set_scheduled(run.info.run_id)
-            return t.key, run.info.run_id
+            run_id = self._create_once(lambda: self._find_trial_run(t.key),
+                                       lambda: self.store.create_run(experiment_id, t.label, tags).run_id)
+            self.store.update_run(run_id, SCHEDULED)
+            return t.key, run_id
 
-        out.update(self._map(create, todo))
+        out.update(self.store.map(create, todo))
         return out
 
-    def _set_scheduled(self, run_id: str) -> None:
-        # MlflowClient.update_run reads the whole run back first; the store's own update (the documented store
-        # interface) does not, which matters when a sweep creates hundreds of runs.
-        from mlflow.entities import RunStatus
-
-        store = getattr(getattr(self.client, "_tracking_client", None), "store", None)
-        if store is not None and hasattr(store, "update_run_info"):
-            store.update_run_info(run_id, RunStatus.from_string(SCHEDULED), end_time=None, run_name=None)
-        else:
-            self.client.update_run(run_id, status=SCHEDULED)
-
     def tag_runs(self, tags_by_run: dict[str, dict[str, str]]) -> None:
-        """Set tags on many runs (one batch call per run)."""
-        from mlflow.entities import RunTag
-
-        def tag(item: tuple[str, dict[str, str]]) -> None:
-            run_id, tags = item
-            self.client.log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()])
-
-        self._map(tag, list(tags_by_run.items()))
+        """Set tags on many runs (one batch call per run; in parallel on a server)."""
+        self.store.map(lambda item: self.store.log_batch(item[0], tags=item[1]), list(tags_by_run.items()))
 
     def set_status(self, run_ids: Iterable[str], status: str, tags: dict[str, str] | None = None) -> None:
         """Move runs to ``status`` (SCHEDULED to queue again, KILLED on cancel), optionally with tags."""
@@ -383,26 +466,18 @@ class Ledger:
 
         def one(run_id: str) -> None:
             if tags:
-                self.tag_runs({run_id: tags})
-            if status == SCHEDULED:
-                self._set_scheduled(run_id)
-            elif status == RUNNING:
-                self.client.update_run(run_id, status=status)
+                self.store.log_batch(run_id, tags=tags)
+            if status in (SCHEDULED, RUNNING):
+                self.store.update_run(run_id, status)
             else:
-                self.client.set_terminated(run_id, status=status)
+                self.store.set_terminated(run_id, status)
 
-        self._map(one, list(run_ids))
+        self.store.map(one, list(run_ids))
 
     def finish_parent(self) -> None:
         parent = self.parent_run_id()
         if parent is not None:
-            self.client.set_terminated(parent, status=FINISHED)
-
-    def _map(self, fn: Any, items: list[Any]) -> list[Any]:
-        if self._workers == 1 or len(items) < 2:
-            return [fn(i) for i in items]
-        with ThreadPoolExecutor(self._workers) as ex:
-            return list(ex.map(fn, items))
+            self.store.set_terminated(parent, FINISHED)
 
 
 def counts(runs: Iterable[TrialRun], expected: int) -> dict[str, int]:

@@ -15,9 +15,9 @@ import sys
 import time
 from pathlib import Path
 
-from asr_core.trial_contract import TrialFolder, read_progress
+from asr_core.trial_contract import Progress, TrialFolder, read_progress
 
-STOPPED = ("failed", "preempted")  # phases of a trial whose job is no longer running (and not finished)
+STOPPED = ("failed", "preempted", "cancelled")  # phases of a trial whose job is no longer running (and not finished)
 
 
 def trial_phase(trial_dir: Path) -> str | None:
@@ -30,9 +30,17 @@ def trial_phase(trial_dir: Path) -> str | None:
     if folder.done.exists():
         return "done"
     progress = read_progress(folder.path)
+    return phase_text(False, progress, progress is not None or folder.log.exists())
+
+
+def phase_text(done: bool, progress: Progress | None, started: bool) -> str | None:
+    """The phase :func:`trial_phase` reports, from what a caller has already read: ``done`` (DONE exists), the last
+    progress record, and whether the job has started at all (``starting`` until its first record)."""
+    if done:
+        return "done"
     if progress is not None:
         return progress.describe()
-    return "starting" if folder.log.exists() else None
+    return "starting" if started else None
 
 
 class ProgressPrinter:

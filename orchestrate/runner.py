@@ -7,6 +7,13 @@ never leaves an orphan trainer writing to the run; it checkpoints and exits inst
 
 Each start appends a :data:`SEGMENT_HEADER` line (``==== <time> pid <pid>: <command>``) to the log, so one log
 holds every segment of a trial (first start and each resume) in order.
+
+When the trainer has ended, :func:`trainer_ended` reads its exit code the same way for every backend's runner (the
+SLURM task, the Ray Tune trainable) and records what the trainer itself could not in ``attempts.jsonl``: a trainer
+killed by a signal (SIGKILL: out of memory, or the system) or ending with a code the trial job never uses is
+``killed``, and its lease is freed at once (:func:`asr_core.lease.release_if_dead`) so the next start need not wait
+for it to go stale; a trainer that found the lease held (``EXIT_FENCED``) is ``fenced`` (not a failure: it changed
+nothing). A cancelled trial (``EXIT_CANCELLED``, or its folder holds ``CANCELLED``) is never requeued.
 """
 
 from __future__ import annotations
@@ -17,9 +24,15 @@ import signal
 import subprocess
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import Callable
+
+from asr_core.lease import read_lease, release_if_dead
+from asr_core.trial_contract import (EXIT_CANCELLED, EXIT_FAILED, EXIT_FENCED, EXIT_OK, EXIT_PREEMPTED, EXIT_USAGE,
+                                     OUTCOME_FAILED, OUTCOME_FENCED, OUTCOME_KILLED, TrialFolder, read_segments,
+                                     record_attempt)
 
 _PR_SET_PDEATHSIG = 1
 SEGMENT_HEADER = "==== "  # starts the line the runner writes to the log at every start of the command
@@ -90,3 +103,82 @@ def install_forwarding(child: TrialProcess, signals: tuple[int, ...] = (signal.S
 
     for s in signals:
         signal.signal(s, handler)
+
+
+# ---- how the trainer ended -----------------------------------------------------------------------------------------
+ENDS = ("finished", "preempted", "failed", "killed", "fenced", "cancelled")  # TrainerEnd.kind
+
+
+@dataclass(frozen=True)
+class TrainerEnd:
+    """How a trainer child ended, for the runner that started it: its exit code ``rc``, ``kind`` (one of
+    :data:`ENDS`; only ``preempted`` may be run again by the runner itself, e.g. requeued) and ``message`` (a line
+    for the runner's log or its error)."""
+
+    rc: int
+    kind: str
+    message: str
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def _segment_of(trial_dir: Path, job_id: str, segments_before: int) -> int | None:
+    """The segment the trainer that just ended started (the newest record after ``segments_before`` with this job
+    id, or any newer one when the job id is unknown); None when it started none (it died before)."""
+    new = read_segments(trial_dir)[segments_before:]
+    mine = [r for r in new if not job_id or str(r.get("job_id") or "") == job_id]
+    seg = mine[-1].get("segment") if mine else None
+    return seg if isinstance(seg, int) else None
+
+
+def holder(trial_dir: Path) -> str:
+    """Who holds the trial's lease, for a fenced trainer's message."""
+    info = read_lease(trial_dir)
+    return info.describe() if info is not None else "nobody any more"
+
+
+def trainer_ended(trial_dir: Path, rc: int, *, job_id: str, pid: int, segments_before: int,
+                  log_path: Path | None = None) -> TrainerEnd:
+    """Classify the exit code ``rc`` of the trainer (pid ``pid``) that ran ``trial_dir`` for job ``job_id`` and
+    record in ``attempts.jsonl`` (``by="task"``) what the trial job itself could not: ``killed`` for a signal or an
+    exit code the job never uses (its lease freed at once), ``failed`` for an error exit the job did not record
+    (e.g. it could not import), ``fenced`` when another trainer held the lease. ``segments_before``: how many
+    segment records the folder held when the trainer started (so a requeued job's earlier segment is not taken for
+    this one's). Records nothing twice: an outcome the job recorded for its segment stands."""
+    folder = TrialFolder(Path(trial_dir))
+    cancelled = folder.cancelled.exists()
+    if rc == EXIT_OK:
+        return TrainerEnd(rc, "finished", "trainer finished")
+    if rc == EXIT_CANCELLED or (cancelled and rc in (EXIT_PREEMPTED, EXIT_FAILED)):
+        return TrainerEnd(rc, "cancelled", f"trial cancelled (`orchestrate cancel`; exit {rc}); never requeued")
+    if rc == EXIT_PREEMPTED:
+        return TrainerEnd(rc, "preempted", f"trainer checkpointed and asked to be run again (exit {rc})")
+    if rc == EXIT_FENCED:
+        who = holder(folder.path)
+        record_attempt(folder.path, OUTCOME_FENCED, f"the lease was held by {who}", segment=None, job_id=job_id,
+                       by="task")
+        return TrainerEnd(rc, "fenced", f"another trainer holds the trial's lease ({who}); this one changed "
+                                        "nothing and is not requeued")
+    segment = _segment_of(folder.path, job_id, segments_before)
+    if rc in (EXIT_FAILED, EXIT_USAGE):
+        why = last_line(log_path) if log_path is not None else ""
+        record_attempt(folder.path, OUTCOME_FAILED, why or f"trainer exited {rc}", segment=segment, job_id=job_id,
+                       by="task")
+        return TrainerEnd(rc, "failed", f"trainer failed (exit {rc}): {why or 'see the trial log'}")
+    if rc < 0:
+        name = _signal_name(-rc)
+        why = (f"trainer killed by {name} (out of memory or the system)" if -rc == signal.SIGKILL
+               else f"trainer killed by {name}")
+    else:
+        why = f"trainer exited {rc}, a code the trial job never uses (killed by the system?)"
+    if cancelled:
+        release_if_dead(folder.path, pid)  # the next start need not wait for it to go stale
+        return TrainerEnd(rc, "cancelled", f"trial cancelled; {why}")
+    record_attempt(folder.path, OUTCOME_KILLED, why, segment=segment, job_id=job_id, by="task")
+    release_if_dead(folder.path, pid)  # the next start need not wait for it to go stale
+    return TrainerEnd(rc, "killed", why)

@@ -5,10 +5,16 @@
     sweep.json            name, id, grid, backend, profile, tracking URI, code versions (the manifest)
     trials.json           every trial of the sweep (key, label, sub-grids, seed, config)
     trials/<key>/         one folder per trial (asr_core.trial_contract.TrialFolder): config.json, checkpoint.pt,
-                          trial.log, progress.jsonl, segments.jsonl, DONE
+                          trial.log, progress.jsonl, segments.jsonl, attempts.jsonl, lease/, outbox/, DONE, and
+                          CANCELLED after `orchestrate cancel` (written here, before any job is stopped)
     code/<version>.diff   the uncommitted changes of a dirty code version that submitted or resumed the sweep
     submissions/<id>.json one file per submission: backend, trial keys in array-task order, job id once known
-    lock                  held (flock) while a process submits, resumes or runs the sweep locally
+    lock                  held (flock) while a process submits, resumes, retries, cancels or runs the sweep locally
+
+Every command that changes the sweep takes the lock before it writes anything (the manifest, the trials, a code
+diff, a trial folder): a second command finds the sweep busy and exits having changed nothing. The lock is
+``flock``: a filesystem without it (Lustre mounted without ``-o flock``, some NFS mounts) is refused with what to do
+rather than run unfenced.
 
 Submissions are written *before* the scheduler is called, and the scheduler's job name carries the sweep and the
 submission id, so a submitting process that dies between ``sbatch`` and recording the job id is recovered by
@@ -17,9 +23,11 @@ submission id, so a submitting process that dies between ``sbatch`` and recordin
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
+import socket
 import time
 import uuid
 from contextlib import contextmanager
@@ -35,6 +43,11 @@ class SweepError(RuntimeError):
     """The sweep folder is missing, busy or inconsistent; the message says what to do."""
 
 
+DEFAULT_MAX_FAILURES = 3  # a trial that failed this often (its own error, killed, lost) is left FAILED
+# flock's answers on a filesystem that has no locks: NFS without lockd, Lustre without `-o flock`, some FUSE mounts
+NO_LOCKS = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS)
+
+
 @dataclass(frozen=True)
 class Manifest:
     name: str
@@ -47,6 +60,8 @@ class Manifest:
     workdir: str = ""  # where `submit` ran: trials run there, so relative data paths mean the same thing
     sweep_id: str = ""  # written once when the folder is created; the MLflow experiment carries it (ownership)
     code: tuple[str, ...] = ()  # code versions (asr_core.provenance labels) that submitted or resumed it, in order
+    max_failures: int = DEFAULT_MAX_FAILURES  # failures (attempts.jsonl) after which a trial stays FAILED
+    allow_sqlite: bool = False  # a cluster backend may use a sqlite ledger (`submit --allow-sqlite`): jobs share a host
 
     def with_code(self, label: str) -> "Manifest":
         """This manifest with ``label`` appended to :attr:`code` unless it is already the latest."""
@@ -121,6 +136,25 @@ class SweepDir:
             write_config(folder.path, trial.config)
         return folder.path
 
+    def cancel_trial(self, key: str, why: str) -> bool:
+        """Write ``CANCELLED`` into the trial's folder (the job then ends KILLED and is never requeued); False when
+        it was there already."""
+        folder = TrialFolder(self.trial_dir(key))
+        if folder.cancelled.exists():
+            return False
+        folder.path.mkdir(parents=True, exist_ok=True)
+        _atomic_write(folder.cancelled, json.dumps({"time": round(time.time(), 3), "by": why}) + "\n")
+        return True
+
+    def uncancel_trial(self, key: str) -> bool:
+        """Remove the trial's ``CANCELLED`` (``retry --cancelled``); False when there was none."""
+        folder = TrialFolder(self.trial_dir(key))
+        try:
+            folder.cancelled.unlink()
+        except FileNotFoundError:
+            return False
+        return True
+
     def save_diff(self, label: str, diff: str) -> Path:
         """Keep the uncommitted changes of a dirty code version beside the manifest (``code/<label>.diff``)."""
         d = self.path / "code"
@@ -157,10 +191,17 @@ class SweepDir:
     # ---- exclusive access -------------------------------------------------------------------------------------------
     @contextmanager
     def lock(self, what: str) -> Iterator[None]:
-        """One submitter at a time: two concurrent ``submit``/``resume`` calls could otherwise both create a run
-        for the same key. A local sweep holds it while its trials run."""
+        """One command at a time: two concurrent ``submit``/``resume`` calls could otherwise both create a run
+        for the same key. A local sweep holds it while its trials run.
+
+        Taken before the command writes anything: a busy sweep raises :class:`SweepError` having changed no file
+        (the folder and its lock file are created only when the sweep is new). A filesystem without ``flock``
+        raises :class:`SweepError` saying how to get one, and leaves no folder or lock file it created."""
+        new_dir = not self.path.exists()
         self.path.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path / "lock", os.O_RDWR | os.O_CREAT, 0o644)
+        lock_path = self.path / "lock"
+        new_file = not lock_path.exists()
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -168,11 +209,31 @@ class SweepDir:
                 holder = os.pread(fd, 200, 0).decode(errors="replace").strip()
                 raise SweepError(f"sweep {self.name!r} is busy ({holder or 'another process'}); wait for it, or "
                                  "stop that process first") from None
+            except OSError as e:
+                if e.errno not in NO_LOCKS:
+                    raise
+                if new_file:
+                    lock_path.unlink(missing_ok=True)
+                if new_dir:
+                    _remove_empty(self.path)
+                raise SweepError(
+                    f"{lock_path}: the filesystem holding the sweep has no file locks (flock: {e.strerror}); "
+                    "two commands could then change the sweep at once. Mount it with locks (Lustre: `-o flock`; "
+                    "NFS: with lockd running, or `-o local_lock=flock` if only this host runs orchestrate), or "
+                    "pass --sweep-root on a filesystem with locks (the compute nodes must see it too)") from None
             os.ftruncate(fd, 0)
-            os.pwrite(fd, f"{what} by pid {os.getpid()}".encode(), 0)
+            os.pwrite(fd, f"{what} by pid {os.getpid()} on {socket.gethostname()}".encode(), 0)
             yield
         finally:
             os.close(fd)
+
+
+def _remove_empty(folder: Path) -> None:
+    """Remove ``folder`` if it is empty (a folder this process created and left nothing in)."""
+    try:
+        folder.rmdir()
+    except OSError:
+        pass
 
 
 class Submission:

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,11 @@ def smoke_corpus(request: pytest.FixtureRequest) -> Path:
                        check=True)
         (out / "COMPLETE").write_text("ok\n")
     return out / "c"
+
+
+def unique(name: str) -> str:
+    """A sweep name no other test of the session uses: a sweep owns its experiment on the session-wide server."""
+    return f"{name}-{uuid.uuid4().hex[:8]}"
 
 
 def cluster_env(request: pytest.FixtureRequest) -> str:
@@ -122,7 +128,7 @@ def test_smoke_grid_finishes_and_resubmitting_adds_nothing(backend: str, tmp_pat
         uri = cluster_env(request)
         profile = write_profile(tmp_path, "a100:2" if backend == "ray-slurm" else "a100:1")
     root = tmp_path / "runs"
-    name = f"smoke-{backend}"
+    name = unique(f"smoke-{backend}")
     grid = load_grid(SMOKE, [f"data.train=podcast:{smoke_corpus}/train"])
     assert main(submit_args(backend, root, smoke_corpus, uri, profile, sweep=name)) == 0
     sweep = SweepDir(root, name)
@@ -212,7 +218,7 @@ def test_preempted_trial_resumes_in_the_same_run_with_the_same_steps(how: str, t
                                                                      request: pytest.FixtureRequest) -> None:
     # USR2: what SLURM sends signal_delay_s before the time limit, and on preemption
     preempt = ["scancel", "--signal=USR2"] if how == "usr2" else ["scontrol", "requeue"]
-    preempt_one_trial("slurm", preempt, f"preempt-{how}", tmp_path, smoke_corpus, request)
+    preempt_one_trial("slurm", preempt, unique(f"preempt-{how}"), tmp_path, smoke_corpus, request)
 
 
 @pytest.mark.slurm
@@ -221,8 +227,8 @@ def test_ray_slurm_allocation_preempted_by_usr2_requeues_and_resumes_the_same_ru
         tmp_path: Path, smoke_corpus: Path, request: pytest.FixtureRequest) -> None:
     """ray-slurm: USR2 to the batch step (what ``--signal=B:USR2@...`` sends before the time limit) makes every
     trial checkpoint, the allocation requeue itself, and Tune resume the trial in the same MLflow run."""
-    job_id = preempt_one_trial("ray-slurm", ["scancel", "--batch", "--signal=USR2"], "preempt-ray-slurm", tmp_path,
-                               smoke_corpus, request)
+    job_id = preempt_one_trial("ray-slurm", ["scancel", "--batch", "--signal=USR2"], unique("preempt-ray-slurm"),
+                               tmp_path, smoke_corpus, request)
 
     def states() -> list[str]:  # every start of the job, oldest first
         return subprocess.run(["sacct", "-n", "-X", "-j", job_id, "-o", "State", "-D"], capture_output=True,

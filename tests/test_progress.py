@@ -115,3 +115,19 @@ def test_tick_prints_only_when_due_and_changed(tmp_path: Path, capsys: pytest.Ca
     log.write("train", 2, 9)
     printer.tick()
     assert capsys.readouterr().err == "[orchestrate] 0/1 finished, 1 running, 0 waiting: lbl train 2/9\n"
+
+
+def test_phase_text_is_trial_phase_from_what_was_already_read(tmp_path: Path) -> None:
+    """``orchestrate status`` reads each folder once and asks :func:`phase_text` for the phase from what it read:
+    the same answer as :func:`trial_phase` reading the folder itself."""
+    from asr_core.trial_contract import read_progress
+    from orchestrate.progress import phase_text
+
+    folder = _started(tmp_path / "t")
+    cases = [lambda: None, lambda: ProgressLog(folder.path).write("train", 3, 9),
+             lambda: ProgressLog(folder.path).write("eval", 1, 4, dataset="test"),
+             lambda: ProgressLog(folder.path).write("preempted"), lambda: folder.done.write_text("")]
+    for change in cases:
+        change()
+        assert phase_text(folder.done.exists(), read_progress(folder.path), True) == trial_phase(folder.path)
+    assert phase_text(False, None, False) is None and phase_text(False, None, True) == "starting"

@@ -3,8 +3,9 @@
 A sweep owns its experiment (tag ``sweep.id``, the id in its folder's ``sweep.json``). Here sweep folder A submits
 a grid to a real server; then a second folder B, under another sweep root, tries the same grid under the same name
 through the real CLI. B's ``submit`` exits 2 naming A's folder and ``--sweep``, before writing anything. B's
-``status``/``resume``/``cancel`` from a folder of that name (one submitted to B's own sqlite ledger and pointed at
-the server with ``--tracking-uri``, or a copy of A's folder given another id) exit 2 too. Afterwards A's runs
+``status``/``resume``/``cancel`` from a folder of that name (one submitted to B's own sqlite ledger, then pointed
+at the server by editing its sweep.json, or a copy of A's folder given another id) exit 2 too; pointing B's folder
+at the server with ``--tracking-uri`` is refused before that (a second ledger for one sweep). Afterwards A's runs
 (ids, states, tags, params, count) and A's files (bytes and mtimes) are exactly as before.
 """
 
@@ -145,11 +146,17 @@ def test_a_second_sweep_folder_cannot_submit_resume_or_cancel_a_sweep_it_does_no
     shutil.copytree(sweep_a.path, sweep_c.path, symlinks=True)
     (sweep_c.path / "lock").unlink(missing_ok=True)
     sweep_c.manifest_path.write_text(json.dumps({**_manifest(sweep_a), "sweep_id": uuid.uuid4().hex}, indent=1))
+    own_b = _manifest(sweep_b)["tracking_uri"]
+    for command in ("status", "resume", "cancel"):  # one sweep, one ledger: the jobs read sweep.json's
+        p = _cli(tmp_path, command, name, "--sweep-root", str(root_b), "--tracking-uri", uri)
+        assert p.returncode == EXIT_USAGE, f"{command} --tracking-uri: exit {p.returncode}\n{p.stderr}"
+        assert own_b in p.stderr and uri in p.stderr and "sweep.json" in p.stderr, p.stderr
+    sweep_b.manifest_path.write_text(json.dumps({**_manifest(sweep_b), "tracking_uri": uri}, indent=1))
     files_b, files_c = _files(sweep_b.path), _files(sweep_c.path)
 
-    for root, extra in ((root_b, ["--tracking-uri", uri]), (root_c, [])):
+    for root in (root_b, root_c):
         for command in ("status", "resume", "cancel"):
-            p = _cli(tmp_path, command, name, "--sweep-root", str(root), *extra)
+            p = _cli(tmp_path, command, name, "--sweep-root", str(root))
             _refused(p, root_a, f"{command} from {root}")
 
     after = _experiment(mlflow_server, name)
@@ -157,9 +164,11 @@ def test_a_second_sweep_folder_cannot_submit_resume_or_cancel_a_sweep_it_does_no
     assert _files(sweep_a.path) == files_a, "sweep A's folder changed"
     assert _files(sweep_b.path) == files_b and _files(sweep_c.path) == files_c, "a refused call changed its folder"
 
-    # A itself is untouched in its rights: its own status still reads its two SCHEDULED runs.
+    # A itself is untouched in its rights: its own status still reads its two trials, never started (their runs
+    # SCHEDULED, no job ever submitted: lost, for `resume` to submit).
     p = _cli(tmp_path, "status", name, "--sweep-root", str(root_a), "--json")
     assert p.returncode == 0, p.stderr
     rows = [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
-    assert {r["run_id"] for r in rows} == {r.run_id for r in runs_a.values()}
-    assert {r["status"] for r in rows} == {tc.SCHEDULED}
+    assert {r["key"] for r in rows} == set(runs_a)
+    assert {r["status"] for r in rows} == {"LOST"}
+    assert {r.status for r in Ledger(uri, name).trial_runs().values()} == {tc.SCHEDULED}

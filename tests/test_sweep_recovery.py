@@ -18,7 +18,7 @@ from orchestrate.ledger import Ledger, wait_for
 from orchestrate.sweep import SweepDir
 from tests.test_backend import (CHECKPOINT_EVERY, MAX_STEPS, SMOKE, assert_one_run_per_key, cluster_env,
                                 last_checkpoint, loss_steps, resumed_at, smoke_corpus, squeue_states,
-                                steps_logged_before, submit_args, wait_until, write_profile)
+                                steps_logged_before, submit_args, unique, wait_until, write_profile)
 
 __all__ = ["smoke_corpus"]  # the session fixture, shared with test_backend
 
@@ -52,7 +52,7 @@ def _assert_resumed(starts: list[int | None], logged: int, label: str) -> None:
 def test_submitter_killed_mid_submission_is_recovered_by_resume(point: str, tmp_path: Path, smoke_corpus: Path,
                                                                 request: pytest.FixtureRequest) -> None:
     uri = cluster_env(request)
-    root, name = tmp_path / "runs", f"crash-{point}"
+    root, name = tmp_path / "runs", unique(f"crash-{point}")
     args = submit_args("slurm", root, smoke_corpus, uri, write_profile(tmp_path, "a100:1"), sweep=name)
     p = subprocess.run([sys.executable, "-m", "orchestrate", *args], env={**os.environ, "ORCHESTRATE_FAULT": point},
                        capture_output=True, text=True)
@@ -80,7 +80,7 @@ def test_submitter_killed_mid_submission_is_recovered_by_resume(point: str, tmp_
 def test_scancelled_job_is_resubmitted_and_resumes_its_checkpoint(tmp_path: Path, smoke_corpus: Path,
                                                                   request: pytest.FixtureRequest) -> None:
     uri = cluster_env(request)
-    root, name = tmp_path / "runs", "scancelled"
+    root, name = tmp_path / "runs", unique("scancelled")
     assert main(submit_args("slurm", root, smoke_corpus, uri, write_profile(tmp_path, "a100:1"), sweep=name)) == 0
     ledger, sweep = Ledger(uri, name), SweepDir(root, name)
     victim = wait_until(lambda: next((r for r in ledger.trial_runs().values()
@@ -102,7 +102,7 @@ def test_scancelled_job_is_resubmitted_and_resumes_its_checkpoint(tmp_path: Path
 
 def test_node_down_is_recovered_by_resume(tmp_path: Path, smoke_corpus: Path, request: pytest.FixtureRequest) -> None:
     uri = cluster_env(request)
-    root, name = tmp_path / "runs", "nodedown"
+    root, name = tmp_path / "runs", unique("nodedown")
     assert main(submit_args("slurm", root, smoke_corpus, uri, write_profile(tmp_path, "a100:1"), sweep=name)) == 0
     ledger, sweep = Ledger(uri, name), SweepDir(root, name)
     wait_until(lambda: any(r.status == "RUNNING" and len(loss_steps(ledger, r.run_id)) >= PAST_FIRST_CHECKPOINT

@@ -1,8 +1,9 @@
 """The interface every backend implements, and the small set of facts the dispatcher needs from it.
 
 A backend knows how to start trials (``submit``), which of the sweep's trials its scheduler still holds
-(``live_jobs``: the only question reconciliation asks), and how to stop them (``cancel``). The ledger, the sweep
-folder and the decision of what to (re)submit live outside, so every backend behaves the same way on resume.
+(``live_jobs``), how jobs that ended without a word ended (``job_ends``: the scheduler's accounting, where it keeps
+one), and how to stop them (``cancel``). The ledger, the sweep folder and the decision of what to (re)submit live
+outside (:mod:`orchestrate.dispatch`), so every backend behaves the same way on resume.
 Cluster profiles (what a backend asks the scheduler for) live in :mod:`orchestrate.backends.profile`.
 """
 
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, ClassVar
 
-from orchestrate.sweep import SweepDir
+from orchestrate.sweep import Submission, SweepDir
 from orchestrate.trial import Trial
 
 if TYPE_CHECKING:  # the interface passes a profile along and never reads one
@@ -22,6 +23,18 @@ if TYPE_CHECKING:  # the interface passes a profile along and never reads one
 
 class BackendError(RuntimeError):
     """The backend cannot run the sweep as asked (bad profile, missing scheduler, failed submission)."""
+
+
+@dataclass(frozen=True)
+class JobEnd:
+    """How a job ended, as the scheduler's accounting tells it: ``outcome`` is an attempt outcome of the trial
+    contract (``killed``, ``failed``, ``preempted`` or ``lost``), ``reason`` a line for people (recorded in
+    ``attempts.jsonl`` and shown by ``status``), ``state`` the scheduler's own word (``OUT_OF_MEMORY``)."""
+
+    job_id: str
+    state: str
+    outcome: str
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -43,6 +56,8 @@ class Backend(abc.ABC):
 
     name: ClassVar[str]
     blocking: ClassVar[bool] = False  # True: submit() returns when the trials have ended (local)
+    # True: jobs run on other hosts and write the ledger from there, so a sqlite file (one host's) will not do
+    many_hosts: ClassVar[bool] = False
 
     def __init__(self, sweep: SweepDir, tracking_uri: str, profile: Profile) -> None:
         self.sweep = sweep
@@ -64,3 +79,14 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def cancel(self, job_ids: list[str]) -> None:
         """Stop these jobs (the trainer checkpoints on SIGTERM)."""
+
+    def job_ends(self, job_ids: list[str]) -> dict[str, JobEnd | None]:
+        """How each of ``job_ids`` (jobs the scheduler no longer holds) ended, from the scheduler's accounting:
+        a :class:`JobEnd`, or None for a job the accounting still sees running (leave it alone). A job missing
+        from the answer is unknown (the caller records it ``lost``). Without accounting: {}."""
+        return {}
+
+    def task_job_id(self, sub: Submission, index: int) -> str:
+        """The scheduler's id of the job that runs trial ``index`` of submission ``sub`` (the one its segments record
+        as their job id); by default the submission's one job."""
+        return str(sub.job_id or "")

@@ -10,6 +10,8 @@ Ray Tune cannot make a trial a SLURM job by itself, so a submission is one ``sba
 3. on USR2 (time limit or preemption, sent to the batch step) tell every running trial to checkpoint (a flag file
    their wrappers watch), wait for Tune to wind down, ``scontrol requeue`` the job and exit; when the job starts
    again the driver continues the same Tune experiment with ``Tuner.restore`` and trainers resume their checkpoints.
+   An allocation whose trials are all finished or cancelled (``orchestrate cancel`` wrote ``CANCELLED``) is never
+   requeued.
 
 The cluster uses token authentication with the sweep's own token (see ``tune_driver.ray_auth_env``). The SLURM
 commands (``sbatch``, settled ``squeue``, batched ``scancel``) are the ones the ``slurm`` backend uses, from
@@ -28,9 +30,9 @@ import time
 from pathlib import Path
 from types import FrameType
 
-from asr_core.trial_contract import EXIT_OK, EXIT_PREEMPTED
+from asr_core.trial_contract import EXIT_OK, EXIT_PREEMPTED, TrialFolder
 from orchestrate.backends import slurm_commands
-from orchestrate.backends.base import Backend, BackendError, Job, OnSubmitted
+from orchestrate.backends.base import Backend, BackendError, Job, JobEnd, OnSubmitted
 from orchestrate.backends.tune_driver import drive, ray_auth_env
 from orchestrate.sweep import SweepDir
 
@@ -41,6 +43,7 @@ class RaySlurmBackend(Backend):
     """One ``sbatch`` allocation per submission, running a Ray cluster and the Tune driver inside it."""
 
     name = "ray-slurm"
+    many_hosts = True
 
     def validate(self) -> None:
         slurm_commands.check_cluster(self.profile)
@@ -109,6 +112,9 @@ class RaySlurmBackend(Backend):
     def cancel(self, job_ids: list[str]) -> None:
         slurm_commands.scancel(job_ids)
 
+    def job_ends(self, job_ids: list[str]) -> dict[str, JobEnd | None]:
+        return slurm_commands.job_ends(job_ids)
+
 
 # ---- inside the allocation ------------------------------------------------------------------------------------------
 def _free_port() -> int:
@@ -173,10 +179,26 @@ def allocation(sweep_path: Path, sub_id: str, cpus_per_trial: int, gpus_per_tria
             except subprocess.TimeoutExpired:
                 s.kill()
     if preempted:
-        print(f"[orchestrate] ray-slurm job {job_id}: trials checkpointed after USR2; requeueing", flush=True)
+        left = _unfinished(sweep, sub_id)
+        if not left:
+            print(f"[orchestrate] ray-slurm job {job_id}: every trial finished or was cancelled; not requeued",
+                  flush=True)
+            return EXIT_OK
+        print(f"[orchestrate] ray-slurm job {job_id}: {len(left)} trials checkpointed after USR2; requeueing",
+              flush=True)
         slurm_commands.requeue(job_id)
         return EXIT_PREEMPTED  # the trial job's "checkpointed, run me again", for the allocation as a whole
     return EXIT_OK
+
+
+def _unfinished(sweep: SweepDir, sub_id: str) -> list[str]:
+    """The submission's trials that are neither finished (``DONE``) nor cancelled (``CANCELLED``)."""
+    out = []
+    for key in sweep.submission(sub_id).keys:
+        folder = TrialFolder(sweep.trial_dir(key))
+        if not folder.done.exists() and not folder.cancelled.exists():
+            out.append(key)
+    return out
 
 
 def _wait_for_head(address: str, ray_bin: str, head: subprocess.Popen[bytes], timeout: float = 120.0) -> None:

@@ -10,7 +10,17 @@ receives it, checkpoints at the next step and exits ``EXIT_PREEMPTED`` (see :mod
 task then requeues itself (``scontrol requeue``) and, when it starts again, the trainer resumes from its checkpoint
 in the same MLflow run. A 65-hour trial therefore survives a 48-hour limit. SIGTERM (``scancel``, ``scontrol
 requeue``, a node going down) also makes the trainer checkpoint; SLURM itself decides whether the job comes back,
-and ``resume`` resubmits it if not.
+and ``resume`` resubmits it if not. Requeueing is the task's own (``scontrol requeue``), never submitit's
+timeout handling, which the task's signal forwarding replaces.
+
+How the trainer ended decides the rest (:func:`orchestrate.runner.trainer_ended`): killed by a signal (out of
+memory, the system) or an exit code the trial job never uses → ``killed`` is recorded in ``attempts.jsonl`` and the
+trainer's lease freed; ``EXIT_FENCED`` (another live trainer holds the lease) → the holder is named in the log, and
+nothing else happens; ``EXIT_CANCELLED``, or a ``CANCELLED`` file in the trial folder → never requeued. What a
+``resume`` does with a failed or killed trial is the failure budget's call (:mod:`orchestrate.dispatch`).
+
+How jobs that ended without a word ended is read from the accounting (``sacct``, one call for many jobs:
+:meth:`SlurmBackend.job_ends`).
 """
 
 from __future__ import annotations
@@ -21,12 +31,12 @@ import sys
 import time
 from pathlib import Path
 
-from asr_core.trial_contract import (ENV_JOB_ID, EXIT_OK, EXIT_PREEMPTED, FAILED, TAG_ERROR, TrialFolder, error_line,
-                                     mark_run, trial_command)
+from asr_core.trial_contract import (ENV_JOB_ID, EXIT_OK, EXIT_PREEMPTED, FAILED, OUTCOME_FAILED, TAG_ERROR,
+                                     TrialFolder, error_line, mark_run, read_segments, record_attempt, trial_command)
 from orchestrate.backends import slurm_commands
-from orchestrate.backends.base import Backend, BackendError, Job, OnSubmitted
-from orchestrate.runner import TrialProcess, install_forwarding, last_line
-from orchestrate.sweep import SweepDir
+from orchestrate.backends.base import Backend, BackendError, Job, JobEnd, OnSubmitted
+from orchestrate.runner import TrialProcess, install_forwarding, trainer_ended
+from orchestrate.sweep import Submission, SweepDir
 
 
 class TrialTask:
@@ -47,19 +57,28 @@ class TrialTask:
         sub = sweep.submission(self.sub_id)
         key, run_id = sub.keys[index], sub.data["run_ids"][index]
         folder = TrialFolder(sweep.trial_dir(key))
+        before = len(read_segments(folder.path))
         try:
             child = TrialProcess(trial_command(folder.path, manifest.tracking_uri, run_id),
                                  manifest.workdir or Path.cwd(), folder.log, env={ENV_JOB_ID: job_id})
-        except Exception as e:  # the trainer could not even start: say so in the ledger, not only in a log
-            _mark_failed(manifest.tracking_uri, run_id, f"{type(e).__name__}: {e}")
+        except Exception as e:  # the trainer could not even start: say so in the folder and the ledger
+            why = f"{type(e).__name__}: {e}"
+            record_attempt(folder.path, OUTCOME_FAILED, f"the trainer could not start: {why}", job_id=job_id,
+                           by="task")
+            _mark_failed(manifest.tracking_uri, run_id, why)
             raise
         install_forwarding(child, (signal.SIGUSR2, signal.SIGTERM))
         print(f"[orchestrate] task {job_id}: trial {key} of {manifest.name}, trainer pid {child.proc.pid}",
               flush=True)
         rc = child.wait()
-        if rc == EXIT_OK:
+        end = trainer_ended(folder.path, rc, job_id=job_id, pid=child.proc.pid, segments_before=before,
+                            log_path=folder.log)
+        print(f"[orchestrate] task {job_id}: {end.message}", flush=True)
+        if end.kind == "finished":
             return EXIT_OK
-        if rc == EXIT_PREEMPTED:
+        if end.kind in ("cancelled", "fenced"):
+            return EXIT_OK  # nothing to requeue: the task ends, the trial folder says why
+        if end.kind == "preempted":
             if child.signalled == signal.SIGUSR2:
                 # Time limit or preemption notice: the checkpoint is written; come back in a fresh allocation.
                 print(f"[orchestrate] task {job_id}: checkpointed after USR2; requeueing", flush=True)
@@ -68,18 +87,23 @@ class TrialTask:
                 print(f"[orchestrate] task {job_id}: checkpointed after SIGTERM; SLURM decides about requeue",
                       flush=True)
             sys.exit(EXIT_PREEMPTED)  # SystemExit: submitit writes no result, so the task is not "done"
-        raise RuntimeError(f"trial {key} failed (exit {rc}): {last_line(folder.log)}")
+        raise RuntimeError(f"trial {key}: {end.message}")
 
 
 def _mark_failed(uri: str, run_id: str, error: str) -> None:
-    """FAILED with the error's last line, as the trial job itself would have recorded it."""
-    mark_run(uri, run_id, FAILED, {TAG_ERROR: error_line(error)})
+    """FAILED with the error's last line, as the trial job itself would have recorded it; a ledger that does not
+    answer is reported, never raised (the folder's ``failed`` attempt is mirrored by the next status or resume)."""
+    try:
+        mark_run(uri, run_id, FAILED, {TAG_ERROR: error_line(error)})
+    except Exception as e:  # noqa: BLE001 - the error that stopped the trainer is the one to raise
+        print(f"[orchestrate] cannot mark run {run_id} FAILED in {uri} ({type(e).__name__}: {e})", flush=True)
 
 
 class SlurmBackend(Backend):
     """One submitit job array per submission; SLURM holds the jobs, ``submit`` returns once they are queued."""
 
     name = "slurm"
+    many_hosts = True
     task_class: type = TrialTask  # what each array task runs (the benchmark swaps in a trivial one)
 
     def validate(self) -> None:
@@ -90,7 +114,8 @@ class SlurmBackend(Backend):
         import submitit
 
         p = self.profile
-        ex = submitit.SlurmExecutor(folder=self.sweep.path / "slurm" / sub_id, max_num_timeout=1000)
+        # max_num_timeout is not set: it counts submitit's own timeout requeues, which TrialTask replaces with its own
+        ex = submitit.SlurmExecutor(folder=self.sweep.path / "slurm" / sub_id)
         params: dict[str, object] = {
             "job_name": f"orch.{self.sweep.name}.{sub_id}",
             "time": p.time_limit_min(),
@@ -155,3 +180,10 @@ class SlurmBackend(Backend):
 
     def cancel(self, job_ids: list[str]) -> None:
         slurm_commands.scancel(job_ids)
+
+    def job_ends(self, job_ids: list[str]) -> dict[str, JobEnd | None]:
+        return slurm_commands.job_ends(job_ids)
+
+    def task_job_id(self, sub: Submission, index: int) -> str:
+        """``<array>_<index>``, or the lone job's id: submitit submits a submission of one trial as a plain job."""
+        return str(sub.job_id) if len(sub.keys) == 1 else f"{sub.job_id}_{index}"

@@ -1,32 +1,46 @@
 """The SLURM client commands both SLURM backends (``slurm``, ``ray-slurm``) use, wrapped once.
 
 Every wrapper raises :class:`~orchestrate.backends.base.BackendError` with the command's own message, so a failed
-``sbatch`` reads the same from either backend. Two rules live here and nowhere else:
+``sbatch`` reads the same from either backend (except :func:`sacct`: a cluster without accounting is an answer, not
+an error). Three rules live here and nowhere else:
 
 * ``scancel`` takes at most :data:`SCANCEL_BATCH` ids per call, so cancelling a 10,000-trial sweep never builds a
   command line the system refuses;
 * :func:`settled_squeue` waits while any job is in a :data:`SETTLING` state. Such a job may still come back
-  (requeue) or not (cancel); deciding before SLURM does could leave two jobs training one trial.
+  (requeue) or not (cancel); deciding before SLURM does could leave two jobs training one trial;
+* :func:`job_end` reads how a job ended from the accounting record (:func:`sacct`, one call for many jobs): out of
+  memory, time limit, node failure, cancelled by someone other than the user, or a signal → the system killed it
+  (``killed``); the user's own ``scancel`` → ``preempted`` (interrupted, not the trial's fault); a non-zero exit →
+  ``failed``; a job accounting still sees running → ``None`` (not ended yet: never resubmitted).
 """
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
-from orchestrate.backends.base import BackendError
+from asr_core.trial_contract import OUTCOME_FAILED, OUTCOME_KILLED, OUTCOME_LOST, OUTCOME_PREEMPTED
+from orchestrate.backends.base import BackendError, JobEnd
 
 if TYPE_CHECKING:
     from orchestrate.backends.profile import Profile
 
 COMMANDS = ("sbatch", "squeue", "scancel", "scontrol")  # what a SLURM backend needs on PATH
-SCANCEL_BATCH = 500  # job ids per scancel call
+SCANCEL_BATCH = 500  # job ids per scancel call (and per sacct call)
 # squeue states a job passes through on its way out, from which it may still be requeued: wait for SLURM to decide.
 SETTLING = ("COMPLETING", "SIGNALING", "STAGE_OUT")
+# sacct states of a job that has not ended: it may still run (or run again), so it is never resubmitted
+NOT_ENDED = ("PENDING", "RUNNING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "RESIZING", "SUSPENDED", "CONFIGURING",
+             "COMPLETING", "SIGNALING", "STAGE_OUT", "RESV_DEL_HOLD", "SPECIAL_EXIT", "STOPPED")
+# sacct states in which the system ended the job (the trial's code may be fine): a `killed` outcome
+SYSTEM_ENDS = {"OUT_OF_MEMORY": "out of memory", "TIMEOUT": "time limit", "NODE_FAIL": "node failure",
+               "BOOT_FAIL": "node boot failure", "DEADLINE": "deadline"}
 
 
 class QueuedJob(NamedTuple):
@@ -89,6 +103,97 @@ def requeue(job_id: str) -> bool:
         print(f"[orchestrate] scontrol requeue {job_id} failed ({p.returncode}): {p.stderr.strip()}",
               file=sys.stderr, flush=True)
     return p.returncode == 0
+
+
+class AccountedJob(NamedTuple):
+    """One row of ``sacct -X``: a job or array task, its state (``CANCELLED by 1000`` as sacct spells it) and its
+    exit code and signal (``ExitCode`` ``3:0`` → 3, 0; ``0:9`` → 0, 9)."""
+
+    job_id: str
+    state: str
+    exit_code: int
+    signal: int
+
+
+def sacct(job_ids: list[str], timeout: float = 60) -> dict[str, AccountedJob]:
+    """How the scheduler's accounting sees ``job_ids`` (array tasks ``123_4`` or lone jobs), one ``sacct`` call per
+    :data:`SCANCEL_BATCH` ids; {} for jobs it does not know.
+
+    A cluster without accounting (or without ``sacct``, or with slurmdbd down) answers {} and a line on stderr:
+    nothing is known about how those jobs ended, which the caller records as ``lost``."""
+    out: dict[str, AccountedJob] = {}
+    wanted = sorted(set(j for j in job_ids if j))
+    for i in range(0, len(wanted), SCANCEL_BATCH):
+        batch = wanted[i:i + SCANCEL_BATCH]
+        cmd = ["sacct", "-n", "-P", "-X", "-o", "JobID,State,ExitCode", "-j", ",".join(batch)]
+        try:
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            print(f"[orchestrate] sacct is not available ({e}); jobs that ended without a word count as lost",
+                  file=sys.stderr, flush=True)
+            return out
+        if p.returncode != 0:
+            msg = (p.stderr.strip() or p.stdout.strip()).splitlines()
+            print(f"[orchestrate] sacct failed ({p.returncode}: {msg[-1] if msg else 'no message'}); without "
+                  "accounting, jobs that ended without a word count as lost", file=sys.stderr, flush=True)
+            return out
+        for line in p.stdout.splitlines():
+            parts = line.strip().split("|")
+            if len(parts) != 3 or parts[0] not in batch:
+                continue  # a pending array range (123_[4-7]) or a job not asked for
+            code, _, sig = parts[2].partition(":")
+            out[parts[0]] = AccountedJob(parts[0], parts[1].strip(), _int(code), _int(sig))
+    return out
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        return 0
+
+
+def _signal_name(sig: int) -> str:
+    try:
+        return signal.Signals(sig).name
+    except ValueError:
+        return f"signal {sig}"
+
+
+def job_end(row: AccountedJob | None, job_id: str, uid: int | None = None) -> JobEnd | None:
+    """How job ``job_id`` ended, from its accounting ``row`` (None: accounting does not know it → ``lost``);
+    None when accounting says it has not ended (pending, running, requeued: never resubmit it).
+
+    ``uid``: the user whose own ``scancel`` is an interruption, not a failure (default: this process's user)."""
+    if row is None:
+        return JobEnd(job_id, "", OUTCOME_LOST, f"job {job_id} ended without recording how, and the scheduler's "
+                                                "accounting does not know it")
+    state = row.state.split()[0] if row.state.strip() else ""
+    if state in NOT_ENDED:
+        return None
+    why = f"job {job_id} ended {row.state} (sacct)"
+    if state in SYSTEM_ENDS:
+        return JobEnd(job_id, state, OUTCOME_KILLED, f"killed by the system: {SYSTEM_ENDS[state]} ({why})")
+    if state == "PREEMPTED":
+        return JobEnd(job_id, state, OUTCOME_PREEMPTED, f"preempted ({why})")
+    if state == "CANCELLED":
+        by = row.state.split()[2] if len(row.state.split()) >= 3 else ""
+        me = str(os.getuid() if uid is None else uid)
+        if by == me:
+            return JobEnd(job_id, state, OUTCOME_PREEMPTED, f"cancelled by its user with scancel ({why})")
+        return JobEnd(job_id, state, OUTCOME_KILLED, f"killed by the system: cancelled by "
+                                                     f"{'uid ' + by if by else 'the scheduler'} ({why})")
+    if row.signal:
+        return JobEnd(job_id, state, OUTCOME_KILLED, f"killed by {_signal_name(row.signal)} ({why})")
+    if state == "FAILED" or row.exit_code:
+        return JobEnd(job_id, state, OUTCOME_FAILED, f"exit code {row.exit_code} ({why}); see the trial's log")
+    return JobEnd(job_id, state, OUTCOME_LOST, f"ended without recording how the trial ended ({why})")
+
+
+def job_ends(job_ids: list[str]) -> dict[str, JobEnd | None]:
+    """{job id: how it ended} for jobs the queue no longer holds, from one :func:`sacct` call (see :func:`job_end`)."""
+    rows = sacct(job_ids)
+    return {j: job_end(rows.get(j), j) for j in job_ids}
 
 
 def squeue(names: list[str]) -> list[QueuedJob]:

@@ -6,8 +6,12 @@ Both Ray backends use it: ``local`` starts it as a process of its own (:func:`dr
 (finished Tune trials are not rerun).
 
 Each Tune trial runs the trial job's command (:func:`asr_core.trial_contract.trial_command`) as a child
-(:class:`orchestrate.runner.TrialProcess`), and reports by its exit code: 0 ends the Tune trial cleanly, anything
-else makes it ERROR. The ledger, not Tune, decides what a resume reruns, so Tune never retries on its own.
+(:class:`orchestrate.runner.TrialProcess`), and reports how it ended (:func:`orchestrate.runner.trainer_ended`,
+which also records a trainer killed by the system): finished, cancelled or fenced end the Tune trial cleanly (a
+restored experiment never reruns them); preempted, failed or killed make it ERROR. The trial folders, not Tune,
+decide what a resume reruns, so Tune never retries on its own; a restored experiment (the Ray-on-SLURM allocation
+requeued) restarts its errored trials, but never one that is finished, cancelled or past the sweep's
+``max_failures``.
 
 Ray ≥ 2.59 turns token authentication on for local clusters and would write a token to ``~/.ray``; we keep
 authentication on but give every sweep its own token file (mode 600) in its folder (:func:`ray_auth_env`), so
@@ -24,9 +28,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from asr_core.trial_contract import ENV_JOB_ID, EXIT_OK, EXIT_PREEMPTED, TrialFolder, trial_command
-from orchestrate.runner import TrialProcess, last_line
-from orchestrate.sweep import SweepDir
+from asr_core.trial_contract import (ENV_JOB_ID, EXIT_PREEMPTED, TrialFolder, failures, read_attempts,
+                                     read_segments, trial_command)
+from orchestrate.runner import TrialProcess, trainer_ended
+from orchestrate.sweep import SweepDir, SweepError
 
 RAY_AUTH_TOKEN_FILE = "ray_auth_token"  # in the sweep folder
 
@@ -49,24 +54,50 @@ def driver_command(sweep: SweepDir, sub_id: str, cpus_per_trial: int, restore: b
     return cmd + (["--restore"] if restore else [])
 
 
+def _not_to_run(trial_dir: Path) -> str:
+    """Why a Tune trial must not start its trainer ("" when it may): finished, cancelled, or past the sweep's
+    failure budget (a restored experiment restarts errored trials on its own)."""
+    folder = TrialFolder(trial_dir)
+    if folder.done.exists():
+        return "finished"
+    if folder.cancelled.exists():
+        return "cancelled (`orchestrate retry --cancelled` runs it again)"
+    sweep_path = trial_dir.parent.parent  # <sweep>/trials/<key>
+    try:
+        budget = SweepDir(sweep_path.parent, sweep_path.name).read_manifest().max_failures
+    except (SweepError, OSError, ValueError, TypeError):
+        return ""
+    n = len(failures(read_attempts(trial_dir)))
+    return f"gave up after {n} failures (`orchestrate retry --failed` runs it again)" if n >= budget else ""
+
+
 def run_trial_job(config: dict[str, Any]) -> None:
-    """The Tune trainable: run one trial's command; raise (so Tune marks the trial ERROR) unless it exited 0.
+    """The Tune trainable: run one trial's command; raise (so Tune marks the trial ERROR) when the trainer was
+    preempted, failed or killed, and end cleanly when it finished, was cancelled or was fenced.
 
     With ``job["preempt_flag"]`` set, the trainer gets SIGUSR2 (checkpoint, exit :data:`EXIT_PREEMPTED`) as soon
     as that file exists: the Ray-on-SLURM allocation touches it when SLURM warns of the end."""
     from ray import tune
 
     job = config["job"]
-    child = TrialProcess(job["cmd"], job["workdir"], TrialFolder(Path(job["trial_dir"])).log,
-                         env={ENV_JOB_ID: job["job_id"]})
+    trial_dir = Path(job["trial_dir"])
+    skip = _not_to_run(trial_dir)
+    if skip:
+        print(f"[orchestrate] trial {job['key']} not started: {skip}", file=sys.stderr, flush=True)
+        tune.report({"exit_code": 0, "skipped": skip})
+        return
+    before = len(read_segments(trial_dir))
+    child = TrialProcess(job["cmd"], job["workdir"], TrialFolder(trial_dir).log, env={ENV_JOB_ID: job["job_id"]})
     flag = job.get("preempt_flag")
     rc = child.wait(stop=(lambda: Path(flag).exists()) if flag else None)
-    if rc == EXIT_PREEMPTED:
+    end = trainer_ended(trial_dir, rc, job_id=job["job_id"], pid=child.proc.pid, segments_before=before,
+                        log_path=child.log_path)
+    if end.kind == "preempted":
         raise RuntimeError(f"trial {job['key']} was interrupted and checkpointed (exit {EXIT_PREEMPTED}); "
                            "`orchestrate resume` continues it")
-    if rc != EXIT_OK:
-        raise RuntimeError(f"trial {job['key']} failed (exit {rc}): {last_line(child.log_path)}")
-    tune.report({"exit_code": rc})
+    if end.kind not in ("finished", "cancelled", "fenced"):
+        raise RuntimeError(f"trial {job['key']}: {end.message}")
+    tune.report({"exit_code": rc, "end": end.kind})
 
 
 def run_tune(jobs: list[dict[str, Any]], storage: Path, name: str, resources: dict[str, float],

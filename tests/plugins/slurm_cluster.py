@@ -66,8 +66,11 @@ class SlurmCluster:
 
     def sbatch(self, *args: str, script: str | None = None, cwd: Path | None = None) -> str:
         """Submits with `sbatch --parsable ARGS...` (the batch script on stdin when `script` is given); returns
-        the job id (for an array, the array's job id)."""
-        argv = ["sbatch", "--parsable", *args]
+        the job id (for an array, the array's job id). Without `cwd` or an `--output`, the job's output goes to
+        the cluster's log folder, never into the folder the tests run from."""
+        has_output = any(a.startswith(("--output", "-o")) for a in args)
+        out = [] if has_output or cwd is not None else [f"--output={self.log_dir / 'sbatch-%j.out'}"]
+        argv = ["sbatch", "--parsable", *out, *args]
         proc = subprocess.run(
             argv, input=script, capture_output=True, text=True, timeout=60, env=self.env, cwd=cwd
         )
