@@ -301,9 +301,8 @@ def run_sweep(sweep: SweepDir, manifest: Manifest, trials: list[Trial], profile:
         _fault("after-runs")
 
         def on_submitted(job_ids: dict[str, str]) -> None:
+            # The job ids reach the ledger from the jobs (each segment tags its run): no write per trial here.
             _fault("after-submit")
-            ledger.tag_runs({run_ids[k]: {TAG_JOB_ID: j, TAG_BACKEND: manifest.backend}
-                             for k, j in job_ids.items()})
 
         backend.submit(jobs, on_submitted)
         if backend.blocking:

@@ -68,11 +68,11 @@ def test_submitter_killed_mid_submission_is_recovered_by_resume(point: str, tmp_
     assert main(["resume", name, "--sweep-root", str(root)]) == 0
     after = ledger.trial_runs()
     assert {k: r.run_id for k, r in after.items()} == {k: r.run_id for k, r in before.items()}  # same runs
-    assert all(r.job_id for r in after.values())
     # after-submit: the array that was submitted is re-attached, not submitted a second time; after-runs: the
     # trials go out once, in resume's submission.
     assert len(sweep.submissions()) == 1
     ledger, sweep = _finish_and_check(root, name, uri, smoke_corpus)
+    assert all(r.job_id for r in ledger.trial_runs().values())  # each job tagged its run
     for k in after:
         assert resumed_at(sweep.trial_dir(k)) == [None], k  # every trial started exactly once, from step 0
 
