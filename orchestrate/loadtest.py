@@ -19,7 +19,6 @@ with ``slurm/mlflow-server.sh`` (a loopback bind needs none; a network bind writ
 from __future__ import annotations
 
 import argparse
-import configparser
 import math
 import multiprocessing as mp
 import os
@@ -29,10 +28,11 @@ import sys
 import time
 from collections import Counter
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import requests
+
+from orchestrate.mlflow_rest import credentials
 
 API = "/api/2.0/mlflow"
 # What a trainer logs every step (asr_core.train logs a handful of train/* values per log_batch).
@@ -48,16 +48,9 @@ class LoadTestError(RuntimeError):
 
 
 def read_credentials() -> tuple[str, str] | None:
-    """(user, password) as MLflow's client resolves them: each of MLFLOW_TRACKING_USERNAME/PASSWORD wins over the
-    ``[mlflow]`` section of ``~/.mlflow/credentials``; None when there is no user."""
-    user, password = os.environ.get("MLFLOW_TRACKING_USERNAME"), os.environ.get("MLFLOW_TRACKING_PASSWORD")
-    path = Path(os.path.expanduser("~/.mlflow/credentials"))
-    if path.is_file():
-        ini = configparser.ConfigParser()
-        ini.read(path)
-        if ini.has_section("mlflow"):
-            user = user or ini["mlflow"].get("mlflow_tracking_username")
-            password = password or ini["mlflow"].get("mlflow_tracking_password")
+    """(user, password) as MLflow's client resolves them (:func:`orchestrate.mlflow_rest.credentials`); None when
+    there is no user."""
+    user, password = credentials()
     return (user, password or "") if user else None
 
 

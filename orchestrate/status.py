@@ -26,8 +26,6 @@ under the sweep's lock, within ``--reconcile-deadline`` seconds) and says so; a 
 from __future__ import annotations
 
 import argparse
-import base64
-import configparser
 import fcntl
 import json
 import os
@@ -43,6 +41,7 @@ from typing import Any
 
 from asr_core.trial_contract import (FAILED, FINISHED, KILLED, OUTCOME_CANCELLED, OUTCOME_FENCED, OUTCOME_FINISHED,
                                      OUTCOME_PREEMPTED, OUTCOME_RESET, RUNNING, TAG_SWEEP_ID, TAG_SWEEP_ROOT)
+from orchestrate.mlflow_rest import LedgerError, auth_header
 from orchestrate.progress import phase_text
 from orchestrate.sweep import Manifest, SweepDir, SweepError
 from orchestrate.trial_state import (DEFAULT_MAX_FAILURES, FolderState, ReconcileResult, behind,
@@ -263,24 +262,13 @@ class LedgerProbe:
 
 
 def _credentials() -> dict[str, str]:
-    """The headers an MLflow client would send: MLFLOW_TRACKING_TOKEN, or basic auth from
-    MLFLOW_TRACKING_USERNAME/PASSWORD, else ``~/.mlflow/credentials`` (``[mlflow]`` section)."""
-    token = os.environ.get("MLFLOW_TRACKING_TOKEN")
-    if token:
-        return {"Authorization": f"Bearer {token}"}
-    user, password = os.environ.get("MLFLOW_TRACKING_USERNAME"), os.environ.get("MLFLOW_TRACKING_PASSWORD")
-    if not (user and password):
-        parser = configparser.ConfigParser()
-        try:
-            parser.read(Path.home() / ".mlflow" / "credentials")
-        except (OSError, configparser.Error):
-            return {}
-        if parser.has_section("mlflow"):
-            user = user or parser.get("mlflow", "mlflow_tracking_username", fallback=None)
-            password = password or parser.get("mlflow", "mlflow_tracking_password", fallback=None)
-    if user and password:
-        return {"Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()}
-    return {}
+    """The ``Authorization`` header an MLflow client would send (:func:`orchestrate.mlflow_rest.auth_header`); none
+    when the credentials file is unreadable (the probe then reports what the server answers)."""
+    try:
+        header = auth_header()
+    except LedgerError:
+        return {}
+    return {"Authorization": header} if header else {}
 
 
 def _probe_http(uri: str, name: str, timeout: float) -> LedgerProbe:
@@ -466,7 +454,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def main(argv: list[str] | None = None) -> int:
     """``python -m orchestrate.status SWEEP [--sweep-root R] [--json] ...``: the same output as ``orchestrate
     status``, for timing it and for scripts."""
-    from orchestrate.ledger import LedgerError
 
     p = argparse.ArgumentParser(prog="python -m orchestrate.status", description=__doc__.split("\n\n")[0])
     p.add_argument("sweep")

@@ -25,7 +25,7 @@ from orchestrate.cli import main
 from orchestrate.ledger import Ledger, wait_for
 from orchestrate.loadtest import METRICS, TrainerReport, check_history, run_load
 from tests.plugins.mlflow_server import (
-    SCRIPT, MlflowServer, free_port, network_address, read_credentials, start_server, stop_server,
+    SCRIPT, MlflowServer, free_port, network_address, read_credentials, serving,
 )
 from tests.test_backend import ONE_TRIAL, smoke_corpus, write_profile  # noqa: F401 (smoke_corpus: a fixture)
 
@@ -77,14 +77,7 @@ def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def auth_server(tmp_path_factory: pytest.TempPathFactory, home: Path) -> Iterator[MlflowServer]:
     """The sweep's server as on a cluster: bound to all interfaces, addressed by this machine's network address."""
-    try:
-        server = start_server(tmp_path_factory.mktemp("auth-server"), host="0.0.0.0", env=home_env(home))
-    except RuntimeError as exc:
-        pytest.fail(f"the MLflow server did not start: {exc}", pytrace=False)
-    try:
-        yield server
-    finally:
-        stop_server(server.process)
+    yield from serving(tmp_path_factory.mktemp("auth-server"), host="0.0.0.0", env=home_env(home))
 
 
 def test_credentials_are_private_files_never_on_a_command_line_or_in_the_log(auth_server: MlflowServer,

@@ -27,6 +27,7 @@ import pytest
 
 from orchestrate.cli import main
 from orchestrate.sweep import SweepDir
+from tests.folder_snapshot import snapshot
 from tests.plugins.mlflow_server import MlflowServer
 from tests.test_backend import ONE_TRIAL, cluster_env, smoke_corpus, write_profile
 
@@ -37,19 +38,6 @@ pytestmark = pytest.mark.timeout(600)
 EXIT_USAGE = 2
 EXIT_FAULT = 137  # ORCHESTRATE_FAULT=after-runs: the submitter dies right after creating the runs
 CLI_TIMEOUT_S = 300
-
-
-def files(folder: Path) -> dict[str, tuple[str, int, bytes]]:
-    """Every file and folder under ``folder``: kind, mtime (ns) and bytes (a folder's mtime changes when an entry
-    is created or removed in it, even a temporary file that is gone again)."""
-    out: dict[str, tuple[str, int, bytes]] = {}
-    if not folder.exists():
-        return out
-    for p in sorted([folder, *folder.rglob("*")]):
-        st = p.lstat()
-        rel = str(p.relative_to(folder))
-        out[rel] = ("dir", st.st_mtime_ns, b"") if p.is_dir() else ("file", st.st_mtime_ns, p.read_bytes())
-    return out
 
 
 def cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -93,9 +81,9 @@ def test_two_submits_at_once_one_proceeds_the_other_exits_2_having_changed_no_fi
         assert first.poll() is None, f"the first submit ended before it was seen holding the lock: {first.stderr}"
         os.kill(first.pid, signal.SIGSTOP)  # frozen inside the lock: whatever the second does, it does meanwhile
         try:
-            before = files(sweep.path)
+            before = snapshot(sweep.path)
             second = subprocess.run(args, capture_output=True, text=True, timeout=CLI_TIMEOUT_S)
-            after = files(sweep.path)
+            after = snapshot(sweep.path)
         finally:
             os.kill(first.pid, signal.SIGCONT)
         assert second.returncode == EXIT_USAGE, second.stderr
@@ -116,7 +104,7 @@ def test_a_filesystem_without_flock_is_refused_saying_what_to_do_simulated(
     """``flock`` answering ENOLCK (NFS without lockd) or ENOSYS (Lustre without ``-o flock``) is simulated: such a
     mount cannot be made here."""
     root, sweep = local_sweep(tmp_path, smoke_corpus, "nolocks")
-    before = files(sweep.path)
+    before = snapshot(sweep.path)
     grid = one_trial_grid(tmp_path, smoke_corpus)
     for err in (errno.ENOLCK, errno.ENOSYS):
         def no_flock(fd: int, op: int, err: int = err) -> None:
@@ -130,7 +118,7 @@ def test_a_filesystem_without_flock_is_refused_saying_what_to_do_simulated(
             msg = capsys.readouterr().err
             assert "no file locks" in msg and "-o flock" in msg and "--sweep-root" in msg, msg
             assert str(sweep.path.parent) in msg, msg
-        assert files(sweep.path) == before
+        assert snapshot(sweep.path) == before
         assert not SweepDir(root, "fresh").path.exists()  # a new sweep leaves no folder or lock file behind
 
 
@@ -142,12 +130,12 @@ def test_a_different_tracking_uri_is_refused_naming_both(tmp_path: Path, smoke_c
     name = f"oneledger-{uuid.uuid4().hex[:8]}"
     root, sweep = local_sweep(tmp_path, smoke_corpus, name)
     own = sweep.read_manifest().tracking_uri
-    before = files(sweep.path)
+    before = snapshot(sweep.path)
     for argv in (["resume", name], ["retry", name, "--failed"], ["cancel", name], ["status", name]):
         assert main([*argv, "--sweep-root", str(root), "--tracking-uri", mlflow_server.uri]) == EXIT_USAGE, argv
         msg = capsys.readouterr().err
         assert own in msg and mlflow_server.uri in msg and "sweep.json" in msg, msg
-    assert files(sweep.path) == before
+    assert snapshot(sweep.path) == before
     assert mlflow_server.client().get_experiment_by_name(name) is None  # no second ledger was started
     # the sweep's own URI, given explicitly, is the same ledger
     assert main(["status", name, "--sweep-root", str(root), "--tracking-uri", own, "--no-reconcile"]) == 0

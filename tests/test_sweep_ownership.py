@@ -26,6 +26,7 @@ import pytest
 from asr_core import trial_contract as tc
 from orchestrate.ledger import Ledger
 from orchestrate.sweep import SweepDir
+from tests.folder_snapshot import snapshot
 from tests.plugins.mlflow_server import MlflowServer
 
 pytestmark = pytest.mark.timeout(900)
@@ -72,19 +73,6 @@ def _submit(cwd: Path, grid: Path, root: Path, uri: str | None) -> subprocess.Co
     return _cli(cwd, *args, *(["--tracking-uri", uri] if uri else []))
 
 
-def _files(folder: Path) -> dict[str, tuple[str, int, bytes]]:
-    """Every file and folder under ``folder``: kind, mtime (ns) and bytes; a folder's mtime changes when an entry is
-    created or removed in it, even a temporary file that is gone again."""
-    out: dict[str, tuple[str, int, bytes]] = {}
-    if not folder.exists():
-        return out
-    for p in sorted([folder, *folder.rglob("*")]):
-        st = p.lstat()
-        rel = str(p.relative_to(folder))
-        out[rel] = ("dir", st.st_mtime_ns, b"") if p.is_dir() else ("file", st.st_mtime_ns, p.read_bytes())
-    return out
-
-
 def _experiment(server: MlflowServer, name: str) -> dict[str, Any]:
     """The experiment named ``name`` and every run in it, with all that a sweep operation could change."""
     from mlflow.entities import ViewType
@@ -126,7 +114,7 @@ def test_a_second_sweep_folder_cannot_submit_resume_or_cancel_a_sweep_it_does_no
     sweep_id_a = _manifest(sweep_a).get("sweep_id", "")
     assert sweep_id_a and before["tags"].get(tc.TAG_SWEEP_ID) == sweep_id_a
     assert str(root_a.resolve()) in before["tags"].get(tc.TAG_SWEEP_ROOT, "")
-    files_a = _files(sweep_a.path)
+    files_a = snapshot(sweep_a.path)
     assert "sweep.json" in files_a and "trials.json" in files_a
     assert {f"trials/{k}/{tc.CONFIG_FILE}" for k in runs_a} <= set(files_a)
 
@@ -152,7 +140,7 @@ def test_a_second_sweep_folder_cannot_submit_resume_or_cancel_a_sweep_it_does_no
         assert p.returncode == EXIT_USAGE, f"{command} --tracking-uri: exit {p.returncode}\n{p.stderr}"
         assert own_b in p.stderr and uri in p.stderr and "sweep.json" in p.stderr, p.stderr
     sweep_b.manifest_path.write_text(json.dumps({**_manifest(sweep_b), "tracking_uri": uri}, indent=1))
-    files_b, files_c = _files(sweep_b.path), _files(sweep_c.path)
+    files_b, files_c = snapshot(sweep_b.path), snapshot(sweep_c.path)
 
     for root in (root_b, root_c):
         for command in ("status", "resume", "cancel"):
@@ -161,8 +149,8 @@ def test_a_second_sweep_folder_cannot_submit_resume_or_cancel_a_sweep_it_does_no
 
     after = _experiment(mlflow_server, name)
     assert after == before, "sweep A's experiment or runs changed"
-    assert _files(sweep_a.path) == files_a, "sweep A's folder changed"
-    assert _files(sweep_b.path) == files_b and _files(sweep_c.path) == files_c, "a refused call changed its folder"
+    assert snapshot(sweep_a.path) == files_a, "sweep A's folder changed"
+    assert snapshot(sweep_b.path) == files_b and snapshot(sweep_c.path) == files_c, "a refused call changed its folder"
 
     # A itself is untouched in its rights: its own status still reads its two trials, never started (their runs
     # SCHEDULED, no job ever submitted: lost, for `resume` to submit).

@@ -28,6 +28,9 @@ from asr_core.outbox import pending, ship_pending
 from asr_core.trial_contract import (EXIT_PREEMPTED, TAG_PREEMPTIONS, TrialFolder, progress_records, read_attempts,
                                      read_segments)
 from tests.plugins.mlflow_server import free_port
+from tests.test_backend import smoke_corpus
+
+__all__ = ["smoke_corpus"]  # the session fixture, shared with test_backend
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "slurm" / "mlflow-server.sh"
@@ -64,18 +67,6 @@ def server(tmp_path: Path):
         yield s
     finally:
         s.stop()
-
-
-@pytest.fixture(scope="session")
-def smoke_corpus(request: pytest.FixtureRequest) -> Path:
-    """The backend tests' synthetic corpus (the same cache entry: made once for both)."""
-    out = Path(request.config.cache.mkdir("orchestrate-smoke-corpus-v1"))
-    if not (out / "COMPLETE").exists():
-        subprocess.run([sys.executable, "-m", "asr_core", "synth", str(out / "c"), "--hours", "0.2", "--seed", "1",
-                        "--eval-hours", "0.01", "--min-minutes", "0.5", "--max-minutes", "1", "--splits", "train"],
-                       check=True)
-        (out / "COMPLETE").write_text("ok\n")
-    return out / "c"
 
 
 def _overrides(corpus: Path, steps: int) -> list[str]:

@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Callable, TypeVar
 
 import pytest
 from mlflow.tracking import MlflowClient
@@ -81,6 +82,26 @@ def _wait_for_reader(fifo: Path, proc: subprocess.Popen, timeout: float = 300) -
     pytest.fail(f"the trial never opened {fifo}")
 
 
+T = TypeVar("T")
+
+
+def _act_at_step(cmd: list[str], job: str, step: int, act: Callable[[subprocess.Popen[str]], T],
+                 timeout: float = 120) -> tuple[subprocess.Popen[str], T, str]:
+    """Start the trial, call ``act(proc)`` when its log reaches ``step N/``, wait for it to exit; returns the
+    process, what ``act`` returned and the whole log."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env(job))
+    assert proc.stdout is not None
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if f"step {step}/" in line:
+            acted = act(proc)
+            break
+    else:
+        raise AssertionError(f"the trial exited {proc.wait()} before step {step}:\n{''.join(lines)[-3000:]}")
+    return proc, acted, "".join(lines) + proc.communicate(timeout=timeout)[0]
+
+
 def test_usr2_while_the_corpus_loads_exits_75_with_its_outcome_and_the_rerun_finishes(tmp_path: Path,
                                                                                       corpus: Path) -> None:
     """The corpus is a manifest behind a FIFO: the job blocks reading it, so the signal lands inside the reader.
@@ -142,17 +163,11 @@ def test_term_on_a_cancelled_trial_checkpoints_kills_the_run_and_is_final(tmp_pa
     """`orchestrate cancel` writes CANCELLED, then the scheduler sends TERM: the job checkpoints, the run ends KILLED
     (not SCHEDULED, which a later submit would restart), exit 77; a later start changes nothing."""
     trial_dir, uri, run_id, client = _setup(tmp_path, f"podcast:{corpus}", "train.max_steps=40")
-    proc = subprocess.Popen(_cmd(trial_dir, uri, run_id), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, env=_env("job-1"))
-    assert proc.stdout is not None
-    lines = []
-    for line in proc.stdout:
-        lines.append(line)
-        if "step 3/" in line:
-            TrialFolder(trial_dir).cancelled.write_text("cancelled by orchestrate\n")
-            proc.send_signal(signal.SIGTERM)
-            break
-    log = "".join(lines) + proc.communicate(timeout=120)[0]
+    def cancel(proc: subprocess.Popen[str]) -> None:
+        TrialFolder(trial_dir).cancelled.write_text("cancelled by orchestrate\n")
+        proc.send_signal(signal.SIGTERM)
+
+    proc, _, log = _act_at_step(_cmd(trial_dir, uri, run_id), "job-1", 3, cancel)
     assert proc.returncode == EXIT_CANCELLED, log
     if pending(trial_dir):  # the job waits only 5 s for MLflow after a signal; orchestrate ships the rest
         assert ship_pending(trial_dir, uri, run_id, 60).complete
@@ -195,17 +210,9 @@ def test_a_trainer_that_lost_its_lease_stops_without_saving_and_exits_73(tmp_pat
     from asr_core.lease import Lease
 
     trial_dir, uri, run_id, client = _setup(tmp_path, f"podcast:{corpus}", "train.max_steps=60")
-    proc = subprocess.Popen(_cmd(trial_dir, uri, run_id), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, env=_env("job-1"))
-    assert proc.stdout is not None
-    lines = []
-    for line in proc.stdout:
-        lines.append(line)
-        if "step 3/" in line:
-            taker = Lease(trial_dir, "job-1", heartbeat_s=0).acquire()
-            taken = time.time()
-            break
-    log = "".join(lines) + proc.communicate(timeout=120)[0]
+    proc, (taker, taken), log = _act_at_step(
+        _cmd(trial_dir, uri, run_id), "job-1", 3,
+        lambda _: (Lease(trial_dir, "job-1", heartbeat_s=0).acquire(), time.time()))
     assert proc.returncode == EXIT_FENCED, log
     folder = TrialFolder(trial_dir)
     assert folder.checkpoint.stat().st_mtime <= taken and load_checkpoint(folder.checkpoint)["step"] <= 4

@@ -8,7 +8,6 @@ a temporary HOME in `env`: the script writes the credentials to HOME/.mlflow/cre
 
 from __future__ import annotations
 
-import configparser
 import os
 import signal
 import socket
@@ -19,8 +18,11 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
+
+from orchestrate.mlflow_rest import credentials
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "slurm" / "mlflow-server.sh"
@@ -57,10 +59,10 @@ def network_address() -> str | None:
 
 
 def read_credentials(path: Path) -> tuple[str, str]:
-    """(user, password) from an MLflow credentials file (`[mlflow]` mlflow_tracking_username/password)."""
-    ini = configparser.ConfigParser()
-    ini.read(path)
-    return ini["mlflow"]["mlflow_tracking_username"], ini["mlflow"]["mlflow_tracking_password"]
+    """(user, password) from an MLflow credentials file alone (the environment is not read); both must be there."""
+    user, password = credentials(env={}, path=path)
+    assert user and password, f"{path} holds no complete [mlflow] credentials"
+    return user, password
 
 
 def free_port() -> int:
@@ -130,8 +132,14 @@ def stop_server(process: subprocess.Popen[bytes], timeout: float = 5) -> None:
 @pytest.fixture(scope="session")
 def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
     """A real `mlflow server` (sqlite store, served artifacts) on a free port of 127.0.0.1 for the session."""
+    yield from serving(tmp_path_factory.mktemp("mlflow-server"))
+
+
+def serving(directory: Path, **kwargs: Any) -> Iterator[MlflowServer]:
+    """The body of a server fixture: :func:`start_server` (a start that fails fails the test, with the log), yield
+    the server, stop it."""
     try:
-        server = start_server(tmp_path_factory.mktemp("mlflow-server"))
+        server = start_server(directory, **kwargs)
     except RuntimeError as exc:
         pytest.fail(f"the MLflow server did not start: {exc}", pytrace=False)
     try:
