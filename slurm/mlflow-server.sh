@@ -94,6 +94,24 @@ fi
 
 BACKEND=${BACKEND:-sqlite:///$DIR/mlflow.db}
 ARTIFACTS=${ARTIFACTS:-$DIR/artifacts}
+# A database server needs its driver in mlflow's Python (PostgreSQL: `pip install -e '.[postgres]'`). Checked here,
+# before anything starts, rather than found in the server log; the URI (it may hold a password) goes by environment.
+if [[ $BACKEND =~ ^(postgresql|postgres|mysql|mssql)(\+[a-z0-9_]+)?:// ]]; then
+  read -r shebang <"$MLFLOW" || true
+  py=${shebang#\#!}
+  if [ -x "$py" ] && ! why=$(MLFLOW_SERVER_CHECK_URI=$BACKEND "$py" -c '
+import os, sys
+try:
+    import sqlalchemy
+    sqlalchemy.create_engine(os.environ["MLFLOW_SERVER_CHECK_URI"])
+except ImportError as e:
+    sys.exit(f"its driver is not installed in {sys.prefix} ({e})")
+except Exception as e:
+    sys.exit(f"SQLAlchemy cannot use it ({type(e).__name__}: {e})")
+' 2>&1); then
+    die "--backend-store-uri: $why; for PostgreSQL run \`pip install -e '.[postgres]'\` (psycopg 3, which postgresql:// URIs use)"
+  fi
+fi
 case $HOST in
   127.0.0.1 | localhost | ::1) URI_HOST=$HOST ;;
   0.0.0.0 | ::) URI_HOST=$(hostname -f 2>/dev/null || hostname) ;;

@@ -87,6 +87,18 @@ def test_bad_port_is_refused_before_anything_starts(tmp_path: Path) -> None:
     assert not (tmp_path / "srv").exists()
 
 
+def test_a_database_store_without_its_driver_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    """A MySQL URI (no pymysql in the environment; PostgreSQL's psycopg is the `postgres` extra): exit 2 naming the
+    missing driver and the extra, and no server."""
+    uri = "mysql+pymysql://sweeps:s3cret-pw@db.example:3306/mlflow"
+    proc = subprocess.run(["bash", str(SCRIPT), "--dir", str(tmp_path / "srv"), "--port", str(free_port()),
+                           "--backend-store-uri", uri, "--detach"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert "--backend-store-uri: its driver is not installed" in proc.stderr and "pymysql" in proc.stderr
+    assert ".[postgres]" in proc.stderr
+    assert not (tmp_path / "srv" / "server.pid").exists()
+
+
 def test_unknown_option_is_refused(tmp_path: Path) -> None:
     proc = subprocess.run(["bash", str(SCRIPT), "--hots", "0.0.0.0"], capture_output=True, text=True, timeout=30)
     assert proc.returncode == 2 and "unknown option '--hots'" in proc.stderr
