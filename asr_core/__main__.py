@@ -24,9 +24,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("asr_core.train", "train a model from a config: train CONFIG.yaml [--set k=v ...] [--out DIR]"),
     "params": ("asr_core.params", "parameter counts per module and in total: params CONFIG.yaml [--set k=v ...]"),
     "evaluate": ("asr_core.evaluate", "moving-window WER of a checkpoint: evaluate CKPT --data NAME=FORMAT:PATH ..."),
+    "prepare": ("asr_core.prepare", "store a corpus once, memory-mapped, for every trial: prepare [NAME=]FORMAT:PATH OUT"),
     "synth": ("asr_core.corpora.synth", "generate the synthetic long-form corpus: synth OUT --hours H --seed S"),
     "trial": ("asr_core.trial", "one grid trial (train, then evaluate) inside an MLflow run; used by orchestrate"),
-    "bench": ("asr_core.bench", "benchmarks: bench train | bench decode"),
+    "bench": ("asr_core.bench", "benchmarks: bench train | bench decode | bench data"),
 }
 SIGNALLED = ("trial", "train")  # commands that checkpoint on SIGUSR2/SIGTERM
 

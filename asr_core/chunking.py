@@ -73,6 +73,15 @@ def window_bounds(duration: float, seq_len: float) -> list[tuple[float, float]]:
     return out
 
 
+def duration_timed(recordings: Sequence[Recording], i: int) -> tuple[float, bool]:
+    """(duration, every word timed) of ``recordings[i]``; a prepared corpus answers from its arrays."""
+    ask = getattr(recordings, "duration_timed", None)
+    if ask is not None:
+        return ask(i)
+    rec = recordings[i]
+    return rec.duration, rec.timed
+
+
 def micro_batches(windows: Sequence[Window], max_audio_s: float) -> list[list[Window]]:
     """One step's windows as the fewest contiguous micro-batches of at most ``max_audio_s`` padded audio.
 
@@ -184,12 +193,12 @@ class WindowStream:
         for epoch in range(self.epochs):
             for index in range(len(self.recordings)):
                 rec_idx = int(self.order(epoch)[index])
-                rec = self.recordings[rec_idx]
+                duration, timed = duration_timed(self.recordings, rec_idx)
                 seq = self.seq_len(epoch, index)
-                if rec.timed:
-                    durs = [e - s for s, e in window_bounds(rec.duration, seq)]
-                elif rec.duration <= seq + 1e-6:
-                    durs = [rec.duration]
+                if timed:
+                    durs = [e - s for s, e in window_bounds(duration, seq)]
+                elif duration <= seq + 1e-6:
+                    durs = [duration]
                 else:
                     durs, untimed_too_long = [], untimed_too_long + 1
                 for dur in durs:

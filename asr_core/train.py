@@ -196,14 +196,18 @@ def _use_bf16(cfg: Config, device: torch.device) -> bool:
     return device.type == "cuda" and cfg.train.precision in ("auto", "bf16")
 
 
-def _recordings(cfg: Config, recordings: Sequence[Recording] | None) -> list[Recording]:
+def _recordings(cfg: Config, recordings: Sequence[Recording] | None) -> Sequence[Recording]:
     if recordings is None:
         if not cfg.data.train:
             raise TrainError("data.train is empty: name the training corpus, e.g. --set data.train=podcast:DIR")
         from .corpora import load_corpus
 
         recordings = load_corpus(cfg.data.train)
-    recs = sorted(recordings, key=lambda r: r.id)  # data order must not depend on how a reader lists files
+    from .corpora.prepared import PreparedCorpus
+
+    # Data order must not depend on how a reader lists files; a prepared corpus is stored in id order (and is not
+    # built, recording by recording, to sort it).
+    recs = recordings if isinstance(recordings, PreparedCorpus) else sorted(recordings, key=lambda r: r.id)
     if cfg.data.max_recordings:
         recs = recs[: cfg.data.max_recordings]
     if not recs:
@@ -227,7 +231,8 @@ def _data_identity(cfg: Config, recs: Sequence[Recording], state: dict[str, Any]
     from .corpora.fingerprint import fingerprint
 
     name = dataset_name(cfg.data.train) or ("unnamed" if cfg.data.train else "recordings")
-    data_id = f"{name}={fingerprint(recs)}"
+    stored = getattr(recs, "fingerprint", None)  # a prepared corpus keeps its source's
+    data_id = f"{name}={stored if isinstance(stored, str) else fingerprint(recs)}"
     before = (state or {}).get("data_fingerprint")
     if before and before != data_id:
         raise TrainError(f"the training data named {name!r} has other content than when this trial started (the "

@@ -8,6 +8,7 @@ Formats (see ../shared/REFERENCE.md, "Data formats"):
 - ``earnings22`` Earnings-22 ``.nlp`` token files with the audio beside them (or in ``media/``).
 - ``rev16``      Rev16 ``.nlp`` files; only the 16 evaluation file numbers.
 - ``manifest``   a JSON-lines file, one recording per line.
+- ``prepared``   a corpus stored by ``python -m asr_core prepare`` (memory-mapped; :mod:`asr_core.corpora.prepared`).
 
 A file that is missing, corrupt or truncated is named in a :class:`CorpusError` (``strict=True``) or reported on
 stderr and skipped (the default); a reader never drops a recording without saying so.
@@ -19,6 +20,7 @@ import importlib
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Sequence
 
 from asr_core.corpora.base import CorpusError, Problems, Recording, Word
 
@@ -32,6 +34,7 @@ FORMATS: dict[str, str] = {
     "earnings22": "asr_core.corpora.earnings22",
     "rev16": "asr_core.corpora.rev16",
     "manifest": "asr_core.corpora.manifest",
+    "prepared": "asr_core.corpora.prepared",
 }
 
 
@@ -40,7 +43,7 @@ class CorpusReport:
     """What a reader produced: the recordings, and every file it could not use with the reason."""
 
     spec: str
-    recordings: list[Recording]
+    recordings: Sequence[Recording]  # a list, or a PreparedCorpus built on access
     skipped: list[tuple[str, str]] = field(default_factory=list)
 
 
@@ -99,7 +102,7 @@ def read_corpus(spec: str, *, strict: bool = False) -> CorpusReport:
     problems = Problems(spec, strict=strict)
     module = importlib.import_module(FORMATS[fmt])
     recordings = module.read(path, problems)
-    ids = [r.id for r in recordings]
+    ids = getattr(recordings, "ids", None) or [r.id for r in recordings]  # a prepared corpus: without building
     if len(set(ids)) != len(ids):
         dup = sorted({i for i in ids if ids.count(i) > 1})
         raise CorpusError(f"corpus {spec!r}: recording ids are not unique: {', '.join(dup[:5])}")
@@ -113,7 +116,7 @@ def read_corpus(spec: str, *, strict: bool = False) -> CorpusReport:
     return CorpusReport(spec, recordings, list(problems.items))
 
 
-def load_corpus(spec: str, *, strict: bool = False) -> list[Recording]:
+def load_corpus(spec: str, *, strict: bool = False) -> Sequence[Recording]:
     """The recordings of ``spec = "[NAME=]FORMAT:PATH"`` in a fixed order (by id; Rev16 by file number); see
     :func:`read_corpus` for errors."""
     return read_corpus(spec, strict=strict).recordings
