@@ -239,6 +239,7 @@ def _segment(cfg: Config, folder: TrialFolder, lease: "Lease", job_id: str, trac
             run_id = result.run_id or run_id
             checkpoint = Path(result.checkpoint)
             folder.trained.write_text(json.dumps({"checkpoint": str(checkpoint), "steps": result.steps}))
+        _drop_optimizer(checkpoint, lease)
         if cfg.eval.datasets:
             _evaluate_interruptibly(cfg, checkpoint, folder.path, tracking_uri, run_id, progress, outbox)
     except Fenced as e:  # another job has the trial now: leave the folder and the run to it
@@ -282,6 +283,17 @@ def _segment(cfg: Config, folder: TrialFolder, lease: "Lease", job_id: str, trac
     _say(f"finished: {folder.path}")
     _flush(outbox, FINAL_FLUSH_S)
     return EXIT_OK
+
+
+def _drop_optimizer(checkpoint: Path, lease: "Lease") -> None:
+    """A trained model's checkpoint keeps no optimizer state (nothing will train it further); also done by the
+    segment after one that stopped between TRAINED and the rewrite. Only while this job holds the trial."""
+    from asr_core.checkpoint import drop_optimizer_state
+
+    if checkpoint.is_file() and lease.held():
+        saved = drop_optimizer_state(checkpoint)
+        if saved:
+            _say(f"training finished: dropped the optimizer state from {checkpoint.name} ({saved / 2**20:.1f} MiB)")
 
 
 def _evaluate_interruptibly(cfg: Config, checkpoint: Path, out_dir: Path, tracking_uri: str | None,

@@ -5,8 +5,9 @@ import pickle
 import pytest
 import torch
 
-from asr_core.checkpoint import CheckpointError, load_checkpoint, load_for_eval, rng_state, save_checkpoint, \
-    set_rng_state
+from asr_core.checkpoint import CheckpointError, drop_optimizer_state, load_checkpoint, load_for_eval, rng_state, \
+    save_checkpoint, set_rng_state
+from asr_core.train import build_optimizer
 from asr_core.config import preset
 from asr_core.model import build_model
 from asr_core.tokenizer import Tokenizer
@@ -29,6 +30,25 @@ def test_round_trip_and_load_for_eval(tmp_path) -> None:
     x = torch.randn(1, 64, 80)
     with torch.no_grad():
         torch.testing.assert_close(m2(x, torch.tensor([64]))[0], model.eval()(x, torch.tensor([64]))[0])
+
+
+def test_a_trained_models_checkpoint_drops_its_optimizer_state_and_keeps_everything_else(tmp_path) -> None:
+    cfg = preset("tiny").with_overrides(["model.vocab_size=40"])
+    torch.manual_seed(0)
+    model = build_model(cfg.model)
+    opt = build_optimizer(model, cfg.train)
+    model(torch.randn(1, 64, 80), torch.tensor([64]))[0].sum().backward()
+    opt.step()  # Madgrad now holds state for every parameter
+    tok = Tokenizer.train(["alpha beta gamma delta", "epsilon zeta eta theta"], 40)
+    path = save_checkpoint(tmp_path / "ck.pt", {**_state(cfg, model, tok), "optimizer": opt.state_dict()})
+    before = load_checkpoint(path)
+    size = path.stat().st_size
+    saved = drop_optimizer_state(path)
+    after = load_checkpoint(path)
+    assert saved == size - path.stat().st_size and saved > size / 2  # the optimizer was most of the file
+    assert "optimizer" not in after and set(after) == set(before) - {"optimizer"}
+    assert all(torch.equal(t, after["model"][k]) for k, t in before["model"].items())
+    assert drop_optimizer_state(path) == 0 and [p.name for p in tmp_path.iterdir()] == ["ck.pt"]
 
 
 def test_rng_state_round_trip(tmp_path) -> None:

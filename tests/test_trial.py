@@ -19,6 +19,7 @@ import pandas as pd
 import pytest
 from mlflow.tracking import MlflowClient
 
+from asr_core.checkpoint import load_checkpoint
 from asr_core.config import preset
 from asr_core.corpora import load_corpus
 from asr_core.provenance import code_version
@@ -95,6 +96,9 @@ def test_trial_trains_evaluates_and_finishes_once(tmp_path: Path, corpus: Path) 
     assert {a.path for a in client.list_artifacts(run_id, "eval")} == {"eval/test.csv"}
     assert run.data.params["model.d_model"] == str(preset("tiny").model.d_model)
     assert (trial_dir / "DONE").exists() and (trial_dir / "checkpoint.pt").exists()
+    final = load_checkpoint(trial_dir / "checkpoint.pt")
+    assert "optimizer" not in final and final["model"]  # trained: the optimizer state is dropped, the model kept
+    assert "dropped the optimizer state from checkpoint.pt" in done.stdout
     steps = sorted(m.step for m in client.get_metric_history(run_id, "train/loss"))
     assert steps == list(range(1, 9)) or steps == list(range(8)), steps
 
