@@ -1,11 +1,11 @@
-"""``python -m asr_core bench train|decode``: speed and memory tables measured in one run."""
+"""``python -m asr_core bench train|decode|data``: speed and memory tables measured in one run."""
 
 from __future__ import annotations
 
 import importlib
 import sys
 
-BENCHES = {"train": "asr_core.bench.train", "decode": "asr_core.bench.decode"}
+BENCHES = {"train": "asr_core.bench.train", "decode": "asr_core.bench.decode", "data": "asr_core.bench.data"}
 
 
 def cli(argv: list[str]) -> int:

@@ -18,6 +18,7 @@ Layout of ``OUT/``::
     prepared.json        what it is: name, source spec, fingerprint, counts, time unit, format version
     recordings.json      ids and audio paths, in id order
     durations.npy        float64 (R,)            seconds
+    timed.npy            uint8   (R,)            1: the recording has words and every one has both times
     word_offsets.npy     int64   (R + 1,)        recording r's words are [offsets[r], offsets[r + 1])
     word_start.npy       int32 ms or float64 s   (W,), missing time: INT32_MIN / NaN
     word_end.npy         the same                (W,)
@@ -50,7 +51,7 @@ VERSION = 1
 MANIFEST = "prepared.json"
 NO_MS = np.iinfo(np.int32).min  # a missing time, in millisecond arrays
 WORD_CACHE = 65536
-_ARRAYS = ("durations", "word_offsets", "word_start", "word_end", "word_type", "lexicon_offsets", "ignore",
+_ARRAYS = ("durations", "timed", "word_offsets", "word_start", "word_end", "word_type", "lexicon_offsets", "ignore",
            "ignore_offsets")
 
 
@@ -95,7 +96,8 @@ def write_prepared(recordings: Sequence[Recording], out: str | Path, *, name: st
         ignore_offsets[r_idx + 1] = len(ignore)
         if progress is not None:
             progress.update(1)
-    arrays = {"durations": np.array([r.duration for r in recs], dtype=np.float64), "word_offsets": offsets,
+    arrays = {"durations": np.array([r.duration for r in recs], dtype=np.float64),
+              "timed": np.array([r.timed for r in recs], dtype=np.uint8), "word_offsets": offsets,
               "word_start": times[0], "word_end": times[1], "word_type": types,
               "ignore": np.array(ignore, dtype=np.float64).reshape(-1, 2), "ignore_offsets": ignore_offsets}
     return write_arrays(out, arrays, ids=[r.id for r in recs], audio=[str(r.audio) for r in recs],
@@ -187,15 +189,7 @@ class PreparedCorpus(Sequence[Recording]):
     def duration_timed(self, i: int) -> tuple[float, bool]:
         """(duration, every word timed) of recording ``i``, from the arrays."""
         r = self._index(i)
-        a, b = int(self._a["word_offsets"][r]), int(self._a["word_offsets"][r + 1])
-        if a == b:
-            return float(self._a["durations"][r]), False
-        starts, ends = self._a["word_start"][a:b], self._a["word_end"][a:b]
-        if self._ms:
-            timed = bool((starts != NO_MS).all() and (ends != NO_MS).all())
-        else:
-            timed = bool(np.isfinite(starts).all() and np.isfinite(ends).all())
-        return float(self._a["durations"][r]), timed
+        return float(self._a["durations"][r]), bool(self._a["timed"][r])
 
     # ---- Sequence ---------------------------------------------------------------------------------------------------
     def __len__(self) -> int:
