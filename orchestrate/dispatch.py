@@ -279,7 +279,7 @@ def run_sweep(sweep: SweepDir, manifest: Manifest, trials: list[Trial], profile:
         _mirror_left(ledger, runs, plan)
         by_key = {t.key: t for t in trials}
         for k in plan.attached:  # live jobs read config.json when they are requeued: give them today's settings
-            sweep.prepare_trial(by_key[k])
+            sweep.prepare_trial(profile.fit(by_key[k]))
         todo_keys = plan.to_submit()
         if not todo_keys:
             if len(plan.finished) == len(trials):
@@ -297,7 +297,7 @@ def run_sweep(sweep: SweepDir, manifest: Manifest, trials: list[Trial], profile:
         if requeue:  # FAILED/KILLED/stale RUNNING go back to SCHEDULED; the error tag is cleared
             ledger.set_status(requeue, SCHEDULED, tags={TAG_ERROR: ""})
         log(f"ledger ready in {time.perf_counter() - t0:.2f}s ({len(plan.new)} runs created)")
-        jobs = [Job(trial=t, run_id=run_ids[t.key], trial_dir=sweep.prepare_trial(t)) for t in todo]
+        jobs = [Job(trial=t, run_id=run_ids[t.key], trial_dir=sweep.prepare_trial(profile.fit(t))) for t in todo]
         _fault("after-runs")
 
         def on_submitted(job_ids: dict[str, str]) -> None:
