@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import io
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Iterator
 
 import sentencepiece as spm
 
 RESERVED = "<reserved_{}>"
+SENTENCE_BYTES = 8192  # transcripts go to SentencePiece in pieces of at most this many bytes (its limit: 65536)
+# SentencePiece's threads. Any count learns the same pieces, but the model file records it: a constant keeps the
+# file the same on every machine (16 threads on a 2-core machine cost nothing).
+THREADS = 16
 
 
 class TokenizerError(ValueError):
@@ -85,11 +89,31 @@ class Tokenizer:
         return self.sp.decode(keep)
 
 
+def sentences(texts: Iterable[str], max_bytes: int = SENTENCE_BYTES) -> Iterator[str]:
+    """Each transcript as pieces of whole words of at most ``max_bytes`` UTF-8 bytes. SentencePiece skips, without
+    saying so, any sentence longer than its ``max_sentence_length``: a podcast's transcript as one sentence passes
+    that at about 70 minutes. Pieces never span a space, so cutting between words learns the same pieces."""
+    for text in texts:
+        words, size = [], 0
+        for w in text.split():
+            n = len(w.encode("utf-8")) + 1
+            if n > max_bytes:
+                raise TokenizerError(f"a word of {n - 1} bytes in the transcripts ({w[:40]!r}...) is longer than "
+                                     f"{max_bytes} bytes; no tokenizer can learn from it: fix that transcript")
+            if size + n > max_bytes:
+                yield " ".join(words)
+                words, size = [], 0
+            words.append(w)
+            size += n
+        if words:
+            yield " ".join(words)
+
+
 def _train(texts: list[str], pieces: int, reserved: list[str]) -> bytes:
     buf = io.BytesIO()
-    kwargs = dict(sentence_iterator=iter(texts), model_writer=buf, model_type="bpe", vocab_size=pieces,
+    kwargs = dict(sentence_iterator=sentences(texts), model_writer=buf, model_type="bpe", vocab_size=pieces,
                   normalization_rule_name="nmt_nfkc_cf", character_coverage=1.0, hard_vocab_limit=False,
-                  bos_id=-1, eos_id=-1, unk_id=0, pad_id=-1, num_threads=1, minloglevel=2,
+                  bos_id=-1, eos_id=-1, unk_id=0, pad_id=-1, num_threads=THREADS, minloglevel=2,
                   input_sentence_size=2_000_000, shuffle_input_sentence=True, max_sentence_length=1 << 16)
     if reserved:
         kwargs["control_symbols"] = reserved

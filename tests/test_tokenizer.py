@@ -36,3 +36,25 @@ def test_errors_name_the_problem(tmp_path) -> None:
     with pytest.raises(TokenizerError, match="not a SentencePiece model"):
         Tokenizer.from_bytes(b"garbage")
     assert tok.vocab_size == 64
+
+
+def test_a_transcript_longer_than_sentencepieces_sentence_limit_is_learned_not_skipped() -> None:
+    """A 100-minute podcast is one transcript of about 90 kB: past SentencePiece's 64 kB sentence limit, which it
+    skips silently. Its words must still be learned (here: the only one with the letters q, x and z)."""
+    long = " ".join(["quixotic zebra"] * 6000)  # 90,000 bytes
+    assert len(long.encode()) > 1 << 16
+    tok = Tokenizer.train(["the cat sat on the mat"] * 5 + [long], 40)
+    ids = tok.encode("quixotic zebra")
+    assert ids and 0 not in ids  # no unknown piece: its letters were seen
+    assert tok.decode(ids) == "quixotic zebra"
+
+
+def test_cutting_transcripts_between_words_learns_the_same_pieces() -> None:
+    from asr_core.tokenizer import sentences
+
+    texts = ["alpha beta gamma delta epsilon " * 40, "zeta eta theta iota kappa lambda " * 30]
+    pieces = list(sentences(texts, 64))
+    assert all(len(s.encode()) <= 64 for s in pieces) and " ".join(pieces).split() == " ".join(texts).split()
+    assert Tokenizer.train(texts, 30).to_bytes() == Tokenizer.train(pieces, 30).to_bytes()
+    with pytest.raises(TokenizerError, match="longer than 8 bytes"):
+        list(sentences(["a averyverylongword b"], 8))
