@@ -220,6 +220,13 @@ def _tokenizer(cfg: Config, recs: Sequence[Recording], out_dir: Path, state: dic
         return Tokenizer.from_bytes(state["tokenizer"])
     if cfg.data.tokenizer:
         return Tokenizer.load(cfg.data.tokenizer, cfg.model.vocab_size)
+    prepared = getattr(recs, "tokenizer", None)  # a prepared corpus's, trained once on the same transcripts
+    path = prepared(cfg.model.vocab_size) if callable(prepared) else None
+    if path is not None:
+        print(f"[train] tokenizer of the prepared corpus: {path}", flush=True)
+        tok = Tokenizer.load(path, cfg.model.vocab_size)
+        (out_dir / TOKENIZER_FILE).write_bytes(tok.to_bytes())
+        return tok
     print(f"[train] learning a {cfg.model.vocab_size - 1}-piece BPE tokenizer from {len(recs)} transcripts",
           flush=True)
     return Tokenizer.train([r.text for r in recs], cfg.model.vocab_size, out_dir / TOKENIZER_FILE)

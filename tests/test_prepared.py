@@ -61,13 +61,16 @@ def test_whole_millisecond_times_take_twelve_bytes_a_word(tmp_path: Path, smoke_
     assert 12 <= per_word < 12.5  # three 4-byte numbers (plus the .npy headers)
 
 
-def test_a_trial_from_the_prepared_corpus_trains_the_same_model_bitwise(tmp_path: Path, smoke_corpus: Path) -> None:
+def test_a_trial_from_the_prepared_corpus_trains_the_same_model_bitwise(tmp_path: Path, smoke_corpus: Path,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """The raw corpus: read, sorted, its tokenizer trained by the trial. The prepared one: mapped, in stored order,
+    the tokenizer trained once by ``prepare``. The same model, bit for bit."""
     torch.set_num_threads(2)
     out = tmp_path / "prepared"
     done = subprocess.run([sys.executable, "-m", "asr_core", "prepare", f"smoke=podcast:{smoke_corpus}/train",
-                           str(out)], capture_output=True, text=True, timeout=300)
+                           str(out), "--vocab-size", "40"], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
-    assert f"data.train=smoke=prepared:{out}" in done.stdout
+    assert f"data.train=smoke=prepared:{out}" in done.stdout and (out / "tokenizer-40.model").is_file()
     states = {}
     for fmt, spec in (("raw", f"smoke=podcast:{smoke_corpus}/train"), ("prepared", f"smoke=prepared:{out}")):
         cfg = preset("tiny").with_overrides([f"data.train={spec}", "data.batch_audio_s=20.48", "data.context_s=5.12",
@@ -75,10 +78,11 @@ def test_a_trial_from_the_prepared_corpus_trains_the_same_model_bitwise(tmp_path
                                              "train.device=cpu", "train.precision=fp32", "eval.datasets=[]"])
         result = train(cfg, tmp_path / fmt)
         states[fmt] = (result, load_checkpoint(result.checkpoint))
+        assert ("tokenizer of the prepared corpus" in capsys.readouterr().out) == (fmt == "prepared")
     (r_raw, s_raw), (r_prep, s_prep) = states["raw"], states["prepared"]
     assert r_raw.steps == r_prep.steps == 3 and r_raw.final_loss == r_prep.final_loss
     assert s_raw["data_fingerprint"] == s_prep["data_fingerprint"]  # the same data identity: checkpoints carry over
-    assert s_raw["data_position"] == s_prep["data_position"]
+    assert s_raw["data_position"] == s_prep["data_position"] and s_raw["tokenizer"] == s_prep["tokenizer"]
     for name, t in s_raw["model"].items():
         assert torch.equal(t, s_prep["model"][name]), name
 

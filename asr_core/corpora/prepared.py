@@ -24,6 +24,7 @@ Layout of ``OUT/``::
     word_end.npy         the same                (W,)
     word_type.npy        uint32  (W,)            index into the lexicon
     lexicon.bin          UTF-8 of every distinct word, concatenated
+    tokenizer-V.model    the SentencePiece tokenizer of V outputs on all transcripts (``prepare --vocab-size V``)
     lexicon_offsets.npy  int64   (T + 1,)
     ignore.npy           float64 (I, 2)          regions to zero (TED-LIUM), seconds
     ignore_offsets.npy   int64   (R + 1,)
@@ -67,9 +68,11 @@ def _whole_ms(times: Iterable[float | None]) -> bool:
 
 
 def write_prepared(recordings: Sequence[Recording], out: str | Path, *, name: str, source: str,
-                   progress: Any = None) -> Path:
+                   progress: Any = None, vocab_sizes: Sequence[int] = ()) -> Path:
     """Store ``recordings`` as a prepared corpus in ``out`` (created; an existing corpus there is refused).
-    ``progress``: an object with ``update(n)`` called once per recording (e.g. a tqdm bar). Returns ``out``."""
+    ``progress``: an object with ``update(n)`` called once per recording (e.g. a tqdm bar). ``vocab_sizes``: train
+    the tokenizer of each size (``model.vocab_size``, blank included) on all transcripts, once, exactly as a trial
+    would, and keep it in ``out``. Returns ``out``."""
     out = Path(out)
     if (out / MANIFEST).exists():
         raise CorpusError(f"{out} already holds a prepared corpus ({out / MANIFEST}); remove it or choose another OUT")
@@ -100,15 +103,24 @@ def write_prepared(recordings: Sequence[Recording], out: str | Path, *, name: st
               "timed": np.array([r.timed for r in recs], dtype=np.uint8), "word_offsets": offsets,
               "word_start": times[0], "word_end": times[1], "word_type": types,
               "ignore": np.array(ignore, dtype=np.float64).reshape(-1, 2), "ignore_offsets": ignore_offsets}
+    tokenizers = {}
+    for size in sorted(set(vocab_sizes)):
+        from asr_core.tokenizer import Tokenizer
+
+        file = f"tokenizer-{size}.model"
+        Tokenizer.train((r.text for r in recs), size, out / file)
+        tokenizers[str(size)] = file
     return write_arrays(out, arrays, ids=[r.id for r in recs], audio=[str(r.audio) for r in recs],
-                        lexicon=list(lexicon), name=name, source=source, content=fingerprint(recs))
+                        lexicon=list(lexicon), name=name, source=source, content=fingerprint(recs),
+                        tokenizers=tokenizers)
 
 
 def write_arrays(out: Path, arrays: dict[str, np.ndarray], *, ids: list[str], audio: list[str], lexicon: list[str],
-                 name: str, source: str, content: str) -> Path:
+                 name: str, source: str, content: str, tokenizers: dict[str, str] | None = None) -> Path:
     """Write a prepared corpus from its arrays (the layout in the module docstring, less the lexicon's, which are
     made from ``lexicon``: the distinct words, index = type id); ``prepared.json`` last. Recordings in id order;
-    ``content``: their fingerprint (:func:`asr_core.corpora.fingerprint.fingerprint`)."""
+    ``content``: their fingerprint (:func:`asr_core.corpora.fingerprint.fingerprint`); ``tokenizers``: vocabulary
+    size -> tokenizer file in ``out``."""
     blob = [w.encode("utf-8") for w in lexicon]
     lex_offsets = np.zeros(len(blob) + 1, dtype=np.int64)
     np.cumsum([len(b) for b in blob], out=lex_offsets[1:])
@@ -124,7 +136,7 @@ def write_arrays(out: Path, arrays: dict[str, np.ndarray], *, ids: list[str], au
     manifest = {"format": FORMAT, "version": VERSION, "name": name, "source": source,
                 "fingerprint": content, "recordings": len(ids), "words": int(len(arrays["word_type"])),
                 "lexicon": len(blob), "hours": round(float(arrays["durations"].sum()) / 3600, 3),
-                "time_unit": "ms" if ms else "s", "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+                "time_unit": "ms" if ms else "s", "tokenizers": tokenizers or {}, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     tmp = out / f".{MANIFEST}.tmp"
     tmp.write_text(json.dumps(manifest, indent=1) + "\n")
     os.replace(tmp, out / MANIFEST)
@@ -190,6 +202,12 @@ class PreparedCorpus(Sequence[Recording]):
         """(duration, every word timed) of recording ``i``, from the arrays."""
         r = self._index(i)
         return float(self._a["durations"][r]), bool(self._a["timed"][r])
+
+    def tokenizer(self, vocab_size: int) -> Path | None:
+        """The tokenizer of ``vocab_size`` outputs trained on all of this corpus at preparation, if there is one and
+        this is the whole corpus (a part's tokenizer would be trained on fewer transcripts)."""
+        file = self.manifest.get("tokenizers", {}).get(str(vocab_size))
+        return self.path / file if file and self.whole else None
 
     # ---- Sequence ---------------------------------------------------------------------------------------------------
     def __len__(self) -> int:
