@@ -4,6 +4,8 @@ fingerprint, a bitwise-identical trained model, and clear errors for what is not
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -102,3 +104,34 @@ def test_what_is_not_a_finished_prepared_corpus_is_refused_saying_what_to_do(tmp
     bad = subprocess.run([sys.executable, "-m", "asr_core", "prepare", "x=podcast:/nonexistent", str(tmp_path / "q")],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "/nonexistent does not exist" in bad.stderr and not (tmp_path / "q").exists()
+
+
+def test_a_sharded_preparation_killed_midway_continues_and_equals_the_source(tmp_path: Path,
+                                                                            smoke_corpus: Path) -> None:
+    """Podcast transcripts are read in shards by worker processes; a preparation killed after two shards continues
+    from them, and the result equals the source, and a preparation in one piece, and one by two processes."""
+    def cmd(out: Path, *extra: str) -> list[str]:
+        return [sys.executable, "-m", "asr_core", "prepare", f"smoke=podcast:{smoke_corpus}/train", str(out),
+                "--vocab-size", "40", *extra]
+
+    out = tmp_path / "killed"
+    killed = subprocess.run(cmd(out, "--shard-size", "3", "--jobs", "1"), capture_output=True, text=True,
+                            timeout=300, env={**os.environ, "ASR_CORE_FAULT": "kill-after-shards:2"},
+                            start_new_session=True)  # killed with its workers, as SLURM kills a job
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    assert not (out / "prepared.json").exists()
+    assert len([d for d in (out / "shards").iterdir() if (d / "prepared.json").exists()]) >= 2
+    again = subprocess.run(cmd(out, "--shard-size", "3", "--jobs", "1"), capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr
+    assert "shards done before; continuing" in again.stderr and not (out / "shards").exists()
+    two = tmp_path / "two"
+    assert subprocess.run(cmd(two, "--shard-size", "5", "--jobs", "2"), capture_output=True, timeout=300).returncode == 0
+    raw = load_corpus(f"podcast:{smoke_corpus}/train")
+    whole = write_prepared(raw, tmp_path / "whole", name="smoke", source=f"podcast:{smoke_corpus}/train",
+                           vocab_sizes=[40])
+    for folder in (out, two):
+        corpus = PreparedCorpus(folder)
+        assert list(corpus) == sorted(raw, key=lambda r: r.id) and corpus.fingerprint == fingerprint(raw)
+        assert (folder / "tokenizer-40.model").read_bytes() == (whole / "tokenizer-40.model").read_bytes()
+        for key in ("word_start", "word_end", "durations", "timed", "word_offsets"):
+            assert np.array_equal(np.load(folder / f"{key}.npy"), np.load(whole / f"{key}.npy")), key

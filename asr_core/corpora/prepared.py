@@ -40,12 +40,12 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Sequence, overload
+from typing import Any, Callable, Iterable, Iterator, Sequence, overload
 
 import numpy as np
 
 from asr_core.corpora.base import CorpusError, Problems, Recording, Word
-from asr_core.corpora.fingerprint import fingerprint
+from asr_core.corpora.fingerprint import fingerprint, fingerprint_in_order
 
 FORMAT = "asr_core.prepared"
 VERSION = 1
@@ -103,16 +103,22 @@ def write_prepared(recordings: Sequence[Recording], out: str | Path, *, name: st
               "timed": np.array([r.timed for r in recs], dtype=np.uint8), "word_offsets": offsets,
               "word_start": times[0], "word_end": times[1], "word_type": types,
               "ignore": np.array(ignore, dtype=np.float64).reshape(-1, 2), "ignore_offsets": ignore_offsets}
-    tokenizers = {}
-    for size in sorted(set(vocab_sizes)):
-        from asr_core.tokenizer import Tokenizer
-
-        file = f"tokenizer-{size}.model"
-        Tokenizer.train((r.text for r in recs), size, out / file)
-        tokenizers[str(size)] = file
+    tokenizers = _train_tokenizers(lambda: (r.text for r in recs), out, vocab_sizes)
     return write_arrays(out, arrays, ids=[r.id for r in recs], audio=[str(r.audio) for r in recs],
                         lexicon=list(lexicon), name=name, source=source, content=fingerprint(recs),
                         tokenizers=tokenizers)
+
+
+def _train_tokenizers(texts: Callable[[], Iterable[str]], out: Path, vocab_sizes: Sequence[int]) -> dict[str, str]:
+    """Train and keep in ``out`` the tokenizer of each vocabulary size on ``texts()`` (all transcripts, id order,
+    as a trial trains its own); {size: file}."""
+    from asr_core.tokenizer import Tokenizer
+
+    files = {}
+    for size in sorted(set(vocab_sizes)):
+        files[str(size)] = f"tokenizer-{size}.model"
+        Tokenizer.train(texts(), size, out / files[str(size)])
+    return files
 
 
 def write_arrays(out: Path, arrays: dict[str, np.ndarray], *, ids: list[str], audio: list[str], lexicon: list[str],
@@ -129,7 +135,11 @@ def write_arrays(out: Path, arrays: dict[str, np.ndarray], *, ids: list[str], au
     if missing:
         raise ValueError(f"write_arrays: arrays {missing} missing")
     for key in _ARRAYS:
-        np.save(out / f"{key}.npy", np.ascontiguousarray(arrays[key]))
+        arr, path = arrays[key], out / f"{key}.npy"
+        if isinstance(arr, np.memmap) and arr.filename and Path(arr.filename).resolve() == path.resolve():
+            arr.flush()  # written in place (numpy.lib.format.open_memmap) by merge_prepared
+            continue
+        np.save(path, np.ascontiguousarray(arr))
     (out / "lexicon.bin").write_bytes(b"".join(blob))
     (out / "recordings.json").write_text(json.dumps({"ids": ids, "audio": audio}))
     ms = arrays["word_start"].dtype == np.int32
@@ -141,6 +151,77 @@ def write_arrays(out: Path, arrays: dict[str, np.ndarray], *, ids: list[str], au
     tmp.write_text(json.dumps(manifest, indent=1) + "\n")
     os.replace(tmp, out / MANIFEST)
     return out
+
+
+def merge_prepared(parts: Sequence[Path], out: Path, *, name: str, source: str, vocab_sizes: Sequence[int] = (),
+                   progress: Any = None) -> Path:
+    """One prepared corpus in ``out`` from prepared ``parts`` (the shards of ``python -m asr_core prepare``),
+    recordings in id order; a recording id in two parts is refused. The word arrays are written in place, so memory
+    holds one part at a time, not the corpus; the fingerprint streams over the result. ``progress``: ``update(n)``
+    per recording copied, then per recording fingerprinted."""
+    corpora = [PreparedCorpus(p) for p in parts]
+    owner: dict[str, int] = {}
+    for k, c in enumerate(corpora):
+        for rid in c.ids:
+            if rid in owner:
+                raise CorpusError(f"recording {rid!r} is in two shards ({parts[owner[rid]]} and {parts[k]})")
+            owner[rid] = k
+    order = sorted(owner)
+    local = {rid: (k, i) for k, c in enumerate(corpora) for i, rid in enumerate(c.ids)}
+    ms = all(c.manifest["time_unit"] == "ms" for c in corpora)
+    n_words = sum(c.manifest["words"] for c in corpora)
+    out.mkdir(parents=True, exist_ok=True)
+    dtype = np.int32 if ms else np.float64
+    big = {key: np.lib.format.open_memmap(out / f"{key}.npy", mode="w+", dtype=dt, shape=(n_words,))
+           for key, dt in (("word_start", dtype), ("word_end", dtype), ("word_type", np.uint32))}
+    lexicon: dict[str, int] = {}
+    remaps = []
+    for c in corpora:
+        lo = c._a["lexicon_offsets"]
+        words = [bytes(c._lex[int(lo[t]):int(lo[t + 1])]).decode("utf-8") for t in range(len(lo) - 1)]
+        remaps.append(np.array([lexicon.setdefault(w, len(lexicon)) for w in words], dtype=np.uint32))
+    n = len(order)
+    offsets, ignore_offsets = np.zeros(n + 1, dtype=np.int64), np.zeros(n + 1, dtype=np.int64)
+    durations, timed = np.empty(n, dtype=np.float64), np.empty(n, dtype=np.uint8)
+    ignore: list[np.ndarray] = []
+    ids, audio, w = [], [], 0
+    for j, rid in enumerate(order):
+        k, r = local[rid]
+        c = corpora[k]
+        a, b = int(c._a["word_offsets"][r]), int(c._a["word_offsets"][r + 1])
+        for key in ("word_start", "word_end"):
+            src = c._a[key][a:b]
+            if not ms and c.manifest["time_unit"] == "ms":  # exact: every ms time came from a float that ms/1000 gives
+                src = np.where(src == NO_MS, np.nan, src / 1000)
+            big[key][w:w + b - a] = src
+        big["word_type"][w:w + b - a] = remaps[k][c._a["word_type"][a:b]]
+        w += b - a
+        offsets[j + 1] = w
+        i0, i1 = int(c._a["ignore_offsets"][r]), int(c._a["ignore_offsets"][r + 1])
+        ignore.append(np.asarray(c._a["ignore"][i0:i1]))
+        ignore_offsets[j + 1] = ignore_offsets[j] + (i1 - i0)
+        durations[j], timed[j] = c._a["durations"][r], c._a["timed"][r]
+        ids.append(rid)
+        audio.append(c._audio[r])
+        if progress is not None:
+            progress.update(1)
+    arrays = {"durations": durations, "timed": timed, "word_offsets": offsets, **big,
+              "ignore": np.concatenate(ignore).reshape(-1, 2) if ignore else np.zeros((0, 2)),
+              "ignore_offsets": ignore_offsets}
+
+    def in_id_order() -> Iterator[Recording]:
+        for rid in order:
+            k, i = local[rid]
+            rec = corpora[k][i]
+            if progress is not None:
+                progress.update(1)
+            yield rec
+
+    content = fingerprint_in_order(in_id_order())
+    tokenizers = _train_tokenizers(lambda: (corpora[local[rid][0]][local[rid][1]].text for rid in order), out,
+                                   vocab_sizes)
+    return write_arrays(out, arrays, ids=ids, audio=audio, lexicon=list(lexicon), name=name, source=source,
+                        content=content, tokenizers=tokenizers)
 
 
 class PreparedCorpus(Sequence[Recording]):
@@ -196,7 +277,7 @@ class PreparedCorpus(Sequence[Recording]):
     @property
     def fingerprint(self) -> str:
         """The source's content fingerprint (stored at preparation; computed for a part of the corpus)."""
-        return self.manifest["fingerprint"] if self.whole else fingerprint(self)
+        return self.manifest["fingerprint"] if self.whole else fingerprint_in_order(self)
 
     def duration_timed(self, i: int) -> tuple[float, bool]:
         """(duration, every word timed) of recording ``i``, from the arrays."""
