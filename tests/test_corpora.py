@@ -191,3 +191,30 @@ def test_specs_are_validated_with_clear_errors(tmp_path: Path) -> None:
         parse_dataset_spec("podcast:data/dev")
     with pytest.raises(CorpusError, match="may not contain"):
         parse_dataset_spec("a/b=podcast:x")
+
+
+# ---- transcripts without audio -------------------------------------------------------------------------------
+
+def test_transcripts_read_without_audio(corpus) -> None:
+    """``audio=False`` (what ``score`` reads): no audio file needed or opened; durations from the transcript."""
+    pod = corpus("podcast")  # no audio written at all
+    with pytest.raises(CorpusError, match="no recordings"):
+        load_corpus(f"podcast:{pod}")
+    report = read_corpus(f"podcast:{pod}", audio=False)
+    recs = {r.id: r for r in report.recordings}
+    assert sorted(recs) == ["show_a/ep_noaudio", "show_a/ep_one", "show_a/ep_two"]  # corrupt files still skipped
+    assert {Path(k).name for k, _ in report.skipped} == {"ep_truncated.json", "ep_badtime.json"}
+    one = recs["show_a/ep_one"]
+    assert one.audio == Path("") and one.duration == pytest.approx(4.3) and one.words[-1].text == "Zürich!"
+    _audio(pod / "show_a" / "ep_two.wav", 1.0)
+    assert load_corpus(f"podcast:{pod / 'show_a' / 'ep_two.json'}", audio=False)[0].audio == \
+        pod / "show_a" / "ep_two.wav"  # the file that would have been used
+    ted = corpus("tedlium")
+    recs = {r.id: r for r in load_corpus(f"tedlium:{ted}", audio=False)}
+    alice = recs["AliceSmith_2010"]
+    assert alice.audio == Path("") and alice.ignore == ((3.5, 5.2), (12.0, 14.0))
+    assert alice.duration == max(e for _, e in alice.meta["segments"] + [list(x) for x in alice.ignore])
+    man = corpus("manifest")
+    recs = {r.id: r for r in load_corpus(f"manifest:{man / 'corpus.jsonl'}", audio=False)}
+    assert recs["m2"].duration == 3.0 and recs["m2"].audio == man / "audio" / "m2.wav"  # the line's duration
+    assert recs["m1"].duration == max(w.end for w in recs["m1"].words)

@@ -5,18 +5,27 @@ Formats (see ../shared/REFERENCE.md, "Data formats"):
 - ``podcast``    Spotify podcast transcripts (Google speech-API JSON, word times), audio beside each JSON; also the
                  layout written by ``python -m asr_core synth``.
 - ``tedlium``    TED-LIUM ``stm/`` + ``sph/`` (segments joined into talks, ignored segments kept as regions to zero).
-- ``earnings22`` Earnings-22 ``.nlp`` token files with the audio beside them (or in ``media/``).
-- ``rev16``      Rev16 ``.nlp`` files; only the 16 evaluation file numbers.
+- ``earnings22`` Earnings-22 as released: the reference ``.nlp`` files of ``transcripts/nlp_references`` (other copies
+                 named and not read), audio in ``media/``.
+- ``rev16``      Rev16 as released: the 16 evaluation file numbers, verbatim transcripts unless the spec points at
+                 the nonverbatim folder.
 - ``manifest``   a JSON-lines file, one recording per line.
 - ``prepared``   a corpus stored by ``python -m asr_core prepare`` (memory-mapped; :mod:`asr_core.corpora.prepared`).
 
 A file that is missing, corrupt or truncated is named in a :class:`CorpusError` (``strict=True``) or reported on
-stderr and skipped (the default); a reader never drops a recording without saying so.
+stderr and skipped (the default); a reader never drops a recording without saying so. A flaw a reader works around
+(an unreadable word time in an ``.nlp`` file: the word is kept untimed) is a warning on stderr (``strict``: an error).
+
+``audio=False`` reads transcripts only, for scoring text against them (``python -m asr_core score``): no audio file
+is required or opened, a recording's duration is its transcript's (the last word or segment end, 0.0 when untimed)
+and its audio path the file the reader found (an empty path when there is none). Training and evaluation read with
+audio (the default).
 """
 
 from __future__ import annotations
 
 import importlib
+import inspect
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +36,7 @@ from asr_core.corpora.base import CorpusError, Problems, Recording, Word
 __all__ = ["CorpusError", "CorpusReport", "FORMATS", "Recording", "Word", "load_corpus", "read_corpus",
            "parse_dataset_spec", "split_named_spec", "dataset_name"]
 
-# format name -> module holding ``read(path: Path, problems: Problems) -> list[Recording]``
+# format name -> module holding ``read(path: Path, problems: Problems[, *, audio: bool]) -> list[Recording]``
 FORMATS: dict[str, str] = {
     "podcast": "asr_core.corpora.podcast",
     "tedlium": "asr_core.corpora.tedlium",
@@ -45,6 +54,8 @@ class CorpusReport:
     spec: str
     recordings: Sequence[Recording]  # a list, or a PreparedCorpus built on access
     skipped: list[tuple[str, str]] = field(default_factory=list)
+    warnings: list[tuple[str, str]] = field(default_factory=list)  # (file, what was worked around)
+    notes: list[str] = field(default_factory=list)  # what the reader chose not to read, and why
 
 
 def split_spec(spec: str) -> tuple[str, Path]:
@@ -92,31 +103,36 @@ def dataset_name(spec: str) -> str:
     return head if sep and head and not any(c in head for c in "/: ") else ""
 
 
-def read_corpus(spec: str, *, strict: bool = False) -> CorpusReport:
+def read_corpus(spec: str, *, strict: bool = False, audio: bool = True) -> CorpusReport:
     """Read a corpus (``[NAME=]FORMAT:PATH``) and say what was skipped. Raises :class:`CorpusError` if the path
-    itself does not exist, if nothing at all could be read, or (``strict``) at the first bad file."""
+    itself does not exist, if nothing at all could be read, or (``strict``) at the first bad file or warning.
+    ``audio=False``: transcripts only (see the module's docstring)."""
     spec = split_named_spec(spec)[1]
     fmt, path = split_spec(spec)
     if not path.exists():
         raise CorpusError(f"corpus spec {spec!r}: {path} does not exist")
     problems = Problems(spec, strict=strict)
     module = importlib.import_module(FORMATS[fmt])
-    recordings = module.read(path, problems)
+    if audio or "audio" not in inspect.signature(module.read).parameters:  # a prepared corpus opens no audio
+        recordings = module.read(path, problems)
+    else:
+        recordings = module.read(path, problems, audio=False)
     ids = getattr(recordings, "ids", None) or [r.id for r in recordings]  # a prepared corpus: without building
     if len(set(ids)) != len(ids):
         dup = sorted({i for i in ids if ids.count(i) > 1})
         raise CorpusError(f"corpus {spec!r}: recording ids are not unique: {', '.join(dup[:5])}")
-    if problems.items:
-        print(f"corpus {spec}: read {len(recordings)} recordings, skipped {len(problems.items)} bad files",
+    if problems.items or problems.warnings:
+        warned = f", {len(problems.warnings)} files with warnings" if problems.warnings else ""
+        print(f"corpus {spec}: read {len(recordings)} recordings, skipped {len(problems.items)} bad files{warned}",
               file=sys.stderr)
     if not recordings:
         detail = f" ({len(problems.items)} bad files, first: {problems.items[0][0]}: {problems.items[0][1]})" \
             if problems.items else ""
         raise CorpusError(f"corpus {spec!r}: no recordings found under {path}{detail}")
-    return CorpusReport(spec, recordings, list(problems.items))
+    return CorpusReport(spec, recordings, list(problems.items), list(problems.warnings), list(problems.notes))
 
 
-def load_corpus(spec: str, *, strict: bool = False) -> Sequence[Recording]:
+def load_corpus(spec: str, *, strict: bool = False, audio: bool = True) -> Sequence[Recording]:
     """The recordings of ``spec = "[NAME=]FORMAT:PATH"`` in a fixed order (by id; Rev16 by file number); see
-    :func:`read_corpus` for errors."""
-    return read_corpus(spec, strict=strict).recordings
+    :func:`read_corpus` for errors and ``audio``."""
+    return read_corpus(spec, strict=strict, audio=audio).recordings

@@ -20,12 +20,12 @@ import math
 from pathlib import Path
 from typing import Any
 
-from asr_core.corpora.base import Problems, Recording, Word, check_words, probe_duration
+from asr_core.corpora.base import Problems, Recording, Word, check_words, probe_duration, transcript_duration
 
 KNOWN_KEYS = {"id", "audio", "duration", "words", "text", "ignore"}
 
 
-def read(path: Path, problems: Problems) -> list[Recording]:
+def read(path: Path, problems: Problems, *, audio: bool = True) -> list[Recording]:
     files = sorted(path.glob("*.jsonl")) if path.is_dir() else [path]
     if not files:
         problems.bad(path, "folder holds no *.jsonl manifest")
@@ -39,13 +39,15 @@ def read(path: Path, problems: Problems) -> list[Recording]:
         for n, line in enumerate(lines, 1):
             if not line.strip():
                 continue
-            rec = _parse_line(line, f, n, problems)
+            rec = _parse_line(line, f, n, problems, audio=audio)
             if rec is not None:
                 out.append(rec)
     return sorted(out, key=lambda r: r.id)
 
 
-def _parse_line(line: str, f: Path, n: int, problems: Problems) -> Recording | None:
+def _parse_line(line: str, f: Path, n: int, problems: Problems, *, audio: bool = True) -> Recording | None:
+    """One recording. Without ``audio`` the audio file is neither required nor opened: the duration is the line's
+    ``duration``, else the last word's end (0.0 when untimed)."""
     where = f"{f}:{n}"
     try:
         obj = json.loads(line)
@@ -59,9 +61,9 @@ def _parse_line(line: str, f: Path, n: int, problems: Problems) -> Recording | N
     if missing:
         problems.bad(where, f"missing key(s) {', '.join(missing)}; needed: id, audio, and words or text")
         return None
-    audio = Path(obj["audio"])
-    if not audio.is_absolute():
-        audio = f.parent / audio
+    audio_path = Path(obj["audio"])
+    if not audio_path.is_absolute():
+        audio_path = f.parent / audio_path
     try:
         words = _words(obj)
         ignore = tuple((float(a), float(b)) for a, b in obj.get("ignore") or ())
@@ -76,17 +78,20 @@ def _parse_line(line: str, f: Path, n: int, problems: Problems) -> Recording | N
         except (TypeError, ValueError):
             problems.bad(where, f"'duration' must be a positive number of seconds, got {obj['duration']!r}")
             return None
-        if not audio.is_file():
-            problems.bad(where, f"audio file {audio} not found")
+        if audio and not audio_path.is_file():
+            problems.bad(where, f"audio file {audio_path} not found")
             return None
+    elif not audio:
+        duration = transcript_duration(words)
     else:
-        duration = probe_duration(audio, problems, where)
-        if duration is None:
+        probed = probe_duration(audio_path, problems, where)
+        if probed is None:
             return None
-    if not check_words(words, duration, where, problems):
+        duration = probed
+    if audio and not check_words(words, duration, where, problems):
         return None
     meta = {k: v for k, v in obj.items() if k not in KNOWN_KEYS}
-    return Recording(str(obj["id"]), audio, duration, tuple(words), ignore, meta)
+    return Recording(str(obj["id"]), audio_path, duration, tuple(words), ignore, meta)
 
 
 def _words(obj: dict[str, Any]) -> list[Word]:

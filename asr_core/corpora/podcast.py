@@ -23,7 +23,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from asr_core.corpora.base import Problems, Recording, Word, check_words, find_audio, probe_duration
+from asr_core.corpora.base import (Problems, Recording, Word, check_words, find_audio, probe_duration,
+                                   transcript_duration)
 
 _DURATION = re.compile(r"^\s*(-?\d+(?:\.\d*)?)s\s*$")
 
@@ -45,20 +46,21 @@ def format_time(seconds: float) -> str:
     return f"{seconds:.3f}s"
 
 
-def read(path: Path, problems: Problems) -> list[Recording]:
+def read(path: Path, problems: Problems, *, audio: bool = True) -> list[Recording]:
     files = [path] if path.is_file() else sorted(p for p in path.rglob("*.json") if p.is_file())
     if not files:
         problems.bad(path, "no *.json transcripts found")
     out = []
     for f in files:
-        rec = read_file(f, path if path.is_dir() else f.parent, problems)
+        rec = read_file(f, path if path.is_dir() else f.parent, problems, audio=audio)
         if rec is not None:
             out.append(rec)
     return sorted(out, key=lambda r: r.id)
 
 
-def read_file(f: Path, root: Path, problems: Problems) -> Recording | None:
-    """One episode, or None after reporting why it cannot be used."""
+def read_file(f: Path, root: Path, problems: Problems, *, audio: bool = True) -> Recording | None:
+    """One episode, or None after reporting why it cannot be used. Without ``audio`` no audio is required or
+    opened: the duration is the last word's end and the audio path the file found (or an empty path)."""
     try:
         obj = json.loads(f.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError) as e:
@@ -72,18 +74,20 @@ def read_file(f: Path, root: Path, problems: Problems) -> Recording | None:
     except (TypeError, ValueError, KeyError, AttributeError) as e:
         problems.bad(f, f"not a speech-API transcript: {e}")
         return None
-    audio = _audio_for(f)
-    if audio is None:
-        problems.bad(f, f"no audio file beside it ({f.with_suffix('.*').name}) or under podcasts-audio/")
-        return None
-    duration = probe_duration(audio, problems, f)
-    if duration is None or not check_words(words, duration, f, problems):
-        return None
     rel = f.relative_to(root).with_suffix("") if f.is_relative_to(root) else Path(f.stem)
     meta: dict[str, Any] = {"transcript": str(f)}
     if speakers:
         meta["speakers"] = speakers
-    return Recording(rel.as_posix(), audio, duration, tuple(words), (), meta)
+    found = _audio_for(f)
+    if not audio:
+        return Recording(rel.as_posix(), found or Path(""), transcript_duration(words), tuple(words), (), meta)
+    if found is None:
+        problems.bad(f, f"no audio file beside it ({f.with_suffix('.*').name}) or under podcasts-audio/")
+        return None
+    duration = probe_duration(found, problems, f)
+    if duration is None or not check_words(words, duration, f, problems):
+        return None
+    return Recording(rel.as_posix(), found, duration, tuple(words), (), meta)
 
 
 def parse_results(obj: dict[str, Any]) -> tuple[list[Word], list[int]]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from asr_core.corpora.base import Problems, Recording, Word, find_audio, probe_duration
+from asr_core.corpora.base import Problems, Recording, Word, find_audio, probe_duration, transcript_duration
 
 IGNORE = "ignore_time_segment_in_scoring"
 # "i 'd" -> "i'd". The authors joined any " '<letter>"; limiting it to the English clitics keeps words that
@@ -25,7 +25,7 @@ def rejoin_clitics(text: str) -> str:
     return _CLITIC.sub("'", " ".join(text.split()))
 
 
-def read(path: Path, problems: Problems) -> list[Recording]:
+def read(path: Path, problems: Problems, *, audio: bool = True) -> list[Recording]:
     stm_dir = path / "stm" if (path / "stm").is_dir() else path
     sph_dir = path / "sph" if (path / "sph").is_dir() else stm_dir
     files = [path] if path.is_file() else sorted(stm_dir.glob("*.stm"))
@@ -34,17 +34,19 @@ def read(path: Path, problems: Problems) -> list[Recording]:
     out: list[Recording] = []
     seen_audio: set[Path] = set()
     for f in files:
-        for rec in read_stm(f, sph_dir if not path.is_file() else f.parent.parent / "sph", problems):
+        for rec in read_stm(f, sph_dir if not path.is_file() else f.parent.parent / "sph", problems, audio=audio):
             out.append(rec)
             seen_audio.add(rec.audio.resolve())
-    if path.is_dir() and sph_dir.is_dir():
-        for audio in sorted(sph_dir.glob("*.sph")):  # audio without a transcript is a missing file, not nothing
-            if audio.resolve() not in seen_audio and not (stm_dir / f"{audio.stem}.stm").exists():
-                problems.bad(audio, f"no transcript {stm_dir / (audio.stem + '.stm')}")
+    if audio and path.is_dir() and sph_dir.is_dir():
+        for sph in sorted(sph_dir.glob("*.sph")):  # audio without a transcript is a missing file, not nothing
+            if sph.resolve() not in seen_audio and not (stm_dir / f"{sph.stem}.stm").exists():
+                problems.bad(sph, f"no transcript {stm_dir / (sph.stem + '.stm')}")
     return sorted(out, key=lambda r: r.id)
 
 
-def read_stm(f: Path, sph_dir: Path, problems: Problems) -> list[Recording]:
+def read_stm(f: Path, sph_dir: Path, problems: Problems, *, audio: bool = True) -> list[Recording]:
+    """The talks of one STM file. Without ``audio`` no audio is required or opened: the duration is the last
+    segment's end and the audio path the file found (or an empty path)."""
     try:
         lines = f.read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as e:
@@ -77,19 +79,25 @@ def read_stm(f: Path, sph_dir: Path, problems: Problems) -> list[Recording]:
             talks.setdefault(talk, []).append((start, end, text))
     out = []
     for talk in sorted(set(talks) | set(ignores)):
-        audio = find_audio(sph_dir / talk, (".sph", ".wav", ".flac"))
-        if audio is None:
-            problems.bad(f, f"audio {sph_dir / (talk + '.sph')} not found")
-            continue
-        duration = probe_duration(audio, problems, f)
-        if duration is None:
-            continue
+        found = find_audio(sph_dir / talk, (".sph", ".wav", ".flac"))
         segments = sorted(talks.get(talk, []))
-        if segments and segments[-1][1] > duration + 1.0:
-            problems.bad(f, f"segment ending at {segments[-1][1]} s is past the end of {audio} ({duration:.2f} s)")
-            continue
+        ignored = tuple(sorted(ignores.get(talk, [])))
+        if not audio:
+            duration = transcript_duration((), *(e for _, e, _ in segments), *(e for _, e in ignored))
+        else:
+            if found is None:
+                problems.bad(f, f"audio {sph_dir / (talk + '.sph')} not found")
+                continue
+            probed = probe_duration(found, problems, f)
+            if probed is None:
+                continue
+            duration = probed
+            if segments and segments[-1][1] > duration + 1.0:
+                problems.bad(f, f"segment ending at {segments[-1][1]} s is past the end of {found} "
+                                f"({duration:.2f} s)")
+                continue
         text = rejoin_clitics(" ".join(t for _, _, t in segments))
         words = tuple(Word(w) for w in text.split())
         meta = {"segments": [[s, e] for s, e, _ in segments], "transcript": str(f)}
-        out.append(Recording(talk, audio, duration, words, tuple(sorted(ignores.get(talk, []))), meta))
+        out.append(Recording(talk, found or Path(""), duration, words, ignored, meta))
     return out
