@@ -12,6 +12,9 @@ Identity of what is compared:
 * a **series** is the configurations that differ only in ``data.context_s`` (``series_id``); WERR is measured
   within a series against its model at the baseline context;
 * a **family** is a sub-grid (tag ``trial.subgrids``, comma-separated); a configuration may sit in several.
+
+Other systems scored on the same test sets by ``python -m asr_core score`` (runs tagged ``sweep.role=external``,
+``external.system=NAME``, with the same metric keys) are not trials: their WERs are listed in :attr:`Sweep.external`.
 """
 
 from __future__ import annotations
@@ -30,8 +33,8 @@ from typing import Any, Iterable, Mapping
 
 import pandas as pd
 
-from asr_core.trial_contract import (FINISHED, ROLE_PARENT, ROLE_TRIAL, TAG_ERROR, TAG_LABEL, TAG_ROLE, TAG_SEED,
-                                     TAG_SUBGRIDS)
+from asr_core.trial_contract import (FINISHED, ROLE_EXTERNAL, ROLE_PARENT, ROLE_TRIAL, TAG_ERROR, TAG_LABEL,
+                                     TAG_ROLE, TAG_SEED, TAG_SUBGRIDS, TAG_SYSTEM)
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +51,7 @@ METRIC_TOLERANCE_PTS = 0.05
 
 TRIAL_COLUMNS = ["run_id", "label", "config", "config_id", "series", "series_id", "families", "seed", "status",
                  "context_s", "layers", "d_model", "heads", "posenc", "rotary_theta", "error"]
+EXTERNAL_COLUMNS = ["system", "run_id", "status", "dataset", "condition", "snr_db", "wer"]
 
 
 class CollectError(RuntimeError):
@@ -95,7 +99,8 @@ class Sweep:
     * ``recordings``: the tidy frame, one row per finished run, dataset, condition and recording, with the trial
       columns, the counts of ``eval/<DATASET>.csv`` and ``errors`` = S + D + I;
     * ``problems``: ``run_id, label, status, problem`` for everything left out or suspicious;
-    * ``params``: the runs' params (strings), one row per run, for describing how series differ.
+    * ``params``: the runs' params (strings), one row per run, for describing how series differ;
+    * ``external``: other systems' WERs (:data:`EXTERNAL_COLUMNS`), one row per system, dataset and condition.
     """
 
     experiment: str
@@ -104,6 +109,7 @@ class Sweep:
     recordings: pd.DataFrame
     problems: pd.DataFrame
     params: pd.DataFrame
+    external: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=EXTERNAL_COLUMNS))
 
     @property
     def families(self) -> list[str]:
@@ -194,10 +200,19 @@ def build_sweep(experiment: str, records: Iterable[RunRecord], *, ignore_params:
     ignored = {SEED_PARAM, *ignore_params}
     problems: list[dict[str, Any]] = []
     trial_rows: list[dict[str, Any]] = []
+    external_rows: list[dict[str, Any]] = []
     kept: list[RunRecord] = []
     for rec in records:
         role = rec.tags.get(TAG_ROLE)
         if role == ROLE_PARENT:
+            continue
+        if role == ROLE_EXTERNAL:
+            system = rec.tags.get(TAG_SYSTEM) or rec.run_id[:8]
+            for key, value in sorted(rec.metrics.items()):
+                if (parsed := parse_metric_key(key)) is not None:
+                    external_rows.append({"system": system, "run_id": rec.run_id, "status": rec.status,
+                                          "dataset": parsed[0], "condition": parsed[1], "snr_db": parsed[2],
+                                          "wer": float(value)})
             continue
         label = rec.tags.get(TAG_LABEL) or rec.tags.get("mlflow.runName") or rec.run_id[:8]
         if role != ROLE_TRIAL:
@@ -311,7 +326,8 @@ def build_sweep(experiment: str, records: Iterable[RunRecord], *, ignore_params:
         recs = pd.DataFrame(columns=info_cols + list(EVAL_CSV_COLUMNS) + ["errors"])
     prob = pd.DataFrame(problems, columns=["run_id", "label", "status", "problem"])
     prob = prob.sort_values(["label", "problem"], kind="stable").reset_index(drop=True)
-    return Sweep(experiment, trials, wer, recs, prob, params)
+    external = pd.DataFrame(external_rows, columns=EXTERNAL_COLUMNS)
+    return Sweep(experiment, trials, wer, recs, prob, params, external)
 
 
 def _problem(rec: RunRecord, label: str, text: str) -> dict[str, Any]:

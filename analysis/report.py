@@ -2,7 +2,8 @@
 
 ``OUT/index.html`` (self-contained: figures embedded as base64 PNG, inline CSS), ``OUT/report.md`` (figures linked
 beside it), the PNGs, and CSVs: ``wer.csv``, ``werr.csv``, ``significance.csv``, ``snr.csv``, ``problems.csv``,
-``trials.csv``. Every comparison with a baseline is stated in words — significant or not after Holm's correction,
+``trials.csv``, ``external.csv`` (other systems scored by ``python -m asr_core score``, also a table beside the
+models' WER). Every comparison with a baseline is stated in words — significant or not after Holm's correction,
 with its p-values and intervals — and every run that was left out is listed with the reason.
 """
 
@@ -113,6 +114,15 @@ def _wer_pivot(wer: pd.DataFrame) -> pd.DataFrame:
     return out.rename(columns={"context_s": "context"})
 
 
+def _external_pivot(external: pd.DataFrame) -> pd.DataFrame:
+    """Systems × dataset/condition, WER in percent."""
+    cell = external.assign(col=[ds if c == CLEAN else f"{ds} {c}"
+                                for ds, c in zip(external["dataset"], external["condition"])])
+    order = list(dict.fromkeys(cell.sort_values(["dataset", "snr_db"], na_position="first")["col"]))
+    out = cell.pivot_table(index="system", columns="col", values="wer", aggfunc="first")
+    return out[order].round(2).reset_index()
+
+
 def _werr_pivot(werr: pd.DataFrame, family: str) -> pd.DataFrame:
     part = werr[(werr["family"] == family) & (werr["condition"] == CLEAN)]
     if part.empty:
@@ -212,7 +222,7 @@ def build_report(sweep: Sweep, out_dir: Path | str, *, baseline_context: float =
     checks, gains = finding_checks(sweep, alpha=alpha, wer=wer)
 
     csvs = {"wer": wer, "werr": werr, "significance": sig, "snr": snr, "problems": sweep.problems,
-            "trials": sweep.trials, "finding": _finding_frame(checks, gains)}
+            "trials": sweep.trials, "finding": _finding_frame(checks, gains), "external": sweep.external}
     paths = {}
     for name, df in csvs.items():
         paths[name] = out / f"{name}.csv"
@@ -284,6 +294,9 @@ def _sections(sweep: Sweep, wer: pd.DataFrame, werr: pd.DataFrame, snr: pd.DataF
         if not headline.empty else []
     secs.append(_Section("Findings: each context length against the baseline", findings, summary, [], bullets))
     tables = [("WER (%) per configuration: mean ± sd over seeds (number of seeds)", _wer_pivot(wer))]
+    if not sweep.external.empty:
+        tables.append(("WER (%) of other systems on the same test sets (python -m asr_core score: the same "
+                       "references and normaliser)", _external_pivot(sweep.external)))
     for fam in sweep.families:
         pv = _werr_pivot(werr, fam)
         if not pv.empty:

@@ -24,6 +24,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("asr_core.train", "train a model from a config: train CONFIG.yaml [--set k=v ...] [--out DIR]"),
     "params": ("asr_core.params", "parameter counts per module and in total: params CONFIG.yaml [--set k=v ...]"),
     "evaluate": ("asr_core.evaluate", "moving-window WER of a checkpoint: evaluate CKPT --data NAME=FORMAT:PATH ..."),
+    "score": ("asr_core.score_cli", "WER of another system's transcripts: score --ref NAME=FORMAT:PATH --hyp DIR --system S"),
     "prepare": ("asr_core.prepare", "store a corpus once, memory-mapped, for every trial: prepare [NAME=]FORMAT:PATH OUT"),
     "synth": ("asr_core.corpora.synth", "generate the synthetic long-form corpus: synth OUT --hours H --seed S"),
     "trial": ("asr_core.trial", "one grid trial (train, then evaluate) inside an MLflow run; used by orchestrate"),
