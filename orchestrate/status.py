@@ -12,8 +12,9 @@ PREEMPTED    its last segment checkpointed after a preemption notice; the requeu
 FAILED       its last outcome was a failure (its own error, killed by the system, lost) and no job holds it; "gave up"
              once the failures since the last ``retry --failed`` reach the sweep's ``max_failures``
 KILLED       cancelled (``CANCELLED``): final until ``retry --cancelled``
-LOST         unfinished, not live, not held: never started, or its last segment ended without a word (``resume``
-             asks the scheduler's accounting how, and resubmits it within the budget)
+LOST         unfinished, not live, not held: never started, or its last segment ended without a word (status shows
+             how the scheduler's accounting saw that job end, one ``sacct``; ``resume`` records it and resubmits
+             within the budget)
 ===========  ========================================================================================================
 
 Then every failed, killed and lost trial with its reason and failure count, the running ones with their progress,
@@ -26,6 +27,7 @@ under the sweep's lock, within ``--reconcile-deadline`` seconds) and says so; a 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import fcntl
 import json
 import os
@@ -242,9 +244,41 @@ def trial_statuses(sweep: SweepDir, manifest: Manifest, trials: Sequence[Any],
     """One :class:`TrialStatus` per trial of ``trials`` (anything with ``key`` and ``label``), in their order."""
     max_failures = int(getattr(manifest, "max_failures", DEFAULT_MAX_FAILURES) or DEFAULT_MAX_FAILURES)
     run_ids = _run_ids(sweep)
-    return [classify(states[t.key], t.label, held_job=view.held.get(t.key), held_state=view.states.get(t.key, ""),
+    rows = [classify(states[t.key], t.label, held_job=view.held.get(t.key), held_state=view.states.get(t.key, ""),
                      scheduler_known=view.known, max_failures=max_failures, run_id=run_ids.get(t.key, ""))
             for t in trials]
+    if manifest.backend == "slurm" and view.known:
+        rows = _with_accounting(rows, states)
+    return rows
+
+
+def _with_accounting(rows: list[TrialStatus], states: Mapping[str, FolderState]) -> list[TrialStatus]:
+    """LOST trials whose last segment ended without a word, with how the scheduler's accounting says its job ended
+    (one ``sacct`` for all; read only: ``resume`` records it and counts it against the budget)."""
+    asks = {r.key: str((states[r.key].last_segment or {}).get("job_id") or "") for r in rows
+            if r.status == LOST and states[r.key].unrecorded_segment}
+    asks = {k: j for k, j in asks.items() if j}
+    if not asks:
+        return rows
+    from orchestrate.backends.base import BackendError
+    from orchestrate.backends.slurm_commands import job_ends
+
+    try:
+        ends = job_ends(sorted(set(asks.values())))
+    except BackendError:
+        return rows  # no accounting: the reason already says that resume asks
+    out = []
+    for r in rows:
+        job = asks.get(r.key)
+        if job is not None and job in ends:
+            end = ends[job]
+            seg = (states[r.key].last_segment or {}).get("segment", states[r.key].segments)
+            how = ("the scheduler's accounting has it not ended, though the queue does not show it" if end is None
+                   else f"{end.reason}; resume records it")
+            r = dataclasses.replace(r, reason=f"segment {seg} (job {job}) ended without a word; {how}"
+                                    + (f" ({r.failures}/{r.max_failures} failures so far)" if r.failures else ""))
+        out.append(r)
+    return out
 
 
 # ---- the ledger, lightly -----------------------------------------------------------------------------------------

@@ -298,6 +298,28 @@ def test_a_local_sweep_being_run_holds_its_trials_and_status_leaves_its_ledger_a
     assert Ledger(uri, "local-run").trial_runs() == {}  # nothing was written
 
 
+def test_status_says_how_the_scheduler_saw_a_silent_segment_end_without_recording_it(tmp_path: Path,
+                                                                                      slurm_cluster) -> None:  # noqa: ANN001
+    """A trial whose last segment's job ended without a word (here: a real job that exited 3) is LOST with what
+    ``sacct`` says, read only: ``resume`` records it and counts it against the budget."""
+    built = build_sweep(tmp_path / "runs", f"acct-{uuid.uuid4().hex[:8]}", f"sqlite:///{tmp_path / 'm.db'}")
+    built.lease.release()
+    job = slurm_cluster.sbatch(f"--partition={slurm_cluster.partition}", "--time=00:01:00", "--output=/dev/null",
+                               "--wrap", "exit 3")
+    slurm_cluster.wait_for_state(job, "FAILED", timeout=120)
+    lost = TrialFolder(built.sweep.trial_dir(built.trials["lost"].key))
+    segment(lost, 2, job)
+    attempts = lost.path / "attempts.jsonl"
+    before = attempts.read_bytes() if attempts.exists() else b""
+    rows = {r["key"]: r for r in map(json.loads, status(built.sweep.path.parent, built.sweep.name, "--json",
+                                                        "--no-reconcile").stdout.splitlines())}
+    row = rows[built.trials["lost"].key]
+    assert row["status"] == "LOST", row
+    assert f"segment 2 (job {job}) ended without a word; exit code 3" in row["reason"], row
+    assert "resume records it" in row["reason"]
+    assert (attempts.read_bytes() if attempts.exists() else b"") == before  # status wrote nothing
+
+
 # ---- a full-size sweep -------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def sweep321(tmp_path_factory: pytest.TempPathFactory) -> SweepDir:
