@@ -34,6 +34,8 @@ KILLED, never requeued), then marks the runs KILLED.
 from __future__ import annotations
 
 import os
+import signal
+import socket
 import sys
 import time
 from dataclasses import dataclass, field
@@ -47,7 +49,7 @@ from orchestrate.backends import make_backend
 from orchestrate.backends.base import Backend, Job
 from orchestrate.backends.profile import Profile
 from orchestrate.ledger import Ledger, TrialRun
-from orchestrate.sweep import DEFAULT_MAX_FAILURES, Manifest, SweepDir, new_sweep_id
+from orchestrate.sweep import DEFAULT_MAX_FAILURES, Manifest, SweepBusy, SweepDir, new_sweep_id
 from orchestrate.trial import Trial
 from orchestrate.trial_state import (FolderState, failure_reason, read_folder_state, read_folder_states,
                                      reconcile_ledger)
@@ -338,6 +340,39 @@ def cancel_sweep(sweep: SweepDir, manifest: Manifest, profile: Profile) -> list[
     ``status`` or ``resume`` mirrors them."""
     backend = make_backend(manifest.backend, sweep, manifest.tracking_uri, profile)
     ledger = Ledger(manifest.tracking_uri, manifest.name)
+    try:
+        return _cancel_locked(sweep, manifest, backend, ledger)
+    except SweepBusy as busy:
+        if manifest.backend != "local":
+            raise
+        _cancel_while_run(sweep, busy.holder)
+        return []
+
+
+def _cancel_while_run(sweep: SweepDir, holder: str) -> None:
+    """Cancel a local sweep while the command that runs it (and holds its lock) goes on: ``CANCELLED`` in every
+    unfinished trial folder (what the trial job and the Tune driver read: a trial not yet started is skipped), then
+    SIGTERM to the trainers that hold a lease on this machine (each checkpoints and ends its run KILLED, exit 77).
+    The running command then ends; ``status`` and ``resume`` mirror the runs that never started."""
+    keys = [t.key for t in sweep.read_trials()]
+    states = read_folder_states(sweep, keys)
+    marked = sum(sweep.cancel_trial(k, "orchestrate cancel") for k in keys if not states[k].done)
+    here, signalled = socket.gethostname(), 0
+    for fs in states.values():
+        lease = fs.lease
+        if fs.done or not fs.live or lease is None or lease.host != here or lease.pid <= 0:
+            continue
+        try:
+            os.kill(lease.pid, signal.SIGTERM)
+            signalled += 1
+        except ProcessLookupError:
+            pass
+    log(f"sweep {sweep.name} is being run ({holder or 'another process'}): {marked} trial folders marked "
+        f"CANCELLED, {signalled} running trainers told to stop (each checkpoints and ends KILLED); that command "
+        "ends when they have")
+
+
+def _cancel_locked(sweep: SweepDir, manifest: Manifest, backend: Backend, ledger: Ledger) -> list[str]:
     with sweep.lock("cancel"):
         ledger.check_owner(manifest.sweep_id, str(sweep.path), adopt=True)
         keys = [t.key for t in sweep.read_trials()]

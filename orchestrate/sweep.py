@@ -43,6 +43,14 @@ class SweepError(RuntimeError):
     """The sweep folder is missing, busy or inconsistent; the message says what to do."""
 
 
+class SweepBusy(SweepError):
+    """Another command holds the sweep's lock; ``holder`` is what it wrote there ("submit by pid 4242 on login01")."""
+
+    def __init__(self, message: str, holder: str = "") -> None:
+        super().__init__(message)
+        self.holder = holder
+
+
 DEFAULT_MAX_FAILURES = 3  # a trial that failed this often (its own error, killed, lost) is left FAILED
 # flock's answers on a filesystem that has no locks: NFS without lockd, Lustre without `-o flock`, some FUSE mounts
 NO_LOCKS = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS)
@@ -207,8 +215,8 @@ class SweepDir:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 holder = os.pread(fd, 200, 0).decode(errors="replace").strip()
-                raise SweepError(f"sweep {self.name!r} is busy ({holder or 'another process'}); wait for it, or "
-                                 "stop that process first") from None
+                raise SweepBusy(f"sweep {self.name!r} is busy ({holder or 'another process'}); wait for it, or "
+                                "stop that process first", holder=holder) from None
             except OSError as e:
                 if e.errno not in NO_LOCKS:
                     raise
