@@ -140,7 +140,9 @@ def _data_paths(trials: list[Trial]) -> dict[str, str]:
         specs = [("data.train", t.config.data.train)] if t.config.data.train else []
         for name, spec in specs + [("eval.datasets", d) for d in t.config.eval.datasets]:
             try:
-                out.setdefault(str(split_spec(split_named_spec(spec)[1])[1]), name)
+                fmt, path = split_spec(split_named_spec(spec)[1])
+                # a prepared corpus is only one once its manifest is written (an unfinished preparation is not)
+                out.setdefault(str(path / "prepared.json") if fmt == "prepared" else str(path), name)
             except CorpusError as e:
                 raise UsageError(f"{name} of trial {t.label}: {e}") from None
     return out
@@ -152,8 +154,8 @@ def _check_data(trials: list[Trial], workdir: Path) -> None:
     missing = {p: k for p, k in _data_paths(trials).items() if not (workdir / p).exists()}
     if missing:
         raise UsageError("data not found: " + ", ".join(f"{p} ({k})" for p, k in sorted(missing.items()))
-                         + "; fix the grid or --set the path, or pass --no-check-data if only the compute "
-                           "nodes see it")
+                         + "; fix the grid or --set the path (a prepared corpus: finish `python -m asr_core "
+                           "prepare`), or pass --no-check-data if only the compute nodes see it")
 
 
 def merge_trials(known: list[Trial], grid_trials: list[Trial]) -> list[Trial]:

@@ -135,3 +135,17 @@ def test_a_sharded_preparation_killed_midway_continues_and_equals_the_source(tmp
         assert (folder / "tokenizer-40.model").read_bytes() == (whole / "tokenizer-40.model").read_bytes()
         for key in ("word_start", "word_end", "durations", "timed", "word_offsets"):
             assert np.array_equal(np.load(folder / f"{key}.npy"), np.load(whole / f"{key}.npy")), key
+
+
+def test_submit_refuses_an_unfinished_prepared_corpus_before_anything_is_written(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A preparation that was stopped leaves a folder without ``prepared.json``: not a corpus yet."""
+    from orchestrate.cli import main
+
+    half = tmp_path / "half"
+    (half / "shards").mkdir(parents=True)
+    root = tmp_path / "runs"
+    rc = main(["submit", str(Path(__file__).resolve().parents[1] / "grids" / "smoke.yaml"), "--backend", "local",
+               "--sweep-root", str(root), "--set", f"data.train=prepared:{half}"])
+    assert rc == 2 and not root.exists()
+    assert f"data not found: {half / 'prepared.json'} (data.train)" in capsys.readouterr().err
