@@ -4,8 +4,10 @@ datasets' content fingerprints on the run, and progress records."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import mlflow
@@ -29,7 +31,7 @@ torch.set_num_threads(2)
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory: pytest.TempPathFactory) -> dict:
+def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     tmp = tmp_path_factory.mktemp("eval")
     corpus = tmp / "corpus"
     synthesise(corpus, 0.005, seed=1, eval_hours=0.005, min_minutes=0.15, max_minutes=0.2, jobs=2,
@@ -46,7 +48,12 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> dict:
     ckpt = save_checkpoint(tmp / "run" / "checkpoint.pt", {
         "config": cfg.to_dict(), "model": model.state_dict(), "tokenizer": tok.to_bytes(), "format_version": 1,
         "mlflow_run_id": run.info.run_id, "tracking_uri": uri, "step": 0})
-    return {"tmp": tmp, "corpus": corpus, "ckpt": ckpt, "uri": uri, "run_id": run.info.run_id, "cfg": cfg}
+    before = os.environ.get("MLFLOW_TRACKING_URI")
+    yield {"tmp": tmp, "corpus": corpus, "ckpt": ckpt, "uri": uri, "run_id": run.info.run_id, "cfg": cfg}
+    # mlflow.set_tracking_uri also sets MLFLOW_TRACKING_URI for the whole process: leave it as it was
+    mlflow.set_tracking_uri(before or "")
+    if before is None:
+        os.environ.pop("MLFLOW_TRACKING_URI", None)
 
 
 def test_evaluate_writes_the_table_and_logs_into_the_checkpoints_run(setup: dict) -> None:

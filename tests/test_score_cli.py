@@ -44,6 +44,12 @@ def pair(tmp_path: Path) -> dict:
     return {"ref": f"test=manifest:{ref}", "hyp": hyp, "tmp": tmp_path}
 
 
+
+@pytest.fixture(autouse=True)
+def _no_ambient_tracking_uri(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``score`` records in MLflow when MLFLOW_TRACKING_URI is set; each test here says where, or nowhere."""
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+
 def _evaluate_rows(spec: str, hyps: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> list[dict]:
     """The rows ``asr_core.evaluate`` computes for recordings whose decoded text is ``hyps`` (its own scoring code,
     with audio, features and the model replaced by the hypotheses)."""
