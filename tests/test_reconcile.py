@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import subprocess
 import sys
 import uuid
@@ -21,7 +20,7 @@ import pytest
 
 from asr_core.config import preset
 from asr_core.lease import Lease
-from asr_core.trial_contract import (ENV_JOB_ID, FAILED, FINISHED, KILLED, OUTCOME_FAILED, OUTCOME_FINISHED,
+from asr_core.trial_contract import (FAILED, FINISHED, KILLED, OUTCOME_FAILED, OUTCOME_FINISHED,
                                      OUTCOME_KILLED, RUNNING, SCHEDULED, TAG_ERROR, TrialFolder, record_attempt)
 from orchestrate.fake_sweep import fake_trials
 from orchestrate.ledger import Ledger
@@ -29,6 +28,9 @@ from orchestrate.sweep import Manifest, SweepDir
 from orchestrate.trial import Trial
 from orchestrate.trial_state import behind, read_folder_states, read_sync, reconcile_ledger, record_mirrored
 from tests.plugins.mlflow_server import free_port
+from tests.test_trial import corpus, trial_cmd, trial_env
+
+__all__ = ["corpus"]  # the synthetic corpus fixture, shared with test_trial
 
 REPO = Path(__file__).resolve().parents[1]
 SERVER = REPO / "slurm" / "mlflow-server.sh"
@@ -136,15 +138,6 @@ def test_a_caller_that_wrote_the_ledger_itself_records_it_so_status_need_not_rec
 
 
 # ---- a job that ended while MLflow was down ----------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("reconcile-corpus") / "c"
-    subprocess.run([sys.executable, "-m", "asr_core", "synth", str(out), "--hours", "0.03", "--eval-hours", "0.01",
-                    "--min-minutes", "0.5", "--max-minutes", "0.8", "--seed", "3", "--splits", "train,test"],
-                   check=True, capture_output=True)
-    return out
-
-
 def _server(directory: Path, port: int, *flags: str) -> None:
     p = subprocess.run(["bash", str(SERVER), "--dir", str(directory), "--port", str(port), "--workers", "1",
                         *flags], capture_output=True, text=True, timeout=240)
@@ -176,11 +169,8 @@ def test_a_job_that_ended_while_mlflow_was_down_reaches_the_ledger_once(tmp_path
         _server(server_dir, port, "--stop")  # MLflow goes down before the job starts, and stays down
 
         trial_dir = sweep.trial_dir(trial.key)
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", ENV_JOB_ID: "77_0",
-               "ASR_CORE_FINAL_FLUSH_S": "3"}
-        job = subprocess.run([sys.executable, "-m", "asr_core", "trial", "--config", str(trial_dir / "config.json"),
-                              "--out", str(trial_dir), "--tracking-uri", uri, "--run-id", run_id],
-                             capture_output=True, text=True, env=env, cwd=REPO, timeout=600)
+        job = subprocess.run(trial_cmd(trial_dir, uri, run_id), capture_output=True, text=True,
+                             env=trial_env("77_0", ASR_CORE_FINAL_FLUSH_S="3"), cwd=REPO, timeout=600)
         assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-3000:]
         assert TrialFolder(trial_dir).done.exists()
 

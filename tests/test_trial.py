@@ -39,29 +39,38 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def _setup(tmp_path: Path, corpus: Path, *overrides: str) -> tuple[Path, str, str, MlflowClient]:
-    cfg = preset("tiny").with_overrides([
-        f"data.train=podcast:{corpus}/train", "data.batch_audio_s=20.48", "data.context_s=5.12",
-        "data.seqlen_warmup=none", "train.max_steps=8", "train.warmup_steps=2", "train.checkpoint_every=2",
-        f"eval.datasets=[test=podcast:{corpus}/test]", "eval.snrs=[0]", *overrides])
+def make_trial(tmp_path: Path, overrides: list[str], experiment: str = "trial-test"
+               ) -> tuple[Path, str, str, MlflowClient]:
+    """A trial folder holding the ``config.json`` of the tiny preset with ``overrides``, and a SCHEDULED trial run
+    in a sqlite ledger beside it: (trial folder, tracking URI, run id, client)."""
+    cfg = preset("tiny").with_overrides(overrides)
     trial_dir = tmp_path / "trial"
     trial_dir.mkdir()
     (trial_dir / "config.json").write_text(json.dumps(cfg.to_dict()))
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     client = MlflowClient(tracking_uri=uri)
-    exp = client.create_experiment("trial-test", artifact_location=(tmp_path / "artifacts").as_uri())
+    exp = client.create_experiment(experiment, artifact_location=(tmp_path / "artifacts").as_uri())
     run = client.create_run(exp, run_name="t", tags={"sweep.role": "trial"})
     client.update_run(run.info.run_id, status="SCHEDULED")
     return trial_dir, uri, run.info.run_id, client
 
 
-def _cmd(trial_dir: Path, uri: str, run_id: str) -> list[str]:
+def _setup(tmp_path: Path, corpus: Path, *overrides: str) -> tuple[Path, str, str, MlflowClient]:
+    return make_trial(tmp_path, [
+        f"data.train=podcast:{corpus}/train", "data.batch_audio_s=20.48", "data.context_s=5.12",
+        "data.seqlen_warmup=none", "train.max_steps=8", "train.warmup_steps=2", "train.checkpoint_every=2",
+        f"eval.datasets=[test=podcast:{corpus}/test]", "eval.snrs=[0]", *overrides])
+
+
+def trial_cmd(trial_dir: Path, uri: str, run_id: str) -> list[str]:
+    """``python -m asr_core trial`` on the trial folder and run of :func:`make_trial`."""
     return [sys.executable, "-m", "asr_core", "trial", "--config", str(trial_dir / "config.json"), "--out",
             str(trial_dir), "--tracking-uri", uri, "--run-id", run_id]
 
 
-def _env(job: str = "job-1") -> dict[str, str]:
-    return {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", ENV_JOB_ID: job}
+def trial_env(job: str = "job-1", **extra: str) -> dict[str, str]:
+    """The trial job's environment under the scheduler job id ``job`` (one thread, unbuffered), plus ``extra``."""
+    return {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", ENV_JOB_ID: job, **extra}
 
 
 def _progress(trial_dir: Path) -> list[dict]:
@@ -79,7 +88,7 @@ def _corpus_wer(table: pd.DataFrame) -> float:
 
 def test_trial_trains_evaluates_and_finishes_once(tmp_path: Path, corpus: Path) -> None:
     trial_dir, uri, run_id, client = _setup(tmp_path, corpus)
-    done = subprocess.run(_cmd(trial_dir, uri, run_id), capture_output=True, text=True, env=_env(), timeout=600)
+    done = subprocess.run(trial_cmd(trial_dir, uri, run_id), capture_output=True, text=True, env=trial_env(), timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     run = client.get_run(run_id)
     assert run.info.status == "FINISHED"
@@ -117,7 +126,7 @@ def test_trial_trains_evaluates_and_finishes_once(tmp_path: Path, corpus: Path) 
     assert evals == [("test", k, 2 * n_test) for k in range(2 * n_test + 1)]
     assert read_progress(trial_dir).describe() == "done"
 
-    again = subprocess.run(_cmd(trial_dir, uri, run_id), capture_output=True, text=True, env=_env(), timeout=120)
+    again = subprocess.run(trial_cmd(trial_dir, uri, run_id), capture_output=True, text=True, env=trial_env(), timeout=120)
     assert again.returncode == 0 and "already finished" in again.stdout
     assert sorted(m.step for m in client.get_metric_history(run_id, "train/loss")) == steps  # nothing retrained
     assert len(_segments(trial_dir)) == 1 and _progress(trial_dir) == records  # a finished trial starts nothing
@@ -125,8 +134,8 @@ def test_trial_trains_evaluates_and_finishes_once(tmp_path: Path, corpus: Path) 
 
 def test_sigusr2_checkpoints_exits_75_and_the_rerun_finishes_the_same_run(tmp_path: Path, corpus: Path) -> None:
     trial_dir, uri, run_id, client = _setup(tmp_path, corpus, "train.max_steps=16", "eval.snrs=[]")
-    proc = subprocess.Popen(_cmd(trial_dir, uri, run_id), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, env=_env())
+    proc = subprocess.Popen(trial_cmd(trial_dir, uri, run_id), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env=trial_env())
     assert proc.stdout is not None
     lines = []
     for line in proc.stdout:  # wait until training is under way, then preempt
@@ -141,7 +150,7 @@ def test_sigusr2_checkpoints_exits_75_and_the_rerun_finishes_the_same_run(tmp_pa
     assert (trial_dir / "checkpoint.pt").exists() and not (trial_dir / "DONE").exists()
     assert read_progress(trial_dir).phase == "preempted" and run.data.tags[TAG_SEGMENTS] == "1"
 
-    done = subprocess.run(_cmd(trial_dir, uri, run_id), capture_output=True, text=True, env=_env("job-2"),
+    done = subprocess.run(trial_cmd(trial_dir, uri, run_id), capture_output=True, text=True, env=trial_env("job-2"),
                           timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     run = client.get_run(run_id)
@@ -163,7 +172,7 @@ def test_sigusr2_checkpoints_exits_75_and_the_rerun_finishes_the_same_run(tmp_pa
 def test_a_failing_trial_marks_the_run_failed_with_the_error(tmp_path: Path, corpus: Path) -> None:
     missing = tmp_path / "no-such-corpus"
     trial_dir, uri, run_id, client = _setup(tmp_path, corpus, f"data.train=podcast:{missing}")
-    done = subprocess.run(_cmd(trial_dir, uri, run_id), capture_output=True, text=True, env=_env(), timeout=300)
+    done = subprocess.run(trial_cmd(trial_dir, uri, run_id), capture_output=True, text=True, env=trial_env(), timeout=300)
     assert done.returncode == 1
     run = client.get_run(run_id)
     assert run.info.status == "FAILED"
@@ -180,7 +189,7 @@ def test_bad_config_is_a_usage_error_that_fails_the_run_with_the_reason(tmp_path
     trial_dir, uri, run_id, client = _setup(tmp_path, corpus)
     config = trial_dir / "config.json"
     config.write_text(json.dumps({"model": {"heads": 7}}))
-    done = subprocess.run(_cmd(trial_dir, uri, run_id), capture_output=True, text=True, env=_env(), timeout=120)
+    done = subprocess.run(trial_cmd(trial_dir, uri, run_id), capture_output=True, text=True, env=trial_env(), timeout=120)
     assert done.returncode == 2 and "model.heads" in done.stderr
     run = client.get_run(run_id)
     assert run.info.status == "FAILED"
@@ -198,6 +207,6 @@ def test_bad_config_is_a_usage_error_that_fails_the_run_with_the_reason(tmp_path
     bare.mkdir()
     (bare / "config.json").write_text(json.dumps({"model": {"heads": 7}}))
     done = subprocess.run([sys.executable, "-m", "asr_core", "trial", "--config", str(bare / "config.json"),
-                           "--out", str(bare)], capture_output=True, text=True, env=_env(), timeout=120)
+                           "--out", str(bare)], capture_output=True, text=True, env=trial_env(), timeout=120)
     assert done.returncode == 2 and "model.heads" in done.stderr
     assert sorted(p.name for p in bare.iterdir()) == ["attempts.jsonl", "config.json", "lease", "progress.jsonl"]

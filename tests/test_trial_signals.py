@@ -19,11 +19,11 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from asr_core.checkpoint import load_checkpoint
-from asr_core.config import preset
 from asr_core.corpora import load_corpus
 from asr_core.outbox import pending, ship_pending
 from asr_core.trial_contract import (EXIT_CANCELLED, EXIT_FAILED, EXIT_FENCED, EXIT_PREEMPTED, TAG_ERROR,
                                      TAG_PREEMPTIONS, TrialFolder, progress_records, read_attempts, read_segments)
+from tests.test_trial import make_trial, trial_cmd, trial_env
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -37,28 +37,10 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _setup(tmp_path: Path, train: str, *overrides: str) -> tuple[Path, str, str, MlflowClient]:
-    cfg = preset("tiny").with_overrides([
+    return make_trial(tmp_path, [
         f"data.train={train}", "data.batch_audio_s=20.48", "data.context_s=5.12", "data.seqlen_warmup=none",
         "train.max_steps=6", "train.warmup_steps=2", "train.checkpoint_every=2", "train.log_every=1",
-        "eval.datasets=[]", *overrides])
-    trial_dir = tmp_path / "trial"
-    trial_dir.mkdir()
-    (trial_dir / "config.json").write_text(json.dumps(cfg.to_dict()))
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    client = MlflowClient(tracking_uri=uri)
-    exp = client.create_experiment("signals", artifact_location=(tmp_path / "artifacts").as_uri())
-    run_id = client.create_run(exp, run_name="t").info.run_id
-    client.update_run(run_id, status="SCHEDULED")
-    return trial_dir, uri, run_id, client
-
-
-def _cmd(trial_dir: Path, uri: str, run_id: str) -> list[str]:
-    return [sys.executable, "-m", "asr_core", "trial", "--config", str(trial_dir / "config.json"), "--out",
-            str(trial_dir), "--tracking-uri", uri, "--run-id", run_id]
-
-
-def _env(job: str, **extra: str) -> dict[str, str]:
-    return {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "ORCHESTRATE_JOB_ID": job, **extra}
+        "eval.datasets=[]", *overrides], "signals")
 
 
 def _steps(client: MlflowClient, run_id: str) -> list[int]:
@@ -89,7 +71,7 @@ def _act_at_step(cmd: list[str], job: str, step: int, act: Callable[[subprocess.
                  timeout: float = 120) -> tuple[subprocess.Popen[str], T, str]:
     """Start the trial, call ``act(proc)`` when its log reaches ``step N/``, wait for it to exit; returns the
     process, what ``act`` returned and the whole log."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env(job))
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=trial_env(job))
     assert proc.stdout is not None
     lines = []
     for line in proc.stdout:
@@ -112,8 +94,8 @@ def test_usr2_while_the_corpus_loads_exits_75_with_its_outcome_and_the_rerun_fin
     fifo = tmp_path / "train.jsonl"
     os.mkfifo(fifo)
     trial_dir, uri, run_id, client = _setup(tmp_path, f"manifest:{fifo}")
-    proc = subprocess.Popen(_cmd(trial_dir, uri, run_id), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, env=_env("job-1"))
+    proc = subprocess.Popen(trial_cmd(trial_dir, uri, run_id), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env=trial_env("job-1"))
     writer = _wait_for_reader(fifo, proc)
     try:
         time.sleep(0.5)  # the reader is now blocked in read()
@@ -137,7 +119,7 @@ def test_usr2_while_the_corpus_loads_exits_75_with_its_outcome_and_the_rerun_fin
 
     feeder = threading.Thread(target=feed, daemon=True)
     feeder.start()
-    done = subprocess.run(_cmd(trial_dir, uri, run_id), capture_output=True, text=True, env=_env("job-2"),
+    done = subprocess.run(trial_cmd(trial_dir, uri, run_id), capture_output=True, text=True, env=trial_env("job-2"),
                           timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     run = client.get_run(run_id)
@@ -149,7 +131,7 @@ def test_a_cancelled_trial_never_starts_and_its_run_is_killed(tmp_path: Path, co
     trial_dir, uri, run_id, client = _setup(tmp_path, f"podcast:{corpus}")
     TrialFolder(trial_dir).cancelled.write_text("cancelled by orchestrate\n")
     t0 = time.monotonic()
-    done = subprocess.run(_cmd(trial_dir, uri, run_id), capture_output=True, text=True, env=_env("job-1"),
+    done = subprocess.run(trial_cmd(trial_dir, uri, run_id), capture_output=True, text=True, env=trial_env("job-1"),
                           timeout=120)
     assert done.returncode == EXIT_CANCELLED, done.stdout + done.stderr
     assert "cancelled" in done.stdout and time.monotonic() - t0 < 60
@@ -167,7 +149,7 @@ def test_term_on_a_cancelled_trial_checkpoints_kills_the_run_and_is_final(tmp_pa
         TrialFolder(trial_dir).cancelled.write_text("cancelled by orchestrate\n")
         proc.send_signal(signal.SIGTERM)
 
-    proc, _, log = _act_at_step(_cmd(trial_dir, uri, run_id), "job-1", 3, cancel)
+    proc, _, log = _act_at_step(trial_cmd(trial_dir, uri, run_id), "job-1", 3, cancel)
     assert proc.returncode == EXIT_CANCELLED, log
     if pending(trial_dir):  # the job waits only 5 s for MLflow after a signal; orchestrate ships the rest
         assert ship_pending(trial_dir, uri, run_id, 60).complete
@@ -180,7 +162,7 @@ def test_term_on_a_cancelled_trial_checkpoints_kills_the_run_and_is_final(tmp_pa
     steps = _steps(client, run_id)
     assert steps == list(range(1, len(steps) + 1)) and len(steps) >= state["step"]
 
-    again = subprocess.run(_cmd(trial_dir, uri, run_id), capture_output=True, text=True, env=_env("job-2"),
+    again = subprocess.run(trial_cmd(trial_dir, uri, run_id), capture_output=True, text=True, env=trial_env("job-2"),
                            timeout=120)
     assert again.returncode == EXIT_CANCELLED and len(read_segments(trial_dir)) == 1
     assert client.get_run(run_id).info.status == "KILLED"
@@ -190,8 +172,8 @@ def test_an_injected_fault_fails_the_trial_at_the_same_step_every_time(tmp_path:
     """ASR_CORE_FAULT=raise-at-step:N (for the failure-budget tests): N is reached again after a resume."""
     trial_dir, uri, run_id, client = _setup(tmp_path, f"podcast:{corpus}")
     for job in ("job-1", "job-2"):
-        done = subprocess.run(_cmd(trial_dir, uri, run_id), capture_output=True, text=True,
-                              env=_env(job, ASR_CORE_FAULT="raise-at-step:4"), timeout=600)
+        done = subprocess.run(trial_cmd(trial_dir, uri, run_id), capture_output=True, text=True,
+                              env=trial_env(job, ASR_CORE_FAULT="raise-at-step:4"), timeout=600)
         assert done.returncode == EXIT_FAILED, done.stdout[-3000:] + done.stderr[-3000:]
         run = client.get_run(run_id)
         assert run.info.status == "FAILED" and run.data.tags[TAG_ERROR] == "RuntimeError: fault injected at step 4"
@@ -199,8 +181,8 @@ def test_an_injected_fault_fails_the_trial_at_the_same_step_every_time(tmp_path:
     assert [(a.outcome, a.segment, a.reason) for a in read_attempts(trial_dir)] == [("failed", 1, fault),
                                                                                    ("failed", 2, fault)]
     assert _steps(client, run_id) == [1, 2, 3]  # step 3 was logged once, by the first segment
-    bad = subprocess.run(_cmd(trial_dir, uri, run_id), capture_output=True, text=True,
-                         env=_env("job-3", ASR_CORE_FAULT="explode"), timeout=600)
+    bad = subprocess.run(trial_cmd(trial_dir, uri, run_id), capture_output=True, text=True,
+                         env=trial_env("job-3", ASR_CORE_FAULT="explode"), timeout=600)
     assert bad.returncode == EXIT_FAILED and "ASR_CORE_FAULT='explode' is not a fault" in bad.stderr
 
 
@@ -211,7 +193,7 @@ def test_a_trainer_that_lost_its_lease_stops_without_saving_and_exits_73(tmp_pat
 
     trial_dir, uri, run_id, client = _setup(tmp_path, f"podcast:{corpus}", "train.max_steps=60")
     proc, (taker, taken), log = _act_at_step(
-        _cmd(trial_dir, uri, run_id), "job-1", 3,
+        trial_cmd(trial_dir, uri, run_id), "job-1", 3,
         lambda _: (Lease(trial_dir, "job-1", heartbeat_s=0).acquire(), time.time()))
     assert proc.returncode == EXIT_FENCED, log
     folder = TrialFolder(trial_dir)
