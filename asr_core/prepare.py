@@ -54,7 +54,7 @@ def prepare_podcast(root: Path, out: Path, *, name: str, spec: str, jobs: int, s
     plan.write_text(json.dumps(listing) + "\n")
     dirs = [folder / f"{k:05d}" for k in range(len(shards))]
     todo = [k for k, d in enumerate(dirs) if not (d / MANIFEST).exists()]
-    done_files = sum(len(shards[k]) for k in range(len(shards)) if k not in set(todo))
+    done_files = len(files) - sum(len(shards[k]) for k in todo)
     if done_files:
         print(f"[prepare] {len(shards) - len(todo)} of {len(shards)} shards done before; continuing", file=sys.stderr)
     with tqdm(total=len(files), initial=done_files, desc="[prepare] reading", unit="file", file=sys.stderr) as bar:
@@ -67,13 +67,14 @@ def prepare_podcast(root: Path, out: Path, *, name: str, spec: str, jobs: int, s
                 if os.environ.get(FAULT_ENV) == f"kill-after-shards:{n_done}":  # tests: the job killed, workers too
                     os.killpg(os.getpgid(0), signal.SIGKILL)
     skipped = [tuple(x) for d in dirs for x in json.loads((d / "skipped.json").read_text())]
-    if all(PreparedCorpus(d).manifest["recordings"] == 0 for d in dirs):
+    counts = {d: PreparedCorpus(d).manifest["recordings"] for d in dirs}
+    if not any(counts.values()):
         raise CorpusError(f"corpus spec {spec!r}: no usable recordings under {root} ({len(skipped)} files skipped"
                           + (f", first: {skipped[0][0]}: {skipped[0][1]})" if skipped else ")"))
-    total = sum(PreparedCorpus(d).manifest["recordings"] for d in dirs)
-    with tqdm(total=2 * total, desc="[prepare] merging, fingerprint", unit="rec", file=sys.stderr) as bar:
-        merge_prepared([d for d in dirs if PreparedCorpus(d).manifest["recordings"]], out, name=name, source=spec,
-                       vocab_sizes=vocab_sizes, progress=bar)
+    with tqdm(total=2 * sum(counts.values()), desc="[prepare] merging, fingerprint", unit="rec",
+              file=sys.stderr) as bar:
+        merge_prepared([d for d in dirs if counts[d]], out, name=name, source=spec, vocab_sizes=vocab_sizes,
+                       progress=bar)
     shutil.rmtree(folder)
     return out, skipped  # type: ignore[return-value]
 

@@ -220,8 +220,10 @@ def _tokenizer(cfg: Config, recs: Sequence[Recording], out_dir: Path, state: dic
         return Tokenizer.from_bytes(state["tokenizer"])
     if cfg.data.tokenizer:
         return Tokenizer.load(cfg.data.tokenizer, cfg.model.vocab_size)
-    prepared = getattr(recs, "tokenizer", None)  # a prepared corpus's, trained once on the same transcripts
-    path = prepared(cfg.model.vocab_size) if callable(prepared) else None
+    from .corpora.prepared import PreparedCorpus
+
+    # a prepared corpus's, trained once on the same transcripts
+    path = recs.tokenizer(cfg.model.vocab_size) if isinstance(recs, PreparedCorpus) else None
     if path is not None:
         print(f"[train] tokenizer of the prepared corpus: {path}", flush=True)
         tok = Tokenizer.load(path, cfg.model.vocab_size)
@@ -238,8 +240,10 @@ def _data_identity(cfg: Config, recs: Sequence[Recording], state: dict[str, Any]
     from .corpora.fingerprint import fingerprint
 
     name = dataset_name(cfg.data.train) or ("unnamed" if cfg.data.train else "recordings")
-    stored = getattr(recs, "fingerprint", None)  # a prepared corpus keeps its source's
-    data_id = f"{name}={stored if isinstance(stored, str) else fingerprint(recs)}"
+    from .corpora.prepared import PreparedCorpus
+
+    # a prepared corpus keeps its source's
+    data_id = f"{name}={recs.fingerprint if isinstance(recs, PreparedCorpus) else fingerprint(recs)}"
     before = (state or {}).get("data_fingerprint")
     if before and before != data_id:
         raise TrainError(f"the training data named {name!r} has other content than when this trial started (the "
