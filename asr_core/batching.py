@@ -1,7 +1,16 @@
 """One optimiser step's windows -> padded feature tensors, prepared ahead of the training loop when asked.
 
-:class:`BatchMaker` turns windows into ``(features (B, T, F), lengths (B,), targets)``: audio is read and its
-features computed once per recording (consecutive windows share recordings), then cut and padded.
+:class:`BatchMaker` turns windows into ``(features (B, T, F), lengths (B,), targets)``, two ways:
+
+* whole recordings (``data.batching: consecutive``): audio is read and its features computed once per recording
+  (consecutive windows share recordings, a few are kept), then cut and padded;
+* windows (``interleaved``, where one step touches B recordings and each recording is used again a step later):
+  each recording's per-bin mean and std are computed once (one read of the whole recording, kept: 640 bytes a
+  recording), and every window is read by seeking to its own samples, its frames computed and normalised with the
+  recording's statistics (:meth:`asr_core.features.FeatureExtractor.frames`). Memory stays one step's windows
+  whatever the group (a group of 352 podcasts of 30 min would be ~20 GB of float32 features); the audio is
+  decoded twice, once for the statistics and once in windows. The frames equal the whole-recording ones (bit for
+  bit at 16 kHz in the tests; resampled files to float rounding).
 
 :class:`StepLoader` walks :meth:`WindowStream.batches` and yields :class:`Step` s, each split into micro-batches
 (:func:`asr_core.chunking.micro_batches`). With ``num_workers = 0`` a step is prepared when it is asked for, in the
@@ -24,10 +33,10 @@ from typing import Iterator, Sequence
 
 import torch
 
-from .audio import load_audio
+from .audio import load_audio, read_segment
 from .chunking import Position, Window, WindowStream, micro_batches
 from .corpora.base import CorpusError, Recording
-from .features import FeatureExtractor
+from .features import FeatureExtractor, normalise, statistics
 from .tokenizer import Tokenizer
 
 
@@ -58,13 +67,23 @@ class Step:
 
 
 class _Entry:
-    """A cached recording's features, computed by whichever thread asks first (the others wait on the lock)."""
+    """A cached recording's features (or statistics), computed by whichever thread asks first (the others wait on
+    the lock)."""
 
     __slots__ = ("lock", "features")
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.features: torch.Tensor | None = None
+        self.features: object | None = None
+
+
+@dataclass(frozen=True)
+class _Stats:
+    """What a window needs of its whole recording: per-bin (mean, std) (1, F) and its length in samples."""
+
+    mean: torch.Tensor
+    std: torch.Tensor
+    samples: int
 
 
 class BatchMaker:
@@ -75,16 +94,16 @@ class BatchMaker:
     """
 
     def __init__(self, recordings: Sequence[Recording], features: FeatureExtractor, tok: Tokenizer,
-                 cache: int = 4) -> None:
+                 cache: int = 4, windows: bool = False, stats_cache: int = 1 << 18) -> None:
         self.recordings = recordings
         self.features = features
         self.tok = tok
+        self.windows = windows
         self.cache: OrderedDict[int, _Entry] = OrderedDict()
-        self.cache_size = cache
+        self.cache_size = stats_cache if windows else cache
         self._lock = threading.Lock()
 
-    def recording_features(self, idx: int) -> torch.Tensor:
-        """(T, F) normalised features of ``recordings[idx]``."""
+    def _entry(self, idx: int) -> _Entry:
         with self._lock:
             entry = self.cache.get(idx)
             if entry is None:
@@ -93,20 +112,55 @@ class BatchMaker:
                     self.cache.popitem(last=False)  # a thread still computing it keeps its own reference
             else:
                 self.cache.move_to_end(idx)
+            return entry
+
+    def _wave(self, idx: int) -> torch.Tensor:
+        rec = self.recordings[idx]
+        try:
+            return load_audio(rec.audio, self.features.cfg.sample_rate)
+        except OSError as e:
+            raise CorpusError(f"recording {rec.id!r} ({rec.audio}): cannot read its audio: {e}") from None
+
+    def recording_features(self, idx: int) -> torch.Tensor:
+        """(T, F) normalised features of ``recordings[idx]``."""
+        entry = self._entry(idx)
         with entry.lock:
             if entry.features is None:
-                rec = self.recordings[idx]
-                try:
-                    wave = load_audio(rec.audio, self.features.cfg.sample_rate)
-                except OSError as e:
-                    raise CorpusError(f"recording {rec.id!r} ({rec.audio}): cannot read its audio: {e}") from None
-                entry.features = self.features(wave)
-            return entry.features
+                entry.features = self.features(self._wave(idx))
+            return entry.features  # type: ignore[return-value]
+
+    def recording_stats(self, idx: int) -> _Stats:
+        """Per-bin statistics of ``recordings[idx]``'s features (one read of the whole recording, then kept)."""
+        entry = self._entry(idx)
+        with entry.lock:
+            if entry.features is None:
+                wave = self._wave(idx)
+                mean, std = statistics(self.features.raw(wave))
+                entry.features = _Stats(mean, std, int(wave.shape[0]))
+            return entry.features  # type: ignore[return-value]
+
+    def window_features(self, w: Window) -> torch.Tensor:
+        """(t, F) normalised features of one window, read from its own samples."""
+        st = self.recording_stats(w.recording)
+        fps = self.features.frames_per_second
+        total = self.features.n_frames(st.samples)
+        a = min(int(round(w.start * fps)), total - 1)
+        b = min(a + max(1, int(round(w.duration * fps))), total)
+        lo, hi = self.features.sample_span(a, b)
+        rec = self.recordings[w.recording]
+        try:
+            seg = read_segment(rec.audio, max(0, lo), min(st.samples, hi), self.features.cfg.sample_rate)
+        except OSError as e:
+            raise CorpusError(f"recording {rec.id!r} ({rec.audio}): cannot read its audio: {e}") from None
+        return normalise(self.features.frames(seg, a, b, st.samples), stats=(st.mean, st.std))
 
     def __call__(self, windows: Sequence[Window]) -> MicroBatch:
         fps = self.features.frames_per_second
         pieces = []
         for w in windows:
+            if self.windows:
+                pieces.append(self.window_features(w))
+                continue
             feats = self.recording_features(w.recording)
             a = min(int(round(w.start * fps)), feats.shape[0] - 1)
             b = min(a + max(1, int(round(w.duration * fps))), feats.shape[0])
@@ -134,6 +188,13 @@ class StepLoader:
         self._exhausted = False
         self._closed = False
         self._pool: ThreadPoolExecutor | None = None
+        # interleaved windows: the statistics of the next group's recordings are computed ahead, on threads of
+        # their own, while this group trains (a group needs ~800 audio-seconds of them per second of training)
+        self._stream = stream
+        self._ahead_pool: ThreadPoolExecutor | None = None
+        self._warmed: set[tuple[int, int]] = set()
+        if maker.windows and stream.interleaved and num_workers > 0:
+            self._ahead_pool = ThreadPoolExecutor(max(1, num_workers // 2), thread_name_prefix="asr-stats")
         if num_workers > 0:
             threads = torch.get_num_threads()
             self._pool = ThreadPoolExecutor(num_workers, thread_name_prefix="asr-data",
@@ -156,7 +217,26 @@ class StepLoader:
             raise StopIteration
         windows, next_pos, futures = self._queue.popleft()
         self._fill(self._ahead + 1)  # keep the workers busy while the caller trains on this step
+        self._warm(next_pos)
         return Step(windows, [f.result() for f in futures], next_pos)
+
+    def _warm(self, pos: Position) -> None:
+        """Start computing the statistics of the group ``pos`` is in (or starts) and of the one after it."""
+        if self._ahead_pool is None:
+            return
+        epoch, index = pos.epoch, pos.index
+        for _ in range(2):
+            members = self._stream.group(epoch, index)
+            if not members:
+                if epoch + 1 >= self._stream.epochs:
+                    return
+                epoch, index = epoch + 1, 0
+                members = self._stream.group(epoch, index)
+            if (epoch, index) not in self._warmed:
+                self._warmed.add((epoch, index))
+                for m in members:
+                    self._ahead_pool.submit(self._maker.recording_stats, m)
+            index += len(members)
 
     def _fill(self, depth: int) -> None:
         assert self._pool is not None
@@ -179,6 +259,9 @@ class StepLoader:
             self._queue.clear()
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
+        if self._ahead_pool is not None:
+            self._ahead_pool.shutdown(wait=True, cancel_futures=True)
+            self._ahead_pool = None
 
     def __enter__(self) -> "StepLoader":
         return self

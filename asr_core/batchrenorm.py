@@ -2,10 +2,24 @@
 
 Training normalises with the batch statistics and corrects them towards the running statistics:
 ``y = (x - mu_B) / sigma_B * r + d`` with ``r = clip(sigma_B / sigma, 1/r_max, r_max)`` and
-``d = clip((mu_B - mu) / sigma, -d_max, d_max)`` (no gradient through r, d). ``r_max`` ramps 1 -> 3 and
-``d_max`` 0 -> 5 linearly over ``warmup_steps`` training forwards, as in the authors' code (eps 1e-3,
-momentum 0.01). Unlike that code, the statistics are taken over the valid frames only, so a padded batch gives the
-same outputs and the same running statistics as the same recordings unpadded.
+``d = clip((mu_B - mu) / sigma, -d_max, d_max)`` (no gradient through r, d). eps 1e-3 and momentum 0.01 are the
+code's (``lcasr/components/batchrenorm.py``; the paper names batch renormalisation but gives no values).
+
+How ``r_max`` and ``d_max`` grow with ``n`` = ``num_batches_tracked`` (training forwards, which the trainer sets to
+the optimiser step) is ``model.batch_renorm_schedule``, scaled by W = ``model.batch_renorm_warmup_steps``:
+
+- ``"code"`` (default; the authors' code, ``lcasr/components/batchrenorm.py`` properties ``rmax``/``dmax``):
+  plain batch norm (r_max = 1, d_max = 0, so r = 1 and d = 0) until n = W/8, then r_max rises linearly 1 -> 3 from
+  W/8 to W and d_max 0 -> 5 from W/8 to 5W/8. At W = 40,000 (the default) this is exactly the code's hard-coded
+  ``rmax = clamp(2/35000 n + 25/35, 1, 3)`` and ``dmax = clamp(5/20000 n - 25/20, 0, 5)``: 5k, 40k and 25k.
+- ``"linear"`` (the project's earlier reading): r_max 1 -> 3 and d_max 0 -> 5 both linearly from 0 to W.
+
+W = 0 means r_max = 3, d_max = 5 from the first forward under either schedule.
+
+Two departures from that code, both deliberate: the statistics are taken over the valid frames only (the code lets
+padded frames in), so a padded batch gives the same outputs and the same running statistics as the same recordings
+unpadded; and eps is added to the variance with a running variance kept (the code adds eps to the standard deviation
+and keeps a running standard deviation).
 
 Activation checkpointing re-runs the forward pass during backward. That second pass must neither update the
 running statistics again nor see the updated ones, so :func:`recompute_context` lets
@@ -38,14 +52,45 @@ def recompute_context() -> tuple[contextlib.AbstractContextManager, contextlib.A
     return _mode("record"), _mode("replay")
 
 
+SCHEDULES = ("code", "linear")
+
+
+def _ramp(n: float, start: float, end: float) -> float:
+    """0 before ``start``, 1 from ``end``, linear in between."""
+    return min(max((n - start) / (end - start), 0.0), 1.0)
+
+
+def renorm_limits(n: int, warmup_steps: int, schedule: str = "code") -> tuple[float, float]:
+    """(r_max, d_max) after ``n`` training forwards under ``schedule`` scaled by ``warmup_steps`` = W.
+
+    ``code``: r_max 1 -> 3 over [W/8, W], d_max 0 -> 5 over [W/8, 5W/8] (plain batch norm up to W/8);
+    ``linear``: both over [0, W]. W = 0: (3, 5) at once."""
+    w = warmup_steps
+    if w == 0:
+        return 3.0, 5.0
+    if schedule == "code":
+        start = w / 8
+        return 1.0 + 2.0 * _ramp(n, start, w), 5.0 * _ramp(n, start, 5 * w / 8)
+    if schedule == "linear":
+        frac = _ramp(n, 0.0, w)
+        return 1.0 + 2.0 * frac, 5.0 * frac
+    raise ValueError(f"unknown batch renorm schedule {schedule!r}; valid: {', '.join(SCHEDULES)}")
+
+
 class MaskedBatchRenorm(nn.Module):
     """Normalises channels of (B, T, C) over the frames where ``mask`` (B, T) is True."""
 
-    def __init__(self, channels: int, eps: float = 1e-3, momentum: float = 0.01, warmup_steps: int = 25_000) -> None:
+    def __init__(self, channels: int, eps: float = 1e-3, momentum: float = 0.01, warmup_steps: int = 40_000,
+                 schedule: str = "code") -> None:
         super().__init__()
+        if schedule not in SCHEDULES:
+            raise ValueError(f"unknown batch renorm schedule {schedule!r}; valid: {', '.join(SCHEDULES)}")
+        if warmup_steps < 0:
+            raise ValueError(f"batch renorm warmup_steps must be >= 0, got {warmup_steps}")
         self.eps = eps
         self.momentum = momentum
         self.warmup_steps = warmup_steps
+        self.schedule = schedule
         self.weight = nn.Parameter(torch.ones(channels))
         self.bias = nn.Parameter(torch.zeros(channels))
         self.register_buffer("running_mean", torch.zeros(channels))
@@ -54,11 +99,8 @@ class MaskedBatchRenorm(nn.Module):
         self._replay: list[tuple[torch.Tensor, torch.Tensor]] = []
 
     def limits(self) -> tuple[float, float]:
-        """(r_max, d_max) at the current number of training forwards."""
-        if self.warmup_steps == 0:
-            return 3.0, 5.0
-        frac = min(float(self.num_batches_tracked) / self.warmup_steps, 1.0)
-        return 1.0 + 2.0 * frac, 5.0 * frac
+        """(r_max, d_max) at the current number of training forwards (see the module docstring)."""
+        return renorm_limits(int(self.num_batches_tracked), self.warmup_steps, self.schedule)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """x (B, T, C), mask (B, T) bool -> (B, T, C), zero on padded frames."""

@@ -82,7 +82,7 @@ def drop_optimizer_state(path: str | Path) -> int:
 def load_for_eval(path: str | Path, device: str | torch.device = "cpu") -> tuple[AcousticModel, Config, Tokenizer]:
     """(model in eval mode on ``device``, its config, its tokenizer) from a training checkpoint."""
     state = load_checkpoint(path)
-    cfg = Config.from_dict(state["config"], source=str(path))
+    cfg = Config.from_stored(state["config"], source=str(path))
     model = build_model(cfg.model, cfg.data.features.n_mels)
     model.load_state_dict(state["model"])
     tok = Tokenizer.from_bytes(state["tokenizer"])

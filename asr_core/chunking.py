@@ -1,18 +1,31 @@
-"""Recordings -> windows of the current sequence length -> batches of a fixed audio duration (paper 000 §3.3).
+"""Recordings -> windows of the current sequence length -> optimiser steps of about one hour (paper 000 §3.3).
 
 A recording is cut into consecutive windows ``[k L, (k+1) L)`` of the sequence length ``L`` it is given when the
 stream reaches it (the sequence-length warmup is a function of how many recordings came before). A word belongs to
 a window only if it lies wholly inside it; words straddling a cut are dropped from both sides, their audio stays. A
 trailing piece shorter than ``MIN_TAIL_S`` is dropped unless it is the whole recording.
 
-Windows are gathered into batches until the next window would take the batch past ``batch_audio_s`` seconds of
-audio, so every optimiser step sees about the same amount of audio whatever the context (batch = 1 h / L).
+Every step holds about ``batch_audio_s`` of audio whatever the context: ``B = group_size(L)`` windows of length L
+(B = 704 at 5.12 s, 352 at 10.24 s, ... 1 at 1 h; B halves as the warmup doubles L). Two make-ups
+(``data.batching``):
+
+* ``interleaved`` (default; the authors' ``exp/train.py`` with ``lcasr/utils/dataloading.py``): the recordings
+  are taken B at a time, and step ``k`` of a group holds window ``k`` of each of its B recordings (a recording that
+  has ended drops out, so a group's last steps are smaller). Each step mixes B different recordings. The epoch's
+  order sorts recordings by duration, shuffles within runs of ``SUBGROUP`` (2000), cuts the result into blocks of
+  the first group size and shuffles the blocks, so a group holds recordings of similar length (few steps of
+  stragglers) in a random place of the epoch. The code rebuilds that order with the new B each time B halves; here
+  the blocks keep the first B and later, smaller groups take consecutive parts of them (the same neighbourhoods,
+  without making the order depend on when the warmup doubled).
+* ``consecutive``: windows are taken in stream order (one recording after another) until the next would take the
+  step past ``batch_audio_s``, so a step at 10 s holds one or two recordings.
+
 With gradient accumulation (``data.micro_batch_audio_s``), :func:`micro_batches` splits one step's windows, in
 order, into the passes that are run forward/backward one at a time.
 
-The stream is a pure function of (recordings, data config, seed): epoch ``e`` visits the recordings in the order
-of ``numpy.random.default_rng([seed, e]).permutation``, and a :class:`Position` (epoch, recording, window) is all
-a resumed run needs to continue exactly where it stopped.
+The stream is a pure function of (recordings, data config, seed): epoch ``e`` orders the recordings with
+``numpy.random.default_rng([seed, e])``, and a :class:`Position` (epoch, recording, window) is all a resumed run
+needs to continue exactly where it stopped (interleaved: the group's first recording and the next window index).
 """
 
 from __future__ import annotations
@@ -29,16 +42,29 @@ from .corpora.base import Recording
 from .schedules import sequence_length
 
 MIN_TAIL_S = 0.5
+SUBGROUP = 2000  # lcasr SimpleDataset(subgroup_shuffle_size=2000): recordings shuffled within runs of this many
+
+
+def group_size(seq_len: float, data: DataConfig) -> int:
+    """B, the windows a step is made for at window length ``seq_len``: ``B0 = ceil(batch_audio_s / s0)`` at the
+    warmup's first length ``s0`` (704 at 5.12 s for one hour), halved as the window doubles:
+    ``floor(B0 * s0 / seq_len)``, at least 1 (the code's ``int(B * 0.5)`` each doubling; 352 at 10.24 s, 2 at
+    1310.72 s, 1 at 3600 s). Without warmup ``s0`` is the context."""
+    s0 = data.context_s if data.seqlen_warmup == "none" else min(data.seqlen_warmup_start_s, data.context_s)
+    b0 = max(1, math.ceil(data.batch_audio_s / s0 - 1e-9))
+    return max(1, math.floor(b0 * s0 / seq_len + 1e-9))
 
 
 @dataclass(frozen=True)
 class Window:
-    """Seconds ``[start, end)`` of ``recordings[recording]`` and the words wholly inside."""
+    """Seconds ``[start, end)`` of ``recordings[recording]`` and the words wholly inside; ``seq`` is the window
+    length it was cut at (the last window of a recording may be shorter)."""
 
     recording: int
     start: float
     end: float
     text: str
+    seq: float = 0.0
 
     @property
     def duration(self) -> float:
@@ -110,7 +136,7 @@ def cut_windows(rec: Recording, index: int, seq_len: float) -> list[Window]:
     """The windows of one recording. Untimed recordings are one window if they fit, else none."""
     if not rec.timed:
         if rec.duration <= seq_len + 1e-6:
-            return [Window(index, 0.0, rec.duration, rec.text)]
+            return [Window(index, 0.0, rec.duration, rec.text, seq_len)]
         return []
     out = []
     words = rec.words
@@ -125,12 +151,13 @@ def cut_windows(rec: Recording, index: int, seq_len: float) -> list[Window]:
             if w.start >= start - 1e-9 and w.end <= end + 1e-9:  # type: ignore[operator]
                 inside.append(w.text)
             j += 1
-        out.append(Window(index, start, end, " ".join(inside)))
+        out.append(Window(index, start, end, " ".join(inside), seq_len))
     return out
 
 
 class WindowStream:
-    """Deterministic batches of windows over ``epochs`` passes of ``recordings``."""
+    """Deterministic optimiser steps of windows over ``epochs`` passes of ``recordings`` (see the module
+    docstring for the two make-ups, ``data.batching``)."""
 
     def __init__(self, recordings: Sequence[Recording], data: DataConfig, seed: int, epochs: int = 1) -> None:
         if not recordings:
@@ -139,13 +166,33 @@ class WindowStream:
         self.data = data
         self.seed = seed
         self.epochs = epochs
+        self.interleaved = data.batching == "interleaved"
         self._orders: dict[int, np.ndarray] = {}
+        self._by_duration: np.ndarray | None = None
         self.skipped_untimed = 0
 
     def order(self, epoch: int) -> np.ndarray:
+        """The recordings (indices) in the order epoch ``epoch`` visits them."""
         if epoch not in self._orders:
-            self._orders[epoch] = np.random.default_rng([self.seed, epoch]).permutation(len(self.recordings))
+            rng = np.random.default_rng([self.seed, epoch])
+            if not self.interleaved:
+                self._orders[epoch] = rng.permutation(len(self.recordings))
+            else:
+                self._orders[epoch] = self._duration_blocks(rng)
         return self._orders[epoch]
+
+    def _duration_blocks(self, rng: np.random.Generator) -> np.ndarray:
+        """Sorted by duration, shuffled within runs of SUBGROUP, cut into blocks of the first group size, blocks
+        shuffled (lcasr ``SimpleDataset.create_batches``)."""
+        if self._by_duration is None:
+            durations = np.array([duration_timed(self.recordings, i)[0] for i in range(len(self.recordings))])
+            self._by_duration = np.argsort(durations, kind="stable")
+        idx = self._by_duration
+        runs = [rng.permutation(idx[i:i + SUBGROUP]) for i in range(0, len(idx), SUBGROUP)]
+        mixed = np.concatenate(runs)
+        b0 = group_size(self.seq_len(0, 0), self.data)
+        blocks = [mixed[i:i + b0] for i in range(0, len(mixed), b0)]
+        return np.concatenate([blocks[j] for j in rng.permutation(len(blocks))])
 
     def seq_len(self, epoch: int, index: int) -> float:
         """Sequence length given to the ``index``-th recording of ``epoch``."""
@@ -157,6 +204,40 @@ class WindowStream:
         rec_idx = int(self.order(epoch)[index])
         return cut_windows(self.recordings[rec_idx], rec_idx, self.seq_len(epoch, index))
 
+    def group(self, epoch: int, index: int) -> list[int]:
+        """Interleaved: the recordings (indices) of the group that starts at the ``index``-th of ``epoch``."""
+        if epoch >= self.epochs or index >= len(self.recordings):
+            return []
+        size = group_size(self.seq_len(epoch, index), self.data)
+        return [int(i) for i in self.order(epoch)[index:index + size]]
+
+    def batches(self, pos: Position = Position()) -> Iterator[tuple[list[Window], Position]]:
+        """(windows of one optimiser step, position of the next step), until the data is used up."""
+        return self._groups(pos) if self.interleaved else self._consecutive(pos)
+
+    # ---- interleaved: step k of a group = window k of each of its B recordings -----------------------------
+    def _groups(self, pos: Position) -> Iterator[tuple[list[Window], Position]]:
+        epoch, index, k = pos.epoch, pos.index, pos.window
+        n = len(self.recordings)
+        while epoch < self.epochs:
+            produced = False
+            order = self.order(epoch)
+            while index < n:
+                seq = self.seq_len(epoch, index)
+                members = order[index:index + group_size(seq, self.data)]
+                wins = [cut_windows(self.recordings[int(m)], int(m), seq) for m in members]
+                depth = max(len(w) for w in wins)
+                nxt = index + len(members)
+                for kk in range(k, depth):
+                    produced = True
+                    step = [w[kk] for w in wins if kk < len(w)]
+                    yield step, (Position(epoch, index, kk + 1) if kk + 1 < depth else Position(epoch, nxt, 0))
+                index, k = nxt, 0
+            if not produced and pos.epoch < epoch:  # a whole epoch without windows: no more will come
+                return
+            epoch, index = epoch + 1, 0
+
+    # ---- consecutive: windows in stream order up to batch_audio_s -----------------------------------------
     def _walk(self, pos: Position) -> Iterator[tuple[Window, Position]]:
         """Every window from ``pos`` on, with its own position."""
         epoch, index, wi = pos.epoch, pos.index, pos.window
@@ -173,8 +254,7 @@ class WindowStream:
                 return
             epoch, index = epoch + 1, 0
 
-    def batches(self, pos: Position = Position()) -> Iterator[tuple[list[Window], Position]]:
-        """(windows of one optimiser step, position of the next step's first window), until the data is used up."""
+    def _consecutive(self, pos: Position) -> Iterator[tuple[list[Window], Position]]:
         batch: list[Window] = []
         total = 0.0
         for win, wpos in self._walk(pos):
@@ -186,28 +266,41 @@ class WindowStream:
         if batch:
             yield batch, Position(self.epochs, 0, 0)
 
+    def _window_durations(self, epoch: int, index: int, seq: float) -> list[float]:
+        """Durations of the windows of the ``index``-th recording of ``epoch`` (durations only; no words read)."""
+        rec_idx = int(self.order(epoch)[index])
+        duration, timed = duration_timed(self.recordings, rec_idx)
+        if timed:
+            return [e - s for s, e in window_bounds(duration, seq)]
+        if duration <= seq + 1e-6:
+            return [duration]
+        self.skipped_untimed += 1
+        return []
+
     def count_steps(self) -> int:
         """Optimiser steps in the whole stream (durations only; no audio is read)."""
-        steps, total, any_in_batch = 0, 0.0, False
-        untimed_too_long = 0
-        for epoch in range(self.epochs):
-            for index in range(len(self.recordings)):
-                rec_idx = int(self.order(epoch)[index])
-                duration, timed = duration_timed(self.recordings, rec_idx)
-                seq = self.seq_len(epoch, index)
-                if timed:
-                    durs = [e - s for s, e in window_bounds(duration, seq)]
-                elif duration <= seq + 1e-6:
-                    durs = [duration]
-                else:
-                    durs, untimed_too_long = [], untimed_too_long + 1
-                for dur in durs:
-                    if any_in_batch and total + dur > self.data.batch_audio_s + 1e-6:
-                        steps, total = steps + 1, 0.0
-                    total += dur
-                    any_in_batch = True
-        if untimed_too_long:
-            print(f"chunking: {untimed_too_long} recording visits without word times were longer than their "
+        self.skipped_untimed = 0
+        steps = 0
+        n = len(self.recordings)
+        if self.interleaved:
+            for epoch in range(self.epochs):
+                index = 0
+                while index < n:
+                    seq = self.seq_len(epoch, index)
+                    end = min(n, index + group_size(seq, self.data))
+                    steps += max(len(self._window_durations(epoch, i, seq)) for i in range(index, end))
+                    index = end
+        else:
+            total, any_in_batch = 0.0, False
+            for epoch in range(self.epochs):
+                for index in range(n):
+                    for dur in self._window_durations(epoch, index, self.seq_len(epoch, index)):
+                        if any_in_batch and total + dur > self.data.batch_audio_s + 1e-6:
+                            steps, total = steps + 1, 0.0
+                        total += dur
+                        any_in_batch = True
+            steps += 1 if any_in_batch else 0
+        if self.skipped_untimed:
+            print(f"chunking: {self.skipped_untimed} recording visits without word times were longer than their "
                   "window and are skipped (cannot cut text without timestamps)", file=sys.stderr)
-        self.skipped_untimed = untimed_too_long
-        return steps + (1 if any_in_batch else 0)
+        return steps

@@ -6,7 +6,10 @@ wherever it is written (a config file, a grid, ``--set``), is checked by the one
 :meth:`Config.key` names the experiment (:mod:`asr_core.identity`).
 
 Defaults are the paper's main model (paper 000 §3, ``../shared/REFERENCE.md``): 6 layers, d=768, 6 heads, rotary
-θ=1.5M, 4095 BPE pieces + blank, Madgrad at 3e-3, one hour of audio per step, sequence-length warmup from 5 s.
+θ=1.5M, 4095 BPE pieces + blank, Madgrad at 3e-3, one hour of audio per step. Where the paper is silent or
+contradicts itself, the default is what the authors' code ran (``robflynnyh/long-context-asr``: ``exp/train.py``,
+``lcasr/``, ``exp/configs/paper_templates/``), and the paper's literal reading is a named option; each such field
+says ``# code:`` or ``# paper:`` beside it.
 """
 
 from __future__ import annotations
@@ -32,6 +35,10 @@ class ConfigError(ValueError):
 POSITIONAL_ENCODINGS = ("rotary", "sinusoidal", "fourier", "none")
 ATTENTION_BACKENDS = ("auto", "sdpa", "flash")
 FEATURE_VARIANTS = ("paper", "code")
+BATCHINGS = ("interleaved", "consecutive")
+LOSS_NORMS = ("audio", "tokens")
+BATCH_RENORM_SCHEDULES = ("code", "linear")
+FF_ACTIVATIONS = ("gelu_tanh", "silu")
 SEQLEN_WARMUPS = ("paper", "code", "none")
 PRECISIONS = ("auto", "bf16", "fp32")
 OPTIMIZERS = ("madgrad", "adamw")  # madgrad: the paper's; adamw: AdamW with (momentum, 0.98) betas
@@ -64,7 +71,14 @@ class ModelConfig:
     self_conditioning: bool = True  # SC-CTC without intermediate losses
     batch_renorm_eps: float = 1e-3
     batch_renorm_momentum: float = 0.01
-    batch_renorm_warmup_steps: int = 25_000  # r_max ramps 1->3 and d_max 0->5 over this many steps
+    # code (lcasr/components/batchrenorm.py): plain batch norm for the first 1/8 of the warmup, then r_max 1->3 up
+    # to its end and d_max 0->5 up to 5/8 of it (5k, 40k and 25k forwards at 40k); linear: both ramps from 0 to
+    # the end (the project's earlier reading of the paper)
+    batch_renorm_schedule: str = "code"
+    batch_renorm_warmup_steps: int = 40_000
+    decoder_norm: bool = True  # code: a LayerNorm before the shared CTC head (decoder_norm: true); paper: silent
+    ff_activation: str = "gelu_tanh"  # code: FusedMLP's gelu_approx; silu: the Conformer paper's Swish
+    ff_bias: bool = False  # code: bias_in_ff false in every paper config
     activation_checkpointing: bool = False
     attention_backend: str = "auto"  # flash-attn varlen on CUDA when installed, else SDPA
 
@@ -89,6 +103,8 @@ class ModelConfig:
         _require(self.batch_renorm_warmup_steps >= 0, "model.batch_renorm_warmup_steps",
                  self.batch_renorm_warmup_steps, "a non-negative integer")
         _choice("model.attention_backend", self.attention_backend, ATTENTION_BACKENDS)
+        _choice("model.batch_renorm_schedule", self.batch_renorm_schedule, BATCH_RENORM_SCHEDULES)
+        _choice("model.ff_activation", self.ff_activation, FF_ACTIVATIONS)
 
     @property
     def head_dim(self) -> int:
@@ -97,13 +113,14 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class FeatureConfig:
-    """Log-mel features (paper 000 §3.1); ``variant='code'`` is the authors' release (n_fft 512, no log)."""
+    """Mel features (paper 000 §3.1). ``variant='code'`` (the default) is what the authors' release computed
+    (``lcasr/utils/audio_tools.py``: n_fft 512, window 400, no log); ``'paper'`` the log-mel the paper names."""
 
     sample_rate: int = 16_000
     n_mels: int = 80
     win_length: int = 400
     hop_length: int = 160  # 10 ms frames
-    variant: str = "paper"
+    variant: str = "code"  # code: n_fft 512, no log; paper: log-mel, n_fft 400
 
     def __post_init__(self) -> None:
         for name in ("sample_rate", "n_mels", "win_length", "hop_length"):
@@ -129,8 +146,14 @@ class DataConfig:
     # gradient accumulation: the most (padded) audio per forward/backward; 0 = the whole step in one pass. Lets the
     # large models train at short contexts within GPU memory; the gradient is the whole step's either way.
     micro_batch_audio_s: float = 0.0
-    seqlen_warmup: str = "paper"  # paper: s0 + s0*2^floor(r/n); code: s0*2^floor(r/n); none: start at context_s
-    seqlen_warmup_start_s: float = 5.0
+    # interleaved (code: exp/train.py with lcasr/utils/dataloading.py): a step holds window k of each of B = the
+    # step's audio / window recordings of similar duration, B halving as the window doubles; consecutive: a step is
+    # the stream's next windows, one or two recordings at a time (asr_core.chunking)
+    batching: str = "interleaved"
+    # code: s0*2^floor(r/n) from 512 frames (5.12 s); paper: s0 + s0*2^floor(r/n) ("from 5 s", i.e. 10 s at r=0);
+    # none: start at context_s
+    seqlen_warmup: str = "code"
+    seqlen_warmup_start_s: float = 5.12
     seqlen_warmup_every: int = 5000  # recordings between doublings
     max_recordings: int = 0  # 0 = one pass over the whole corpus
     num_workers: int = 0  # threads preparing the features of upcoming steps; 0 = in the training loop itself
@@ -146,6 +169,7 @@ class DataConfig:
                  "data.micro_batch_audio_s", self.micro_batch_audio_s,
                  f"0 (the whole step in one pass) or at least data.context_s={self.context_s} (one window)")
         _choice("data.seqlen_warmup", self.seqlen_warmup, SEQLEN_WARMUPS)
+        _choice("data.batching", self.batching, BATCHINGS)
         _require(self.seqlen_warmup_start_s > 0, "data.seqlen_warmup_start_s", self.seqlen_warmup_start_s,
                  "a positive number of seconds")
         _require(self.seqlen_warmup_every > 0, "data.seqlen_warmup_every", self.seqlen_warmup_every,
@@ -161,7 +185,10 @@ class TrainConfig:
     seed: int = 0  # sets both the initial weights and the data order
     optimizer: str = "madgrad"  # one of OPTIMIZERS
     lr: float = 3e-3
-    warmup_steps: int = 5000
+    warmup_steps: int = 5000  # code: 5000 for the main, 9L-768, 12L-768, 18L-1024 and 3L-2048 families, 1500 else
+    # audio (code): the step's summed CTC loss / (window frames x the configured B) x 100, about nats per second of
+    # audio; tokens: the mean over windows of each window's loss per target token
+    loss_norm: str = "audio"
     max_steps: int = 0  # 0 = one epoch, as in the paper; the cosine decays to 0 at the last step
     epochs: int = 1
     momentum: float = 0.9
@@ -176,6 +203,7 @@ class TrainConfig:
     def __post_init__(self) -> None:
         _require(isinstance(self.seed, int) and self.seed >= 0, "train.seed", self.seed, "a non-negative integer")
         _choice("train.optimizer", self.optimizer, OPTIMIZERS)
+        _choice("train.loss_norm", self.loss_norm, LOSS_NORMS)
         _require(self.lr > 0, "train.lr", self.lr, "a positive number")
         for name in ("warmup_steps", "max_steps"):
             v = getattr(self, name)
@@ -197,13 +225,25 @@ class EvalConfig:
 
     datasets: tuple[str, ...] = ()  # "NAME=FORMAT:PATH" specs read by asr_core.corpora
     snrs: tuple[float, ...] = ()  # music SNRs in dB; clean audio is always evaluated too
+    # names of the datasets that are also evaluated with music at eval.snrs; empty = every dataset. The paper added
+    # music to Rev16 only, for the main (context) family.
+    noisy: tuple[str, ...] = ()
     stride: float = 0.125  # window stride as a fraction of the context length
-    batch_windows: int = 8  # windows decoded together
+    batch_windows: int = 0  # windows decoded together; 0 = as many as the GPU's free memory holds (8 on the CPU)
+    # auto: bf16 autocast on CUDA (this project's choice, for speed; the code ran the model in fp32 with fp16 flash
+    # attention, closer to fp32), fp32 on the CPU
+    precision: str = "auto"
     noise: str = "synthetic"  # "synthetic" (music made by asr_core.noise) or a path to an audio file
 
     def __post_init__(self) -> None:
         _require(0 < self.stride <= 1, "eval.stride", self.stride, "a fraction in (0, 1] of the window")
-        _require(self.batch_windows >= 1, "eval.batch_windows", self.batch_windows, "a positive integer")
+        _require(self.batch_windows >= 0, "eval.batch_windows", self.batch_windows,
+                 "0 (sized from free GPU memory) or a positive integer")
+        _choice("eval.precision", self.precision, PRECISIONS)
+        names = [dataset_name(spec) for spec in self.datasets]
+        for name in self.noisy:
+            _require(name in names, "eval.noisy", name,
+                     "names of datasets in eval.datasets (" + (", ".join(names) or "none given") + ")")
         for spec in self.datasets:
             _require(isinstance(spec, str) and bool(dataset_name(spec)) and ":" in spec.partition("=")[2],
                      "eval.datasets", spec,
@@ -253,8 +293,18 @@ class Config:
         return _build(cls, dict(d or {}), "", source)
 
     @classmethod
-    def from_yaml(cls, path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> "Config":
-        """Load ``path`` (optionally starting from ``preset: NAME``) and apply ``section.field=value`` overrides."""
+    def from_stored(cls, d: Mapping[str, Any], *, source: str = "config") -> "Config":
+        """A config written by the project (a checkpoint's, a trial's ``config.json``, a sweep's ``trials.json``),
+        possibly by an older version: a science field it lacks did not exist then, so it takes the value that does
+        what the project did before the field existed (:data:`asr_core.identity.BASELINE`), not today's default.
+        A half-trained model so continues, and a finished one is evaluated, as it began; its key stays its own."""
+        return _build(cls, _with_baseline(d), "", source)
+
+    @classmethod
+    def from_yaml(cls, path: str | Path, overrides: list[str] | tuple[str, ...] = (), *, stored: bool = False
+                  ) -> "Config":
+        """Load ``path`` (optionally starting from ``preset: NAME``) and apply ``section.field=value`` overrides;
+        ``stored``: the file was written by the project (a trial's ``config.json``), read as :meth:`from_stored`."""
         path = Path(path)
         try:
             text = path.read_text()
@@ -267,7 +317,7 @@ class Config:
             raise ConfigError(f"{path}: not valid YAML: {e}") from None
         if not isinstance(raw, dict):
             raise ConfigError(f"{path}: the top level must be a mapping of sections (model, data, train, eval)")
-        return resolve(raw, overrides, source=str(path))
+        return resolve(_with_baseline(raw) if stored else raw, overrides, source=str(path))
 
     def with_overrides(self, overrides: list[str] | tuple[str, ...]) -> "Config":
         return resolve(self.to_dict(), overrides)
@@ -275,16 +325,26 @@ class Config:
 
 # ---- presets: the paper's model families (REFERENCE.md "The study") ------------------------------------------
 PRESETS: dict[str, dict[str, Any]] = {
-    "main": {"model": {"layers": 6, "d_model": 768, "heads": 6}, "train": {"lr": 3e-3}},
-    "3L-768": {"model": {"layers": 3, "d_model": 768, "heads": 6}, "train": {"lr": 3e-3}},
-    "6L-256-8H": {"model": {"layers": 6, "d_model": 256, "heads": 8}, "train": {"lr": 3e-3}},
-    "12L-256-8H": {"model": {"layers": 12, "d_model": 256, "heads": 8}, "train": {"lr": 3e-3}},
-    "9L-768": {"model": {"layers": 9, "d_model": 768, "heads": 6}, "train": {"lr": 2e-3}},
-    "12L-768": {"model": {"layers": 12, "d_model": 768, "heads": 6}, "train": {"lr": 2e-3}},
-    "3L-2048-16H": {"model": {"layers": 3, "d_model": 2048, "heads": 16}, "train": {"lr": 2e-3}},
-    "18L-1024": {"model": {"layers": 18, "d_model": 1024, "heads": 8}, "train": {"lr": 1e-3}},
-    **{f"9L-768-{h}H": {"model": {"layers": 9, "d_model": 768, "heads": h}, "train": {"lr": 2e-3}}
-       for h in (3, 6, 12, 24)},
+    # Peak LR and LR warmup as in the authors' configs (exp/configs/paper_templates/): 5000 warmup steps for the
+    # main, 9L-768, 12L-768, 18L-1024 and 3L-2048 families, 1500 for the others (and for the sinusoidal, Fourier,
+    # no-encoding and rotary theta=10k models, which the posenc grid sets).
+    "main": {"model": {"layers": 6, "d_model": 768, "heads": 6}, "train": {"lr": 3e-3, "warmup_steps": 5000}},
+    "3L-768": {"model": {"layers": 3, "d_model": 768, "heads": 6}, "train": {"lr": 3e-3, "warmup_steps": 1500}},
+    "6L-256-8H": {"model": {"layers": 6, "d_model": 256, "heads": 8}, "train": {"lr": 3e-3, "warmup_steps": 1500}},
+    "12L-256-8H": {"model": {"layers": 12, "d_model": 256, "heads": 8}, "train": {"lr": 3e-3, "warmup_steps": 1500}},
+    "9L-768": {"model": {"layers": 9, "d_model": 768, "heads": 6}, "train": {"lr": 2e-3, "warmup_steps": 5000}},
+    "12L-768": {"model": {"layers": 12, "d_model": 768, "heads": 6}, "train": {"lr": 2e-3, "warmup_steps": 5000}},
+    # exp_set_seq_rotary_base_3l_2048.yaml: the only family with 512 subsampling channels
+    "3L-2048-16H": {"model": {"layers": 3, "d_model": 2048, "heads": 16, "subsampling_channels": 512},
+                    "train": {"lr": 2e-3, "warmup_steps": 5000}},
+    "18L-1024": {"model": {"layers": 18, "d_model": 1024, "heads": 8}, "train": {"lr": 1e-3, "warmup_steps": 5000}},
+    # The heads study as the authors ran it (exp_set_rot_{3,12,24}h.yaml): the main model's 6 layers, d=768, with
+    # 3, 12 or 24 heads (6 heads is the main model itself), LR 3e-3, warmup 1500.
+    **{f"6L-768-{h}H": {"model": {"layers": 6, "d_model": 768, "heads": h},
+                        "train": {"lr": 3e-3, "warmup_steps": 1500}} for h in (3, 12, 24)},
+    # The heads study as paper 000 §4.3 describes it (9 layers, d=768): a named alternative, not in grids/paper.yaml.
+    **{f"9L-768-{h}H": {"model": {"layers": 9, "d_model": 768, "heads": h},
+                        "train": {"lr": 2e-3, "warmup_steps": 5000}} for h in (3, 6, 12, 24)},
     # a CPU-sized model for tests and the demo study
     "tiny": {"model": {"layers": 2, "d_model": 96, "heads": 4, "subsampling_channels": 64, "vocab_size": 128,
                        "batch_renorm_warmup_steps": 100},
@@ -337,6 +397,24 @@ def _set_path(d: dict[str, Any], dotted: str, value: Any) -> None:
             raise ConfigError(f"override {dotted!r}: {p!r} is a value, not a section")
         cur = nxt
     cur[parts[-1]] = value
+
+
+def _with_baseline(d: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of the nested dict ``d`` with every science field it lacks set to its
+    :data:`asr_core.identity.BASELINE` value (what the project did before the field existed)."""
+    from asr_core.identity import BASELINE, NAMED
+
+    raw = _deepcopy(dict(d))
+    for dotted, value in BASELINE.items():
+        if dotted in NAMED:
+            continue
+        *parts, leaf = dotted.split(".")
+        cur: Any = raw
+        for p in parts:
+            cur = cur.get(p) if isinstance(cur, dict) else None
+        if isinstance(cur, dict) and leaf not in cur:
+            cur[leaf] = list(value) if isinstance(value, tuple) else value
+    return raw
 
 
 def _merge(a: dict[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:

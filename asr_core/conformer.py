@@ -1,8 +1,20 @@
 """One Conformer layer (Gulati et al., 2020) as used in paper 000 §3.2.
 
 Pre-LayerNorm residual blocks in macaron order: half-step feed-forward, self-attention, convolution module,
-half-step feed-forward, final LayerNorm. The convolution module is pointwise d -> 2d, GLU, depthwise (kernel 9),
-batch renormalisation, SiLU, pointwise d -> d. No dropout (the paper trains one epoch without regularisation).
+half-step feed-forward, final LayerNorm. No dropout (the paper trains one epoch without regularisation; the code's
+configs set every dropout to 0).
+
+Feed-forward modules (macaron, x0.5): LN, Linear d -> e*d, activation, Linear e*d -> d, with
+- ``model.ff_activation``: ``"gelu_tanh"`` (default; the code: ``lcasr/components/fused_dense.py`` ``FusedMLP``
+  with ``activation='gelu_approx'``, i.e. ``GELU(approximate='tanh')``) or ``"silu"`` (Swish, as the Conformer
+  paper and the project's earlier reading);
+- ``model.ff_bias``: biases of both linears; default off (the code: ``bias_in_ff: false`` in every paper config,
+  passed as ``bias1``/``bias2`` of ``FusedMLP``).
+The expansion e is ``model.ff_expansion`` (4: paper and code, where ``FusedMLP`` hard-codes ``4 * d``).
+
+The convolution module is pointwise d -> 2d, GLU, depthwise (kernel 9), batch renormalisation
+(:mod:`asr_core.batchrenorm`, schedule ``model.batch_renorm_schedule``), SiLU, pointwise d -> d (SiLU here is the
+code's ``ConformerConvolution`` and the paper's; ``model.ff_activation`` does not touch it).
 
 Every block's output is zeroed on padded frames and the depthwise convolution's input is masked first, so a padded
 batch never mixes padding into valid frames.
@@ -19,15 +31,24 @@ from .config import ModelConfig
 from .posenc import PositionalEncoding
 
 
-class FeedForward(nn.Module):
-    """LN, d -> e*d, SiLU, e*d -> d. (B, T, d) -> (B, T, d)."""
+def ff_activation(name: str) -> nn.Module:
+    """The feed-forward activation named by ``model.ff_activation``."""
+    if name == "gelu_tanh":
+        return nn.GELU(approximate="tanh")
+    if name == "silu":
+        return nn.SiLU()
+    raise ValueError(f"unknown feed-forward activation {name!r}; valid: gelu_tanh, silu")
 
-    def __init__(self, d_model: int, expansion: int) -> None:
+
+class FeedForward(nn.Module):
+    """LN, d -> e*d, activation, e*d -> d. (B, T, d) -> (B, T, d)."""
+
+    def __init__(self, d_model: int, expansion: int, activation: str = "gelu_tanh", bias: bool = False) -> None:
         super().__init__()
         self.norm = nn.LayerNorm(d_model)
-        self.up = nn.Linear(d_model, expansion * d_model)
-        self.act = nn.SiLU()
-        self.down = nn.Linear(expansion * d_model, d_model)
+        self.up = nn.Linear(d_model, expansion * d_model, bias=bias)
+        self.act = ff_activation(activation)
+        self.down = nn.Linear(expansion * d_model, d_model, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down(self.act(self.up(self.norm(x))))
@@ -45,7 +66,7 @@ class ConvModule(nn.Module):
         self.depthwise = nn.Conv1d(d, d, cfg.conv_kernel, padding=cfg.conv_kernel // 2, groups=d,
                                    bias=False)  # batch renorm follows: a bias would cancel
         self.norm_bn = MaskedBatchRenorm(d, cfg.batch_renorm_eps, cfg.batch_renorm_momentum,
-                                         cfg.batch_renorm_warmup_steps)
+                                         cfg.batch_renorm_warmup_steps, cfg.batch_renorm_schedule)
         self.act = nn.SiLU()
         self.pointwise_out = nn.Linear(d, d)
 
@@ -64,11 +85,11 @@ class ConformerLayer(nn.Module):
 
     def __init__(self, cfg: ModelConfig, posenc: PositionalEncoding) -> None:
         super().__init__()
-        self.ff1 = FeedForward(cfg.d_model, cfg.ff_expansion)
+        self.ff1 = FeedForward(cfg.d_model, cfg.ff_expansion, cfg.ff_activation, cfg.ff_bias)
         self.attn_norm = nn.LayerNorm(cfg.d_model)
         self.attn = SelfAttention(cfg.d_model, cfg.heads, posenc, cfg.attention_backend)
         self.conv = ConvModule(cfg)
-        self.ff2 = FeedForward(cfg.d_model, cfg.ff_expansion)
+        self.ff2 = FeedForward(cfg.d_model, cfg.ff_expansion, cfg.ff_activation, cfg.ff_bias)
         self.out_norm = nn.LayerNorm(cfg.d_model)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:

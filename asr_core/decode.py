@@ -10,6 +10,16 @@ floor the batched implementation comes).
 
 A *model* here is any callable ``model(features (B, T, F), lengths (B,)) -> (logits (B, T', V), out_lengths (B,))``
 with ``T' = ceil(T / subsampling)`` and the CTC blank at ``V - 1`` (docs/ARCHITECTURE.md, "Model contract").
+
+Precision (``eval.precision``): ``bf16`` runs the model under bf16 autocast on CUDA, as training does; ``fp32``
+in float32 (the authors' decoding, ``lcasr/eval/utils.py``, ran the model in float32 with fp16 flash attention);
+``auto`` is bf16 on CUDA and fp32 on the CPU (:func:`resolve_precision`). Either way the softmax and the per-frame
+sums are float32.
+
+Windows per batch (``eval.batch_windows``): a :class:`WindowBatch` is shared by every recording of an evaluation.
+It starts at the configured size, or, for 0, at what :func:`windows_that_fit` estimates the GPU's free memory holds
+(8 on the CPU); an out-of-memory error halves it *for the rest of the evaluation*, so a 1 h context pays for its
+failed attempts once, not once per recording.
 """
 
 from __future__ import annotations
@@ -23,6 +33,90 @@ import torch
 
 Model = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 Progress = Callable[[int, int], None]  # (windows done, windows total)
+
+CPU_BATCH_WINDOWS = 8  # eval.batch_windows=0 on the CPU: memory is not the limit there, and 8 keeps progress fine
+MAX_BATCH_WINDOWS = 512  # eval.batch_windows=0 never batches more (short windows: ~0.5M frames a batch is plenty)
+FREE_MEMORY_FRACTION = 0.7  # of the free GPU memory left to the estimate's windows (allocator slack, workspaces)
+
+
+def resolve_precision(precision: str, device: torch.device | str) -> str:
+    """``eval.precision`` on ``device``: ``auto`` -> ``bf16`` on CUDA, ``fp32`` elsewhere. ``bf16`` needs CUDA."""
+    cuda = torch.device(device).type == "cuda"
+    if precision == "auto":
+        return "bf16" if cuda else "fp32"
+    if precision == "bf16" and not cuda:
+        raise ValueError("eval.precision='bf16' needs CUDA (bf16 autocast is used on the GPU only); use "
+                         "eval.precision=auto or fp32 on the CPU")
+    if precision not in ("bf16", "fp32"):
+        raise ValueError(f"unknown precision {precision!r}; valid: auto, bf16, fp32")
+    return precision
+
+
+def window_bytes(window_frames: int, *, n_mels: int = 80, subsampling_channels: int = 256, d_model: int = 768,
+                 vocab_size: int = 4096, subsampling: int = 8, bf16: bool = True) -> int:
+    """Estimated peak GPU memory of ONE window of ``window_frames`` input frames in a forward-only (no autograd)
+    pass of the FastConformer, in bytes. Activations are freed layer by layer, so depth does not enter; attention is
+    flash or memory-efficient SDPA (linear in T). Per input frame, with ``a`` = 2 bytes (bf16) or 4 (fp32):
+
+    * subsampling, the peak: the first stride-2 convolution's output is (T/2) x (F/2) x C elements, i.e.
+      F*C/4 per input frame, and three such tensors live at once (convolution output, SiLU, the masked copy the
+      next stage reads): 3 * F*C/4 * a (main model: 30 KiB a frame in bf16, two thirds of the total);
+    * one Conformer layer's working set, ~16 d-wide vectors per output frame (macaron FF 4d hidden and its
+      activation, q/k/v and rotated q/k, the convolution module's 2d), in float32 since LayerNorm runs in float32
+      under autocast: 16 * d * 4 / subsampling;
+    * the CTC head and self-conditioning: logits, their float32 copy, softmax and the decoder's float32
+      probabilities, ~16 bytes per vocabulary entry per output frame: 16 * V / subsampling;
+    * the float32 input features and their masked copy: 2 * F * 4.
+
+    The main model (F=80, C=256, d=768, V=4096) comes to ~45 KiB per input frame in bf16 (~15 GiB for a 1 h
+    window of 360,000 frames, ~45 MiB for 10.24 s), ~75 KiB in fp32. Deliberately generous: an estimate too high
+    costs some speed, one too low an out-of-memory error (caught, and the batch halved for good).
+    """
+    a = 2 if bf16 else 4
+    per_frame = (3 * n_mels * subsampling_channels / 4 * a + 16 * d_model * 4 / subsampling
+                 + 16 * vocab_size / subsampling + 2 * n_mels * 4)
+    return int(math.ceil(window_frames * per_frame))
+
+
+def windows_that_fit(free_bytes: int, window_frames: int, *, reserve_bytes: int = 0,
+                     fraction: float = FREE_MEMORY_FRACTION, most: int = MAX_BATCH_WINDOWS, **model_dims) -> int:
+    """How many windows to decode at once: ``fraction`` of ``free_bytes`` (the GPU's free memory with the model
+    loaded) less ``reserve_bytes`` (the per-recording float32 sums), over :func:`window_bytes` (``model_dims``:
+    its keyword arguments). At least 1 (an out-of-memory error then says so), at most ``most``."""
+    usable = fraction * max(0, free_bytes - reserve_bytes)
+    return max(1, min(most, int(usable // window_bytes(window_frames, **model_dims))))
+
+
+class WindowBatch:
+    """Windows decoded together, shared by every recording of one evaluation. :meth:`shrink` after an
+    out-of-memory error halves it for good: every later recording starts from the smaller size."""
+
+    def __init__(self, size: int) -> None:
+        if size < 1:
+            raise ValueError(f"windows per batch must be at least 1, got {size}")
+        self.size = size
+        self.initial = size
+
+    def shrink(self, tried: int) -> bool:
+        """After ``tried`` windows ran out of memory: half of them from now on; False when already at one."""
+        if tried <= 1:
+            return False
+        self.size = max(1, min(self.size, tried // 2))
+        return True
+
+    def __repr__(self) -> str:
+        return f"WindowBatch(size={self.size}, initial={self.initial})"
+
+
+def auto_batch_windows(window: int, device: torch.device | str, *, bf16: bool, reserve_bytes: int = 0,
+                       **model_dims) -> int:
+    """``eval.batch_windows=0``: :func:`windows_that_fit` from ``torch.cuda.mem_get_info`` on CUDA, else
+    :data:`CPU_BATCH_WINDOWS`. Call with the model already on the device."""
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return CPU_BATCH_WINDOWS
+    free, _total = torch.cuda.mem_get_info(dev)
+    return windows_that_fit(free, window, reserve_bytes=reserve_bytes, bf16=bf16, **model_dims)
 
 
 @dataclass(frozen=True)
@@ -63,34 +157,38 @@ def plan_windows(frames: int, window: int, stride_fraction: float, subsampling: 
 # no_grad, not inference_mode: inference tensors cached by a model (e.g. rotary tables) would break training later
 @torch.no_grad()
 def posteriors(model: Model, features: torch.Tensor, window: int, *, stride: float = 0.125,
-               batch_windows: int = 8, subsampling: int = 8, device: torch.device | str = "cpu",
-               progress: Progress | None = None) -> torch.Tensor:
+               batch_windows: int | WindowBatch = 8, subsampling: int = 8, device: torch.device | str = "cpu",
+               progress: Progress | None = None, precision: str = "fp32") -> torch.Tensor:
     """Frame posteriors of a whole recording by moving windows.
 
     features: (T, F), already normalised over the recording. Returns (ceil(T / subsampling), V) float32
-    probabilities (softmax, not log), each output frame the mean over the windows covering it.
+    probabilities (softmax, not log), each output frame the mean over the windows covering it. ``batch_windows``:
+    a count (for this recording only) or the evaluation's :class:`WindowBatch` (an out-of-memory error shrinks it
+    for every later recording too). ``precision``: ``fp32``, ``bf16`` (autocast, CUDA only) or ``auto``.
     """
     if features.dim() != 2:
         raise ValueError(f"features must be (T, F), got shape {tuple(features.shape)}")
+    state = batch_windows if isinstance(batch_windows, WindowBatch) else WindowBatch(batch_windows)
+    bf16 = resolve_precision(precision, device) == "bf16"
     plan = plan_windows(features.shape[0], window, stride, subsampling)
     t_out = math.ceil(plan.frames / subsampling)
     feats = features.to(device=device, dtype=torch.float32)
     sums: torch.Tensor | None = None
     counts = torch.zeros(t_out, device=device)
     spans = plan.spans
-    b0, batch = 0, batch_windows
+    b0 = 0
     while b0 < len(spans):
-        chunk = spans[b0: b0 + batch]
+        chunk = spans[b0: b0 + state.size]
         try:
-            probs, out_lengths = _forward_windows(model, feats, chunk, device)
+            probs, out_lengths = _forward_windows(model, feats, chunk, device, bf16)
         except torch.OutOfMemoryError:
-            if batch == 1:
+            # long contexts: fewer windows at once rather than failing the evaluation, and remembered (state)
+            if not state.shrink(len(chunk)):
                 raise
-            batch = max(1, batch // 2)  # long contexts: fewer windows at once rather than failing the evaluation
-            if str(device).startswith("cuda"):
+            if torch.device(device).type == "cuda":
                 torch.cuda.empty_cache()
-            print(f"[decode] out of memory with {len(chunk)} windows of {window} frames; retrying {batch} at a "
-                  "time", file=sys.stderr)
+            print(f"[decode] out of memory with {len(chunk)} windows of {window} frames; {state.size} at a time "
+                  "from now on", file=sys.stderr)
             continue
         if sums is None:
             sums = torch.zeros(t_out, probs.shape[-1], device=device)
@@ -111,15 +209,16 @@ def posteriors(model: Model, features: torch.Tensor, window: int, *, stride: flo
     return (sums / counts.clamp(min=1).unsqueeze(1)).cpu()
 
 
-def _forward_windows(model: Model, feats: torch.Tensor, chunk: list[tuple[int, int]], device: torch.device | str
-                     ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One batch of windows (zero-padded to the longest; the model masks padding). Returns probabilities
-    (B, T', V) and output lengths (B,)."""
+def _forward_windows(model: Model, feats: torch.Tensor, chunk: list[tuple[int, int]], device: torch.device | str,
+                     bf16: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """One batch of windows (zero-padded to the longest; the model masks padding). Returns float32 probabilities
+    (B, T', V) and output lengths (B,). ``bf16``: the model runs under CUDA bf16 autocast."""
     lengths = torch.tensor([e - s for s, e in chunk], device=device)
     batch = feats.new_zeros(len(chunk), max(int(lengths.max()), 1), feats.shape[1])
     for i, (s, e) in enumerate(chunk):
         batch[i, : e - s] = feats[s:e]
-    logits, out_lengths = model(batch, lengths)
+    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=bf16):
+        logits, out_lengths = model(batch, lengths)
     return torch.softmax(logits.float(), dim=-1), out_lengths
 
 
@@ -135,11 +234,12 @@ def greedy_ids(probs: torch.Tensor, blank: int) -> list[int]:
 
 
 def decode_features(model: Model, features: torch.Tensor, window: int, decode_ids: Callable[[list[int]], str], *,
-                    blank: int, stride: float = 0.125, batch_windows: int = 8, subsampling: int = 8,
-                    device: torch.device | str = "cpu", progress: Progress | None = None) -> str:
-    """Text of one recording from its normalised features (T, F)."""
+                    blank: int, stride: float = 0.125, batch_windows: int | WindowBatch = 8, subsampling: int = 8,
+                    device: torch.device | str = "cpu", progress: Progress | None = None,
+                    precision: str = "fp32") -> str:
+    """Text of one recording from its normalised features (T, F) (arguments as :func:`posteriors`)."""
     probs = posteriors(model, features, window, stride=stride, batch_windows=batch_windows,
-                       subsampling=subsampling, device=device, progress=progress)
+                       subsampling=subsampling, device=device, progress=progress, precision=precision)
     return decode_ids(greedy_ids(probs, blank))
 
 

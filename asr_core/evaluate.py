@@ -1,6 +1,13 @@
 """Evaluate a checkpoint: moving-window greedy CTC on long recordings, clean and with music at given SNRs.
 
-``python -m asr_core evaluate CKPT --data NAME=FORMAT:PATH [--data ...] [--snr DB ...] [--stride 0.125] [--out DIR]``
+``python -m asr_core evaluate CKPT --data NAME=FORMAT:PATH [--data ...] [--snr DB ...] [--noisy NAME ...]
+[--stride 0.125] [--precision auto|bf16|fp32] [--batch-windows N] [--out DIR]``
+
+Every dataset is decoded clean; the datasets named in ``noisy`` (``eval.noisy``; none named = every dataset) are
+also decoded with music at each SNR. The paper added music to Rev16 only, for the main (context) family
+(``grids/context.yaml``). Decoding runs in ``precision`` (``auto``: bf16 autocast on CUDA, fp32 on the CPU) with
+``batch_windows`` windows at once (0: sized from the GPU's free memory, :func:`asr_core.decode.windows_that_fit`;
+an out-of-memory error halves it for the rest of the evaluation).
 
 Writes ``DIR/<NAME>.csv`` (one row per recording and condition; columns :data:`CSV_COLUMNS`) and logs into the
 checkpoint's MLflow run (docs/ARCHITECTURE.md, "Evaluation contract"): metrics ``wer/<NAME>`` (clean) and
@@ -31,14 +38,15 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import pandas as pd
 import torch
 
 from asr_core.corpora import CorpusError, Recording, load_corpus, parse_dataset_spec
 from asr_core.corpora.fingerprint import fingerprint
-from asr_core.decode import decode_features, plan_windows, prepare_features, window_frames
+from asr_core.decode import (WindowBatch, auto_batch_windows, decode_features, plan_windows, prepare_features,
+                              resolve_precision, window_frames)
 from asr_core.noise import add_music
 from asr_core.outbox import FINAL_FLUSH_S, Outbox, fail_fast_http
 from asr_core.score import Counts, corpus_wer, normalise, score
@@ -76,11 +84,18 @@ def _device(name: str) -> torch.device:
 
 
 def evaluate(checkpoint: str | Path, datasets: list[str], snrs: list[float], stride: float = 0.125,
-             batch_windows: int = 8, noise: str = "synthetic", tracking_uri: str | None = None,
+             batch_windows: int = 0, noise: str = "synthetic", tracking_uri: str | None = None,
              run_id: str | None = None, out_dir: str | Path | None = None, *, device: str = "auto",
              strict: bool = False, noise_seed: int = 0, log: bool = True,
-             progress: ProgressLog | None = None, outbox: Outbox | None = None) -> pd.DataFrame:
-    """WER of ``checkpoint`` on each ``NAME=FORMAT:PATH`` dataset, clean and at each SNR (dB).
+             progress: ProgressLog | None = None, outbox: Outbox | None = None,
+             noisy: Sequence[str] = (), precision: str = "auto") -> pd.DataFrame:
+    """WER of ``checkpoint`` on each ``NAME=FORMAT:PATH`` dataset, clean, and at each SNR (dB) for the datasets
+    named in ``noisy`` (empty: every dataset).
+
+    ``precision``: ``auto`` (bf16 autocast on CUDA, fp32 on the CPU), ``bf16`` (CUDA only) or ``fp32``.
+    ``batch_windows``: windows decoded together; 0 sizes it from the GPU's free memory (8 on the CPU). One
+    :class:`~asr_core.decode.WindowBatch` serves the whole evaluation, so a size halved after an out-of-memory error
+    stays halved for every later recording.
 
     Returns the per-recording table (columns :data:`CSV_COLUMNS`). MLflow logging goes to ``run_id`` at
     ``tracking_uri`` (default: the ones stored in the checkpoint); with no run known, nothing is logged.
@@ -95,8 +110,11 @@ def evaluate(checkpoint: str | Path, datasets: list[str], snrs: list[float], str
         raise FileNotFoundError(f"checkpoint {checkpoint} not found")
     if not 0 < stride <= 1:
         raise ValueError(f"stride must be a fraction in (0, 1] of the window, got {stride}")
-    if batch_windows < 1:
-        raise ValueError(f"batch_windows must be a positive integer, got {batch_windows}")
+    if batch_windows < 0:
+        raise ValueError(f"batch_windows must be 0 (sized from free GPU memory) or a positive integer, "
+                         f"got {batch_windows}")
+    dev = _device(device)
+    bf16 = resolve_precision(precision, dev) == "bf16"  # raises for bf16 without CUDA or an unknown precision
     if not datasets:
         raise ValueError("no datasets to evaluate: give at least one NAME=FORMAT:PATH")
     parsed = [parse_dataset_spec(d) for d in datasets]
@@ -106,6 +124,12 @@ def evaluate(checkpoint: str | Path, datasets: list[str], snrs: list[float], str
     snr_list = [float(s) for s in snrs]
     if any(not math.isfinite(s) for s in snr_list):
         raise ValueError(f"SNRs must be finite numbers of dB, got {snrs}")
+    noisy = tuple(noisy)
+    unknown = [n for n in noisy if n not in names]
+    if unknown:
+        raise ValueError(f"noisy names {unknown} are not among the datasets ({', '.join(names)}); name datasets "
+                         "given with NAME=FORMAT:PATH, or none for every dataset")
+    conditions = {n: [None, *snr_list] if not noisy or n in noisy else [None] for n in names}
     if noise != "synthetic" and not Path(noise).is_file():
         raise FileNotFoundError(f"noise file {noise} not found; use 'synthetic' or the path of an audio file")
     corpora = {name: load_corpus(spec, strict=strict) for name, spec in parsed}
@@ -127,7 +151,6 @@ def evaluate(checkpoint: str | Path, datasets: list[str], snrs: list[float], str
     from asr_core.checkpoint import load_for_eval
     from asr_core.features import FeatureExtractor
 
-    dev = _device(device)
     model, cfg, tokenizer = load_for_eval(checkpoint, dev)
     if isinstance(model, torch.nn.Module):
         model.eval()
@@ -135,8 +158,11 @@ def evaluate(checkpoint: str | Path, datasets: list[str], snrs: list[float], str
     fps = cfg.data.features.frames_per_second
     sub = cfg.model.subsampling_factor
     window = window_frames(cfg.data.context_s, fps, sub)
+    batch = WindowBatch(batch_windows or _auto_batch(cfg, window, dev, bf16, corpora))
     print(f"[eval] {checkpoint}: context {cfg.data.context_s:g} s = {window} frames, stride {stride:g}, "
-          f"{len(corpora)} datasets, conditions: {', '.join(condition_name(s) for s in [None, *snr_list])}",
+          f"{'bf16' if bf16 else 'fp32'}, {batch.size} windows at a time"
+          f"{' (sized from free memory)' if not batch_windows else ''}, {len(corpora)} datasets, conditions: "
+          + "; ".join(f"{n}: {', '.join(condition_name(s) for s in conditions[n])}" for n in names),
           file=sys.stderr, flush=True)
 
     out = Path(out_dir) if out_dir is not None else Path(tempfile.mkdtemp(prefix="asr-eval-"))
@@ -144,15 +170,17 @@ def evaluate(checkpoint: str | Path, datasets: list[str], snrs: list[float], str
     rows: list[dict[str, Any]] = []
     metrics: dict[str, float] = {}
     for name, recordings in corpora.items():
-        ds_rows, hyps = _evaluate_dataset(name, recordings, snr_list, model, extractor, tokenizer, window, stride,
-                                          batch_windows, sub, fps, dev, noise, noise_seed, progress)
+        ds_snrs = [s for s in conditions[name] if s is not None]
+        ds_rows, hyps = _evaluate_dataset(name, recordings, ds_snrs, model, extractor, tokenizer, window, stride,
+                                          batch, sub, fps, dev, noise, noise_seed, progress,
+                                          "bf16" if bf16 else "fp32")
         rows.extend(ds_rows)
         table = pd.DataFrame(ds_rows, columns=CSV_COLUMNS)
         table.to_csv(out / f"{name}.csv", index=False)
         with (out / f"{name}.hyp.jsonl").open("w", encoding="utf-8") as fh:
             for h in hyps:
                 fh.write(json.dumps(h, ensure_ascii=False) + "\n")
-        for snr in [None, *snr_list]:
+        for snr in conditions[name]:
             part = [r for r in ds_rows if r["condition"] == condition_name(snr)]
             wer = corpus_wer(Counts(r["ref_words"], r["substitutions"], r["deletions"], r["insertions"],
                                     r["hyp_words"]) for r in part)
@@ -165,15 +193,27 @@ def evaluate(checkpoint: str | Path, datasets: list[str], snrs: list[float], str
     return df
 
 
+def _auto_batch(cfg, window: int, dev: torch.device, bf16: bool, corpora: dict[str, list[Recording]]) -> int:
+    """``batch_windows=0``: windows that fit the GPU's free memory now (the model loaded), keeping room for the
+    float32 sums of the longest recording (twice: the sums and their average)."""
+    longest_s = max((r.duration for recs in corpora.values() for r in recs), default=0.0)
+    out_frames = math.ceil(longest_s * cfg.data.features.frames_per_second / cfg.model.subsampling_factor)
+    m = cfg.model
+    return auto_batch_windows(window, dev, bf16=bf16, reserve_bytes=2 * 4 * out_frames * (m.vocab_size + 1),
+                              n_mels=cfg.data.features.n_mels, subsampling_channels=m.subsampling_channels,
+                              d_model=m.d_model, vocab_size=m.vocab_size, subsampling=m.subsampling_factor)
+
+
 def _evaluate_dataset(name: str, recordings: list[Recording], snrs: list[float], model, extractor, tokenizer,
-                      window: int, stride: float, batch_windows: int, sub: int, fps: float, dev: torch.device,
-                      noise: str, noise_seed: int, progress: ProgressLog | None = None
+                      window: int, stride: float, batch: WindowBatch | int, sub: int, fps: float, dev: torch.device,
+                      noise: str, noise_seed: int, progress: ProgressLog | None = None, precision: str = "fp32"
                       ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     from tqdm import tqdm
 
     from asr_core.audio import load_audio
 
     rows, hyps = [], []
+    batch = batch if isinstance(batch, WindowBatch) else WindowBatch(batch)  # an int: this dataset's own
     blank = tokenizer.blank_id
     total = len(recordings) * (1 + len(snrs))
     if progress is not None:  # the dataset's name shows before its first (possibly long) recording is done
@@ -187,9 +227,9 @@ def _evaluate_dataset(name: str, recordings: list[Recording], snrs: list[float],
             feats = prepare_features(extractor, wave, rec.ignore, fps)
             n_windows = len(plan_windows(feats.shape[0], window, stride, sub).starts)
             with tqdm(total=n_windows, desc=f"{name} {rec.id} {condition_name(snr)}", unit="win", leave=False,
-                      file=sys.stderr, disable=n_windows <= batch_windows) as bar:
+                      file=sys.stderr, disable=n_windows <= batch.size) as bar:
                 text = decode_features(model, feats, window, tokenizer.decode, blank=blank, stride=stride,
-                                       batch_windows=batch_windows, subsampling=sub, device=dev,
+                                       batch_windows=batch, subsampling=sub, device=dev, precision=precision,
                                        progress=lambda done, _total: bar.update(done - bar.n))
             c = score(ref, normalise(text), normalised=True)
             rows.append({"dataset": name, "condition": condition_name(snr), "snr_db": snr, "recording": rec.id,
@@ -269,9 +309,16 @@ def cli(argv: list[str]) -> int:
                     help="a dataset (repeatable); default: eval.datasets of the checkpoint's config")
     ap.add_argument("--snr", action="append", type=float, default=None, metavar="DB",
                     help="music at this SNR in dB (repeatable); clean audio is always evaluated")
+    ap.add_argument("--noisy", action="append", default=None, metavar="NAME",
+                    help="a dataset also decoded with music at the SNRs (repeatable); default: the checkpoint's "
+                         "eval.noisy when --data is not given, else every dataset")
     ap.add_argument("--stride", type=float, default=None, help="window stride as a fraction of the context "
                     "(default: the checkpoint's eval.stride, 0.125)")
-    ap.add_argument("--batch-windows", type=int, default=None, help="windows decoded together")
+    ap.add_argument("--batch-windows", type=int, default=None,
+                    help="windows decoded together; 0 = sized from the GPU's free memory (8 on the CPU); default: "
+                         "the checkpoint's eval.batch_windows")
+    ap.add_argument("--precision", default=None, choices=("auto", "bf16", "fp32"),
+                    help="auto: bf16 autocast on CUDA, fp32 on the CPU; default: the checkpoint's eval.precision")
     ap.add_argument("--noise", default=None, help="'synthetic' or an audio file of music")
     ap.add_argument("--out", type=Path, default=None, help="folder for the CSV tables (default: next to CKPT)")
     ap.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
@@ -288,13 +335,14 @@ def cli(argv: list[str]) -> int:
         from asr_core.config import Config
 
         ck = torch.load(str(a.checkpoint), map_location="cpu", weights_only=True, mmap=True)
-        ev = Config.from_dict(ck["config"], source=str(a.checkpoint)).eval
+        ev = Config.from_stored(ck["config"], source=str(a.checkpoint)).eval
+        noisy = a.noisy if a.noisy is not None else ([] if a.data else list(ev.noisy))
         df = evaluate(a.checkpoint, a.data or list(ev.datasets), a.snr if a.snr is not None else list(ev.snrs),
                       stride=a.stride if a.stride is not None else ev.stride,
-                      batch_windows=a.batch_windows or ev.batch_windows, noise=a.noise or ev.noise,
-                      tracking_uri=a.tracking_uri, run_id=a.run_id,
+                      batch_windows=a.batch_windows if a.batch_windows is not None else ev.batch_windows,
+                      noise=a.noise or ev.noise, tracking_uri=a.tracking_uri, run_id=a.run_id,
                       out_dir=a.out or a.checkpoint.parent / EVAL_DIR, device=a.device, strict=a.strict,
-                      log=not a.no_log)
+                      log=not a.no_log, noisy=noisy, precision=a.precision or ev.precision)
     except (CorpusError, ValueError, FileNotFoundError, KeyError) as e:
         print(f"evaluate: {e}", file=sys.stderr)
         return 2

@@ -16,7 +16,8 @@ digest of the *science* only:
 * **departures from a frozen baseline** — a field enters the key only where it differs from :data:`BASELINE`, the
   values the fields had when keys were introduced. Adding an option (at any default) leaves every existing key as
   it was; changing a *default* in ``config.py`` moves exactly the keys of the trials that use it, as it should. A new
-  science field is added to :data:`BASELINE` at its default in the commit that adds it (a test insists).
+  science field is added to :data:`BASELINE` in the commit that adds it (a test insists), at the value that
+  reproduces what the project did before the field existed: its default, unless the same commit changes the recipe.
 
 The golden keys (``tests/golden/keys.json``) pin the keys of the checked-in grids: a commit that changes them says
 why.
@@ -50,7 +51,8 @@ NAMED = ("data.train", "data.tokenizer", "eval.datasets", "eval.noise")
 
 # The science fields as they were when keys were introduced (identity values: names for NAMED fields, sorted
 # tuples for the unordered eval sets). Never edit a value here: a new default belongs in config.py, and keys of the
-# trials that use it then change, as they must. A new science field is appended at its default.
+# trials that use it then change, as they must. A new science field is appended at the value that does what the
+# project did before it existed (usually its default).
 BASELINE: dict[str, Any] = {
     "model.d_model": 768,
     "model.layers": 6,
@@ -94,6 +96,16 @@ BASELINE: dict[str, Any] = {
     "eval.snrs": (),
     "eval.stride": 0.125,
     "eval.noise": "synthetic",
+    # Added with the authors' recipe as the default (issue 14): each at the value that reproduces what the project
+    # did before the field existed, so that every trial of the new recipe has a new key.
+    "data.batching": "consecutive",
+    "train.loss_norm": "tokens",
+    "model.batch_renorm_schedule": "linear",
+    "model.decoder_norm": False,
+    "model.ff_activation": "silu",
+    "model.ff_bias": True,
+    "eval.noisy": (),
+    "eval.precision": "fp32",
 }
 
 
@@ -129,7 +141,7 @@ def _path_name(path: str) -> str:
     return path.rstrip("/").rsplit("/", 1)[-1] if path else ""
 
 
-_REWRITTEN = frozenset((*NAMED, "eval.snrs"))
+_REWRITTEN = frozenset((*NAMED, "eval.snrs", "eval.noisy"))
 
 
 def identity_value(field: str, value: Any) -> Any:
@@ -144,6 +156,8 @@ def identity_value(field: str, value: Any) -> Any:
         return tuple(sorted(dataset_name(s) for s in value))
     if field == "eval.snrs":
         return tuple(sorted(float(x) for x in value))
+    if field == "eval.noisy":
+        return tuple(sorted(value))
     if field == "data.tokenizer":  # on resume the trainer uses the checkpoint's own copy of it
         return _path_name(value)
     if field == "eval.noise":

@@ -2,6 +2,13 @@
 
 features (B, T, n_mels) -> 8x depthwise-separable subsampling -> absolute position (if any) -> N Conformer layers
 with SC-CTC self-conditioning between them -> shared CTC head -> logits (B, ceil(T/8), V), blank = V - 1.
+
+The shared head (:class:`asr_core.ctc.CTCHead`) is [LayerNorm if ``model.decoder_norm``] then Linear, and serves
+both the self-conditioning posteriors after every layer but the last and the final logits (the code's
+``decoder(x)``, ``lcasr/models/sconformer_xl.py``); the final logits take the norm twice, as the code's default
+``legasee_double_norm`` does (:meth:`asr_core.ctc.CTCHead.final`). Feed-forward activation and biases (``model.ff_activation``,
+``model.ff_bias``) are in :mod:`asr_core.conformer`, the batch renorm schedule in :mod:`asr_core.batchrenorm`.
+Sizes with the defaults: main 89.9M, 9L-768 130.7M, 3L-2048-16H (512 subsampling channels) 317.4M parameters (paper: ~90M, 130M, 315M).
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ class AcousticModel(nn.Module):
                                                          cfg.subsampling_factor)
         self.posenc = build_posenc(cfg)
         self.layers = nn.ModuleList(ConformerLayer(cfg, self.posenc) for _ in range(cfg.layers))
-        self.head = CTCHead(cfg.d_model, cfg.vocab_size)
+        self.head = CTCHead(cfg.d_model, cfg.vocab_size, cfg.decoder_norm)
         self.self_conditioning = SelfConditioning(cfg.d_model, cfg.vocab_size) if cfg.self_conditioning else None
         self.activation_checkpointing = cfg.activation_checkpointing
 
@@ -49,7 +56,7 @@ class AcousticModel(nn.Module):
                 x = layer(x, mask, out_lengths)
             if self.self_conditioning is not None and i < len(self.layers) - 1:
                 x = self.self_conditioning(x, self.head(x), mask)
-        return self.head(x), out_lengths
+        return self.head.final(x), out_lengths
 
 
 def build_model(cfg: ModelConfig, n_mels: int = 80) -> AcousticModel:

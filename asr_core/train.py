@@ -59,7 +59,7 @@ from .checkpoint import FORMAT_VERSION, load_checkpoint, rng_state, save_checkpo
 from .chunking import Position, WindowStream
 from .config import Config, ConfigError, TrainConfig
 from .corpora.base import Recording
-from .ctc import ctc_loss
+from .loss import pass_loss, step_frames
 from .features import FeatureExtractor
 from .model import AcousticModel, build_model
 from .schedules import learning_rate
@@ -151,18 +151,24 @@ def _next_file_number(out_dir: Path) -> int:
 
 # ---- one optimiser step's gradient ----------------------------------------------------------------------------
 def accumulate_gradients(model: AcousticModel, micro: Sequence[MicroBatch], device: torch.device, bf16: bool,
-                         step: int) -> float:
-    """Set ``.grad`` of every parameter to the gradient of the whole step's loss; return that loss.
+                         step: int, loss_norm: str = "audio", frames: float = 0.0) -> float:
+    """Set ``.grad`` of every parameter to the gradient of the whole step's loss; return the loss to log.
 
-    The step's loss is :func:`ctc_loss` over all ``B`` windows of the step (the mean over windows of each
-    window's CTC loss per target token). Micro-batch ``m`` of ``B_m`` windows (features (B_m, T_m, F)) runs
-    forward and backward on its own, its mean scaled by ``B_m / B``, so the gradients summed over the passes are
-    the whole-step gradient up to float rounding while only one pass's activations are alive at a time. One
-    micro-batch is exactly the unsplit step. What accumulation cannot keep: batch renormalisation normalises
-    each pass with that pass's statistics and updates its running statistics once per pass. Its r/d warmup is
-    kept on optimiser steps (each layer's ``num_batches_tracked`` is set to ``step`` before every pass).
+    The step's objective is :mod:`asr_core.loss` over all ``B`` windows of the step: ``audio`` (the authors') the
+    summed CTC loss x 100 / ``frames`` (:func:`asr_core.loss.step_frames`), ``tokens`` the mean over windows of
+    each window's loss per token. Micro-batch ``m`` of ``B_m`` windows (features (B_m, T_m, F)) runs forward and
+    backward on its own and adds its part, so the gradients summed over the passes are the whole-step gradient up
+    to float rounding while only one pass's activations are alive at a time. One micro-batch is exactly the
+    unsplit step. What accumulation cannot keep: batch renormalisation normalises each pass with that pass's
+    statistics and updates its running statistics once per pass. Its r/d warmup is kept on optimiser steps (each
+    layer's ``num_batches_tracked`` is set to ``step`` before every pass).
     The model's train/eval modes are the caller's (:func:`train` sets train mode once).
+
+    Logged: ``tokens`` its objective; ``audio`` the summed loss x 100 per input frame the windows really hold (what
+    the authors logged: comparable between full and partial steps).
     """
+    if loss_norm == "audio" and frames <= 0:
+        raise ValueError("the audio loss normalisation needs the step's frames (asr_core.loss.step_frames)")
     total = sum(mb.size for mb in micro)
     renorms = [m for m in model.modules() if isinstance(m, MaskedBatchRenorm)]
     model.zero_grad(set_to_none=True)
@@ -172,12 +178,13 @@ def accumulate_gradients(model: AcousticModel, micro: Sequence[MicroBatch], devi
             m.num_batches_tracked.fill_(step)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
             logits, out_lengths = model(mb.features.to(device), mb.lengths.to(device))
-        loss = ctc_loss(logits, out_lengths, mb.targets, model.blank_id)
-        if len(micro) > 1:
-            loss = loss * (mb.size / total)
+        loss = pass_loss(logits, out_lengths, mb.targets, model.blank_id, loss_norm, mb.size / total, frames)
         loss.backward()
         loss_sum += float(loss.detach())
         del logits, out_lengths, loss  # free this pass's outputs before the next pass allocates its own
+    if loss_norm == "audio":
+        real = sum(int(mb.lengths.sum()) for mb in micro)
+        return loss_sum * frames / max(real, 1)
     return loss_sum
 
 
@@ -283,7 +290,7 @@ def _train(cfg: Config, out_dir: Path, tracking_uri: str | None, run_id: str | N
     with signals.raising(Preempted):  # nothing to checkpoint yet: a stop signal ends the setup at once
         state = load_checkpoint(ckpt_path) if ckpt_path.exists() else None
         if state is not None:
-            saved = Config.from_dict(state["config"], source=str(ckpt_path))
+            saved = Config.from_stored(state["config"], source=str(ckpt_path))
             if saved.key() != cfg.key():
                 was, now = science(saved), science(cfg)
                 flat_was, flat_now = saved.flat(), cfg.flat()
@@ -386,7 +393,7 @@ def _loop(cfg: Config, out_dir: Path, ckpt_path: Path, model: AcousticModel, opt
             "tokenizer": tok.to_bytes(), "data_fingerprint": data_id, "precision": precision,
         })
 
-    maker = BatchMaker(recs, FeatureExtractor(cfg.data.features), tok)
+    maker = BatchMaker(recs, FeatureExtractor(cfg.data.features), tok, windows=cfg.data.batching == "interleaved")
     n_params = sum(p.numel() for p in model.parameters())
     accum = (f", at most {cfg.data.micro_batch_audio_s:g} s per forward/backward" if cfg.data.micro_batch_audio_s
              else "")
@@ -409,12 +416,13 @@ def _loop(cfg: Config, out_dir: Path, ckpt_path: Path, model: AcousticModel, opt
                 lr = learning_rate(step, t.lr, t.warmup_steps, total_steps)
                 for g in opt.param_groups:
                     g["lr"] = lr
-                loss = accumulate_gradients(model, batch.micro, device, bf16, step)
+                loss = accumulate_gradients(model, batch.micro, device, bf16, step, t.loss_norm,
+                                            step_frames(batch.windows, cfg.data))
                 grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)
                 opt.step()
                 # the position after the step just trained on, never after steps the loader prefetched
                 step, pos, last_loss = step + 1, batch.next_pos, loss
-                seq = max(w.duration for w in batch.windows)
+                seq = max((w.seq or w.duration) for w in batch.windows)
                 values = {"train/loss": last_loss, "train/lr": lr, "train/seq_len_s": seq,
                           "train/batch_size": float(batch.size), "train/grad_norm": float(grad_norm),
                           "train/micro_batches": float(len(batch.micro))}

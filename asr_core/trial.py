@@ -305,7 +305,7 @@ def _evaluate_interruptibly(cfg: Config, checkpoint: Path, out_dir: Path, tracki
         evaluate(checkpoint, list(cfg.eval.datasets), list(cfg.eval.snrs), stride=cfg.eval.stride,
                  batch_windows=cfg.eval.batch_windows, noise=cfg.eval.noise, tracking_uri=tracking_uri,
                  run_id=run_id, out_dir=TrialFolder(out_dir).eval_dir, progress=progress, outbox=outbox,
-                 log=outbox is not None)
+                 log=outbox is not None, noisy=cfg.eval.noisy, precision=cfg.eval.precision)
 
 
 def _config_invalid(config: str, error: Exception, out_dir: Path, tracking_uri: str | None,
@@ -364,7 +364,7 @@ def cli(argv: list[str]) -> int:
     args = p.parse_args(argv)
     fail_fast_http()  # one MLflow call fails fast; the outbox retries
     try:
-        cfg = Config.from_yaml(args.config, args.overrides)
+        cfg = Config.from_yaml(args.config, args.overrides, stored=True)
     except ConfigError as e:
         print(f"asr_core trial: {e}", file=sys.stderr)
         return _config_invalid(args.config, e, Path(args.out), args.tracking_uri, args.run_id)

@@ -21,6 +21,16 @@ the sub-grid's ``set``, the axes. Values are checked by the config's own parser
 the science only, see :mod:`asr_core.identity`), so the same trial reached from two sub-grids is one trial listing
 both. Everything is validated before anything is returned:
 :class:`GridError` names the file, sub-grid, key and value, and says what is valid.
+
+**One model, one trial, whatever each sub-grid evaluates.** Grid points whose configs are equal except for what they
+evaluate on (``eval.datasets``, ``eval.snrs``, ``eval.noisy``) are one trial: its evaluation is the union of theirs
+(:func:`merge_evaluations`) and its key that of the merged config. So the main model, which the context sub-grid
+also evaluates with music on Rev16, is one trial in every sub-grid that shares it. Points that differ in any other
+way are other trials as before (another ``eval.stride``, ``eval.precision`` or ``eval.noise`` is another key), and
+points with one key but other execution settings are refused as before.
+
+:func:`plan_table` also estimates each sub-grid's evaluation work: decoded audio-hours (test-set hours x conditions
+x windows per frame) and GPU-hours at :data:`DECODE_FRAMES_PER_S`.
 """
 
 from __future__ import annotations
@@ -30,11 +40,12 @@ import difflib
 import itertools
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import yaml
 
-from asr_core.config import FIELD_TYPES, PRESETS, Config, ConfigError, parse_field, resolve
+from asr_core.config import FIELD_TYPES, PRESETS, Config, ConfigError, EvalConfig, parse_field, resolve
+from asr_core.corpora import dataset_name
 from orchestrate.trial import Trial
 
 
@@ -220,28 +231,92 @@ def load_grid(path: str | Path, overrides: Iterable[str] = ()) -> Grid:
                             "unique across a grid and its includes")
         names[name] = file
     overrides = tuple(overrides)
-    trials: dict[str, Trial] = {}
-    summaries: list[SubGrid] = []
+    # Grid points grouped by the model they train and how they evaluate, apart from what they evaluate on
+    # (_model_key): one group is one trial. Groups keep the order of their first point, points the grid's order.
+    groups: dict[str, list[tuple[Path, str, Trial]]] = {}
+    counts: list[tuple[Path, str, dict[str, Any], set[str], set[str]]] = []
     base_cache: dict[tuple[int, str | None], Config] = {}
     for file, base, name, body in sources:
         produced = list(_expand_subgrid(file, base, name, body, overrides, base_cache))
-        new = 0
+        mine: set[str] = set()
+        new: set[str] = set()
         for t in produced:
-            old = trials.get(t.key)
-            if old is None:
-                trials[t.key] = t
-                new += 1
-                continue
-            if old.config != t.config:
-                _same_trial_other_settings(file, name, old, t)
-            if name not in old.subgrids:
-                trials[t.key] = dataclasses.replace(old, subgrids=old.subgrids + (name,))
-        keys = {t.key for t in produced}
-        summaries.append(SubGrid(name=name, file=str(file), section=str(body.get("section", "")),
-                                 n_points=len(keys), n_new=new))
+            g = _model_key(t)
+            if g not in groups:
+                groups[g] = []
+                new.add(g)
+            groups[g].append((file, name, t))
+            mine.add(g)
+        counts.append((file, name, body, mine, new))
+    trials = [_one_trial(points) for points in groups.values()]
+    summaries = [SubGrid(name=name, file=str(file), section=str(body.get("section", "")), n_points=len(mine),
+                         n_new=len(new)) for file, name, body, mine, new in counts]
     raw_name = _read_yaml(path).get("name")
     return Grid(name=str(raw_name or path.stem), path=str(path), subgrids=tuple(summaries),
-                trials=_unique_labels(list(trials.values())))
+                trials=_unique_labels(trials))
+
+
+def _without_eval_sets(cfg: Config) -> Config:
+    """``cfg`` without what it evaluates on (eval.datasets, eval.snrs, eval.noisy): merged across grid points."""
+    return dataclasses.replace(cfg, eval=dataclasses.replace(cfg.eval, datasets=(), snrs=(), noisy=()))
+
+
+def _model_key(t: Trial) -> str:
+    """The key of a grid point's config without what it evaluates on: equal for grid points that are one trial."""
+    ev = t.config.eval
+    return _without_eval_sets(t.config).key() if ev.datasets or ev.snrs or ev.noisy else t.key
+
+
+def _one_trial(points: list[tuple[Path, str, Trial]]) -> Trial:
+    """The trial of grid points that train one model: their evaluations merged, keyed by the merged config, listing
+    every sub-grid that asked for it (in grid order). Other execution settings are refused
+    (:func:`_same_trial_other_settings`), as are two paths under one dataset name."""
+    first = points[0][2]
+    if len(points) == 1:
+        return first
+    subgrids: list[str] = []
+    stripped = _without_eval_sets(first.config)
+    for file, sub, t in points:
+        if t.config != first.config and _without_eval_sets(t.config) != stripped:
+            _same_trial_other_settings(file, sub, *(dataclasses.replace(x, config=_without_eval_sets(x.config))
+                                                    for x in (first, t)))
+        if sub not in subgrids:
+            subgrids.append(sub)
+    evals = [t.config.eval for _, _, t in points]
+    if all(e == evals[0] for e in evals[1:]):
+        return dataclasses.replace(first, subgrids=tuple(subgrids))
+    try:
+        merged_eval = merge_evaluations(evals)
+    except ValueError as e:
+        file, sub, t = next(p for p in points if p[2].config.eval != evals[0])
+        raise GridError(f"{_where(file, sub)}: trial {t.label} ({first.subgrids[0]!r} and {sub!r} evaluate "
+                        f"it differently and cannot be merged): {e}") from None
+    cfg = dataclasses.replace(first.config, eval=merged_eval)
+    return dataclasses.replace(first, key=cfg.key(), subgrids=tuple(subgrids), config=cfg)
+
+
+def merge_evaluations(evals: list[EvalConfig]) -> EvalConfig:
+    """One evaluation doing everything each of ``evals`` does (all equal but for datasets, SNRs and noisy):
+    the union of the datasets (first-seen order), of the SNRs (ascending) and of the noisy datasets, where an
+    evaluation with SNRs and no noisy names makes every one of its datasets noisy. The result names its noisy
+    datasets explicitly unless every merged dataset is noisy (then ``()``, every dataset). The union can do more
+    than any one point asked for (a point's SNRs on another point's noisy datasets): it is one evaluation
+    protocol, ``snrs`` x ``noisy``."""
+    specs: dict[str, str] = {}
+    for e in evals:
+        for spec in e.datasets:
+            name = dataset_name(spec)
+            if specs.setdefault(name, spec) != spec:
+                raise ValueError(f"eval dataset {name!r} is {specs[name]!r} in one and {spec!r} in another; "
+                                 "give each its own name or one path")
+    snrs = sorted({float(x) for e in evals for x in e.snrs})
+    noisy: set[str] = set()
+    for e in evals:
+        if e.snrs:
+            noisy |= set(e.noisy) if e.noisy else {dataset_name(d) for d in e.datasets}
+    names = list(specs)
+    noisy_t = () if not snrs or noisy >= set(names) else tuple(n for n in names if n in noisy)
+    return dataclasses.replace(evals[0], datasets=tuple(specs.values()), snrs=tuple(snrs), noisy=noisy_t)
 
 
 def _same_trial_other_settings(file: Path, sub: str, old: Trial, new: Trial) -> None:
@@ -327,16 +402,95 @@ def _resolve_base(file: Path, sub: str, base: dict[str, Any], preset: str | None
     return cache[ck]
 
 
-def plan_table(grid: Grid) -> str:
-    """The per-sub-grid breakdown ``plan`` prints: trials, new unique trials, section."""
-    rows = [("sub-grid", "section", "trials", "new", "file")]
+# ---- evaluation work, for plan ------------------------------------------------------------------------------------
+# Hours of the paper's test sets (paper 000 §3.1, ../shared/REFERENCE.md "The study"), by the dataset names of
+# grids/paper.yaml: what plan counts for a set that is not on disk here.
+KNOWN_TEST_HOURS: dict[str, float] = {"earnings22": 119.0, "tedlium": 2.6, "rev16": 16.2}
+
+# Decoding throughput for the GPU-hour estimate, in input frames (10 ms) per second of one GPU. Paper 000 Table 1:
+# the FastConformer TRAINS at 80,900 frames/s with flash attention on one 80 GB A100 (bf16). Assumption: decoding
+# is forward only, and a training step costs about three forwards (the backward about two), so decoding runs at
+# ~3x that, 242,700 frames/s (~2,400 s of audio a second). Real decoding also pays for padding, the last short
+# windows, features and music mixing on the CPU, and fp32 (eval.precision) is about twice as slow: read the
+# GPU-hours as a lower bound, and the ratios between grids as the point.
+TRAIN_FRAMES_PER_S = 80_900
+DECODE_FRAMES_PER_S = 3 * TRAIN_FRAMES_PER_S
+
+_hours_cache: dict[tuple[str, str], float | None] = {}
+
+
+def eval_set_hours(spec: str) -> float | None:
+    """Hours of the dataset ``NAME=FORMAT:PATH``: its transcripts' durations when it is on disk here (read once per
+    process, transcripts only), else :data:`KNOWN_TEST_HOURS` by name, else None."""
+    from asr_core.corpora import CorpusError, load_corpus, split_named_spec, split_spec
+
+    try:
+        name, corpus = split_named_spec(spec)
+        _, path = split_spec(corpus)
+    except CorpusError:
+        return None
+    ck = (spec, str(path.resolve()))
+    if ck not in _hours_cache:
+        hours = None
+        if path.exists():
+            try:
+                hours = sum(r.duration for r in load_corpus(spec, audio=False)) / 3600.0
+            except (CorpusError, OSError, ValueError):
+                hours = None
+        _hours_cache[ck] = hours if hours is not None else KNOWN_TEST_HOURS.get(name)
+    return _hours_cache[ck]
+
+
+def eval_work(cfg: Config, hours_of: Callable[[str], float | None] = eval_set_hours) -> tuple[float, float] | None:
+    """(decoded audio-hours, estimated GPU-hours) of one trial's evaluation: for each dataset, its hours x its
+    conditions (clean, plus one per SNR where it is noisy) x windows per frame (1 / eval.stride: every frame is
+    decoded in that many overlapping windows; fewer where a recording is shorter than the window). GPU-hours at
+    :data:`DECODE_FRAMES_PER_S`. None when a dataset's size is unknown."""
+    ev = cfg.eval
+    total = 0.0
+    for spec in ev.datasets:
+        hours = hours_of(spec)
+        if hours is None:
+            return None
+        noisy = not ev.noisy or dataset_name(spec) in ev.noisy
+        total += hours * (1 + (len(ev.snrs) if noisy else 0)) / ev.stride
+    gpu_h = total * cfg.data.features.frames_per_second / DECODE_FRAMES_PER_S
+    return total, gpu_h
+
+
+def subgrid_eval_work(grid: Grid, hours_of: Callable[[str], float | None] = eval_set_hours
+                      ) -> dict[str, tuple[float, float] | None]:
+    """Evaluation work per sub-grid, of the trials it adds (first asks for), so that the sub-grids add up to the
+    grid's; ``""`` holds the total. None where some dataset's size is unknown."""
+    out: dict[str, tuple[float, float] | None] = {s.name: (0.0, 0.0) for s in grid.subgrids}
+    out[""] = (0.0, 0.0)
+    for t in grid.trials:
+        w = eval_work(t.config, hours_of)
+        for k in (t.subgrids[0], ""):
+            cur = out[k]
+            out[k] = None if w is None or cur is None else (cur[0] + w[0], cur[1] + w[1])
+    return out
+
+
+def _fmt_work(w: tuple[float, float] | None) -> tuple[str, str]:
+    return ("?", "?") if w is None else (f"{w[0]:,.0f}", f"{w[1]:,.1f}")
+
+
+def plan_table(grid: Grid, hours_of: Callable[[str], float | None] = eval_set_hours) -> str:
+    """The per-sub-grid breakdown ``plan`` prints: trials, new unique trials, the new trials' evaluation work
+    (decoded audio-hours, estimated GPU-hours; :func:`eval_work`), section."""
+    work = subgrid_eval_work(grid, hours_of)
+    rows = [("sub-grid", "section", "trials", "new", "eval audio-h", "eval GPU-h", "file")]
     for s in grid.subgrids:
-        rows.append((s.name, s.section, str(s.n_points), str(s.n_new), Path(s.file).name))
-    rows.append(("total (unique)", "", str(sum(s.n_points for s in grid.subgrids)), str(len(grid.trials)), ""))
+        rows.append((s.name, s.section, str(s.n_points), str(s.n_new), *_fmt_work(work[s.name]), Path(s.file).name))
+    rows.append(("total (unique)", "", str(sum(s.n_points for s in grid.subgrids)), str(len(grid.trials)),
+                 *_fmt_work(work[""]), ""))
+    right = (2, 3, 4, 5)
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = []
     for i, r in enumerate(rows):
-        lines.append("  ".join(c.rjust(w) if j in (2, 3) else c.ljust(w) for j, (c, w) in enumerate(zip(r, widths))))
+        lines.append("  ".join(c.rjust(w) if j in right else c.ljust(w)
+                               for j, (c, w) in enumerate(zip(r, widths))).rstrip())
         if i == 0 or i == len(rows) - 2:
             lines.append("  ".join("-" * w for w in widths))
     by_section: dict[str, int] = {}
@@ -344,5 +498,18 @@ def plan_table(grid: Grid) -> str:
         by_section[s.section or "(none)"] = by_section.get(s.section or "(none)", 0) + s.n_new
     lines.append("")
     lines.append("new trials by section: " + ", ".join(f"{k}: {v}" for k, v in by_section.items()))
+    sizes = sorted({spec for t in grid.trials for spec in t.config.eval.datasets})
+    shown = ", ".join(f"{dataset_name(spec) or spec} {_hours_txt(spec, hours_of(spec))}" for spec in sizes)
+    lines.append(f"eval work of each sub-grid's new trials: test-set hours x conditions (clean + SNRs where noisy) x "
+                 f"windows per frame (1/eval.stride); test sets: {shown or 'none'}")
+    lines.append(f"eval GPU-h: decoding at {DECODE_FRAMES_PER_S:,} frames/s = 3x the 80,900 training frames/s of "
+                 "paper 000 Table 1 (forward only ~1/3 of a training step; bf16, flash attention, A100): a lower bound")
     lines.append(f"{grid.name}: {len(grid.trials)} unique trials")
     return "\n".join(lines)
+
+
+def _hours_txt(spec: str, h: float | None) -> str:
+    where = "on disk" if Path(spec.partition("=")[2].partition(":")[2] or "/nonexistent").exists() else "not on disk"
+    if h is None:
+        return f"? h ({where}, size unknown)"
+    return f"{h:,.1f} h ({'read' if where == 'on disk' else 'paper 000 §3.1'})"

@@ -37,7 +37,7 @@ class Trial:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Trial":
         return cls(key=d["key"], label=d["label"], subgrids=tuple(d["subgrids"]), seed=int(d["seed"]),
-                   config=Config.from_dict(d["config"], source=f"trial {d['key']}"))
+                   config=Config.from_stored(d["config"], source=f"trial {d['key']}"))
 
 
 def _si(x: float) -> str:

@@ -31,8 +31,9 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[Recording], T
     return recs, Tokenizer.train([r.text for r in recs], 40, root / "tok.model")
 
 
-def _steps(recs: list[Recording], tok: Tokenizer, workers: int, pos: Position = Position()) -> list[Step]:
-    maker = BatchMaker(recs, FeatureExtractor(CFG.data.features), tok)
+def _steps(recs: list[Recording], tok: Tokenizer, workers: int, pos: Position = Position(),
+           windows: bool = True) -> list[Step]:
+    maker = BatchMaker(recs, FeatureExtractor(CFG.data.features), tok, windows=windows)
     with StepLoader(WindowStream(recs, CFG.data, 0, epochs=2), pos, maker, CFG.data.micro_batch_audio_s,
                     workers) as loader:
         return list(loader)
@@ -89,3 +90,17 @@ def test_closing_the_loader_stops_its_threads(corpus: tuple[list[Recording], Tok
     assert not any(t.name.startswith("asr-data") for t in threading.enumerate())
     with pytest.raises(StopIteration):
         next(loader)
+
+
+def test_windows_read_on_their_own_have_the_features_cut_from_the_whole_recording(corpus) -> None:
+    """The interleaved loader reads each window's samples and normalises with the recording's statistics; its
+    features are those of the whole recording, cut (bit for bit on 16 kHz audio, up to 1e-5 at the last frame)."""
+    recs, tok = corpus
+    assert CFG.data.batching == "interleaved"
+    by_window, whole = _steps(recs, tok, 2), _steps(recs, tok, 0, windows=False)
+    assert len(by_window) == len(whole) > 3
+    for a, b in zip(by_window, whole):
+        assert a.windows == b.windows and a.next_pos == b.next_pos
+        for ma, mb in zip(a.micro, b.micro):
+            assert torch.equal(ma.lengths, mb.lengths) and ma.targets == mb.targets
+            assert torch.allclose(ma.features, mb.features, atol=1e-5, rtol=0)

@@ -1,4 +1,5 @@
-"""Moving-window decoding: window placement, batching, probability averaging, greedy CTC."""
+"""Moving-window decoding: window placement, batching, probability averaging, greedy CTC; precision, the window
+batch sized from free memory and remembered after an out-of-memory error."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ import pytest
 import torch
 from torch import nn
 
-from asr_core.decode import decode_features, greedy_ids, plan_windows, posteriors, window_frames
+from asr_core.decode import (CPU_BATCH_WINDOWS, FREE_MEMORY_FRACTION, MAX_BATCH_WINDOWS, WindowBatch,
+                              _forward_windows, auto_batch_windows, decode_features, greedy_ids, plan_windows,
+                              posteriors, resolve_precision, window_bytes, window_frames, windows_that_fit)
 
 torch.set_num_threads(1)
 
@@ -188,3 +191,142 @@ def test_untranscribed_regions_are_zeroed_after_whole_recording_normalisation() 
     assert feats[100:150].abs().max() == 0 and feats[300:320].abs().max() == 0
     torch.testing.assert_close(feats[:100], full[:100])  # statistics come from the whole recording
     torch.testing.assert_close(feats[150:300], full[150:300])
+
+
+# ---- precision, batch sizing, and the batch size remembered after an out-of-memory error --------------------------
+class _CountingOom(nn.Module):
+    """A fake model: raises torch.OutOfMemoryError for batches of more than ``limit`` windows, counts its calls."""
+
+    def __init__(self, inner: nn.Module, limit: int) -> None:
+        super().__init__()
+        self.inner, self.limit = inner, limit
+        self.calls: list[int] = []  # windows per call, in order
+        self.ooms = 0
+
+    def forward(self, features: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        self.calls.append(features.shape[0])
+        if features.shape[0] > self.limit:
+            self.ooms += 1
+            raise torch.OutOfMemoryError("CUDA out of memory (mocked)")
+        return self.inner(features, lengths)
+
+
+def test_halved_batch_is_remembered_for_every_later_recording(capsys) -> None:
+    """One WindowBatch per evaluation: the first recording finds the size that fits (16 -> 8 -> 4 -> 2 with a
+    limit of 3), every later one starts from it; a plain int re-finds it per recording, as before."""
+    inner = ConvCTC(seed=5)
+    recordings = [torch.randn(n, 16) for n in (2000, 1500, 2500, 1800)]
+    expected = [posteriors(inner, f, 256, stride=0.125, batch_windows=16) for f in recordings]
+
+    shared = WindowBatch(16)
+    model = _CountingOom(inner, limit=3)
+    for feats, want in zip(recordings, expected):
+        torch.testing.assert_close(posteriors(model, feats, 256, stride=0.125, batch_windows=shared), want,
+                                   atol=1e-5, rtol=1e-4)
+    assert model.ooms == 3 and model.calls[:4] == [16, 8, 4, 2]
+    assert max(model.calls[4:]) == 2 and shared.size == 2 and shared.initial == 16
+    windows = sum(len(plan_windows(f.shape[0], 256, 0.125).starts) for f in recordings)
+    assert len(model.calls) == 3 + sum(math.ceil(len(plan_windows(f.shape[0], 256, 0.125).starts) / 2)
+                                       for f in recordings)
+    assert sum(model.calls[3:]) == windows  # every window decoded exactly once after the failed attempts
+    assert capsys.readouterr().err.count("out of memory") == 3
+
+    per_call = _CountingOom(inner, limit=3)  # an int: a fresh batch size for every recording
+    for feats in recordings:
+        posteriors(per_call, feats, 256, stride=0.125, batch_windows=16)
+    assert per_call.ooms == 3 * len(recordings)
+
+
+def test_out_of_memory_with_one_window_is_raised() -> None:
+    model = _CountingOom(ConvCTC(), limit=0)
+    with pytest.raises(torch.OutOfMemoryError):
+        posteriors(model, torch.randn(600, 16), 256, stride=0.5, batch_windows=WindowBatch(4))
+    assert model.calls == [4, 2, 1]  # 4 windows tried, then 2, then 1, which still fails: raised
+
+
+def test_window_batch_shrinks_from_the_attempt_not_below_one() -> None:
+    b = WindowBatch(64)
+    assert b.shrink(64) and b.size == 32
+    assert b.shrink(5) and b.size == 2  # a short last chunk that failed: half of what was tried
+    assert b.shrink(2) and b.size == 1
+    assert not b.shrink(1) and b.size == 1
+    with pytest.raises(ValueError):
+        WindowBatch(0)
+
+
+def test_window_memory_estimate_and_windows_that_fit() -> None:
+    """The per-window estimate (documented in window_bytes) with fake free-memory numbers."""
+    gib = 2**30
+    main = dict(n_mels=80, subsampling_channels=256, d_model=768, vocab_size=4096, subsampling=8)
+    per_frame = window_bytes(1000, **main) / 1000
+    assert 40_000 < per_frame < 50_000  # ~45 KiB per input frame in bf16 for the main model
+    assert window_bytes(360_000, **main) == pytest.approx(360 * window_bytes(1000, **main), rel=1e-6)
+    assert window_bytes(1000, bf16=False, **main) > 1.6 * window_bytes(1000, **main)
+    # 1 h windows on an 80 GB GPU: a few at a time; 10 s windows: capped
+    assert windows_that_fit(78 * gib, 360_000, **main) == 3
+    assert windows_that_fit(78 * gib, 360_000, bf16=False, **main) == 2
+    assert windows_that_fit(78 * gib, 1024, **main) == MAX_BATCH_WINDOWS
+    assert windows_that_fit(78 * gib, 1024, most=64, **main) == 64
+    # exactly: fraction x (free - reserve) // per-window bytes
+    w = window_bytes(81_920, **main)
+    assert windows_that_fit(10 * gib, 81_920, **main) == int(FREE_MEMORY_FRACTION * 10 * gib // w)
+    assert windows_that_fit(10 * gib, 81_920, reserve_bytes=4 * gib, **main) == int(
+        FREE_MEMORY_FRACTION * 6 * gib // w)
+    assert windows_that_fit(0, 81_920, **main) == 1 and windows_that_fit(gib, 81_920, reserve_bytes=2 * gib) == 1
+    # more free memory never means fewer windows; longer windows never more
+    fits = [windows_that_fit(f * gib, 262_144, **main) for f in (8, 16, 40, 78, 139)]
+    assert fits == sorted(fits) and fits[0] == 1 and fits[-1] >= 5
+    assert [windows_that_fit(40 * gib, t, **main) for t in (4096, 32_768, 262_144)] == sorted(
+        [windows_that_fit(40 * gib, t, **main) for t in (4096, 32_768, 262_144)], reverse=True)
+
+
+def test_auto_batch_windows_from_free_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert auto_batch_windows(360_000, "cpu", bf16=False) == CPU_BATCH_WINDOWS == 8
+    asked = []
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda dev=None: (asked.append(dev) or (20 * 2**30, 80 * 2**30)))
+    got = auto_batch_windows(131_072, "cuda", bf16=True, reserve_bytes=2**30, d_model=768)
+    assert asked and got == windows_that_fit(20 * 2**30, 131_072, reserve_bytes=2**30, bf16=True, d_model=768)
+
+
+def test_precision_resolves_by_device() -> None:
+    assert resolve_precision("auto", "cpu") == "fp32" and resolve_precision("fp32", "cpu") == "fp32"
+    assert resolve_precision("auto", torch.device("cuda")) == "bf16" and resolve_precision("fp32", "cuda") == "fp32"
+    assert resolve_precision("bf16", "cuda:0") == "bf16"
+    with pytest.raises(ValueError, match="needs CUDA"):
+        resolve_precision("bf16", "cpu")
+    with pytest.raises(ValueError, match="needs CUDA"):
+        posteriors(ConvCTC(), torch.randn(300, 16), 256, precision="bf16")
+    with pytest.raises(ValueError, match="unknown precision"):
+        resolve_precision("fp16", "cuda")
+
+
+def test_bf16_runs_the_model_under_cuda_autocast_and_sums_in_float32(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No GPU here: torch.autocast is replaced by a recorder, and the model returns bf16 logits as it would."""
+    entered = []
+
+    class Recorder:
+        def __init__(self, device_type: str, dtype=None, enabled: bool = True) -> None:
+            entered.append((device_type, dtype, enabled))
+
+        def __enter__(self) -> None:
+            return None
+
+        def __exit__(self, *exc) -> None:
+            return None
+
+    class Bf16Logits(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = ConvCTC(seed=7)
+
+        def forward(self, features, lengths):
+            logits, n = self.inner(features, lengths)
+            return logits.to(torch.bfloat16), n
+
+    monkeypatch.setattr(torch, "autocast", Recorder)
+    feats = torch.randn(900, 16)
+    probs, _ = _forward_windows(Bf16Logits(), feats, [(0, 256), (128, 384)], "cpu", bf16=True)
+    assert entered == [("cuda", torch.bfloat16, True)] and probs.dtype == torch.float32
+    entered.clear()
+    out = posteriors(Bf16Logits(), feats, 256, stride=0.5, precision="fp32")
+    assert out.dtype == torch.float32 and entered and all(e == ("cuda", torch.bfloat16, False) for e in entered)

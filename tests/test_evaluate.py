@@ -146,3 +146,93 @@ def test_cli(setup: dict) -> None:
     bad = subprocess.run([sys.executable, "-m", "asr_core", "evaluate", str(setup["ckpt"]), "--data", "t=wav:x"],
                          cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "unknown format 'wav'" in bad.stderr
+
+
+# ---- which datasets get music, precision, and the window batch of the whole evaluation ----------------------------
+def test_music_only_on_the_noisy_datasets(setup: dict) -> None:
+    """eval.noisy: the named datasets get the SNR conditions, the others are decoded clean only; metrics, tables
+    and progress totals follow (the paper: music on Rev16 only)."""
+    client = mlflow.MlflowClient(setup["uri"])
+    run_id = client.create_run(client.get_run(setup["run_id"]).info.experiment_id).info.run_id
+    out = setup["tmp"] / "noisy"
+    folder = setup["tmp"] / "noisy-progress"
+    folder.mkdir()
+    test, shifted = setup["corpus"] / "test", setup["corpus"] / "test-shifted"
+    df = evaluate(setup["ckpt"], [f"test=podcast:{test}", f"shifted=podcast:{shifted}"], [-7.5, 10.0],
+                  stride=1.0, out_dir=out, run_id=run_id, noisy=["shifted"], progress=ProgressLog(folder))
+    n_test, n_shifted = len(load_corpus(f"podcast:{test}")), len(load_corpus(f"podcast:{shifted}"))
+    assert len(df) == n_test + 3 * n_shifted
+    assert set(df[df.dataset == "test"].condition) == {"clean"}
+    assert set(df[df.dataset == "shifted"].condition) == {"clean", "snr-7.5", "snr10"}
+    assert list(pd.read_csv(out / "test.csv").columns) == CSV_COLUMNS
+    assert set(pd.read_csv(out / "test.csv").condition) == {"clean"}
+    assert set(client.get_run(run_id).data.metrics) == {"wer/test", "wer/shifted", "wer/shifted/snr-7.5",
+                                                        "wer/shifted/snr10"}
+    totals = {(r["dataset"], r["total"])
+              for r in map(json.loads, TrialFolder(folder).progress.read_text().splitlines())}
+    assert totals == {("test", n_test), ("shifted", 3 * n_shifted)}
+    # the clean rows do not depend on which datasets are noisy
+    every = evaluate(setup["ckpt"], [f"test=podcast:{test}"], [-7.5], stride=1.0, out_dir=setup["tmp"] / "all",
+                     log=False)
+    pd.testing.assert_frame_equal(every[every.condition == "clean"].reset_index(drop=True),
+                                  df[df.dataset == "test"].reset_index(drop=True))
+
+
+def test_noisy_precision_and_batch_arguments_are_checked_before_any_work(setup: dict, tmp_path: Path) -> None:
+    good = f"t=podcast:{setup['corpus'] / 'test'}"
+    with pytest.raises(ValueError, match=r"noisy names \['rev16'\].*\bt\b"):
+        evaluate(setup["ckpt"], [good], [0.0], noisy=["rev16"], out_dir=tmp_path / "a")
+    with pytest.raises(ValueError, match="needs CUDA"):
+        evaluate(setup["ckpt"], [good], [], precision="bf16", device="cpu", out_dir=tmp_path / "b")
+    with pytest.raises(ValueError, match="batch_windows"):
+        evaluate(setup["ckpt"], [good], [], batch_windows=-1, out_dir=tmp_path / "c")
+    assert not any((tmp_path / d).exists() for d in "abc")
+
+
+def test_out_of_memory_halves_the_batch_once_for_the_whole_evaluation(setup: dict,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model that runs out of memory above 3 windows: the evaluation finds the size once (the first recording's 6
+    windows fail, then 3 at a time) and every later recording, condition and dataset starts from 3, with the same
+    results."""
+    import asr_core.checkpoint
+
+    spec = [f"t=podcast:{setup['corpus'] / 'test'}", f"s=podcast:{setup['corpus'] / 'test-shifted'}"]
+    want = evaluate(setup["ckpt"], spec, [0.0], stride=1.0, batch_windows=8, out_dir=setup["tmp"] / "oom0",
+                    log=False)
+    calls: list[int] = []
+    load = asr_core.checkpoint.load_for_eval
+
+    def load_oom(path, device):
+        model, cfg, tok = load(path, device)
+
+        def forward(features, lengths):
+            calls.append(features.shape[0])
+            if features.shape[0] > 3:
+                raise torch.OutOfMemoryError("CUDA out of memory (mocked)")
+            return model(features, lengths)
+        return forward, cfg, tok
+
+    monkeypatch.setattr(asr_core.checkpoint, "load_for_eval", load_oom)
+    got = evaluate(setup["ckpt"], spec, [0.0], stride=1.0, batch_windows=8, out_dir=setup["tmp"] / "oom1",
+                   log=False)
+    pd.testing.assert_frame_equal(got, want)
+    assert calls[:2] == [6, 3] and max(calls[1:]) <= 3
+    assert sum(1 for c in calls if c > 3) == 1  # one failure in the whole evaluation, not one per recording
+    assert len(got) == 8 and len(calls) > 8  # 2 datasets x 2 recordings x 2 conditions, all after the first
+
+
+def test_cli_noisy_and_precision(setup: dict) -> None:
+    out = setup["tmp"] / "cli-noisy"
+    test, shifted = setup["corpus"] / "test", setup["corpus"] / "test-shifted"
+    r = subprocess.run([sys.executable, "-m", "asr_core", "evaluate", str(setup["ckpt"]), "--data",
+                        f"t=podcast:{test}", "--data", f"s=podcast:{shifted}", "--snr", "5", "--noisy", "s",
+                        "--precision", "fp32", "--batch-windows", "0", "--stride", "1", "--out", str(out),
+                        "--no-log"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert set(pd.read_csv(out / "t.csv").condition) == {"clean"}
+    assert set(pd.read_csv(out / "s.csv").condition) == {"clean", "snr5"}
+    assert "fp32, 8 windows at a time (sized from free memory)" in r.stderr
+    bad = subprocess.run([sys.executable, "-m", "asr_core", "evaluate", str(setup["ckpt"]), "--data",
+                          f"t=podcast:{test}", "--precision", "bf16", "--device", "cpu", "--no-log"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "needs CUDA" in bad.stderr

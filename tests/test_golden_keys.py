@@ -75,12 +75,14 @@ def test_a_new_option_at_its_default_leaves_every_paper_key() -> None:
 
 
 def test_every_science_field_is_in_the_frozen_baseline() -> None:
-    """A new science field must be added to identity.BASELINE at its default, or listed as execution."""
+    """A new science field must be added to identity.BASELINE (at the value that does what the project did before
+    it existed: usually its default), or listed as execution."""
     from asr_core.config import FIELD_TYPES
     from asr_core.identity import BASELINE, EXECUTION
 
     missing = [f for f in FIELD_TYPES if f not in BASELINE and f not in EXECUTION]
-    assert not missing, f"classify {missing} in asr_core/identity.py: BASELINE (science, at its default) or EXECUTION"
+    assert not missing, (f"classify {missing} in asr_core/identity.py: BASELINE (science, at the value that "
+                         "reproduces the behaviour before it) or EXECUTION")
     stale = [f for f in list(BASELINE) + list(EXECUTION) if f not in FIELD_TYPES]
     assert not stale, f"{stale} are in asr_core/identity.py but not Config fields"
     assert not set(BASELINE) & set(EXECUTION)

@@ -8,15 +8,52 @@ from asr_core.config import Config, preset, resolve
 from asr_core.identity import EXECUTION, science, trial_key
 
 
-def test_the_papers_main_model_at_seed_0_departs_from_nothing() -> None:
-    assert science(Config()) == {}
-    assert science(preset("main")) == {}
+# What the authors' recipe (the defaults since it was adopted) departs from the frozen baseline: the recipe the
+# project ran before. Every trial of that recipe has a new key; the old recipe is these fields' baseline values.
+RECIPE = {"data.batching": "interleaved", "train.loss_norm": "audio", "data.seqlen_warmup": "code",
+          "data.seqlen_warmup_start_s": 5.12, "data.features.variant": "code", "model.batch_renorm_schedule": "code",
+          "model.batch_renorm_warmup_steps": 40000, "model.decoder_norm": True, "model.ff_activation": "gelu_tanh",
+          "model.ff_bias": False, "eval.precision": "auto"}
+
+
+def test_the_papers_main_model_at_seed_0_departs_only_by_the_authors_recipe() -> None:
+    assert science(Config()) == RECIPE
+    assert science(preset("main")) == RECIPE
     # the key is SHA-256 of the sorted JSON of the departures, as docs/ARCHITECTURE.md says
     import hashlib
+    import json
 
-    assert trial_key(Config()) == hashlib.sha256(b"{}").hexdigest()[:12]
+    def digest(d: dict) -> str:
+        return hashlib.sha256(json.dumps(d, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:12]
+
+    assert trial_key(Config()) == digest(RECIPE)
     ctx = resolve({"data": {"context_s": 81.92}})
-    assert ctx.key() == hashlib.sha256(b'{"data.context_s":81.92}').hexdigest()[:12]
+    assert ctx.key() == digest({**RECIPE, "data.context_s": 81.92})
+    old = resolve({"data": {"batching": "consecutive", "seqlen_warmup": "paper", "seqlen_warmup_start_s": 5.0,
+                            "features": {"variant": "paper"}},
+                   "model": {"batch_renorm_schedule": "linear", "batch_renorm_warmup_steps": 25000,
+                             "decoder_norm": False, "ff_activation": "silu", "ff_bias": True},
+                   "train": {"loss_norm": "tokens"}, "eval": {"precision": "fp32"}})
+    assert science(old) == {} and old.key() == hashlib.sha256(b"{}").hexdigest()[:12]  # the keys before it
+
+
+def test_a_config_stored_before_a_field_existed_keeps_the_old_behaviour_and_its_key() -> None:
+    """A checkpoint or trials.json written before the recipe fields existed lacks them: reading it gives what the
+    project ran then (identity.BASELINE), so the half-trained model resumes as it began, under its own key."""
+    d = Config().to_dict()
+    old_recipe = {"data": ("batching",), "train": ("loss_norm",), "eval": ("noisy", "precision"),
+                  "model": ("batch_renorm_schedule", "decoder_norm", "ff_activation", "ff_bias")}
+    for section, fields in old_recipe.items():
+        for f in fields:
+            del d[section][f]
+    d["data"]["seqlen_warmup"], d["data"]["seqlen_warmup_start_s"] = "paper", 5.0
+    d["data"]["features"]["variant"], d["model"]["batch_renorm_warmup_steps"] = "paper", 25000
+    stored = Config.from_stored(d)
+    assert stored.data.batching == "consecutive" and stored.train.loss_norm == "tokens"
+    assert stored.model.ff_activation == "silu" and stored.model.ff_bias and not stored.model.decoder_norm
+    assert stored.eval.precision == "fp32" and stored.eval.noisy == ()
+    assert science(stored) == {}
+    assert Config.from_dict(d).key() != stored.key()  # read as new, it would be another experiment
 
 
 def test_only_departures_from_the_baseline_enter_the_key() -> None:
@@ -34,7 +71,7 @@ def test_datasets_are_named_not_located() -> None:
     b = resolve({"data": {"train": "pods=manifest:/lustre/prepared/podcasts.jsonl"},
                  "eval": {"datasets": ["dev=rev16:/y/dev", "test=podcast:/y/test"], "snrs": [0.0, 10.0],
                           "noise": "/scratch/musan.wav"}})
-    assert science(a) == science(b) == {"data.train": "pods", "eval.datasets": ["dev", "test"],
+    assert science(a) == science(b) == {**RECIPE, "data.train": "pods", "eval.datasets": ["dev", "test"],
                                         "eval.snrs": [0.0, 10.0], "eval.noise": "file:musan.wav"}
     assert a.key() == b.key()
     # an unnamed corpus is the trials' one corpus, wherever it lies; a named one is another

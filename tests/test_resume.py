@@ -1,6 +1,8 @@
 """Exact resume: 2k steps straight equal k steps, a kill (-9 or SIGUSR2), resume, k more — bitwise on the CPU —
 and MLflow holds one run with one continuous step history. Also with gradient accumulation and data worker
-threads on (``accum``): the checkpoint holds the position of the last step trained, not of steps prefetched."""
+threads on (``accum``): the checkpoint holds the position of the last step trained, not of steps prefetched; and
+in the middle of an interleaved group (``midgroup``: step k of 3 recordings, window k of each), where the resumed
+run must take up window k+1 of the same recordings."""
 
 from __future__ import annotations
 
@@ -45,6 +47,8 @@ VARIANTS = {
     "whole": {},
     # windows of 10.24 s, ~30 s per step: 2-3 passes of one window each, two threads preparing upcoming steps
     "accum": {"data.micro_batch_audio_s": 10.24, "data.num_workers": 2},
+    # 2 s windows, groups of 3 recordings (6 s a step), each 3-5 windows deep: the kill lands inside a group
+    "midgroup": {"data.context_s": 2.0, "data.batch_audio_s": 6, "data.num_workers": 2},
 }
 
 
@@ -126,7 +130,7 @@ def _straight_losses(setup: dict) -> list[float]:
     return _assert_one_continuous_history(setup["spec"]["tracking_uri"], "straight", None)
 
 
-@pytest.mark.parametrize("setup", ["whole"], indirect=True)  # "accum" is covered by the SIGUSR2 test
+@pytest.mark.parametrize("setup", ["whole", "midgroup"], indirect=True)  # "accum": by the SIGUSR2 test
 def test_kill_9_after_checkpoint_then_resume_is_bitwise_exact(setup: dict) -> None:
     root, out = setup["root"], setup["root"] / "kill9"
     spec = _spec(root, setup["spec"], "kill9")
@@ -139,7 +143,10 @@ def test_kill_9_after_checkpoint_then_resume_is_bitwise_exact(setup: dict) -> No
     proc.wait()
     log = proc.stdout.read()
     assert proc.returncode == -signal.SIGKILL, f"the run ended before it could be killed:\n{log}"
-    assert load_checkpoint(ckpt)["step"] == K
+    at_kill = load_checkpoint(ckpt)
+    assert at_kill["step"] == K
+    if setup["variant"] == "midgroup":
+        assert at_kill["data_position"]["window"] > 0, at_kill["data_position"]  # inside a group
     resumed = _launch(root, spec, out)
     assert resumed.wait(timeout=300) == 0, resumed.stdout.read()
     assert f"resuming {ckpt} at step {K}" in resumed.stdout.read()

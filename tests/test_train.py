@@ -123,8 +123,10 @@ def test_micro_batched_gradient_equals_the_whole_step_gradient(tmp_path: Path) -
     from asr_core.train import accumulate_gradients
 
     torch.set_num_threads(2)
+    # the per-token normalisation over consecutive windows: unequal passes, whose weights matter (the authors'
+    # normalisation divides every pass by one constant: tests/test_loss.py)
     cfg = tiny_cfg(**{"data.context_s": 2.0, "data.batch_audio_s": 14, "data.micro_batch_audio_s": 6,
-                      "model.vocab_size": 40})
+                      "model.vocab_size": 40, "data.batching": "consecutive", "train.loss_norm": "tokens"})
     recs = make_corpus(tmp_path / "corpus", 6, seed=3, words_per=(8, 12))
     tok = Tokenizer.train([r.text for r in recs], 40, tmp_path / "tok.model")
     maker = BatchMaker(recs, FeatureExtractor(cfg.data.features), tok)
@@ -144,7 +146,7 @@ def test_micro_batched_gradient_equals_the_whole_step_gradient(tmp_path: Path) -
         renorms = [m for m in model.modules() if isinstance(m, MaskedBatchRenorm)]
         for m in renorms:
             m.train(renorm_training)
-        loss = accumulate_gradients(model, micro, cpu, False, step)
+        loss = accumulate_gradients(model, micro, cpu, False, step, "tokens")
         return loss, _grads(model), renorms
 
     loss_w, g_w, _ = run(whole, False)
