@@ -28,7 +28,7 @@ def test_bench_data_prints_every_row_with_its_figure(tmp_path: Path) -> None:
     assert p.returncode == 0, p.stderr
     rows = {m.group(1).strip(): m.group(2) for m in re.finditer(r"^(\S.{0,43}?)\s{2,}([\d.]+)", p.stdout, re.M)}
     for what in ("resident bytes/word (private + mapped)", "reader's Word objects today, bytes/word", "index load",
-                 "trial data start-up", "loader, one worker, 44.1 kHz OGG Vorbis"):
+                 "trial data start-up", "loader, one worker, 44.1 kHz OGG Vorbis", "loader, one worker, OGG by window"):
         assert what in rows, (what, p.stdout)
     assert float(rows["reader's Word objects today, bytes/word"]) > 100  # what the prepared index replaces
     assert "measured on 9" in p.stdout  # a fraction is extrapolated to the paper's size, and says so
