@@ -33,7 +33,8 @@ class Profile:
     mem_gb: float = 0  # 0 = the partition's default
     time_limit: str = "48:00:00"  # HH:MM:SS or minutes; a 65-hour run survives it by checkpoint + requeue
     signal_delay_s: int = 120  # USR2 this long before the limit: time to finish a step and write a checkpoint
-    max_parallel: int = 0  # array "%" limit; 0 = no limit
+    max_parallel: int = 0  # trials of one sweep running at once, across its arrays and resumes; 0 = no limit
+    nodes: int = 1  # ray-slurm: nodes of one allocation (Ray head on the first, a worker on each other)
     setup: tuple[str, ...] = ()  # shell lines run before the trial (module load, source venv)
     additional: tuple[tuple[str, Any], ...] = ()  # extra sbatch options, e.g. {constraint: a100_80}
 
@@ -77,7 +78,7 @@ class Profile:
 
 
 PROFILE_KEYS = ("partition", "account", "qos", "gpus_per_node", "cpus_per_task", "mem_gb", "time_limit",
-                "signal_delay_s", "max_parallel", "setup", "additional")
+                "signal_delay_s", "max_parallel", "nodes", "setup", "additional")
 
 
 def profiles_dir() -> Path:
@@ -121,6 +122,10 @@ def _checked(p: Path, k: str, v: Any) -> Any:
     if k in ("cpus_per_task", "signal_delay_s", "max_parallel"):
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
             raise BackendError(f"{p}: invalid value for {k!r}: {v!r}; valid: a non-negative integer")
+        return v
+    if k == "nodes":
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise BackendError(f"{p}: invalid value for 'nodes': {v!r}; valid: a positive integer")
         return v
     if k == "mem_gb":
         if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:

@@ -56,7 +56,7 @@ class RaySlurmBackend(Backend):
         lines = ["#!/bin/bash",
                  f"#SBATCH --job-name=orch.{self.sweep.name}.{sub_id}",
                  f"#SBATCH --comment={shlex.quote(f'orchestrate sweep={self.sweep.name} submission={sub_id}')}",
-                 "#SBATCH --nodes=1",
+                 f"#SBATCH --nodes={p.nodes}",
                  "#SBATCH --ntasks-per-node=1",
                  # one trial per GPU, each with cpus_per_task CPUs (plus none for Ray itself: it idles)
                  f"#SBATCH --cpus-per-task={max(1, p.cpus_per_task) * per_node}",

@@ -12,11 +12,17 @@ an error). Three rules live here and nowhere else:
   memory, time limit, node failure, cancelled by someone other than the user, or a signal → the system killed it
   (``killed``); the user's own ``scancel`` → ``preempted`` (interrupted, not the trial's fault); a non-zero exit →
   ``failed``; a job accounting still sees running → ``None`` (not ended yet: never resubmitted).
+
+The ``slurm`` backend's sweep-wide ``max_parallel`` (:class:`orchestrate.backends.slurm.SweepThrottle`) reads the
+cluster's ``MaxArraySize`` (:func:`max_array_size`, once per process) and a pending array as one row
+(:func:`array_rows`: ``123_[5-999%3]`` holds the pending tasks 5 to 999 under a throttle of 3), and moves array
+throttles, holds and dependencies (:func:`set_throttle`, :func:`hold`, :func:`release`, :func:`set_dependency`).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -103,6 +109,116 @@ def requeue(job_id: str) -> bool:
         print(f"[orchestrate] scontrol requeue {job_id} failed ({p.returncode}): {p.stderr.strip()}",
               file=sys.stderr, flush=True)
     return p.returncode == 0
+
+
+_MAX_ARRAY_SIZE: dict[str, int] = {}  # SLURM_CONF -> MaxArraySize, read once per process and cluster
+
+
+def max_array_size() -> int:
+    """The cluster's ``MaxArraySize`` (``scontrol show config``; read once per process and ``SLURM_CONF``): array
+    indices stay below it, so one array holds at most that many tasks (indices 0 to MaxArraySize - 1)."""
+    conf = os.environ.get("SLURM_CONF", "")
+    if conf not in _MAX_ARRAY_SIZE:
+        try:
+            out = run(["scontrol", "show", "config"])
+        except BackendError as e:
+            raise BackendError(f"cannot read the cluster's MaxArraySize, which sets how many trials one job array "
+                               f"may hold: {e}") from None
+        m = re.search(r"^\s*MaxArraySize\s*=\s*(\d+)", out, re.M)
+        if m is None:
+            raise BackendError("`scontrol show config` names no MaxArraySize, which sets how many trials one job "
+                               "array may hold; is this a SLURM cluster (`scontrol ping`)?")
+        _MAX_ARRAY_SIZE[conf] = int(m.group(1))
+    return _MAX_ARRAY_SIZE[conf]
+
+
+class ArrayRow(NamedTuple):
+    """One row of ``squeue`` without ``-r``: an array's pending rest (``123_[5-999%3]``), one array task
+    (``123_4``, running or split off: requeued) or a lone job (``123``); its name, state, unfulfilled dependencies
+    (``afterany:456_7``, comma-separated; "" for none) and pending reason (``JobHeldUser``)."""
+
+    job_id: str
+    name: str
+    state: str
+    dependency: str
+    reason: str
+
+    @property
+    def array_id(self) -> str:
+        return self.job_id.split("_", 1)[0]
+
+    @property
+    def lone(self) -> bool:
+        return "_" not in self.job_id
+
+    def tasks(self) -> int:
+        """How many tasks the row stands for: the indices of ``123_[5-999,1002%3]``, else 1."""
+        m = re.fullmatch(r"[^_]+_\[([^%\]]*)(?:%\d+)?\]", self.job_id)
+        if m is None:
+            return 1
+        n = 0
+        for part in m.group(1).split(","):  # 5, 7-9 or 0-9:2 (every second index)
+            span, _, step = part.partition(":")
+            lo, _, hi = span.partition("-")
+            n += (int(hi) - int(lo)) // int(step or 1) + 1 if hi else 1
+        return n
+
+    def throttle(self) -> int | None:
+        """The ``%N`` of a pending array row; None when the row does not show one."""
+        m = re.search(r"%(\d+)\]$", self.job_id)
+        return int(m.group(1)) if m else None
+
+    def expression(self) -> str:
+        """The row as ``scontrol`` names it: ``123_[5-999]`` (without the throttle), ``123_4`` or ``123``."""
+        return re.sub(r"%\d+\]$", "]", self.job_id)
+
+    @property
+    def held(self) -> bool:
+        return self.reason.startswith("JobHeld")
+
+    def gates(self) -> list[str]:
+        """The dependencies still unfulfilled, as ``--dependency`` spells them (``afterany:456_7``)."""
+        dep = "" if self.dependency in ("(null)", "") else self.dependency
+        return [d.replace("(unfulfilled)", "") for d in dep.split(",") if d.endswith("(unfulfilled)")]
+
+
+def array_rows(names: list[str]) -> list[ArrayRow]:
+    """Every job whose name is one of ``names``, a pending array's rest in one row (see :class:`ArrayRow`)."""
+    if not names:
+        return []
+    out = run(["squeue", "-h", "-o", "%i|%j|%T|%E|%r", "--name", ",".join(names)])
+    rows = []
+    for line in out.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) == 5:
+            rows.append(ArrayRow(*parts))
+    return rows
+
+
+def set_throttle(array_id: str, n: int) -> None:
+    """At most ``n`` tasks of array ``array_id`` run at once (0: no limit); running tasks above it are left alone."""
+    run(["scontrol", "update", f"JobId={array_id}", f"ArrayTaskThrottle={n}"])
+
+
+def array_throttle(task: str) -> int:
+    """The ArrayTaskThrottle of the array that task ``task`` (``123_4``) belongs to (0: none)."""
+    m = re.search(r"\bArrayTaskThrottle=(\d+)", run(["scontrol", "show", "job", task]))
+    return int(m.group(1)) if m else 0
+
+
+def set_dependency(job: str, dependency: str) -> None:
+    """Replace the dependency of the pending job or tasks ``job`` (``123_[5-999]``); "" removes it."""
+    run(["scontrol", "update", f"JobId={job}", f"Dependency={dependency}"])
+
+
+def hold(job: str) -> None:
+    """Hold pending ``job`` (``123_[5-999]``, ``123_4``): it starts nothing until released."""
+    run(["scontrol", "hold", job])
+
+
+def release(job: str) -> None:
+    """Release ``job`` held by :func:`hold` (or submitted held)."""
+    run(["scontrol", "release", job])
 
 
 class AccountedJob(NamedTuple):

@@ -13,6 +13,10 @@
 #   TESTCLUSTER_ACCOUNT    the account created for root (default asr)
 #   TESTCLUSTER_GPUS       number of fake a100 GPUs on the node, 1 or 2 (default 2)
 #   TESTCLUSTER_TIMEOUT    seconds to wait for each daemon (default 60)
+#   TESTCLUSTER_MAX_ARRAY_SIZE  MaxArraySize (default 10001; the largest array index is one less)
+#   TESTCLUSTER_CPUS       CPUs the node offers (default: nproc); more than nproc oversubscribes the host
+#                          (SlurmdParameters=config_overrides), for tests that need more job slots than cores
+# A running cluster started with other values of these is restarted with new configs.
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -26,6 +30,8 @@ CLUSTER=${TESTCLUSTER_NAME:-testcluster}
 ACCOUNT=${TESTCLUSTER_ACCOUNT:-asr}
 NGPUS=${TESTCLUSTER_GPUS:-2}
 TIMEOUT=${TESTCLUSTER_TIMEOUT:-60}
+MAX_ARRAY_SIZE=${TESTCLUSTER_MAX_ARRAY_SIZE:-10001}
+NCPUS=${TESTCLUSTER_CPUS:-$(nproc)}
 NODE=$(hostname -s)
 MUNGE_SOCKET=$MUNGE_DIR/munge.socket
 DB_SOCKET=$DB_DIR/mysqld.sock
@@ -33,6 +39,9 @@ DB_SOCKET=$DB_DIR/mysqld.sock
 [[ $CLUSTER =~ ^[a-z][a-z0-9_]{0,39}$ ]] || tc_die "TESTCLUSTER_NAME='$CLUSTER' is not valid (lower-case letters, digits, _)"
 [[ $ACCOUNT =~ ^[a-z][a-z0-9_]{0,39}$ ]] || tc_die "TESTCLUSTER_ACCOUNT='$ACCOUNT' is not valid (lower-case letters, digits, _)"
 [[ $NGPUS =~ ^[12]$ ]] || tc_die "TESTCLUSTER_GPUS='$NGPUS' is not valid (1 or 2: one fake device each for /dev/null, /dev/zero)"
+[[ $MAX_ARRAY_SIZE =~ ^[1-9][0-9]{0,6}$ ]] && [ "$MAX_ARRAY_SIZE" -le 4000001 ] ||
+  tc_die "TESTCLUSTER_MAX_ARRAY_SIZE='$MAX_ARRAY_SIZE' is not valid (1 to 4000001)"
+[[ $NCPUS =~ ^[1-9][0-9]{0,3}$ ]] || tc_die "TESTCLUSTER_CPUS='$NCPUS' is not valid (a count of CPUs)"
 [ "$(id -u)" -eq 0 ] || tc_die "must run as root (the SLURM daemons, munged and MariaDB are started here); run: sudo $0 $STATE_DIR"
 # Unix socket paths are limited to 107 bytes.
 [ ${#DB_SOCKET} -lt 100 ] || tc_die "STATE_DIR '$STATE_DIR' is too long for unix socket paths (keep it under 80 characters)"
@@ -122,8 +131,9 @@ choose_ports() {
 }
 
 write_configs() {
-  local cpus mem_mb db_pass
-  cpus=$(nproc)
+  local mem_mb db_pass overrides=""
+  # More CPUs than the host has: slurmd would drain the node for "Low socket*core*thread count" without this.
+  if [ "$NCPUS" -gt "$(nproc)" ]; then overrides="SlurmdParameters=config_overrides"; fi
   # Leave 10% of the memory to the system so slurmd never finds less than configured (that drains the node).
   mem_mb=$(awk '/^MemTotal:/ {printf "%d", $2 / 1024 * 0.9}' /proc/meminfo)
   choose_ports
@@ -183,7 +193,7 @@ SlurmctldTimeout=60
 InactiveLimit=0
 ReturnToService=1
 JobRequeue=1
-MaxArraySize=10001
+MaxArraySize=$MAX_ARRAY_SIZE
 MaxJobCount=50000
 AccountingStorageType=accounting_storage/slurmdbd
 AccountingStorageHost=127.0.0.1
@@ -191,7 +201,8 @@ AccountingStoragePort=$DBD_PORT
 AccountingStorageEnforce=associations
 AccountingStorageTRES=gres/gpu
 JobCompType=jobcomp/none
-NodeName=$NODE NodeAddr=127.0.0.1 CPUs=$cpus RealMemory=$mem_mb Gres=gpu:a100:$NGPUS State=UNKNOWN
+$overrides
+NodeName=$NODE NodeAddr=127.0.0.1 CPUs=$NCPUS RealMemory=$mem_mb Gres=gpu:a100:$NGPUS State=UNKNOWN
 PartitionName=gpu Nodes=$NODE Default=YES MaxTime=INFINITE State=UP
 PartitionName=debug Nodes=$NODE MaxTime=INFINITE State=UP
 EOF
@@ -365,10 +376,10 @@ fi
 tc_registry_add "$STATE_DIR"
 
 # Configs written by another version of these scripts are replaced (with a restart) rather than reused.
-GENERATOR=$(cat "$HERE/start.sh" "$HERE/lib.sh" | sha256sum | cut -c1-16)
+GENERATOR=$( (cat "$HERE/start.sh" "$HERE/lib.sh"; echo "MaxArraySize=$MAX_ARRAY_SIZE CPUs=$NCPUS") | sha256sum | cut -c1-16)
 RESTORED_JOBS_ARE_ORPHANS=0
 if any_daemon_running && [ "$(cat "$ETC/generator" 2>/dev/null)" != "$GENERATOR" ]; then
-  tc_log "the running cluster was configured by another version of start.sh; restarting it"
+  tc_log "the running cluster was configured by another version of start.sh (or other TESTCLUSTER_* values); restarting it"
   tc_stop_dir "$STATE_DIR"
 fi
 if any_daemon_running && [ -f "$ETC/ports.env" ]; then
@@ -401,5 +412,5 @@ if [ $RESTORED_JOBS_ARE_ORPHANS = 1 ]; then
 fi
 wait_node_idle
 wait_for "registration of cluster $CLUSTER in slurmdbd" "$LOG/slurmctld.log" cluster_registered
-tc_log "cluster $CLUSTER ready: node $NODE idle with gpu:a100:$NGPUS, $(nproc) CPUs ($(elapsed) s)"
+tc_log "cluster $CLUSTER ready: node $NODE idle with gpu:a100:$NGPUS, $NCPUS CPUs, MaxArraySize=$MAX_ARRAY_SIZE ($(elapsed) s)"
 echo "export SLURM_CONF=$SLURM_CONF_PATH"
