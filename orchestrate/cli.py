@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 from asr_core.trial_contract import EXIT_USAGE
 from orchestrate.backends.base import Backend, BackendError
 from orchestrate.backends.profile import load_profile
-from orchestrate.grid import GridError, load_grid, plan_table
+from orchestrate.grid import Grid, GridError, load_grid, plan_table
 from orchestrate.ledger import Ledger, LedgerError, check_tracking_uri, default_tracking_uri
 from orchestrate.sweep import DEFAULT_MAX_FAILURES, Manifest, SweepDir, SweepError, new_sweep_id
 from orchestrate.trial import Trial
@@ -59,10 +59,21 @@ def _parser() -> argparse.ArgumentParser:
         sp.add_argument("--tracking-uri", default=None, help="MLflow URI: sqlite:///PATH or http://HOST:PORT "
                         "(default: sqlite:///SWEEP_ROOT/mlflow.db, or the sweep's own)")
 
-    sp = sub.add_parser("plan", help="expand a grid: trials per sub-grid (no side effects)")
+    sp = sub.add_parser("plan", help="expand a grid: trials per sub-grid (no side effects); --estimate: GPU-hours")
     sp.add_argument("grid")
-    sp.add_argument("--json", action="store_true", help="list key, sub-grids, seed and config of every trial")
+    sp.add_argument("--json", action="store_true", help="list key, sub-grids, seed and config of every trial "
+                    "(with --estimate: the estimate of every trial)")
     sp.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    sp.add_argument("--estimate", action="store_true",
+                    help="GPU-hours per trial, sub-grid and grid: the trainer's planner replayed over the training "
+                         "corpus's durations (assumed where it is not on disk) at a calibration's speed")
+    sp.add_argument("--calibration", default=None, metavar="FILE",
+                    help="with --estimate: a file from `python -m asr_core bench calibrate` (default: the built-in "
+                         "A100 calibration derived from paper 000, orchestrate/calibrations/a100-paper.json)")
+    sp.add_argument("--profile", default=None,
+                    help="with --estimate: cluster profile (slurm/profiles/NAME.yaml or a path): requeues under its "
+                         "time limit, wall time at its max_parallel, its loader threads")
+    sp.add_argument("--trials", action="store_true", help="with --estimate: one row per trial too")
 
     sp = sub.add_parser("submit", help="create the sweep's runs and submit every trial not finished yet")
     sp.add_argument("grid")
@@ -122,12 +133,33 @@ def _positive_int(text: str) -> int:
 # ---- commands ------------------------------------------------------------------------------------------------------
 def cmd_plan(args: argparse.Namespace) -> int:
     grid = load_grid(args.grid, args.overrides)
+    if args.estimate or args.calibration or args.profile or args.trials:
+        return _plan_estimate(args, grid)
     if args.json:
         json.dump({"grid": grid.name, "subgrids": [s.__dict__ for s in grid.subgrids],
                    "trials": [t.to_dict() for t in grid.trials]}, sys.stdout, indent=1)
         print()
     else:
         print(plan_table(grid))
+    return 0
+
+
+def _plan_estimate(args: argparse.Namespace, grid: "Grid") -> int:
+    """``plan --estimate``: :mod:`orchestrate.estimate` printed as tables (or JSON)."""
+    from orchestrate.estimate import EstimateError, estimate_grid, estimate_json, estimate_table, load_calibration
+
+    if not args.estimate:
+        raise UsageError("--calibration, --profile and --trials go with --estimate")
+    try:
+        cal = load_calibration(args.calibration)
+        est = estimate_grid(grid, cal, load_profile(args.profile) if args.profile else None)
+    except EstimateError as e:
+        raise UsageError(str(e)) from None
+    if args.json:
+        json.dump(estimate_json(est), sys.stdout, indent=1)
+        print()
+    else:
+        print(estimate_table(est, trials=args.trials))
     return 0
 
 

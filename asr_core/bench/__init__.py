@@ -1,11 +1,13 @@
-"""``python -m asr_core bench train|decode|data``: speed and memory tables measured in one run."""
+"""``python -m asr_core bench train|decode|data|calibrate``: speed and memory tables measured in one run;
+``calibrate`` also writes the calibration file that ``orchestrate plan --estimate`` reads."""
 
 from __future__ import annotations
 
 import importlib
 import sys
 
-BENCHES = {"train": "asr_core.bench.train", "decode": "asr_core.bench.decode", "data": "asr_core.bench.data"}
+BENCHES = {"train": "asr_core.bench.train", "decode": "asr_core.bench.decode", "data": "asr_core.bench.data",
+           "calibrate": "asr_core.bench.calibrate"}
 
 
 def cli(argv: list[str]) -> int:
