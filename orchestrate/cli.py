@@ -151,8 +151,9 @@ def _plan_estimate(args: argparse.Namespace, grid: "Grid") -> int:
     if not args.estimate:
         raise UsageError("--calibration, --profile and --trials go with --estimate")
     try:
-        cal = load_calibration(args.calibration)
-        est = estimate_grid(grid, cal, load_profile(args.profile) if args.profile else None)
+        profile = load_profile(args.profile) if args.profile else None
+        cal = load_calibration(args.calibration or (profile.calibration if profile else None))
+        est = estimate_grid(grid, cal, profile)
     except EstimateError as e:
         raise UsageError(str(e)) from None
     if args.json:

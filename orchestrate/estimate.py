@@ -52,7 +52,8 @@ import numpy as np
 
 from asr_core.chunking import StepLengths, WindowStream
 from asr_core.config import Config
-from orchestrate.grid import Grid, eval_set_hours, eval_work
+from orchestrate.grid import (KNOWN_TEST_RECORDINGS, Grid, eval_set_durations, eval_set_hours, eval_set_recordings,
+                             eval_work)
 
 BUILTIN = Path(__file__).resolve().parent / "calibrations" / "a100-paper.json"
 PAPER_SOURCE = "paper 000 Table 1 and training times"
@@ -373,6 +374,7 @@ def estimate_trial(trial: Any, cal: Calibration, profile: Any = None,
     """The hours of one trial (see the module docstring); ``profile`` (a
     :class:`~orchestrate.backends.profile.Profile`) adds its loader threads, time limit and segments."""
     from asr_core.bench.calibrate import model_macs
+    from orchestrate.backends.resources import parse_minutes, time_limit_minutes
 
     if profile is not None:
         trial = profile.fit(trial)
@@ -397,7 +399,11 @@ def estimate_trial(trial: Any, cal: Calibration, profile: Any = None,
                         eval_s=eval_s, checkpoint_s=checkpoints * ckpt_each, startup_s=cal.startup_s, scale=r_lin)
     if profile is None:
         return est
-    limit_h = profile.time_limit_min() / 60.0
+    if profile.time_rule:  # each trial's own limit (orchestrate.backends.resources), capped at time_max if set
+        cap = parse_minutes(profile.time_max) if profile.time_max else None
+        limit_h = time_limit_minutes(est.hours, profile.time_margin, cap, profile.signal_delay_s) / 60.0
+    else:
+        limit_h = profile.time_limit_min() / 60.0
     segments = segments_needed(est.hours, limit_h, profile.signal_delay_s)
     # every later segment starts again and the one before it ends with a checkpoint
     return dataclasses.replace(est, startup_s=segments * cal.startup_s,
@@ -411,9 +417,6 @@ def _params(cfg: Config) -> int:
     return model_params(cfg.model, cfg.data.features.n_mels)
 
 
-# Recordings in the paper's test sets (paper 000 §3.1; the TED-LIUM 3 test set's 11 talks), by the dataset names of
-# grids/paper.yaml, for the per-recording costs of sets that are not on disk here.
-KNOWN_TEST_RECORDINGS: dict[str, int] = {"earnings22": 125, "tedlium": 11, "rev16": 16}
 _window_hours: dict[tuple[Any, ...], float | None] = {}
 
 
@@ -436,7 +439,7 @@ def decoded_hours_of(cfg: Config, hours_of: Callable[[str], float | None] = eval
     with the hours that, times ``1 / stride``, are the windows :func:`asr_core.decode.plan_windows` will decode.
     A set not on disk whose recordings are counted in :data:`KNOWN_TEST_RECORDINGS` is taken as that many
     recordings of equal length; any other keeps ``hours_of``'s answer (an upper bound at long contexts)."""
-    from asr_core.corpora import CorpusError, dataset_name, load_corpus, split_named_spec, split_spec
+    from asr_core.corpora import CorpusError, dataset_name, split_named_spec, split_spec
 
     fps = cfg.data.features.frames_per_second
     sub = cfg.model.subsampling_factor
@@ -450,13 +453,8 @@ def decoded_hours_of(cfg: Config, hours_of: Callable[[str], float | None] = eval
         key = (spec, str(path.resolve()), window, cfg.eval.stride, sub, hours_of)
         if key in _window_hours:
             return _window_hours[key]
-        durations: list[float] | None = None
-        if path.exists():
-            try:
-                durations = [r.duration for r in load_corpus(spec, audio=False)]
-            except (CorpusError, OSError, ValueError):
-                durations = None
-        else:
+        durations: Sequence[float] | None = eval_set_durations(spec)
+        if durations is None:
             total, count = hours_of(spec), KNOWN_TEST_RECORDINGS.get(dataset_name(spec))
             if total is not None and count:
                 durations = [total * 3600.0 / count] * count
@@ -468,31 +466,6 @@ def decoded_hours_of(cfg: Config, hours_of: Callable[[str], float | None] = eval
         return _window_hours[key]
 
     return hours
-
-
-_counts: dict[tuple[str, str], int | None] = {}
-
-
-def recordings_of(spec: str) -> float | None:
-    """Recordings in the dataset ``NAME=FORMAT:PATH``: read (transcripts only) when on disk, else
-    :data:`KNOWN_TEST_RECORDINGS` by name, else None. Passed to :func:`orchestrate.grid.eval_work` as its
-    ``hours_of``, it counts (recording, condition) pairs x ``1 / stride``."""
-    from asr_core.corpora import CorpusError, dataset_name, load_corpus, split_named_spec, split_spec
-
-    try:
-        _, path = split_spec(split_named_spec(spec)[1])
-    except CorpusError:
-        return None
-    key = (spec, str(path.resolve()))
-    if key not in _counts:
-        n = None
-        if path.exists():
-            try:
-                n = len(load_corpus(spec, audio=False))
-            except (CorpusError, OSError, ValueError):
-                n = None
-        _counts[key] = n if n is not None else KNOWN_TEST_RECORDINGS.get(dataset_name(spec))
-    return _counts[key]
 
 
 _evals: dict[tuple[Any, ...], float | None] = {}
@@ -525,7 +498,7 @@ def _eval_seconds(cfg: Config, cal: Calibration, hours_of: Callable[[str], float
     audio_conditions_s = work[0] * stride * 3600.0
     noisy_s = audio_conditions_s - (clean[0] if clean else 0.0) * stride * 3600.0
     # the same function counting recordings instead of hours: (recording, condition) pairs / stride
-    pairs, clean_pairs = eval_work(cfg, recordings_of), eval_work(clean_cfg, recordings_of)
+    pairs, clean_pairs = eval_work(cfg, eval_set_recordings), eval_work(clean_cfg, eval_set_recordings)
     noisy_calls = (pairs[0] - clean_pairs[0]) * stride if pairs and clean_pairs else 0.0
     ctx = cfg.data.context_s
     lin, att = model_macs(cfg.model, cfg.data.features)
@@ -633,13 +606,13 @@ def estimate_table(est: GridEstimate, trials: bool = False) -> str:
     if trials:
         th = ["trial", "sub-grid", "model", "context s", "steps", "train h", "eval h", "GPU-h"]
         if prof is not None:
-            th.append("segments")
+            th += ["limit h", "segments"]
         trows = [tuple(th)]
         for t in est.trials:
             r = [t.label, t.subgrids[0], t.model, f"{t.context_s:g}", f"{t.steps:,}", _h(t.train_s / 3600),
                  "?" if t.eval_s is None else _h(t.eval_s / 3600), _h(t.hours)]
             if prof is not None:
-                r.append(str(t.segments))
+                r += [f"{t.limit_h:g}", str(t.segments)]
             trows.append(tuple(r))
         lines += [""] + _table(trows, {3, 4, 5, 6, 7, 8})
     total = est.total_hours
@@ -650,7 +623,10 @@ def estimate_table(est: GridEstimate, trials: bool = False) -> str:
         bound, lpt = wall_hours([t.hours for t in est.trials], prof.max_parallel)
         par = prof.max_parallel or len(est.trials)
         over = [t for t in est.trials if t.segments > 1]
-        lines.append(f"profile {prof.name}: time limit {prof.time_limit} (USR2 {prof.signal_delay_s} s before it): "
+        limit = (f"per trial, its estimate x {prof.time_margin:g} rounded up to the hour, at most "
+                 + (prof.time_max if prof.time_max else "the partition's MaxTime (read at submit; not capped here)")
+                 if prof.time_rule else prof.time_limit)
+        lines.append(f"profile {prof.name}: time limit {limit} (USR2 {prof.signal_delay_s} s before it): "
                      f"{len(over)} trials outlive it, {sum(t.segments - 1 for t in est.trials)} requeues in all"
                      + (f" (longest: {max(over, key=lambda t: t.hours).label}, {max(t.segments for t in over)} "
                         "segments)" if over else ""))

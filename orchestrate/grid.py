@@ -416,29 +416,52 @@ KNOWN_TEST_HOURS: dict[str, float] = {"earnings22": 119.0, "tedlium": 2.6, "rev1
 TRAIN_FRAMES_PER_S = 80_900
 DECODE_FRAMES_PER_S = 3 * TRAIN_FRAMES_PER_S
 
-_hours_cache: dict[tuple[str, str], float | None] = {}
+# Recordings in the paper's test sets (paper 000 §3.1; the TED-LIUM 3 test set's 11 talks), by the dataset names of
+# grids/paper.yaml, for the per-recording costs of sets that are not on disk here.
+KNOWN_TEST_RECORDINGS: dict[str, int] = {"earnings22": 125, "tedlium": 11, "rev16": 16}
+
+_durations_cache: dict[tuple[str, str], tuple[float, ...] | None] = {}
 
 
-def eval_set_hours(spec: str) -> float | None:
-    """Hours of the dataset ``NAME=FORMAT:PATH``: its transcripts' durations when it is on disk here (read once per
-    process, transcripts only), else :data:`KNOWN_TEST_HOURS` by name, else None."""
+def eval_set_durations(spec: str) -> tuple[float, ...] | None:
+    """Durations in seconds of the recordings of the dataset ``NAME=FORMAT:PATH`` when it is on disk here (its
+    transcripts', read once per process: the one reading behind :func:`eval_set_hours` and the estimate's
+    per-recording counts and windows), else None."""
     from asr_core.corpora import CorpusError, load_corpus, split_named_spec, split_spec
 
     try:
-        name, corpus = split_named_spec(spec)
-        _, path = split_spec(corpus)
+        _, path = split_spec(split_named_spec(spec)[1])
     except CorpusError:
         return None
     ck = (spec, str(path.resolve()))
-    if ck not in _hours_cache:
-        hours = None
+    if ck not in _durations_cache:
+        durations = None
         if path.exists():
             try:
-                hours = sum(r.duration for r in load_corpus(spec, audio=False)) / 3600.0
+                durations = tuple(r.duration for r in load_corpus(spec, audio=False))
             except (CorpusError, OSError, ValueError):
-                hours = None
-        _hours_cache[ck] = hours if hours is not None else KNOWN_TEST_HOURS.get(name)
-    return _hours_cache[ck]
+                durations = None
+        _durations_cache[ck] = durations
+    return _durations_cache[ck]
+
+
+def eval_set_hours(spec: str) -> float | None:
+    """Hours of the dataset ``NAME=FORMAT:PATH``: its transcripts' durations when it is on disk here
+    (:func:`eval_set_durations`), else :data:`KNOWN_TEST_HOURS` by name, else None."""
+    durations = eval_set_durations(spec)
+    if durations is not None:
+        return sum(durations) / 3600.0
+    return KNOWN_TEST_HOURS.get(dataset_name(spec))
+
+
+def eval_set_recordings(spec: str) -> float | None:
+    """Recordings in the dataset ``NAME=FORMAT:PATH``: counted when it is on disk (:func:`eval_set_durations`),
+    else :data:`KNOWN_TEST_RECORDINGS` by name, else None. Passed to :func:`eval_work` as its ``hours_of``, it
+    counts (recording, condition) pairs x ``1 / stride``."""
+    durations = eval_set_durations(spec)
+    if durations is not None:
+        return len(durations)
+    return KNOWN_TEST_RECORDINGS.get(dataset_name(spec))
 
 
 def eval_work(cfg: Config, hours_of: Callable[[str], float | None] = eval_set_hours) -> tuple[float, float] | None:

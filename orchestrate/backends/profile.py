@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from orchestrate.backends.base import BackendError
+from orchestrate.backends.resources import ESTIMATE, parse_minutes
 
 if TYPE_CHECKING:
     from orchestrate.trial import Trial
@@ -30,8 +31,13 @@ class Profile:
     qos: str = ""
     gpus_per_node: str | int = 0  # "a100:1" or a count; 0 = no GPU request
     cpus_per_task: int = 1  # a trial needs one CPU by default; dataloader workers need more
-    mem_gb: float = 0  # 0 = the partition's default
-    time_limit: str = "48:00:00"  # HH:MM:SS or minutes; a 65-hour run survives it by checkpoint + requeue
+    mem_gb: float | str = 0  # 0 = the partition's default; "estimate": from model size and loader (resources.py)
+    time_limit: str = "48:00:00"  # HH:MM:SS or minutes; a 65-hour run survives it by checkpoint + requeue;
+    # "estimate": each trial's own, from its estimated hours (orchestrate/backends/resources.py)
+    time_margin: float = 1.25  # time_limit estimate: the estimate times this
+    time_max: str = ""  # time_limit estimate: the cap ("" = the partition's MaxTime)
+    time_min: str = ""  # --time-min: a trial may start with this much less time (backfill); "" = none
+    calibration: str = ""  # time_limit estimate: a `bench calibrate` file ("" = the built-in A100 one)
     signal_delay_s: int = 120  # USR2 this long before the limit: time to finish a step and write a checkpoint
     max_parallel: int = 0  # trials of one sweep running at once, across its arrays and resumes; 0 = no limit
     nodes: int = 1  # ray-slurm: nodes of one allocation (Ray head on the first, a worker on each other)
@@ -61,24 +67,25 @@ class Profile:
             return g
         return int(str(g).rsplit(":", 1)[-1]) if str(g) else 0
 
+    @property
+    def time_rule(self) -> bool:
+        """Each trial's time limit comes from its estimate (``time_limit: estimate``)."""
+        return str(self.time_limit).strip() == ESTIMATE
+
     def time_limit_min(self) -> int:
-        """The time limit in whole minutes (rounded up), from ``minutes``, ``HH:MM:SS`` or ``D-HH:MM:SS``."""
-        t = str(self.time_limit)
-        if ":" not in t and "-" not in t:
-            return int(float(t))
-        days = 0
-        if "-" in t:
-            d, t = t.split("-", 1)
-            days = int(d)
-        parts = [int(p) for p in t.split(":")]
-        while len(parts) < 3:
-            parts.append(0)
-        h, m, s = parts
-        return days * 1440 + h * 60 + m + (1 if s else 0)
+        """The time limit in whole minutes (rounded up), from ``minutes``, ``HH:MM:SS`` or ``D-HH:MM:SS``; with
+        ``time_limit: estimate``, the cap ``time_max`` (what one allocation of ``ray-slurm`` asks). ValueError
+        when the limit is malformed or a rule without ``time_max``."""
+        if self.time_rule:
+            if not self.time_max:
+                raise ValueError("time_limit 'estimate' without time_max")
+            return parse_minutes(self.time_max)
+        return parse_minutes(self.time_limit)
 
 
 PROFILE_KEYS = ("partition", "account", "qos", "gpus_per_node", "cpus_per_task", "mem_gb", "time_limit",
-                "signal_delay_s", "max_parallel", "nodes", "setup", "additional")
+                "time_margin", "time_max", "time_min", "calibration", "signal_delay_s", "max_parallel", "nodes",
+                "setup", "additional")
 
 
 def profiles_dir() -> Path:
@@ -96,7 +103,7 @@ def load_profile(name_or_path: str | None) -> Profile:
     if not p.exists():
         known = sorted(q.stem for q in profiles_dir().glob("*.yaml")) if profiles_dir().exists() else []
         raise BackendError(f"unknown profile {name_or_path!r} (no {p}); valid: {', '.join(known) or 'none yet'}")
-    raw = yaml.safe_load(p.read_text()) or {}
+    raw = yaml.load(p.read_text(), Loader=_ProfileLoader) or {}
     if not isinstance(raw, dict):
         raise BackendError(f"{p}: a profile is a mapping of {', '.join(PROFILE_KEYS)}")
     unknown = sorted(set(raw) - set(PROFILE_KEYS) - {"name", "description"})
@@ -108,13 +115,34 @@ def load_profile(name_or_path: str | None) -> Profile:
             continue
         kw[k] = _checked(p, k, raw[k])
     prof = Profile(**kw)
+    for k in ("time_limit", "time_max", "time_min"):
+        v = getattr(prof, k)
+        if (k == "time_limit" and prof.time_rule) or (k != "time_limit" and not v):
+            continue
+        try:
+            parse_minutes(v)
+        except ValueError:
+            raise BackendError(f"{p}: invalid {k} {v!r}; valid: 'HH:MM:SS', 'D-HH:MM:SS' or minutes"
+                               + (", or 'estimate'" if k == "time_limit" else "")) from None
     try:
-        prof.time_limit_min()
         prof.gpu_count()
     except ValueError:
-        raise BackendError(f"{p}: invalid time_limit {prof.time_limit!r} or gpus_per_node {prof.gpus_per_node!r}; "
-                           "valid: 'HH:MM:SS', 'D-HH:MM:SS' or minutes, and a count or 'TYPE:COUNT'") from None
+        raise BackendError(f"{p}: invalid gpus_per_node {prof.gpus_per_node!r}; valid: a count or 'TYPE:COUNT'"
+                           ) from None
     return prof
+
+
+class _ProfileLoader(yaml.SafeLoader):
+    """YAML 1.1 reads an unquoted ``4:00:00`` as the base-60 integer 14400 (which would be 14400 minutes):
+    here such a scalar stays the duration it looks like."""
+
+
+def _int_or_duration(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> Any:
+    text = loader.construct_scalar(node)
+    return str(text) if ":" in str(text) else yaml.SafeLoader.construct_yaml_int(loader, node)
+
+
+_ProfileLoader.add_constructor("tag:yaml.org,2002:int", _int_or_duration)
 
 
 def _checked(p: Path, k: str, v: Any) -> Any:
@@ -128,9 +156,25 @@ def _checked(p: Path, k: str, v: Any) -> Any:
             raise BackendError(f"{p}: invalid value for 'nodes': {v!r}; valid: a positive integer")
         return v
     if k == "mem_gb":
+        if v == ESTIMATE:
+            return v
         if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
-            raise BackendError(f"{p}: invalid value for 'mem_gb': {v!r}; valid: a non-negative number")
+            raise BackendError(f"{p}: invalid value for 'mem_gb': {v!r}; valid: a non-negative number or 'estimate'")
         return v
+    if k == "time_margin":
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 1 <= v <= 10:
+            raise BackendError(f"{p}: invalid value for 'time_margin': {v!r}; valid: a number from 1 to 10")
+        return float(v)
+    if k == "calibration":
+        if not isinstance(v, str):
+            raise BackendError(f"{p}: invalid value for 'calibration': {v!r}; valid: a calibration file's path")
+        path = Path(v).expanduser()
+        if v and not path.is_absolute():
+            path = p.parent / path
+        if v and not path.exists():
+            raise BackendError(f"{p}: calibration {v!r} not found ({path}); valid: a file from `python -m asr_core "
+                               "bench calibrate --out FILE`, or leave it out for the built-in A100 one")
+        return str(path) if v else ""
     if k == "setup":
         if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
             raise BackendError(f"{p}: invalid value for 'setup': {v!r}; valid: a list of shell lines")

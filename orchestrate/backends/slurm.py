@@ -53,6 +53,7 @@ from asr_core.trial_contract import (ENV_JOB_ID, EXIT_OK, EXIT_PREEMPTED, FAILED
                                      TrialFolder, error_line, mark_run, read_segments, record_attempt, trial_command)
 from orchestrate.backends import slurm_commands
 from orchestrate.backends.base import Backend, BackendError, Job, JobEnd, OnSubmitted
+from orchestrate.backends.resources import Resources, group_by_resources, trial_resources
 from orchestrate.backends.slurm_commands import ArrayRow
 from orchestrate.runner import TrialProcess, install_forwarding, trainer_ended
 from orchestrate.sweep import Submission, SweepDir
@@ -456,12 +457,16 @@ class SlurmBackend(Backend):
     def validate(self) -> None:
         slurm_commands.check_cluster(self.profile)
         slurm_commands.max_array_size()  # before any run is created: a cluster that cannot say fails here
+        if self.profile.time_rule and not self.profile.time_max:
+            slurm_commands.partition_max_minutes(self.profile.partition)  # the cap of the trials' time limits
 
     # ---- submission -------------------------------------------------------------------------------------------------
-    def _executor(self, sub_id: str, n: int, parallelism: int = 0, hold: bool = False) -> object:
+    def _executor(self, sub_id: str, n: int, parallelism: int = 0, hold: bool = False,
+                  res: Resources | None = None) -> object:
         import submitit
 
         p = self.profile
+        res = res or Resources(p.time_limit_min(), mem_mb=int(float(p.mem_gb or 0) * 1024))
         # max_num_timeout is not set: it counts submitit's own timeout requeues, which TrialTask replaces with its own
         ex = submitit.SlurmExecutor(folder=self.sweep.path / "slurm" / sub_id)
         additional: dict[str, object] = {"requeue": True, **dict(p.additional)}
@@ -469,7 +474,7 @@ class SlurmBackend(Backend):
             additional["hold"] = True
         params: dict[str, object] = {
             "job_name": f"orch.{self.sweep.name}.{sub_id}",
-            "time": p.time_limit_min(),
+            "time": res.time_min,
             "cpus_per_task": max(1, p.cpus_per_task),
             "signal_delay_s": p.signal_delay_s,
             "array_parallelism": parallelism or n,
@@ -486,8 +491,10 @@ class SlurmBackend(Backend):
             params["qos"] = p.qos
         if p.gpus_per_node:
             params["gpus_per_node"] = p.gpus_per_node
-        if p.mem_gb:
-            params["mem"] = f"{int(p.mem_gb * 1024)}MB"
+        if res.mem_mb:
+            params["mem"] = f"{res.mem_mb}MB"
+        if res.start_min:
+            additional["time-min"] = res.start_min
         if p.setup:
             params["setup"] = list(p.setup)
         ex.update_parameters(**params)
@@ -497,30 +504,52 @@ class SlurmBackend(Backend):
         """One array per ``MaxArraySize`` trials, each its own submission record; with ``max_parallel``, under the
         sweep's throttle lock: new arrays get the slots the sweep's other arrays leave (:meth:`SweepThrottle.admit`)."""
         size = max(1, slurm_commands.max_array_size())
-        chunks = [jobs[i:i + size] for i in range(0, len(jobs), size)]
+        res = self.resources(jobs)
+        chunks: list[list[Job]] = []
+        kinds: list[Resources] = []
+        for r, group in group_by_resources(jobs, res):
+            for i in range(0, len(group), size):
+                chunks.append(group[i:i + size])
+                kinds.append(r)
         subs = [self.sweep.new_submission(self.name, [j.trial.key for j in c], {j.trial.key: j.run_id for j in c})
                 for c in chunks]
         m = self.profile.max_parallel
         throttle = SweepThrottle(self.sweep)
         if m <= 0:  # no limit: none on the sweep's older arrays either
             throttle.lift()
-            self._submit_arrays(subs, chunks, [(0, False)] * len(chunks), on_submitted)
+            self._submit_arrays(subs, chunks, [(0, False)] * len(chunks), kinds, on_submitted)
             return
         with throttle.locked():
             user_hold = bool(dict(self.profile.additional).get("hold"))
             starts = throttle.admit([(s.id, len(c)) for s, c in zip(subs, chunks)], m, user_hold)
-            self._submit_arrays(subs, chunks, starts, on_submitted)
+            self._submit_arrays(subs, chunks, starts, kinds, on_submitted)
+
+    def resources(self, jobs: list[Job]) -> dict[str, Resources]:
+        """{trial key: what its task asks for} under the profile (:mod:`orchestrate.backends.resources`): fixed
+        values, or each trial's own from its estimate, capped at ``time_max`` or the partition's ``MaxTime``.
+        BackendError (before anything is submitted) when the estimate cannot be made."""
+        from orchestrate.estimate import EstimateError
+
+        p = self.profile
+        cap = None
+        if p.time_rule and not p.time_max:
+            cap = slurm_commands.partition_max_minutes(p.partition)
+        try:
+            return trial_resources([j.trial for j in jobs], p, cap)
+        except EstimateError as e:
+            raise BackendError(f"profile {p.name!r} asks each trial's time or memory from its estimate, which "
+                               f"cannot be made: {e}; nothing was submitted") from None
 
     def _submit_arrays(self, subs: list[Submission], chunks: list[list[Job]], starts: list[tuple[int, bool]],
-                       on_submitted: OnSubmitted) -> None:
+                       kinds: list[Resources], on_submitted: OnSubmitted) -> None:
         queued: list[str] = []
-        for i, (sub, chunk, (parallelism, held)) in enumerate(zip(subs, chunks, starts)):
-            queued.append(self._submit_array(sub, chunk, parallelism, held, queued, i, len(chunks)))
+        for i, (sub, chunk, (parallelism, held), res) in enumerate(zip(subs, chunks, starts, kinds)):
+            queued.append(self._submit_array(sub, chunk, parallelism, held, queued, i, len(chunks), res))
             on_submitted({k: self.task_job_id(sub, n) for n, k in enumerate(sub.keys)})
 
     def _submit_array(self, sub: Submission, jobs: list[Job], parallelism: int, hold: bool, queued: list[str],
-                      i: int, n_arrays: int) -> str:
-        ex = self._executor(sub.id, len(jobs), parallelism, hold)
+                      i: int, n_arrays: int, res: Resources | None = None) -> str:
+        ex = self._executor(sub.id, len(jobs), parallelism, hold, res)
         task = self.task_class(str(self.sweep.path), sub.id)
         t0 = time.perf_counter()
         try:
@@ -534,8 +563,9 @@ class SlurmBackend(Backend):
         array_id = handles[0].job_id.split("_")[0]
         sub.record_job(array_id)
         limit = f", at most {parallelism} at once" if parallelism else ""
+        asks = f", {res.describe()}" if res is not None else ""
         print(f"[orchestrate] slurm: job array {array_id} with {len(jobs)} tasks ({time.perf_counter() - t0:.2f}s)"
-              f"{limit}{', held until the sweep has a free slot' if hold else ''}; logs in "
+              f"{asks}{limit}{', held until the sweep has a free slot' if hold else ''}; logs in "
               f"{self.sweep.path / 'slurm' / sub.id}", file=sys.stderr, flush=True)
         return array_id
 

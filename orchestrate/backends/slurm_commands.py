@@ -29,7 +29,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from asr_core.trial_contract import OUTCOME_FAILED, OUTCOME_KILLED, OUTCOME_LOST, OUTCOME_PREEMPTED
 from orchestrate.backends.base import BackendError, JobEnd
@@ -132,6 +132,27 @@ def max_array_size() -> int:
     return _MAX_ARRAY_SIZE[conf]
 
 
+_PARTITION_MAX: dict[tuple[str, str], int | None] = {}
+
+
+def partition_max_minutes(partition: str = "") -> int | None:
+    """The ``MaxTime`` of ``partition`` (the cluster's default partition for "") in minutes, None when it is
+    ``UNLIMITED``/``INFINITE`` (``scontrol show partition``; read once per process and ``SLURM_CONF``)."""
+    from orchestrate.backends.resources import parse_minutes
+
+    key = (os.environ.get("SLURM_CONF", ""), partition)
+    if key not in _PARTITION_MAX:
+        out = run(["scontrol", "show", "partition", "-o", *([partition] if partition else [])])
+        rows = [dict(f.split("=", 1) for f in line.split() if "=" in f) for line in out.splitlines() if line.strip()]
+        row = rows[0] if partition else next((r for r in rows if r.get("Default") == "YES"), None)
+        if row is None or "MaxTime" not in row:
+            raise BackendError(f"`scontrol show partition {partition}` names no MaxTime: set time_max in the profile "
+                               "to cap the trials' time limits")
+        t = row["MaxTime"]
+        _PARTITION_MAX[key] = None if t.upper() in ("UNLIMITED", "INFINITE") else parse_minutes(t)
+    return _PARTITION_MAX[key]
+
+
 class ArrayRow(NamedTuple):
     """One row of ``squeue`` without ``-r``: an array's pending rest (``123_[5-999%3]``), one array task
     (``123_4``, running or split off: requeued) or a lone job (``123``); its name, state, unfulfilled dependencies
@@ -184,15 +205,17 @@ class ArrayRow(NamedTuple):
 
 def array_rows(names: list[str]) -> list[ArrayRow]:
     """Every job whose name is one of ``names``, a pending array's rest in one row (see :class:`ArrayRow`)."""
+    return _squeue(names, "%i|%j|%T|%E|%r", ArrayRow, per_task=False)
+
+
+def _squeue(names: list[str], fields: str, row: Any, per_task: bool) -> list[Any]:
+    """``squeue`` of the jobs named ``names`` in ``fields`` (``|``-separated), one ``row(*fields)`` per line; array
+    tasks one per row when ``per_task``, else a pending array's rest in one row."""
     if not names:
         return []
-    out = run(["squeue", "-h", "-o", "%i|%j|%T|%E|%r", "--name", ",".join(names)])
-    rows = []
-    for line in out.splitlines():
-        parts = line.strip().split("|")
-        if len(parts) == 5:
-            rows.append(ArrayRow(*parts))
-    return rows
+    out = run(["squeue", "-h", *(["-r"] if per_task else []), "-o", fields, "--name", ",".join(names)])
+    width = fields.count("|") + 1
+    return [row(*parts) for parts in (line.strip().split("|") for line in out.splitlines()) if len(parts) == width]
 
 
 def set_throttle(array_id: str, n: int) -> None:
@@ -314,15 +337,7 @@ def job_ends(job_ids: list[str]) -> dict[str, JobEnd | None]:
 
 def squeue(names: list[str]) -> list[QueuedJob]:
     """Every job (array tasks one per row) whose name is one of ``names``, as SLURM sees it now."""
-    if not names:
-        return []
-    out = run(["squeue", "-h", "-r", "-o", "%i|%j|%T", "--name", ",".join(names)])
-    rows = []
-    for line in out.splitlines():
-        parts = line.strip().split("|")
-        if len(parts) == 3:
-            rows.append(QueuedJob(*parts))
-    return rows
+    return _squeue(names, "%i|%j|%T", QueuedJob, per_task=True)
 
 
 def settled_squeue(names: list[str], settle_s: float = 90.0, poll_s: float = 1.0) -> list[QueuedJob]:
