@@ -28,7 +28,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "prepare": ("asr_core.prepare", "store a corpus once, memory-mapped, for every trial: prepare [NAME=]FORMAT:PATH OUT"),
     "synth": ("asr_core.corpora.synth", "generate the synthetic long-form corpus: synth OUT --hours H --seed S"),
     "trial": ("asr_core.trial", "one grid trial (train, then evaluate) inside an MLflow run; used by orchestrate"),
-    "bench": ("asr_core.bench", "benchmarks: bench train | bench decode | bench data"),
+    "bench": ("asr_core.bench", "benchmarks: bench train | bench decode | bench data | bench calibrate"),
+    "lm": ("asr_core.lm.cli", "the language model: lm text | lm train | lm ppl | lm tune"),
 }
 SIGNALLED = ("trial", "train")  # commands that checkpoint on SIGUSR2/SIGTERM
 

@@ -37,16 +37,18 @@ import math
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
 import pandas as pd
 import torch
 
+from asr_core.beam import BeamConfig, beam_search
 from asr_core.corpora import CorpusError, Recording, load_corpus, parse_dataset_spec
 from asr_core.corpora.fingerprint import fingerprint
-from asr_core.decode import (WindowBatch, auto_batch_windows, decode_features, plan_windows, prepare_features,
-                              resolve_precision, window_frames)
+from asr_core.decode import (WindowBatch, auto_batch_windows, greedy_ids, plan_windows, posteriors,
+                              prepare_features, resolve_precision, window_frames)
 from asr_core.noise import add_music
 from asr_core.outbox import FINAL_FLUSH_S, Outbox, fail_fast_http
 from asr_core.score import Counts, corpus_wer, normalise, score
@@ -54,6 +56,31 @@ from asr_core.trial_contract import EVAL_DIR, ProgressLog, eval_fingerprint_tag
 
 CSV_COLUMNS = ["dataset", "condition", "snr_db", "recording", "ref_words", "substitutions", "deletions",
                "insertions", "hyp_words", "wer"]
+GREEDY = "greedy"
+
+
+@dataclass(frozen=True)
+class BeamDecoding:
+    """Beam search (with an LM or without) as an evaluation's decoder: its results are logged as
+    ``wer_<name>/<NAME>[/snr<DB>]`` and ``eval/<NAME>.<name>.csv`` beside the greedy ones, and ``describe`` (the
+    LM checkpoint, its fingerprint, alpha, beta, ...) as the run's tag ``eval.decoder.<name>``.
+    ``lm``: an :class:`asr_core.beam.LanguageModel` (None: no LM); ``prompt``: token ids the LM reads first."""
+
+    config: BeamConfig
+    lm: Any = None
+    prompt: tuple[int, ...] = ()
+    name: str = "beam"
+    describe: tuple[tuple[str, str], ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.name or not all(c.isalnum() or c in "-_." for c in self.name) or self.name == GREEDY:
+            raise ValueError(f"decoder name {self.name!r}: letters, digits, '-', '_' and '.' only, not 'greedy'")
+
+    def metric_key(self, dataset: str, snr_db: float | None = None) -> str:
+        return f"wer_{self.name}/" + metric_key(dataset, snr_db).split("/", 1)[1]
+
+    def decode(self, probs: torch.Tensor, blank: int) -> Any:
+        return beam_search(probs, blank=blank, lm=self.lm, config=self.config, prompt=self.prompt)
 
 
 class EvalDataChanged(ValueError):
@@ -88,7 +115,8 @@ def evaluate(checkpoint: str | Path, datasets: list[str], snrs: list[float], str
              run_id: str | None = None, out_dir: str | Path | None = None, *, device: str = "auto",
              strict: bool = False, noise_seed: int = 0, log: bool = True,
              progress: ProgressLog | None = None, outbox: Outbox | None = None,
-             noisy: Sequence[str] = (), precision: str = "auto") -> pd.DataFrame:
+             noisy: Sequence[str] = (), precision: str = "auto", beam: BeamDecoding | None = None
+             ) -> pd.DataFrame:
     """WER of ``checkpoint`` on each ``NAME=FORMAT:PATH`` dataset, clean, and at each SNR (dB) for the datasets
     named in ``noisy`` (empty: every dataset).
 
@@ -97,7 +125,10 @@ def evaluate(checkpoint: str | Path, datasets: list[str], snrs: list[float], str
     :class:`~asr_core.decode.WindowBatch` serves the whole evaluation, so a size halved after an out-of-memory error
     stays halved for every later recording.
 
-    Returns the per-recording table (columns :data:`CSV_COLUMNS`). MLflow logging goes to ``run_id`` at
+    ``beam``: also decode by beam search (:class:`BeamDecoding`) from the same posteriors; then only the beam's
+    metrics, tables and decoder tag are logged (the greedy ones are the trial's own, printed here for comparison).
+
+    Returns the per-recording table (columns :data:`CSV_COLUMNS`, and ``decoder`` with ``beam``). MLflow logging goes to ``run_id`` at
     ``tracking_uri`` (default: the ones stored in the checkpoint); with no run known, nothing is logged.
     Before any decoding, each dataset's fingerprint is checked against and recorded in the run's
     :func:`~asr_core.trial_contract.eval_fingerprint_tag` (raises :class:`EvalDataChanged` on a mismatch).
@@ -167,30 +198,53 @@ def evaluate(checkpoint: str | Path, datasets: list[str], snrs: list[float], str
 
     out = Path(out_dir) if out_dir is not None else Path(tempfile.mkdtemp(prefix="asr-eval-"))
     out.mkdir(parents=True, exist_ok=True)
+    if beam is not None:
+        _check_lm_vocabulary(beam, tokenizer)
+    decoders = [GREEDY] + ([beam.name] if beam is not None else [])
     rows: list[dict[str, Any]] = []
     metrics: dict[str, float] = {}
+    logged: list[Path] = []
     for name, recordings in corpora.items():
         ds_snrs = [s for s in conditions[name] if s is not None]
-        ds_rows, hyps = _evaluate_dataset(name, recordings, ds_snrs, model, extractor, tokenizer, window, stride,
-                                          batch, sub, fps, dev, noise, noise_seed, progress,
-                                          "bf16" if bf16 else "fp32")
-        rows.extend(ds_rows)
-        table = pd.DataFrame(ds_rows, columns=CSV_COLUMNS)
-        table.to_csv(out / f"{name}.csv", index=False)
+        by_decoder, hyps = _evaluate_dataset(name, recordings, ds_snrs, model, extractor, tokenizer, window, stride,
+                                             batch, sub, fps, dev, noise, noise_seed, progress,
+                                             "bf16" if bf16 else "fp32", beam)
+        for decoder in decoders:
+            ds_rows = by_decoder[decoder]
+            rows.extend({**r, "decoder": decoder} for r in ds_rows)
+            csv = out / (f"{name}.csv" if decoder == GREEDY else f"{name}.{decoder}.csv")
+            pd.DataFrame(ds_rows, columns=CSV_COLUMNS).to_csv(csv, index=False)
+            if beam is None or decoder != GREEDY:
+                logged.append(csv)
+            for snr in conditions[name]:
+                part = [r for r in ds_rows if r["condition"] == condition_name(snr)]
+                wer = corpus_wer(Counts(r["ref_words"], r["substitutions"], r["deletions"], r["insertions"],
+                                        r["hyp_words"]) for r in part)
+                key = metric_key(name, snr) if decoder == GREEDY else beam.metric_key(name, snr)  # type: ignore[union-attr]
+                if not math.isnan(wer) and (beam is None or decoder != GREEDY):
+                    metrics[key] = wer
+                print(f"[eval] {key} = {wer:.2f}%", file=sys.stderr, flush=True)
         with (out / f"{name}.hyp.jsonl").open("w", encoding="utf-8") as fh:
             for h in hyps:
                 fh.write(json.dumps(h, ensure_ascii=False) + "\n")
-        for snr in conditions[name]:
-            part = [r for r in ds_rows if r["condition"] == condition_name(snr)]
-            wer = corpus_wer(Counts(r["ref_words"], r["substitutions"], r["deletions"], r["insertions"],
-                                    r["hyp_words"]) for r in part)
-            if not math.isnan(wer):
-                metrics[metric_key(name, snr)] = wer
-            print(f"[eval] {metric_key(name, snr)} = {wer:.2f}%", file=sys.stderr, flush=True)
-    df = pd.DataFrame(rows, columns=CSV_COLUMNS)
+    df = pd.DataFrame(rows, columns=CSV_COLUMNS + ["decoder"])
+    if beam is None:
+        df = df[CSV_COLUMNS]
     if run is not None:
-        _log(outbox, out, *run, new_tags, metrics, [out / f"{n}.csv" for n in names])
+        if beam is not None:
+            new_tags = {**new_tags, f"eval.decoder.{beam.name}": json.dumps(dict(beam.describe), sort_keys=True)}
+        _log(outbox, out, *run, new_tags, metrics, logged)
     return df
+
+
+def _check_lm_vocabulary(beam: BeamDecoding, tokenizer: Any) -> None:
+    """The LM must read the acoustic model's ids: same vocabulary size (its own tokenizer, when it says, the same)."""
+    if beam.lm is None:
+        return
+    cfg = getattr(beam.lm, "cfg", None)
+    if cfg is not None and getattr(cfg, "vocab_size", tokenizer.vocab_size) != tokenizer.vocab_size:
+        raise ValueError(f"the LM reads {cfg.vocab_size} token ids but the acoustic model's tokenizer has "
+                         f"{tokenizer.vocab_size}: train the LM with this model's tokenizer (lm train --tokenizer CKPT)")
 
 
 def _auto_batch(cfg, window: int, dev: torch.device, bf16: bool, corpora: dict[str, list[Recording]]) -> int:
@@ -206,13 +260,16 @@ def _auto_batch(cfg, window: int, dev: torch.device, bf16: bool, corpora: dict[s
 
 def _evaluate_dataset(name: str, recordings: list[Recording], snrs: list[float], model, extractor, tokenizer,
                       window: int, stride: float, batch: WindowBatch | int, sub: int, fps: float, dev: torch.device,
-                      noise: str, noise_seed: int, progress: ProgressLog | None = None, precision: str = "fp32"
-                      ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+                      noise: str, noise_seed: int, progress: ProgressLog | None = None, precision: str = "fp32",
+                      beam: BeamDecoding | None = None) -> tuple[dict[str, list[dict[str, Any]]], list[dict[str, Any]]]:
+    """Rows per decoder (``greedy``, and ``beam.name`` with a beam) and the hypotheses, of one dataset: each
+    recording and condition decoded once into posteriors, then by each decoder."""
     from tqdm import tqdm
 
     from asr_core.audio import load_audio
 
-    rows, hyps = [], []
+    rows: dict[str, list[dict[str, Any]]] = {GREEDY: [], **({beam.name: []} if beam is not None else {})}
+    hyps = []
     batch = batch if isinstance(batch, WindowBatch) else WindowBatch(batch)  # an int: this dataset's own
     blank = tokenizer.blank_id
     total = len(recordings) * (1 + len(snrs))
@@ -228,20 +285,31 @@ def _evaluate_dataset(name: str, recordings: list[Recording], snrs: list[float],
             n_windows = len(plan_windows(feats.shape[0], window, stride, sub).starts)
             with tqdm(total=n_windows, desc=f"{name} {rec.id} {condition_name(snr)}", unit="win", leave=False,
                       file=sys.stderr, disable=n_windows <= batch.size) as bar:
-                text = decode_features(model, feats, window, tokenizer.decode, blank=blank, stride=stride,
-                                       batch_windows=batch, subsampling=sub, device=dev, precision=precision,
-                                       progress=lambda done, _total: bar.update(done - bar.n))
-            c = score(ref, normalise(text), normalised=True)
-            rows.append({"dataset": name, "condition": condition_name(snr), "snr_db": snr, "recording": rec.id,
-                         "ref_words": c.ref_words, "substitutions": c.substitutions, "deletions": c.deletions,
-                         "insertions": c.insertions, "hyp_words": c.hyp_words, "wer": c.wer})
-            hyps.append({"recording": rec.id, "condition": condition_name(snr), "ref": ref, "hyp": text})
+                probs = posteriors(model, feats, window, stride=stride, batch_windows=batch, subsampling=sub,
+                                   device=dev, precision=precision,
+                                   progress=lambda done, _total: bar.update(done - bar.n))
+            texts = {GREEDY: tokenizer.decode(greedy_ids(probs, blank))}
+            took = {GREEDY: time.perf_counter() - t0}
+            if beam is not None:
+                t1 = time.perf_counter()
+                texts[beam.name] = tokenizer.decode(list(beam.decode(probs, blank).ids))
+                took[beam.name] = time.perf_counter() - t1
+            hyp: dict[str, Any] = {"recording": rec.id, "condition": condition_name(snr), "ref": ref}
+            line = []
+            for decoder, text in texts.items():
+                c = score(ref, normalise(text), normalised=True)
+                rows[decoder].append({"dataset": name, "condition": condition_name(snr), "snr_db": snr,
+                                      "recording": rec.id, "ref_words": c.ref_words,
+                                      "substitutions": c.substitutions, "deletions": c.deletions,
+                                      "insertions": c.insertions, "hyp_words": c.hyp_words, "wer": c.wer})
+                hyp["hyp" if decoder == GREEDY else f"hyp_{decoder}"] = text
+                line.append(f"{'' if decoder == GREEDY else decoder + ' '}WER {c.wer:.1f}% "
+                            f"(RTF {took[decoder] / max(rec.duration, 1e-9):.3f})")
+            hyps.append(hyp)
             if progress is not None:
-                progress.write("eval", len(rows), total, name)
-            took = time.perf_counter() - t0
-            print(f"[eval] {name} {i}/{len(recordings)} {rec.id} {condition_name(snr)}: WER {c.wer:.1f}% "
-                  f"({c.ref_words} words, {n_windows} windows, {took:.1f} s, RTF {took / max(rec.duration, 1e-9):.3f})",
-                  file=sys.stderr, flush=True)
+                progress.write("eval", len(rows[GREEDY]), total, name)
+            print(f"[eval] {name} {i}/{len(recordings)} {rec.id} {condition_name(snr)}: {'; '.join(line)} "
+                  f"({c.ref_words} words, {n_windows} windows)", file=sys.stderr, flush=True)
     return rows, hyps
 
 
@@ -302,6 +370,48 @@ def _log(outbox: Outbox | None, out: Path, run_id: str, tracking_uri: str | None
         print(f"[eval] {len(metrics)} metrics and {len(csvs)} tables queued for run {run_id}", file=sys.stderr)
 
 
+def beam_decoding(decoder: str, *, lm_path: Path | None = None, alpha: float | None = None,
+                  beta: float | None = None, beam_width: int | None = None, lm_context: int | None = None,
+                  prompt: Path | None = None, name: str | None = None, tokenizer_of: Path | None = None,
+                  device: str = "auto") -> BeamDecoding | None:
+    """The :class:`BeamDecoding` the command line asks for (None for greedy); errors name the option and file.
+    The LM must have been trained with the acoustic checkpoint's tokenizer (``tokenizer_of``)."""
+    if decoder == GREEDY:
+        if any(v is not None for v in (lm_path, alpha, beta, beam_width, lm_context, prompt, name)):
+            raise ValueError("--lm, --alpha, --beta, --beam-width, --lm-context, --prompt and --decoder-name go "
+                             "with --decoder beam")
+        return None
+    from asr_core.lm.checkpoint import load_lm
+    from asr_core.tokenizer import Tokenizer
+
+    base = BeamConfig()
+    kw = {k: v for k, v in (("alpha", alpha), ("beta", beta), ("beam_width", beam_width),
+                            ("lm_context", lm_context)) if v is not None}
+    cfg = BeamConfig(**{**{f: getattr(base, f) for f in ("alpha", "beta", "beam_width", "lm_context",
+                                                          "prune_threshold", "token_threshold")}, **kw})
+    lm, describe, ids = None, {"alpha": f"{cfg.alpha:g}", "beta": f"{cfg.beta:g}", "beam_width": str(cfg.beam_width),
+                               "lm_context": str(cfg.lm_context)}, ()
+    if lm_path is not None:
+        lm, lm_tok, meta = load_lm(lm_path, _device(device))
+        if tokenizer_of is not None:
+            ck = torch.load(str(tokenizer_of), map_location="cpu", weights_only=True, mmap=True)
+            if bytes(ck["tokenizer"]) != bytes(lm_tok):
+                raise ValueError(f"LM {lm_path} was trained with another tokenizer than acoustic checkpoint "
+                                 f"{tokenizer_of}: retrain it with `lm train --tokenizer {tokenizer_of}`")
+        describe.update({"lm": str(Path(lm_path).resolve()), **{f"lm_{k}": str(v) for k, v in meta.items()}})
+        if prompt is not None:
+            if not prompt.is_file():
+                raise FileNotFoundError(f"--prompt {prompt} not found")
+            ids = tuple(Tokenizer.from_bytes(bytes(lm_tok)).encode(" ".join(prompt.read_text().split())))
+            describe["prompt"] = str(prompt.resolve())
+    elif prompt is not None:
+        raise ValueError("--prompt needs --lm")
+    else:
+        describe["lm"] = "none"
+    default_name = "beam" if lm is None else f"beam-lm{cfg.lm_context}"
+    return BeamDecoding(cfg, lm, ids, name or default_name, tuple(sorted(describe.items())))
+
+
 def cli(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="python -m asr_core evaluate", description=__doc__.split("\n\n")[0])
     ap.add_argument("checkpoint", type=Path)
@@ -326,6 +436,16 @@ def cli(argv: list[str]) -> int:
     ap.add_argument("--tracking-uri", default=None)
     ap.add_argument("--run-id", default=None)
     ap.add_argument("--no-log", action="store_true", help="do not log to MLflow")
+    b = ap.add_argument_group("beam search (paper 004): logged as wer_<NAME>/... beside the greedy wer/...")
+    b.add_argument("--decoder", default=GREEDY, choices=(GREEDY, "beam"), help="greedy (default) or beam")
+    b.add_argument("--lm", type=Path, default=None, help="with --decoder beam: an LM checkpoint (lm train)")
+    b.add_argument("--alpha", type=float, default=None, help="LM weight (default: BeamConfig's, paper 004's code)")
+    b.add_argument("--beta", type=float, default=None, help="bonus per token")
+    b.add_argument("--beam-width", type=int, default=None)
+    b.add_argument("--lm-context", type=int, default=None, help="tokens the LM remembers")
+    b.add_argument("--prompt", type=Path, default=None, help="a text file the LM reads before each recording")
+    b.add_argument("--decoder-name", default=None,
+                   help="the metrics' prefix wer_<NAME>/ (default: beam, or beam-lm<CONTEXT> with an LM)")
     a = ap.parse_args(argv)
     fail_fast_http()  # one MLflow call fails fast; the outbox retries
     if not a.checkpoint.is_file():
@@ -337,16 +457,20 @@ def cli(argv: list[str]) -> int:
         ck = torch.load(str(a.checkpoint), map_location="cpu", weights_only=True, mmap=True)
         ev = Config.from_stored(ck["config"], source=str(a.checkpoint)).eval
         noisy = a.noisy if a.noisy is not None else ([] if a.data else list(ev.noisy))
+        beam = beam_decoding(a.decoder, lm_path=a.lm, alpha=a.alpha, beta=a.beta, beam_width=a.beam_width,
+                             lm_context=a.lm_context, prompt=a.prompt, name=a.decoder_name,
+                             tokenizer_of=a.checkpoint, device=a.device)
         df = evaluate(a.checkpoint, a.data or list(ev.datasets), a.snr if a.snr is not None else list(ev.snrs),
                       stride=a.stride if a.stride is not None else ev.stride,
                       batch_windows=a.batch_windows if a.batch_windows is not None else ev.batch_windows,
                       noise=a.noise or ev.noise, tracking_uri=a.tracking_uri, run_id=a.run_id,
                       out_dir=a.out or a.checkpoint.parent / EVAL_DIR, device=a.device, strict=a.strict,
-                      log=not a.no_log, noisy=noisy, precision=a.precision or ev.precision)
+                      log=not a.no_log, noisy=noisy, precision=a.precision or ev.precision, beam=beam)
     except (CorpusError, ValueError, FileNotFoundError, KeyError) as e:
         print(f"evaluate: {e}", file=sys.stderr)
         return 2
-    summary = df.groupby(["dataset", "condition"], sort=False)[["ref_words", "substitutions", "deletions",
+    keys = ["decoder", "dataset", "condition"] if "decoder" in df.columns else ["dataset", "condition"]
+    summary = df.groupby(keys, sort=False)[["ref_words", "substitutions", "deletions",
                                                                  "insertions"]].sum()
     summary["wer"] = 100 * (summary.substitutions + summary.deletions + summary.insertions) / summary.ref_words
     print(summary.round(2).to_string())

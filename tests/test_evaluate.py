@@ -236,3 +236,40 @@ def test_cli_noisy_and_precision(setup: dict) -> None:
                           f"t=podcast:{test}", "--precision", "bf16", "--device", "cpu", "--no-log"],
                          cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "needs CUDA" in bad.stderr
+
+
+# ---- beam search as a decoder (paper 004): from the same posteriors, logged beside the greedy figures --------------
+def test_beam_decoding_logs_its_own_metrics_and_table_beside_greedy(setup: dict, tmp_path: Path) -> None:
+    from asr_core.beam import BeamConfig
+    from asr_core.evaluate import BeamDecoding
+    from asr_core.lm import TransformerLM, preset as lm_preset
+
+    data = [f"beamset=podcast:{setup['corpus'] / 'test'}"]
+    client = mlflow.MlflowClient(setup["uri"])
+    run = client.create_run(client.get_experiment_by_name("eval-test").experiment_id).info.run_id
+    greedy = evaluate(setup["ckpt"], data, [], stride=0.5, out_dir=tmp_path / "g", run_id=run, log=False)
+    wide = BeamConfig(beam_width=8, alpha=0.0, beta=0.0, prune_threshold=float("inf"), token_threshold=8.0)
+    no_lm = evaluate(setup["ckpt"], data, [], stride=0.5, out_dir=tmp_path / "b", run_id=run,
+                     tracking_uri=setup["uri"], beam=BeamDecoding(wide))
+    assert set(no_lm.decoder) == {"greedy", "beam"}
+    # the greedy rows are the greedy evaluation's: one set of posteriors serves both decoders
+    pd.testing.assert_frame_equal(no_lm[no_lm.decoder == "greedy"][CSV_COLUMNS].reset_index(drop=True), greedy)
+    metrics = client.get_run(run).data.metrics
+    assert set(metrics) == {"wer_beam/beamset"}  # only what is new: the greedy figures are the trial's own
+    beam_rows = no_lm[no_lm.decoder == "beam"]
+    expected = 100 * (beam_rows.substitutions + beam_rows.deletions + beam_rows.insertions).sum() / \
+        beam_rows.ref_words.sum()
+    assert metrics["wer_beam/beamset"] == pytest.approx(expected)
+    assert {a.path for a in client.list_artifacts(run, EVAL_DIR)} == {f"{EVAL_DIR}/beamset.beam.csv"}
+    assert json.loads(client.get_run(run).data.tags["eval.decoder.beam"]) == {}
+    # an LM at alpha 0 changes nothing the search chooses
+    vocab = setup["cfg"].model.vocab_size
+    torch.manual_seed(0)
+    lm = TransformerLM(lm_preset("tiny", vocab_size=vocab)).eval()
+    with_lm = evaluate(setup["ckpt"], data, [], stride=0.5, out_dir=tmp_path / "l", log=False,
+                       beam=BeamDecoding(wide, lm=lm, name="lm0"))
+    assert (with_lm[with_lm.decoder == "lm0"].wer.to_numpy() == beam_rows.wer.to_numpy()).all()
+    wrong = TransformerLM(lm_preset("tiny", vocab_size=vocab + 1))
+    with pytest.raises(ValueError, match="tokenizer"):
+        evaluate(setup["ckpt"], data, [], stride=0.5, out_dir=tmp_path / "w", log=False,
+                 beam=BeamDecoding(wide, lm=wrong))

@@ -62,12 +62,14 @@ def _evaluate_rows(spec: str, hyps: dict[str, str], monkeypatch: pytest.MonkeyPa
         shape=(1,), id=wave))
     monkeypatch.setattr(evaluate, "plan_windows", lambda *a, **k: SimpleNamespace(starts=[0]))
     by_stem = {Path(i).name: h for i, h in hyps.items()}
-    monkeypatch.setattr(evaluate, "decode_features", lambda model, feats, *a, **k: by_stem.get(feats.id, ""))
+    # the posteriors stand for the recording, greedy decoding passes them through, the tokenizer gives its text
+    monkeypatch.setattr(evaluate, "posteriors", lambda model, feats, *a, **k: feats.id)
+    monkeypatch.setattr(evaluate, "greedy_ids", lambda probs, blank: probs)
     recordings = [type(r)(r.id, Path(f"{r.id.split('/')[-1]}.wav"), 1.0, r.words) for r in recordings]
-    tokenizer = SimpleNamespace(blank_id=0, decode=str)
+    tokenizer = SimpleNamespace(blank_id=0, decode=lambda stem: by_stem.get(stem, ""))
     rows, _ = evaluate._evaluate_dataset("test", recordings, [], None, None, tokenizer, 1, 1.0, 1, 1, 100.0, None,
                                          "synthetic", 0)
-    return rows
+    return rows["greedy"]
 
 
 def test_score_equals_evaluates_scoring_and_a_hand_count(pair: dict, capsys, monkeypatch) -> None:
