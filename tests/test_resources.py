@@ -161,3 +161,15 @@ def test_an_unquoted_duration_in_a_profile_is_a_duration_not_a_base60_number(tmp
     p.write_text("time_limit: 1:30:00\ntime_min: 0:45:00\nmax_parallel: 4\n")
     prof = load_profile(str(p))
     assert prof.time_limit_min() == 90 and parse_minutes(prof.time_min) == 45 and prof.max_parallel == 4
+
+
+@pytest.mark.parametrize("kw,needs", [({"time_limit": "estimate"}, "time_max"), ({"mem_gb": "estimate"}, "mem_gb")])
+def test_ray_slurm_refuses_per_trial_rules_it_cannot_honour(tmp_path: Path, kw: dict, needs: str,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    from orchestrate.backends import ray_slurm, slurm_commands
+
+    monkeypatch.setattr(slurm_commands, "check_cluster", lambda profile: None)  # no cluster needed to refuse
+    backend = ray_slurm.RaySlurmBackend(SweepDir(tmp_path / "runs", "r"), "sqlite:///unused.db",
+                                        Profile(name="rules", **kw))
+    with pytest.raises(BackendError, match=needs):
+        backend.validate()

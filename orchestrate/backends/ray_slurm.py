@@ -21,6 +21,7 @@ commands (``sbatch``, settled ``squeue``, batched ``scancel``) are the ones the 
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import signal
 import socket
@@ -47,6 +48,14 @@ class RaySlurmBackend(Backend):
 
     def validate(self) -> None:
         slurm_commands.check_cluster(self.profile)
+        p = self.profile
+        if p.time_rule and not p.time_max:
+            raise BackendError(f"profile {p.name!r}: time_limit 'estimate' gives each trial its own limit, but "
+                               "ray-slurm runs many trials in one allocation: set time_max (the allocation's "
+                               "limit) or a fixed time_limit")
+        if str(p.mem_gb).strip() == "estimate":
+            raise BackendError(f"profile {p.name!r}: mem_gb 'estimate' is per trial, but ray-slurm asks memory for "
+                               "an allocation of several trials: give mem_gb as a number (GB per GPU's trial)")
 
     def _script(self, sub_id: str, n_trials: int) -> str:
         p = self.profile
@@ -123,6 +132,15 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _node_address(node: str) -> str:
+    """The IP address of the SLURM node ``node``: its ``NodeAddr`` (what slurmctld reaches it by), resolved. A node
+    name need not be a host name (``NodeName=gpu-1 NodeAddr=10.0.0.7``, or several ``slurmd`` of one host), so it is
+    only the fallback when ``scontrol`` names no address."""
+    out = slurm_commands.run(["scontrol", "-o", "show", "node", node])
+    m = re.search(r"(?:^|\s)NodeAddr=(\S+)", out)
+    return socket.gethostbyname(m.group(1) if m else node)
+
+
 def _allocated_gpus() -> int:
     for var in ("SLURM_GPUS_ON_NODE", "SLURM_GPUS_PER_NODE"):
         v = os.environ.get(var, "")
@@ -142,7 +160,7 @@ def allocation(sweep_path: Path, sub_id: str, cpus_per_trial: int, gpus_per_tria
     nodes = slurm_commands.run(["scontrol", "show", "hostnames", os.environ["SLURM_JOB_NODELIST"]]).split()
     cpus = int(os.environ.get("SLURM_CPUS_ON_NODE", os.cpu_count() or 1))
     gpus = _allocated_gpus()
-    head_ip = socket.gethostbyname(nodes[0])
+    head_ip = _node_address(nodes[0])
     port = _free_port()
     address = f"{head_ip}:{port}"
     tmp = f"/tmp/ray-{job_id}-{port}"  # short (Ray keeps unix sockets under it) and unique per allocation

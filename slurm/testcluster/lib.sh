@@ -41,10 +41,11 @@ tc_pid_is_ours() {
   tr '\0' '\n' 2>/dev/null <"/proc/$pid/environ" | grep -qxF -- "SLURM_CONF=$dir/etc/slurm.conf"
 }
 
-# Prints the pid of DAEMON when its pid file names a live process of ours; fails otherwise.
+# Prints the pid of DAEMON when its pid file (RUN/STEM.pid, STEM defaulting to DAEMON; the slurmd of each node of
+# a cluster of several has its own) names a live process of ours; fails otherwise.
 tc_running_pid() {
   local f pid
-  f=$(tc_pidfile "$1")
+  f=$(tc_pidfile "${2:-$1}")
   [ -f "$f" ] || return 1
   pid=$(tr -dc '0-9' <"$f")
   tc_pid_is_ours "$pid" || return 1
@@ -98,14 +99,16 @@ tc_pids_under() {
 tc_stop_dir() {
   local dir=$1 d f pid
   for d in "${TC_DAEMONS[@]}"; do
-    f=$dir/run/$d.pid
-    [ -f "$f" ] || continue
-    pid=$(tr -dc '0-9' <"$f")
-    if tc_pid_is_ours "$pid" "$dir"; then
-      tc_log "stopping $d (pid $pid)"
-      tc_kill_wait "$pid" 15
-    fi
-    rm -f "$f"
+    # DAEMON.pid, and DAEMON-NODE.pid of each node's slurmd in a cluster of several nodes
+    for f in "$dir/run/$d.pid" "$dir/run/$d"-*.pid; do
+      [ -f "$f" ] || continue
+      pid=$(tr -dc '0-9' <"$f")
+      if tc_pid_is_ours "$pid" "$dir"; then
+        tc_log "stopping $(basename "$f" .pid) (pid $pid)"
+        tc_kill_wait "$pid" 15
+      fi
+      rm -f "$f"
+    done
   done
   # Leftovers (job steps of a killed slurmd) all at once: TERM, up to 3 s for them to go, then KILL.
   local left=() i

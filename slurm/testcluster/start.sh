@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Starts a real single-node SLURM cluster with accounting on localhost: munged, MariaDB, slurmdbd, slurmctld and
-# slurmd, every file (configs, keys, sockets, databases, spool, logs, pid files) under STATE_DIR, fake A100 GPUs
-# (gpu:a100:2 backed by /dev/null and /dev/zero) and ports nobody else uses. Needs root. Safe to run again: it
+# Starts a real SLURM cluster with accounting on localhost: munged, MariaDB, slurmdbd, slurmctld and one slurmd
+# per node (one node by default; several, each a slurmd of this host with its own name and port), every file
+# (configs, keys, sockets, databases, spool, logs, pid files) under STATE_DIR, fake A100 GPUs (gpu:a100:2 backed
+# by /dev/null and /dev/zero) and ports nobody else uses. Needs root. Safe to run again: it
 # starts only what is not already running. Prints the line to paste into a shell, e.g.
 #   export SLURM_CONF=/tmp/tc/etc/slurm.conf
 #
@@ -11,11 +12,15 @@
 #                          start.sh treats this cluster as stale and stops it
 #   TESTCLUSTER_NAME       ClusterName (default testcluster)
 #   TESTCLUSTER_ACCOUNT    the account created for root (default asr)
-#   TESTCLUSTER_GPUS       number of fake a100 GPUs on the node, 1 or 2 (default 2)
+#   TESTCLUSTER_GPUS       number of fake a100 GPUs on each node, 1 or 2 (default 2)
 #   TESTCLUSTER_TIMEOUT    seconds to wait for each daemon (default 60)
 #   TESTCLUSTER_MAX_ARRAY_SIZE  MaxArraySize (default 10001; the largest array index is one less)
-#   TESTCLUSTER_CPUS       CPUs the node offers (default: nproc); more than nproc oversubscribes the host
+#   TESTCLUSTER_CPUS       CPUs each node offers (default: nproc); more than nproc oversubscribes the host
 #                          (SlurmdParameters=config_overrides), for tests that need more job slots than cores
+#   TESTCLUSTER_NODES      number of nodes, 1 to 8 (default 1). One node is named after this host; with more, the
+#                          nodes are HOST-1 ... HOST-N, each a slurmd of this host (slurmd -N NAME) with its own
+#                          port, spool dir, log and pid file (SlurmdSpoolDir=.../slurmd-%n and so on), each with
+#                          the CPUs and GPUs above and an equal share of the memory
 # A running cluster started with other values of these is restarted with new configs.
 set -euo pipefail
 
@@ -32,6 +37,7 @@ NGPUS=${TESTCLUSTER_GPUS:-2}
 TIMEOUT=${TESTCLUSTER_TIMEOUT:-60}
 MAX_ARRAY_SIZE=${TESTCLUSTER_MAX_ARRAY_SIZE:-10001}
 NCPUS=${TESTCLUSTER_CPUS:-$(nproc)}
+NNODES=${TESTCLUSTER_NODES:-1}
 NODE=$(hostname -s)
 MUNGE_SOCKET=$MUNGE_DIR/munge.socket
 DB_SOCKET=$DB_DIR/mysqld.sock
@@ -42,6 +48,15 @@ DB_SOCKET=$DB_DIR/mysqld.sock
 [[ $MAX_ARRAY_SIZE =~ ^[1-9][0-9]{0,6}$ ]] && [ "$MAX_ARRAY_SIZE" -le 4000001 ] ||
   tc_die "TESTCLUSTER_MAX_ARRAY_SIZE='$MAX_ARRAY_SIZE' is not valid (1 to 4000001)"
 [[ $NCPUS =~ ^[1-9][0-9]{0,3}$ ]] || tc_die "TESTCLUSTER_CPUS='$NCPUS' is not valid (a count of CPUs)"
+[[ $NNODES =~ ^[1-8]$ ]] ||
+  tc_die "TESTCLUSTER_NODES='$NNODES' is not valid (1 to 8: the number of nodes, each a slurmd of this host)"
+# One node is named after this host; several are HOST-1 ... HOST-N (slurmd -N NAME), all at 127.0.0.1.
+if [ "$NNODES" = 1 ]; then
+  NODES=("$NODE")
+else
+  NODES=()
+  for ((i = 1; i <= NNODES; i++)); do NODES+=("$NODE-$i"); done
+fi
 [ "$(id -u)" -eq 0 ] || tc_die "must run as root (the SLURM daemons, munged and MariaDB are started here); run: sudo $0 $STATE_DIR"
 # Unix socket paths are limited to 107 bytes.
 [ ${#DB_SOCKET} -lt 100 ] || tc_die "STATE_DIR '$STATE_DIR' is too long for unix socket paths (keep it under 80 characters)"
@@ -103,8 +118,9 @@ clean_stale_clusters() {
 }
 
 any_daemon_running() {
-  local d
+  local d n
   for d in "${TC_DAEMONS[@]}"; do tc_running_pid "$d" >/dev/null && return 0; done
+  for n in "${NODES[@]}"; do slurmd_pid "$n" >/dev/null && return 0; done
   return 1
 }
 
@@ -115,28 +131,49 @@ port_in_use() {
   (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
 }
 
-# Four consecutive free ports at a random base: slurmctld, slurmd, slurmdbd, MariaDB.
+# Three plus one per node consecutive free ports at a random base: slurmctld, the first node's slurmd, slurmdbd,
+# MariaDB, then the slurmd of every further node.
 choose_ports() {
-  local base i ok
+  local base i ok n=$((3 + NNODES))
   for _ in $(seq 50); do
     base=$((20000 + RANDOM % 20000))
     ok=1
-    for i in 0 1 2 3; do port_in_use $((base + i)) && ok=0 && break; done
+    for ((i = 0; i < n; i++)); do port_in_use $((base + i)) && ok=0 && break; done
     if [ $ok = 1 ]; then
       CTLD_PORT=$base SLURMD_PORT=$((base + 1)) DBD_PORT=$((base + 2)) DB_PORT=$((base + 3))
+      SLURMD_PORTS=$SLURMD_PORT
+      for ((i = 2; i <= NNODES; i++)); do SLURMD_PORTS+=" $((base + 2 + i))"; done
       return 0
     fi
   done
-  tc_die "no four consecutive free TCP ports found between 20000 and 40000"
+  tc_die "no $n consecutive free TCP ports found between 20000 and 40000"
 }
 
+# Where each node's slurmd keeps its pid file, log and spool dir: the single-node paths for one node, paths with
+# the node's name (SLURM's %n) for several.
+slurmd_stem() { if [ "$NNODES" = 1 ]; then echo slurmd; else echo "slurmd-$1"; fi; }
+slurmd_pid() { tc_running_pid slurmd "$(slurmd_stem "$1")"; }
+slurmd_log() { echo "$LOG/$(slurmd_stem "$1").log"; }
+
 write_configs() {
-  local mem_mb db_pass overrides=""
+  local mem_mb db_pass overrides="" stem=slurmd node_lines="" ports i
   # More CPUs than the host has: slurmd would drain the node for "Low socket*core*thread count" without this.
   if [ "$NCPUS" -gt "$(nproc)" ]; then overrides="SlurmdParameters=config_overrides"; fi
   # Leave 10% of the memory to the system so slurmd never finds less than configured (that drains the node).
-  mem_mb=$(awk '/^MemTotal:/ {printf "%d", $2 / 1024 * 0.9}' /proc/meminfo)
+  # Several nodes share it equally (each slurmd sees the whole host, so it never finds less than configured).
+  mem_mb=$(awk -v n="$NNODES" '/^MemTotal:/ {printf "%d", $2 / 1024 * 0.9 / n}' /proc/meminfo)
   choose_ports
+  if [ "$NNODES" = 1 ]; then
+    node_lines="NodeName=$NODE NodeAddr=127.0.0.1 CPUs=$NCPUS RealMemory=$mem_mb Gres=gpu:a100:$NGPUS State=UNKNOWN"
+  else
+    stem=slurmd-%n
+    read -r -a ports <<<"$SLURMD_PORTS"
+    for ((i = 0; i < NNODES; i++)); do
+      node_lines+="NodeName=${NODES[i]} NodeHostname=$NODE NodeAddr=127.0.0.1 Port=${ports[i]} CPUs=$NCPUS"
+      node_lines+=" RealMemory=$mem_mb Gres=gpu:a100:$NGPUS State=UNKNOWN"$'\n'
+    done
+    node_lines=${node_lines%$'\n'}
+  fi
   if [ ! -s "$ETC/db.password" ]; then
     (umask 077 && od -An -tx1 -N16 /dev/urandom | tr -d ' \n' >"$ETC/db.password")
   fi
@@ -146,6 +183,7 @@ CTLD_PORT=$CTLD_PORT
 SLURMD_PORT=$SLURMD_PORT
 DBD_PORT=$DBD_PORT
 DB_PORT=$DB_PORT
+SLURMD_PORTS="$SLURMD_PORTS"
 EOF
   : >"$ETC/plugstack.conf" # keeps /etc/slurm/plugstack.conf (and whatever it includes) out of this cluster
 
@@ -164,11 +202,11 @@ CredType=cred/munge
 # The connection to slurmdbd authenticates with the "global" MUNGE socket named here, not AuthInfo's.
 AccountingStoragePass=$MUNGE_SOCKET
 StateSaveLocation=$SPOOL/slurmctld
-SlurmdSpoolDir=$SPOOL/slurmd
+SlurmdSpoolDir=$SPOOL/$stem
 SlurmctldPidFile=$RUN/slurmctld.pid
-SlurmdPidFile=$RUN/slurmd.pid
+SlurmdPidFile=$RUN/$stem.pid
 SlurmctldLogFile=$LOG/slurmctld.log
-SlurmdLogFile=$LOG/slurmd.log
+SlurmdLogFile=$LOG/$stem.log
 SlurmctldDebug=info
 SlurmdDebug=info
 PlugStackConfig=$ETC/plugstack.conf
@@ -202,16 +240,18 @@ AccountingStorageEnforce=associations
 AccountingStorageTRES=gres/gpu
 JobCompType=jobcomp/none
 $overrides
-NodeName=$NODE NodeAddr=127.0.0.1 CPUs=$NCPUS RealMemory=$mem_mb Gres=gpu:a100:$NGPUS State=UNKNOWN
-PartitionName=gpu Nodes=$NODE Default=YES MaxTime=INFINITE State=UP
-PartitionName=debug Nodes=$NODE MaxTime=INFINITE State=UP
+$node_lines
+PartitionName=gpu Nodes=$(IFS=,; echo "${NODES[*]}") Default=YES MaxTime=INFINITE State=UP
+PartitionName=debug Nodes=$(IFS=,; echo "${NODES[*]}") MaxTime=INFINITE State=UP
 EOF
 
   {
     echo "# Fake A100s: SLURM schedules them and sets CUDA_VISIBLE_DEVICES; the files only need to exist."
     echo "AutoDetect=off"
-    echo "NodeName=$NODE Name=gpu Type=a100 File=/dev/null"
-    [ "$NGPUS" = 2 ] && echo "NodeName=$NODE Name=gpu Type=a100 File=/dev/zero"
+    for n in "${NODES[@]}"; do
+      echo "NodeName=$n Name=gpu Type=a100 File=/dev/null"
+      [ "$NGPUS" = 2 ] && echo "NodeName=$n Name=gpu Type=a100 File=/dev/zero"
+    done
   } >"$ETC/gres.conf"
 
   # slurmdbd refuses a slurmdbd.conf that others can read (it holds the database password).
@@ -320,44 +360,50 @@ start_slurmctld() {
   tc_log "slurmctld up on 127.0.0.1:$CTLD_PORT ($(elapsed) s)"
 }
 
-SLURMD_STARTED=0
+declare -A SLURMD_STARTED=()
 start_slurmd() {
-  tc_running_pid slurmd >/dev/null && return 0
-  SLURMD_STARTED=$(date +%s)
-  slurmd -f "$SLURM_CONF_PATH" -N "$NODE" </dev/null >>"$LOG/slurmd.out" 2>&1 ||
-    tc_die "slurmd failed to start (see $LOG/slurmd.log)"
-  tc_log "slurmd started ($(elapsed) s)"
+  local n=$1 out
+  slurmd_pid "$n" >/dev/null && return 0
+  out=$LOG/$(slurmd_stem "$n").out
+  SLURMD_STARTED[$n]=$(date +%s)
+  slurmd -f "$SLURM_CONF_PATH" -N "$n" </dev/null >>"$out" 2>&1 ||
+    { tail -n 5 "$out" >&2 2>/dev/null; tc_die "slurmd of node $n failed to start (see $(slurmd_log "$n"))"; }
+  if [ "$NNODES" = 1 ]; then
+    tc_log "slurmd started ($(elapsed) s)"
+  else
+    tc_log "slurmd of node $n started ($(elapsed) s)"
+  fi
 }
 
-node_state() { timeout 10 sinfo -h -N -n "$NODE" -o %T 2>/dev/null | head -n 1; }
+node_state() { timeout 10 sinfo -h -N -n "$1" -o %T 2>/dev/null | head -n 1; }
 
 # After a restart slurmctld shows the node's saved state before slurmd has registered; the node counts as up
 # only once slurmctld has heard from the slurmd started here.
 slurmd_registered() {
-  local t
-  [ "$SLURMD_STARTED" = 0 ] && return 0
-  t=$(timeout 10 scontrol -o show node "$NODE" 2>/dev/null | grep -o 'SlurmdStartTime=[^ ]*' | cut -d= -f2)
-  [ -n "$t" ] && [ "$t" != None ] && [ "$(date -d "$t" +%s)" -ge $((SLURMD_STARTED - 1)) ]
+  local n=$1 t
+  [ -z "${SLURMD_STARTED[$n]:-}" ] && return 0
+  t=$(timeout 10 scontrol -o show node "$n" 2>/dev/null | grep -o 'SlurmdStartTime=[^ ]*' | cut -d= -f2)
+  [ -n "$t" ] && [ "$t" != None ] && [ "$(date -d "$t" +%s)" -ge $((SLURMD_STARTED[$n] - 1)) ]
 }
 
 wait_node_idle() {
-  local i state resumed=0 deadline=$((SECONDS + TIMEOUT))
+  local n=$1 i state resumed=0 deadline=$((SECONDS + TIMEOUT))
   for ((i = 0; SECONDS < deadline; i++)); do
-    state=$(node_state)
+    state=$(node_state "$n")
     case $state in
-      idle | mixed | allocated) slurmd_registered && return 0 ;;
+      idle | mixed | allocated) slurmd_registered "$n" && return 0 ;;
       # Left drained or down by a test of an earlier session that reused this state dir.
       drain* | drained | down*)
-        if [ $resumed = 0 ] && tc_running_pid slurmd >/dev/null && [ $i -gt 5 ]; then
-          scontrol update nodename="$NODE" state=resume >/dev/null 2>&1 || true
+        if [ $resumed = 0 ] && slurmd_pid "$n" >/dev/null && [ $i -gt 5 ]; then
+          scontrol update nodename="$n" state=resume >/dev/null 2>&1 || true
           resumed=1
         fi
         ;;
     esac
     sleep 0.2
   done
-  tail -n 20 "$LOG/slurmd.log" >&2 || true
-  tc_die "node $NODE is '$state', not idle, after ${TIMEOUT}s (see $LOG/slurmd.log and $LOG/slurmctld.log)"
+  tail -n 20 "$(slurmd_log "$n")" >&2 || true
+  tc_die "node $n is '$state', not idle, after ${TIMEOUT}s (see $(slurmd_log "$n") and $LOG/slurmctld.log)"
 }
 
 cluster_registered() {
@@ -367,7 +413,8 @@ cluster_registered() {
 # --- main ----------------------------------------------------------------------------------------------------
 ensure_packages
 clean_stale_clusters
-mkdir -p "$STATE_DIR" "$ETC" "$RUN" "$LOG" "$SPOOL/slurmctld" "$SPOOL/slurmd" "$MUNGE_DIR" "$DB_DIR"
+mkdir -p "$STATE_DIR" "$ETC" "$RUN" "$LOG" "$SPOOL/slurmctld" "$MUNGE_DIR" "$DB_DIR"
+for n in "${NODES[@]}"; do mkdir -p "$SPOOL/$(slurmd_stem "$n")"; done
 chmod 755 "$MUNGE_DIR" # users other than root reach the socket through it; the key itself is 0400
 if [ -n "${TESTCLUSTER_OWNER_PID:-}" ]; then
   [ -d "/proc/$TESTCLUSTER_OWNER_PID" ] || tc_die "TESTCLUSTER_OWNER_PID=$TESTCLUSTER_OWNER_PID is not a running process"
@@ -376,7 +423,7 @@ fi
 tc_registry_add "$STATE_DIR"
 
 # Configs written by another version of these scripts are replaced (with a restart) rather than reused.
-GENERATOR=$( (cat "$HERE/start.sh" "$HERE/lib.sh"; echo "MaxArraySize=$MAX_ARRAY_SIZE CPUs=$NCPUS") | sha256sum | cut -c1-16)
+GENERATOR=$( (cat "$HERE/start.sh" "$HERE/lib.sh"; echo "MaxArraySize=$MAX_ARRAY_SIZE CPUs=$NCPUS Nodes=$NNODES") | sha256sum | cut -c1-16)
 RESTORED_JOBS_ARE_ORPHANS=0
 if any_daemon_running && [ "$(cat "$ETC/generator" 2>/dev/null)" != "$GENERATOR" ]; then
   tc_log "the running cluster was configured by another version of start.sh (or other TESTCLUSTER_* values); restarting it"
@@ -399,7 +446,7 @@ start_mariadb
 start_slurmdbd
 ensure_associations
 start_slurmctld
-start_slurmd
+for n in "${NODES[@]}"; do start_slurmd "$n"; done
 if [ $RESTORED_JOBS_ARE_ORPHANS = 1 ]; then
   # slurmctld restores the jobs of its last run from the state dir, but nothing of that run survived (the
   # daemons were down and their job steps have been stopped above): without this they would hold the node's
@@ -410,7 +457,12 @@ if [ $RESTORED_JOBS_ARE_ORPHANS = 1 ]; then
     timeout 20 scancel "${orphans[@]}" >/dev/null 2>&1 || true
   fi
 fi
-wait_node_idle
+for n in "${NODES[@]}"; do wait_node_idle "$n"; done
 wait_for "registration of cluster $CLUSTER in slurmdbd" "$LOG/slurmctld.log" cluster_registered
-tc_log "cluster $CLUSTER ready: node $NODE idle with gpu:a100:$NGPUS, $NCPUS CPUs, MaxArraySize=$MAX_ARRAY_SIZE ($(elapsed) s)"
+if [ "$NNODES" = 1 ]; then
+  tc_log "cluster $CLUSTER ready: node $NODE idle with gpu:a100:$NGPUS, $NCPUS CPUs, MaxArraySize=$MAX_ARRAY_SIZE ($(elapsed) s)"
+else
+  tc_log "cluster $CLUSTER ready: nodes ${NODES[*]} idle, each with gpu:a100:$NGPUS and $NCPUS CPUs," \
+    "MaxArraySize=$MAX_ARRAY_SIZE ($(elapsed) s)"
+fi
 echo "export SLURM_CONF=$SLURM_CONF_PATH"
