@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_bench_decode_prints_the_table() -> None:
     r = subprocess.run([sys.executable, "-m", "asr_core", "bench", "decode", "--minutes", "0.3", "--context-s",
-                        "2.56", "--repeats", "1", "--threads", "1"], cwd=ROOT, capture_output=True, text=True,
+                        "2.56", "--repeats", "1", "--threads", "1", "--beam-seconds", "4"], cwd=ROOT, capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
@@ -20,3 +20,6 @@ def test_bench_decode_prints_the_table() -> None:
     assert "x the compute floor" in lines[-1]
     batched = next(line for line in lines if line.startswith("moving, batches"))
     assert float(batched.split()[-1]) > 0  # a ratio to the floor was measured
+    beam = {line.split(",")[1].split()[0]: line for line in lines if line.startswith("beam 25,")}
+    assert set(beam) == {"no", "tiny"}, lines
+    assert float(beam["tiny"].split()[-2]) > 0  # LM calls per second were measured

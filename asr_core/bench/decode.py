@@ -5,6 +5,13 @@ Rows: non-overlapping windows (stride = window, the cost of one pass), moving wi
 passes (8 at 12.5%): that is the compute floor, and the batched implementation should come within 1.2× of it.
 Times are the best of ``--repeats`` runs after a warm-up, on normalised features of a synthetic recording (the
 one-off feature extraction is reported on its own row).
+
+Beam rows (``--beam-lm none,tiny,paper``): CTC prefix beam search (:mod:`asr_core.beam`, width ``--beam-width``)
+over ``--beam-seconds`` of posteriors shaped like a trained model's (a token peak on about one output frame in four,
+blank elsewhere, both with noise), without an LM and with an untrained LM of each preset (:mod:`asr_core.lm`; an
+LM's speed does not depend on its weights) on the acoustic preset's vocabulary: seconds, real-time factor, batched
+LM calls per second and beams per call. The posteriors are synthetic so that the search does the work it does on
+real speech (an untrained acoustic model's flat posteriors would let every token through the threshold).
 """
 
 from __future__ import annotations
@@ -69,6 +76,45 @@ def run(preset_name: str = "tiny", context_s: float = 10.24, minutes: float = 3.
     return rows
 
 
+def peaked_posteriors(frames: int, vocab: int, token_rate: float = 0.25, seed: int = 0) -> torch.Tensor:
+    """(frames, vocab) probabilities like a trained CTC model's: a random token (not the blank, ``vocab - 1``) peaks
+    on a ``token_rate`` share of frames, the blank on the others, with Gaussian noise on every logit."""
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(frames, vocab, generator=g)
+    tokens = torch.randint(0, vocab - 1, (frames,), generator=g)
+    peak = torch.where(torch.rand(frames, generator=g) < token_rate, tokens, torch.full_like(tokens, vocab - 1))
+    logits[torch.arange(frames), peak] += 8.0
+    return torch.softmax(logits, dim=-1)
+
+
+def beam_rows(preset_name: str = "tiny", seconds: float = 30.0, lms: tuple[str, ...] = ("none", "tiny"),
+              beam_width: int = 25, device: str = "cpu") -> list[dict]:
+    """Beam search rows (see the module docstring): one per LM in ``lms`` (``none``, or an LM preset)."""
+    from asr_core.beam import BeamConfig, beam_search
+    from asr_core.lm import TransformerLM, preset as lm_preset
+
+    cfg = preset(preset_name)
+    vocab = cfg.model.vocab_size
+    frames = int(seconds * cfg.data.features.frames_per_second / cfg.model.subsampling_factor)
+    probs = peaked_posteriors(frames, vocab)
+    rows = []
+    for name in lms:
+        lm = None
+        if name != "none":
+            torch.manual_seed(0)
+            lm = TransformerLM(lm_preset(name, vocab_size=vocab)).to(device).eval()
+        config = BeamConfig(beam_width=beam_width)
+        with torch.no_grad():
+            t0 = time.perf_counter()
+            res = beam_search(probs, blank=vocab - 1, lm=lm, config=config)
+            took = time.perf_counter() - t0
+        rows.append({"mode": f"beam {beam_width}, " + ("no LM" if lm is None else f"{name} LM"), "windows": 0,
+                     "seconds": took, "rtf": took / seconds, "x_floor": None,
+                     "lm_calls_per_s": res.lm_calls / took if lm is not None else None,
+                     "beams_per_call": res.lm_rows / res.lm_calls if res.lm_calls else None})
+    return rows
+
+
 def cli(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="python -m asr_core bench decode", description=__doc__.split("\n\n")[0])
     ap.add_argument("--preset", default="tiny", choices=sorted(PRESETS))
@@ -79,6 +125,10 @@ def cli(argv: list[str]) -> int:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    ap.add_argument("--beam-lm", default="none,tiny",
+                    help="beam rows: comma-separated LMs, each 'none' or an LM preset (tiny, paper); '' for none")
+    ap.add_argument("--beam-seconds", type=float, default=30.0, help="audio the beam rows decode")
+    ap.add_argument("--beam-width", type=int, default=25)
     a = ap.parse_args(argv)
     if not 0 < a.stride <= 1:
         ap.error(f"--stride must be in (0, 1], got {a.stride}")
@@ -90,6 +140,21 @@ def cli(argv: list[str]) -> int:
         xf = f"{r['x_floor']:8.2f}" if r["x_floor"] is not None else f"{'':8s}"
         w = f"{r['windows']:8d}" if r["windows"] else f"{'':8s}"
         print(f"{r['mode']:34s} {w} {r['seconds']:9.3f} {r['rtf']:8.4f} {xf}")
+    lms = tuple(x.strip() for x in a.beam_lm.split(",") if x.strip())
+    from asr_core.lm.config import PRESETS as LM_PRESETS
+
+    bad = [x for x in lms if x != "none" and x not in LM_PRESETS]
+    if bad:
+        ap.error(f"--beam-lm {bad[0]!r}: valid: none, {', '.join(sorted(LM_PRESETS))}")
+    if lms:
+        brows = beam_rows(a.preset, a.beam_seconds, lms, a.beam_width, a.device)
+        print(f"beam search over {a.beam_seconds:g} s of peaked posteriors ({preset(a.preset).model.vocab_size} "
+              "tokens):")
+        print(f"{'mode':34s} {'seconds':>9s} {'RTF':>8s} {'LM calls/s':>11s} {'beams/call':>11s}")
+        for r in brows:
+            calls = f"{r['lm_calls_per_s']:11.1f}" if r["lm_calls_per_s"] is not None else f"{'':11s}"
+            per = f"{r['beams_per_call']:11.1f}" if r["beams_per_call"] is not None else f"{'':11s}"
+            print(f"{r['mode']:34s} {r['seconds']:9.3f} {r['rtf']:8.4f} {calls} {per}")
     batched = next(r for r in rows if r["mode"].startswith("moving, batches"))
     goal = "meets" if batched["x_floor"] <= 1.2 else "misses"
     print(f"batched moving-window decoding is {batched['x_floor']:.2f}x the compute floor ({goal} the 1.2x goal)")
