@@ -41,6 +41,7 @@ BASE_GB = 4.0  # the Python process with torch, CUDA's host side, MLflow client,
 PARAM_BYTES = 24  # fp32 weights and the optimiser's two moments on the host while a checkpoint is written, and the
 # serialised copy beside them
 MEM_MARGIN = 1.25
+MEM_STEP_GB = 4  # requests rounded up to this, so that trials of similar size share a job array
 
 
 @dataclass(frozen=True)
@@ -103,7 +104,7 @@ def time_limit_minutes(hours: float, margin: float, cap_min: int | None, signal_
 
 def memory_gb(params: int, num_workers: int, batch_audio_s: float, context_s: float, longest_recording_s: float,
               interleaved: bool) -> float:
-    """Host memory a trial needs, in GB (rounded up to whole GB, with a 25 % margin): the process
+    """Host memory a trial needs, in GB (with a 25 % margin, rounded up to :data:`MEM_STEP_GB`): the process
     (:data:`BASE_GB`), the model and optimiser state on the host while a checkpoint is written
     (:data:`PARAM_BYTES` a parameter), the steps the loader holds (the one training and ``num_workers + 1`` in
     preparation, each ``max(batch_audio_s, context_s)`` of audio) and, for interleaved batching, the statistics
@@ -112,7 +113,7 @@ def memory_gb(params: int, num_workers: int, batch_audio_s: float, context_s: fl
     step = (num_workers + 2) * max(batch_audio_s, context_s) * STEP_BYTES_PER_AUDIO_S
     stats = (max(1, num_workers // 2) * longest_recording_s * STATS_BYTES_PER_AUDIO_S) if interleaved else 0.0
     total = BASE_GB * 1e9 + params * PARAM_BYTES + step + stats
-    return float(math.ceil(total * MEM_MARGIN / 2**30))
+    return float(math.ceil(total * MEM_MARGIN / 2**30 / MEM_STEP_GB) * MEM_STEP_GB)
 
 
 def trial_resources(trials: Sequence["Trial"], profile: "Profile", cap_min: int | None = None,
