@@ -1,7 +1,11 @@
 """Analysis command line: a publishable report of a sweep (`report`), or one pairwise comparison (`compare`).
 
-    python -m analysis report --experiment SWEEP [--tracking-uri URI] --out DIR [--baseline-context 10.24]
+    python -m analysis report --experiment SWEEP [--tracking-uri URI] --out DIR [--baseline-context 10.24] [--no-log]
     python -m analysis compare SWEEP A B [--tracking-uri URI] [--dataset D] [--snr DB] [--family F]
+
+``report`` also logs the report's files to ``report/`` of the sweep's parent run and saves a view of the runs
+table with the clean WER columns, linked from the experiment's description (:mod:`analysis.dashboard`);
+``--no-log`` writes the folder only.
 
 A and B name configurations (B is compared against A), in any of these forms:
 
@@ -12,8 +16,8 @@ A and B name configurations (B is compared against A), in any of these forms:
   other side is named unambiguously;
 * the ``config_id`` column of ``trials.csv`` or its first 4+ characters.
 
-Exit codes: 0 done; 2 bad arguments or a selection that matches nothing or several; 3 the sweep cannot be read or
-A and B cannot be paired.
+Exit codes: 0 done; 2 bad arguments or a selection that matches nothing or several; 3 the sweep cannot be read,
+A and B cannot be paired, or the written report cannot be logged to MLflow.
 """
 
 from __future__ import annotations
@@ -21,10 +25,14 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from typing import TYPE_CHECKING
 
 from . import stats
-from .collect import CLEAN, CollectError, collect, condition_name
+from .collect import CLEAN, CollectError, Sweep, collect, condition_name
 from .werr import DEFAULT_BASELINE_CONTEXT_S, SelectionError, compare_configs, format_seconds, resolve_config
+
+if TYPE_CHECKING:
+    from .report import Report
 
 EXIT_USAGE = 2
 EXIT_DATA = 3
@@ -47,6 +55,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="family drawn in figures 1 and 2 (default: 'context' if present)")
     r.add_argument("--ignore-param", action="append", default=[], metavar="KEY",
                    help="a param that may differ between seeds of one configuration (repeatable)")
+    r.add_argument("--no-log", action="store_true",
+                   help="write the folder only: do not log it to the sweep's parent run in MLflow, nor save the "
+                        "view of the runs table with the WER columns")
     c = sub.add_parser("compare", help="print one pairwise comparison (B against A) with p-values and intervals",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     c.add_argument("experiment", help="the sweep's MLflow experiment name")
@@ -64,15 +75,15 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from .report import write_report
+    from .report import build_report
 
     if not 0 < args.alpha < 1 or not 0 < args.level < 1 or args.bootstrap < 100 or args.baseline_context <= 0:
         print("error: --alpha and --level must lie in (0, 1), --bootstrap be at least 100 and --baseline-context "
               "positive", file=sys.stderr)
         return EXIT_USAGE
-    rep = write_report(args.experiment, args.out, tracking_uri=args.tracking_uri, ignore_params=args.ignore_param,
-                       baseline_context=args.baseline_context, alpha=args.alpha, level=args.level,
-                       bootstrap_resamples=args.bootstrap, main_family=args.main_family)
+    sweep = collect(args.experiment, args.tracking_uri, ignore_params=args.ignore_param)
+    rep = build_report(sweep, args.out, baseline_context=args.baseline_context, alpha=args.alpha, level=args.level,
+                       bootstrap_resamples=args.bootstrap, main_family=args.main_family, progress=True)
     sig = rep.significance
     n_sig = int((sig["significant"] == True).sum()) if len(sig) else 0  # noqa: E712
     print(f"report: {rep.html}")
@@ -80,6 +91,36 @@ def _report(args: argparse.Namespace) -> int:
     print(f"        {len(sig)} comparisons with the baseline, {n_sig} significant after Holm correction")
     for s in rep.skipped:
         print(f"        skipped {s.key}: {s.reason}")
+    return 0 if args.no_log else _log_report(args, rep, sweep)
+
+
+def _log_report(args: argparse.Namespace, rep: Report, sweep: Sweep) -> int:
+    """The written report to the sweep in MLflow (:func:`analysis.dashboard.publish`), said on stdout; a sweep
+    without a parent run is said on stderr and is no failure."""
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    from .dashboard import ARTIFACT_DIR, DashboardError, publish
+
+    uri = args.tracking_uri or mlflow.get_tracking_uri()
+    files = [rep.html, rep.markdown, *(f.path for f in rep.figures), *rep.csvs.values()]
+    clean = sweep.wer.loc[sweep.wer["condition"] == CLEAN, "dataset"] if len(sweep.wer) else []
+    try:
+        pub = publish(args.experiment, files, clean, uri)
+    except (DashboardError, MlflowException, OSError) as e:  # e.g. a server gone away, no permission to write
+        print(f"error: the report is in {rep.out_dir} but could not be logged to MLflow: {e}", file=sys.stderr)
+        return EXIT_DATA
+    if pub.parent_run_id is None:
+        saved = "; only the view of the runs table with the WER columns is saved" if pub.view_link else ""
+        print(f"note: experiment {args.experiment!r} has no parent run (tag sweep.role=parent), so the report is "
+              f"not logged to MLflow{saved}", file=sys.stderr)
+    else:
+        removed = f"; removed {', '.join(pub.removed)} (not in this report)" if pub.removed else ""
+        print(f"mlflow: {len(pub.files)} files logged to {ARTIFACT_DIR}/ of the sweep's parent run "
+              f"{pub.parent_run_id}{removed}")
+        print(f"        the report: {pub.url(pub.report_link, uri)}")
+    if pub.view_link:
+        print(f"        every run with {', '.join(pub.metrics)}: {pub.url(pub.view_link, uri)}")
     return 0
 
 

@@ -21,7 +21,7 @@ from typing import Iterable
 import pandas as pd
 
 from . import stats
-from .collect import CLEAN, Sweep, collect
+from .collect import CLEAN, Sweep
 from .finding import Check, Gain, finding_checks, summary_sentence
 from .plots import Figure, Skipped, draw_figures
 from .werr import (DEFAULT_BASELINE_CONTEXT_S, baseline_notes, format_seconds, significance_table, snr_table,
@@ -369,10 +369,3 @@ def _html(sweep: Sweep, sections: Iterable[_Section]) -> str:
             body.append("<ul>" + "".join(f"<li>{_inline_md(b)}</li>" for b in items) + "</ul>")
     return (f"<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>{html.escape(sweep.experiment)}</title>"
             f"<style>{_CSS}</style></head><body>{''.join(body)}</body></html>\n")
-
-
-def write_report(experiment: str, out_dir: Path | str, *, tracking_uri: str | None = None,
-                 ignore_params: Iterable[str] = (), progress: bool = True, **kwargs) -> Report:
-    """Collect sweep ``experiment`` from MLflow and write its report (see :func:`build_report`)."""
-    sweep = collect(experiment, tracking_uri, ignore_params=ignore_params, progress=progress)
-    return build_report(sweep, out_dir, progress=progress, **kwargs)

@@ -145,3 +145,38 @@ def show_mlflow_runs(page: Page, names: list[str], timeout_s: float = 60) -> Non
             except Exception:  # the table re-rendered under the click; the next round looks again
                 break
         page.wait_for_timeout(1_000)
+
+
+def open_link_in_new_page(page: Page, text: str, timeout_s: float = 30) -> Page:
+    """Clicks the first link on PAGE whose text contains TEXT and that opens a new tab (target=_blank, as MLflow
+    renders the links of descriptions), and returns the new tab once it has loaded."""
+    link = page.locator("a", has_text=text).first
+    link.wait_for(timeout=timeout_s * 1000)
+    with page.context.expect_page(timeout=timeout_s * 1000) as opened:
+        link.click()
+    new = opened.value
+    new.set_default_timeout(timeout_s * 1000)
+    new.wait_for_load_state()
+    return new
+
+
+def mlflow_run_rows(page: Page) -> dict[str, dict[str, str]]:
+    """The rows the open MLflow run table has rendered, by run name: {run name: {column id: cell text}}.
+
+    ag-grid draws the pinned columns (run name, date) and the others in separate row elements that share a
+    `row-index`; they are joined on it. Column ids are MLflow's, e.g. metrics.`wer/dev`; a missing value is '-'."""
+    rows = page.evaluate(
+        """() => {
+          const byIndex = {};
+          for (const row of document.querySelectorAll('[role=row][row-index]')) {
+            const cells = byIndex[row.getAttribute('row-index')] ??= {};
+            for (const cell of row.querySelectorAll('[role=gridcell][col-id]')) {
+              const link = cell.querySelector('a');
+              cells[cell.getAttribute('col-id')] = (link ?? cell).innerText.trim();
+            }
+          }
+          return Object.values(byIndex);
+        }"""
+    )
+    name = "attributes.`Run Name`"
+    return {r[name]: r for r in rows if r.get(name)}

@@ -1,0 +1,234 @@
+"""The report in the MLflow UI: ``python -m analysis report`` logs the report to the sweep's parent run and saves a
+view of the runs table whose columns are the sweep's headline WERs.
+
+What MLflow 3.17's UI does, and so what is written here:
+
+* **Artifacts.** The run page's artifact viewer shows ``.html`` in a sandboxed iframe (the report's ``index.html``
+  is self-contained, figures inline, so it renders there), ``.png`` as images, ``.csv`` as tables and ``.md`` as
+  Markdown (without its figures: relative image links are not followed). The report's files go to ``report/`` of the
+  parent run (tag ``sweep.role=parent``); a later report replaces them, and files it no longer writes (a figure not
+  drawn this time) are deleted.
+* **Columns.** The runs table shows a metric column only when it is in the page's ``selectedColumns``, which start as
+  Source, Models and Dataset and are kept in the browser's local storage: no setting on the server makes a metric
+  column visible by default, and parent-run metrics, run tags or the experiment kind change nothing there. What the
+  server can hold is a *saved view*: an experiment tag ``mlflow.sharedViewState.<id>`` whose value is
+  ``{"name", "createdAt", "updatedAt", "state"}`` (``state``: the page's state as JSON text), listed in the page's
+  Views menu and opened by ``#/experiments/<experiment>/runs?viewStateShareKey=<id>``. The view written here selects
+  the clean WER columns (``wer/<dataset>``, what ``asr_core.evaluate`` logs), leaves the parent run out and sorts by
+  run name: sorted by anything but the start time the table lists child runs flat instead of folded under their
+  parent, so every trial's WER shows without a click.
+* **The way in.** The experiment's description (experiment tag ``mlflow.note.content``) is shown under the title of
+  every tab of the experiment, folded to its first line; that line (starting with :data:`NOTE_START`, replaced on
+  every report, the rest of the description kept below it) links to the report and to that view.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+from asr_core.trial_contract import ROLE_PARENT, TAG_ROLE
+
+log = logging.getLogger(__name__)
+
+ARTIFACT_DIR = "report"  # the report's folder among the parent run's artifacts
+VIEW_ID = "sweep-wer"  # the saved view's id: one per experiment, rewritten by every report
+VIEW_NAME = "WER per run (analysis report)"
+VIEW_TAG_PREFIX = "mlflow.sharedViewState."  # the UI's prefix of saved-view tags
+VIEW_URL_PARAM = "viewStateShareKey"  # the URL parameter that opens a saved view
+NOTE_TAG = "mlflow.note.content"  # the experiment's description, Markdown
+NOTE_START = "**Sweep report**"  # the description line this module owns starts with this
+RUN_NAME_SORT_KEY = "tags.`mlflow.runName`"  # the UI's sort key of the Run Name column
+NOT_PARENT_FILTER = f"tags.`{TAG_ROLE}` != '{ROLE_PARENT}'"
+
+
+class DashboardError(RuntimeError):
+    """The report cannot be published to MLflow; the message says what is missing."""
+
+
+@dataclass(frozen=True)
+class Published:
+    """What :func:`publish` wrote."""
+
+    experiment_id: str
+    parent_run_id: str | None  # None: the experiment has no parent run, no report was logged
+    files: tuple[str, ...]  # artifact paths uploaded, e.g. "report/index.html"
+    removed: tuple[str, ...]  # artifact paths of an earlier report that this one no longer has, deleted
+    metrics: tuple[str, ...]  # the columns of the saved view
+    view_link: str | None  # the UI route (from "#") of the saved view; None when there are no metrics
+    report_link: str | None  # the UI route of the logged index.html
+
+    def url(self, link: str, tracking_uri: str) -> str:
+        """``link`` as an address to open: after the server's URL for an ``http(s)`` tracking URI; else the route
+        to follow in a UI serving that store (``mlflow ui --backend-store-uri URI``)."""
+        if tracking_uri.startswith(("http://", "https://")):
+            return f"{tracking_uri.rstrip('/')}/{link}"
+        return f"{link} (in an MLflow UI serving {tracking_uri})"
+
+
+# ---- pure: what the UI is given ----------------------------------------------------------------------------------
+
+def headline_metrics(datasets: Iterable[str]) -> list[str]:
+    """The clean WER metrics of ``datasets`` as the trials log them, ``wer/<dataset>``, sorted by dataset. A name with
+    a backtick cannot be written as a column of the UI and is left out (with a warning)."""
+    out = []
+    for ds in sorted(set(datasets)):
+        if "`" in ds:
+            log.warning("dataset %r has a backtick in its name; the MLflow view cannot show its column", ds)
+            continue
+        out.append(f"wer/{ds}")
+    return out
+
+
+def metric_column(metric: str) -> str:
+    """The UI's column id of a metric: ``metrics.`wer/dev```."""
+    return f"metrics.`{metric}`"
+
+
+def view_state(metrics: Sequence[str]) -> dict[str, Any]:
+    """The runs page's state of the saved view: ``metrics`` as the visible columns, every run but the parent,
+    listed flat by run name. Fields left out keep the UI's defaults."""
+    return {
+        "selectedColumns": [metric_column(m) for m in metrics],
+        "searchFilter": NOT_PARENT_FILTER,
+        "orderByKey": RUN_NAME_SORT_KEY,
+        "orderByAsc": True,
+        "runsHiddenMode": "SHOW_ALL",  # charts of this view draw every run, not the UI's first ten
+    }
+
+
+def saved_view_value(metrics: Sequence[str], *, created_ms: int, now_ms: int) -> str:
+    """The experiment tag's value of the saved view (the UI's envelope, its state as plain JSON text)."""
+    return json.dumps({"name": VIEW_NAME, "createdAt": created_ms, "updatedAt": now_ms,
+                       "state": json.dumps(view_state(metrics), separators=(",", ":"))}, separators=(",", ":"))
+
+
+def view_created_ms(existing: str | None, default: int) -> int:
+    """``createdAt`` of an existing saved-view tag value, or ``default`` when there is none or it is unreadable."""
+    try:
+        value = json.loads(existing) if existing else None
+    except ValueError:
+        return default
+    created = value.get("createdAt") if isinstance(value, dict) else None
+    return created if isinstance(created, int) else default
+
+
+def view_link(experiment_id: str) -> str:
+    """The UI route of the saved view."""
+    return f"#/experiments/{experiment_id}/runs?{VIEW_URL_PARAM}={VIEW_ID}"
+
+
+def report_link(experiment_id: str, run_id: str, artifact_dir: str = ARTIFACT_DIR) -> str:
+    """The UI route of the report's ``index.html`` in the run's artifact viewer."""
+    return f"#/experiments/{experiment_id}/runs/{run_id}/artifacts/{artifact_dir}/index.html"
+
+
+def note_line(view: str | None, report: str | None, when: str) -> str:
+    """The description line: links to the saved view and the report (routes relative to the UI's own address)."""
+    parts = []
+    if report:
+        parts.append(f"[the report]({report})")
+    if view:
+        parts.append(f"[every run with its WER columns]({view})")
+    return f"{NOTE_START} ({when}, `python -m analysis report`): " + " · ".join(parts)
+
+
+def with_note_line(description: str, line: str) -> str:
+    """``line`` first (the UI shows a description folded to its first line), then ``description`` without its
+    earlier :data:`NOTE_START` lines: everything else people wrote is kept."""
+    kept = "\n".join(ln for ln in description.splitlines() if not ln.startswith(NOTE_START)).strip("\n")
+    return f"{line}\n\n{kept}" if kept.strip() else line
+
+
+# ---- MLflow ----------------------------------------------------------------------------------------------------
+
+def parent_run_id(client: Any, experiment_id: str) -> str | None:
+    """The sweep's parent run (tag ``sweep.role=parent``; the oldest if there are several, as the ledger reads it),
+    or None."""
+    runs = client.search_runs([experiment_id], filter_string=f"tags.`{TAG_ROLE}` = '{ROLE_PARENT}'",
+                              max_results=10, order_by=["attributes.start_time ASC"])
+    return runs[0].info.run_id if runs else None
+
+
+def remote_files(client: Any, run_id: str, path: str) -> list[str]:
+    """Every file under artifact folder ``path`` of the run (recursive), as artifact paths."""
+    out: list[str] = []
+    for info in client.list_artifacts(run_id, path):
+        out.extend(remote_files(client, run_id, info.path) if info.is_dir else [info.path])
+    return out
+
+
+def _delete_artifact(client: Any, tracking_uri: str, run_id: str, path: str) -> None:
+    """Delete one artifact of the run. MlflowClient has no call for it; the run's artifact repository does (a
+    served ``mlflow-artifacts:`` store answers HTTP DELETE, a local folder removes the file)."""
+    from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
+
+    repo = get_artifact_repository(client.get_run(run_id).info.artifact_uri, tracking_uri=tracking_uri)
+    repo.delete_artifacts(path)
+
+
+def upload_report(client: Any, tracking_uri: str, run_id: str, files: Sequence[Path],
+                  artifact_dir: str = ARTIFACT_DIR) -> tuple[list[str], list[str]]:
+    """Log ``files`` (one folder's files) under ``artifact_dir`` of the run, then delete what an earlier report left
+    there that these files do not replace. Uploading first keeps a report in place throughout.
+
+    Returns (artifact paths uploaded, artifact paths deleted)."""
+    if not files:
+        raise ValueError(f"no report files to log to {artifact_dir}/ (an empty report would delete the last one)")
+    names = [Path(f).name for f in files]
+    if len(set(names)) != len(names):
+        raise ValueError(f"report files with the same name cannot share {artifact_dir}/: {sorted(names)}")
+    for f in files:
+        client.log_artifact(run_id, str(f), artifact_dir)
+    uploaded = [f"{artifact_dir}/{n}" for n in names]
+    stale = sorted(set(remote_files(client, run_id, artifact_dir)) - set(uploaded))
+    for path in stale:
+        _delete_artifact(client, tracking_uri, run_id, path)
+    return uploaded, stale
+
+
+def save_view(client: Any, experiment_id: str, tags: Mapping[str, str], metrics: Sequence[str]) -> str:
+    """Write the saved view of ``metrics`` as the experiment tag (one tag, rewritten each time; its ``createdAt``
+    kept) and return its UI route."""
+    key = VIEW_TAG_PREFIX + VIEW_ID
+    now = int(time.time() * 1000)
+    client.set_experiment_tag(experiment_id, key,
+                              saved_view_value(metrics, created_ms=view_created_ms(tags.get(key), now), now_ms=now))
+    return view_link(experiment_id)
+
+
+def publish(experiment: str, files: Sequence[Path], datasets: Iterable[str], tracking_uri: str | None = None,
+            *, artifact_dir: str = ARTIFACT_DIR) -> Published:
+    """Log a written report to sweep ``experiment`` in MLflow: ``files`` to ``artifact_dir/`` of its parent run,
+    the saved view of the clean WER columns of ``datasets``, and the description line linking to both.
+
+    An experiment without a parent run gets the view and the line but no report (``Published.parent_run_id`` is
+    None); the caller says so. Raises :class:`DashboardError` when there is no such experiment."""
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    uri = tracking_uri or mlflow.get_tracking_uri()
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        raise DashboardError(f"no MLflow experiment named {experiment!r} at {uri}")
+    eid = exp.experiment_id
+    parent = parent_run_id(client, eid)
+    uploaded: list[str] = []
+    removed: list[str] = []
+    if parent is not None:
+        uploaded, removed = upload_report(client, uri, parent, files, artifact_dir)
+        log.debug("report logged to run %s: %d files under %s/, %d stale removed", parent, len(uploaded),
+                  artifact_dir, len(removed))
+    metrics = headline_metrics(datasets)
+    view = save_view(client, eid, exp.tags, metrics) if metrics else None
+    report = report_link(eid, parent, artifact_dir) if parent is not None else None
+    if view or report:
+        when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+        client.set_experiment_tag(eid, NOTE_TAG, with_note_line(exp.tags.get(NOTE_TAG, ""),
+                                                                note_line(view, report, when)))
+    return Published(eid, parent, tuple(uploaded), tuple(removed), tuple(metrics), view, report)
