@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import sys
 
-if __name__ == "__main__" and sys.argv[1:2] in (["trial"], ["train"]):  # the first thing the process does
+if __name__ == "__main__" and (sys.argv[1:2] in (["trial"], ["train"]) or sys.argv[1:3] == ["lm", "train"]):
+    # the first thing the process does
     from asr_core import signals as _signals
 
     _signals.install()
@@ -31,12 +32,12 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("asr_core.bench", "benchmarks: bench train | bench decode | bench data | bench calibrate"),
     "lm": ("asr_core.lm.cli", "the language model: lm text | lm train | lm ppl | lm tune"),
 }
-SIGNALLED = ("trial", "train")  # commands that checkpoint on SIGUSR2/SIGTERM
+SIGNALLED = ("trial", "train")  # commands that checkpoint on SIGUSR2/SIGTERM (and `lm train`)
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] in SIGNALLED:  # (already done at import when run as ``python -m asr_core``)
+    if argv and (argv[0] in SIGNALLED or argv[:2] == ["lm", "train"]):  # (done at import under ``python -m``)
         from asr_core import signals
 
         signals.install()

@@ -381,28 +381,33 @@ def beam_decoding(decoder: str, *, lm_path: Path | None = None, alpha: float | N
             raise ValueError("--lm, --alpha, --beta, --beam-width, --lm-context, --prompt and --decoder-name go "
                              "with --decoder beam")
         return None
-    from asr_core.lm.checkpoint import load_lm
-    from asr_core.tokenizer import Tokenizer
-
-    base = BeamConfig()
+    base = BeamConfig(alpha=BeamConfig().alpha if lm_path is not None else 0.0)  # without an LM, alpha means nothing
     kw = {k: v for k, v in (("alpha", alpha), ("beta", beta), ("beam_width", beam_width),
                             ("lm_context", lm_context)) if v is not None}
+    if lm_path is None and alpha is not None:
+        raise ValueError("--alpha weighs the LM: it goes with --lm")
     cfg = BeamConfig(**{**{f: getattr(base, f) for f in ("alpha", "beta", "beam_width", "lm_context",
                                                           "prune_threshold", "token_threshold")}, **kw})
     lm, describe, ids = None, {"alpha": f"{cfg.alpha:g}", "beta": f"{cfg.beta:g}", "beam_width": str(cfg.beam_width),
                                "lm_context": str(cfg.lm_context)}, ()
     if lm_path is not None:
-        lm, lm_tok, meta = load_lm(lm_path, _device(device))
+        from asr_core.lm.train import load_lm
+
+        if not Path(lm_path).is_file():
+            raise FileNotFoundError(f"--lm {lm_path} not found")
+        loaded = load_lm(lm_path, _device(device))
+        lm, lm_tok = loaded.model, loaded.tokenizer
         if tokenizer_of is not None:
             ck = torch.load(str(tokenizer_of), map_location="cpu", weights_only=True, mmap=True)
-            if bytes(ck["tokenizer"]) != bytes(lm_tok):
+            if bytes(ck["tokenizer"]) != lm_tok.to_bytes():
                 raise ValueError(f"LM {lm_path} was trained with another tokenizer than acoustic checkpoint "
                                  f"{tokenizer_of}: retrain it with `lm train --tokenizer {tokenizer_of}`")
-        describe.update({"lm": str(Path(lm_path).resolve()), **{f"lm_{k}": str(v) for k, v in meta.items()}})
+        describe.update({"lm": str(Path(lm_path).resolve()), "lm_step": str(loaded.step),
+                         "lm_run": str(loaded.mlflow_run_id or "")})
         if prompt is not None:
             if not prompt.is_file():
                 raise FileNotFoundError(f"--prompt {prompt} not found")
-            ids = tuple(Tokenizer.from_bytes(bytes(lm_tok)).encode(" ".join(prompt.read_text().split())))
+            ids = tuple(lm_tok.encode(" ".join(prompt.read_text().split())))
             describe["prompt"] = str(prompt.resolve())
     elif prompt is not None:
         raise ValueError("--prompt needs --lm")

@@ -1,4 +1,4 @@
-"""``orchestrate`` / ``python -m orchestrate``: plan, submit, status, resume, retry, cancel, bench.
+"""``orchestrate`` / ``python -m orchestrate``: plan, submit, status, resume, retry, cancel, evaluate, bench.
 
 A thin layer over the library. Every input is validated before anything is created or submitted; invalid input
 exits with status 2 and a message naming the file, key or value and what is valid. Every command that changes a
@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING
 from asr_core.trial_contract import EXIT_USAGE
 from orchestrate.backends.base import Backend, BackendError
 from orchestrate.backends.profile import load_profile
+from orchestrate.decode_file import DecodeFileError
+from orchestrate.decode_jobs import DecodeError
 from orchestrate.grid import Grid, GridError, load_grid, plan_table
 from orchestrate.ledger import Ledger, LedgerError, check_tracking_uri, default_tracking_uri
 from orchestrate.sweep import DEFAULT_MAX_FAILURES, Manifest, SweepDir, SweepError, new_sweep_id
@@ -113,6 +115,18 @@ def _parser() -> argparse.ArgumentParser:
             sp.add_argument("--no-check-data", action="store_true",
                             help="skip checking that data paths given with --set exist here")
             sweep_settings(sp)
+
+    sp = sub.add_parser("evaluate", help="decode finished trials by beam search (with an LM or without) as jobs on "
+                        "the sweep's backend; results go into each trial's run as wer_<name>/...")
+    sp.add_argument("sweep")
+    sp.add_argument("--decode", required=True, metavar="FILE",
+                    help="decode file (YAML, e.g. grids/decode-lm.yaml): name, lm, alpha, beta, beam_width, "
+                         "lm_context, prompt, datasets, snrs, stride")
+    sp.add_argument("--where", action="append", default=[], metavar="KEY=VALUE",
+                    help="only trials whose config has this value (e.g. data.context_s=10.24, model.heads=6) or "
+                         "sub-grid (subgrid=NAME); repeat a key for alternatives, other keys must all hold")
+    sp.add_argument("--dry-run", action="store_true", help="print what would be decoded; submit and write nothing")
+    common(sp)
 
     sp = sub.add_parser("bench", help="time plan, submit and status against their goals")
     sp.add_argument("--skip-slurm", action="store_true", help="skip the SLURM submission timing")
@@ -369,6 +383,61 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    """Decode the sweep's finished trials with the decode file's setting (:mod:`orchestrate.decode_jobs`); the
+    trials' keys, folders and training state are never touched."""
+    from orchestrate.backends import make_backend
+    from orchestrate.decode_file import load_decode_file
+    from orchestrate.decode_jobs import (SLURM_BACKENDS, DecoderDir, check_trial_data, live_keys, parse_where,
+                                         plan_decode, run_local, submit_slurm)
+
+    spec = load_decode_file(args.decode)
+    where = parse_where(args.where)
+    sweep, manifest, trials = _open(args)
+    if manifest.backend not in ("local", *SLURM_BACKENDS):
+        raise UsageError(f"sweep {sweep.name!r} runs on backend {manifest.backend!r}; evaluate decodes on local, "
+                         f"{', '.join(SLURM_BACKENDS)}")
+    profile = load_profile(manifest.profile or None)
+    backend = make_backend(manifest.backend, sweep, manifest.tracking_uri, profile)
+    check_shared_ledger(backend, manifest.tracking_uri, manifest.allow_sqlite, "the sweep's, in its sweep.json")
+    setting = spec.setting()
+    decoder = DecoderDir(sweep, spec.name)
+    decoder.check_setting(spec, setting)
+    workdir = Path(manifest.workdir or Path.cwd())
+    cluster = manifest.backend in SLURM_BACKENDS
+    if args.dry_run:
+        plan = plan_decode(sweep, manifest, trials, spec, where, live_keys(decoder) if cluster else ())
+        check_trial_data(plan.items, workdir)
+        print(f"sweep {sweep.name}, decoder {spec.name} (dry run, nothing submitted): {plan.summary()}")
+        for i in plan.items:
+            print(f"  {i.label} ({i.key}) run {i.run_id}: {', '.join(i.datasets)}; SNRs "
+                  f"{', '.join(f'{s:g}' for s in i.snrs) or 'none (clean only)'}")
+        return 0
+    if cluster:
+        from orchestrate.backends import slurm_commands
+
+        slurm_commands.check_cluster(profile)
+    with sweep.lock(f"evaluate {spec.name}"):
+        new = decoder.check_setting(spec, setting)  # again under the lock: another evaluate may have claimed it
+        plan = plan_decode(sweep, manifest, trials, spec, where, live_keys(decoder) if cluster else ())
+        check_trial_data(plan.items, workdir)
+        print(f"sweep {sweep.name}, decoder {spec.name}: {plan.summary()}", flush=True)
+        if not plan.items:
+            return 0
+        if new:
+            decoder.claim(spec, setting)
+        code = _code().label
+        if cluster:
+            submit_slurm(decoder, plan.items, profile, code, manifest.backend)
+            print(f"  results: wer_{spec.name}/... in each trial's run; again: orchestrate evaluate {sweep.name} "
+                  f"--decode {args.decode} --sweep-root {args.sweep_root}")
+            return 0
+        failed = run_local(decoder, decoder.new_submission(manifest.backend, plan.items, code), workdir)
+    print(f"sweep {sweep.name}, decoder {spec.name}: {len(plan.items) - failed} decoded, {failed} failed"
+          + (f" (logs in {decoder.path / 'logs'}; `orchestrate evaluate` again retries them)" if failed else ""))
+    return 1 if failed else 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from orchestrate.bench import run_bench
 
@@ -376,14 +445,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"plan": cmd_plan, "submit": cmd_submit, "status": cmd_status, "resume": cmd_resume,
-            "retry": cmd_resume, "cancel": cmd_cancel, "bench": cmd_bench}
+            "retry": cmd_resume, "cancel": cmd_cancel, "evaluate": cmd_evaluate, "bench": cmd_bench}
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         return COMMANDS[args.command](args)
-    except (GridError, UsageError, BackendError, LedgerError, SweepError) as e:
+    except (GridError, UsageError, BackendError, LedgerError, SweepError, DecodeFileError, DecodeError) as e:
         print(f"orchestrate {args.command}: {e}", file=sys.stderr)
         return EXIT_USAGE
 

@@ -140,17 +140,46 @@ class Chunk:
     reset: torch.Tensor
 
 
-def chunk_batches(docs: Sequence[Sequence[int]], batch: int, length: int, *, bos: int) -> Iterator[Chunk]:
-    """Documents as token ids → chunks of ``length`` targets on ``batch`` lanes (see the module docstring).
-    Document ``i`` goes to lane ``i % batch`` in order; each document is read as ``[bos] + ids`` so its first token
-    is predicted too; a document's last chunk may be shorter (its lane padded). Ends when every lane is empty."""
+def _chunks_of(doc_len: int, length: int) -> int:
+    """Chunks a document of ``doc_len`` ids takes (read as ``[bos] + ids``: ``doc_len`` targets)."""
+    return -(-doc_len // length)
+
+
+def count_chunks(docs: Sequence[Sequence[int]], batch: int, length: int) -> int:
+    """How many chunks :func:`chunk_batches` yields for these arguments (its longest lane), without building them."""
     if batch < 1 or length < 1:
         raise ValueError(f"batch and length must be >= 1, got {batch}, {length}")
+    lanes = [0] * batch
+    for i, d in enumerate(docs):
+        if d:
+            lanes[i % batch] += _chunks_of(len(d), length)
+    return max(lanes)
+
+
+def chunk_batches(docs: Sequence[Sequence[int]], batch: int, length: int, *, bos: int, start: int = 0
+                  ) -> Iterator[Chunk]:
+    """Documents as token ids → chunks of ``length`` targets on ``batch`` lanes (see the module docstring).
+    Document ``i`` goes to lane ``i % batch`` in order; each document is read as ``[bos] + ids`` so its first token
+    is predicted too; a document's last chunk may be shorter (its lane padded). Ends when every lane is empty.
+    ``start``: begin with chunk number ``start`` (0-based) exactly as the full iteration would give it, without
+    building the chunks before it (a resumed trainer; cost: one pass over the document lengths)."""
+    if batch < 1 or length < 1:
+        raise ValueError(f"batch and length must be >= 1, got {batch}, {length}")
+    if start < 0:
+        raise ValueError(f"start must be >= 0, got {start}")
     lanes: list[list[list[int]]] = [[] for _ in range(batch)]
     for i, d in enumerate(docs):
         if d:
             lanes[i % batch].append([bos, *d])
     pos = [0] * batch  # the next target's index in the lane's current document
+    for b in range(batch):  # every lane gives one chunk per step while it has a document: skip ``start`` of them
+        left, done = start, 0
+        while done < len(lanes[b]) and left >= _chunks_of(len(lanes[b][done]) - 1, length):
+            left -= _chunks_of(len(lanes[b][done]) - 1, length)
+            done += 1
+        del lanes[b][:done]
+        if lanes[b]:
+            pos[b] = left * length
     while any(lanes):
         tokens = torch.zeros(batch, length + 1, dtype=torch.long)
         lengths = torch.zeros(batch, dtype=torch.long)

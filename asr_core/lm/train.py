@@ -1,0 +1,515 @@
+"""Training the Transformer LM (paper 004 §3.3): :class:`LMTrainConfig`, :func:`train_lm`, :func:`load_lm` and
+``python -m asr_core lm train`` (:mod:`asr_core.lm.cli`).
+
+Transformer-XL training. ``batch`` lanes each read one document after another in chunks of ``chunk_len`` tokens
+(:func:`asr_core.lm.data.chunk_batches`); one chunk of every lane is one optimiser step. A chunk attends to the lane's
+memory: the keys and values of the lane's earlier tokens of the *same* document, computed at earlier steps, detached
+(no gradient flows into them) and trimmed to the last ``cache_len`` tokens; a lane that starts a new document forgets
+its memory first (:meth:`KVCache.forget`). The loss is the mean negative log-likelihood over the step's valid
+targets. Documents are dealt to lanes in an order shuffled per epoch from the seed; the seed also sets the initial
+weights. Madgrad, linear warmup then cosine to 0 over the run (:func:`asr_core.schedules.learning_rate`), gradient
+clipping, bf16 autocast on CUDA, no regularisation.
+
+Stopping is always safe, as in :mod:`asr_core.train`: ``OUT/checkpoint.pt`` is written atomically every
+``checkpoint_every`` steps, at the end, and at the first step boundary after SIGUSR2 or SIGTERM (recorded by
+:mod:`asr_core.signals`; then :class:`Preempted`, exit 75). Calling again with the same ``OUT`` resumes exactly: the
+weights, optimiser, RNG states, data position (epoch, chunk) and the lanes' memories come back, so an interrupted
+and resumed run equals an uninterrupted one bit for bit on the CPU.
+
+MLflow through the outbox (:mod:`asr_core.outbox`, in ``OUT/outbox``), the acoustic trainer's standalone path: the
+records go to the folder first and a background thread ships them, so a tracker that is down or slow never stops
+or slows training, and steps re-trained after a resume are not logged twice. Creating the run is the one
+synchronous call; when it fails, training goes on, the records wait in the folder and the next segment that reaches
+the tracker creates the run and ships them. Params: :meth:`LMTrainConfig.flat`; metrics ``lm/train_loss``,
+``lm/lr``, ``lm/grad_norm`` every step and ``lm/dev_ppl`` at each checkpoint when there is dev text.
+
+The checkpoint (a dict, loaded with ``weights_only=True``): ``format_version``, ``kind`` (``"lm"``), ``config``
+(:meth:`LMTrainConfig.to_dict`), ``model``, ``optimizer``, ``step``, ``schedule`` (``total_steps``,
+``warmup_steps``, ``peak_lr``, ``last_loss``), ``rng``, ``data_position`` (``epoch``, ``chunk``: chunks of that
+epoch trained), ``cache`` (the lanes' memories: ``keys``, ``values`` (L, B, S, D), ``lengths`` (B,); None before the
+first step), ``tokenizer`` (SentencePiece bytes), ``data_fingerprint`` (of the token ids), ``text`` (the specs read),
+``mlflow_run_id``, ``tracking_uri``, ``precision``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import random
+import sys
+import time
+import zipfile
+from array import array
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+import torch.nn.functional as F
+
+from asr_core import signals
+from asr_core.checkpoint import CheckpointError, load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from asr_core.config import ConfigError, _build, parse_override
+from asr_core.schedules import learning_rate
+from asr_core.tokenizer import Tokenizer, TokenizerError
+
+from .config import PRESETS as LM_PRESETS
+from .config import LMConfig
+from .data import Document, TextError, chunk_batches, count_chunks, read_documents
+from .model import KVCache, TransformerLM, build_lm
+
+__all__ = ["CheckpointError", "LMCheckpoint", "LMTrainConfig", "LMTrainError", "LMTrainResult", "Preempted",
+           "load_lm", "load_tokenizer", "resolve_config", "train_lm"]
+
+FORMAT_VERSION = 1
+KIND = "lm"
+CHECKPOINT_FILE = "checkpoint.pt"
+DEFAULT_EXPERIMENT = "asr_core_lm"
+DEVICES = ("auto", "cpu", "cuda")
+PRECISIONS = ("auto", "bf16", "fp32")
+EXECUTION = ("checkpoint_every", "log_every", "device")  # may differ between segments of one run
+
+
+class LMTrainError(RuntimeError):
+    """LM training cannot start or continue; the message says why and what to do."""
+
+
+class Preempted(Exception):
+    """SIGUSR2/SIGTERM arrived; the checkpoint is written (when training had begun): run the command again."""
+
+
+def _require(cond: bool, key: str, value: Any, valid: str) -> None:
+    if not cond:
+        raise ConfigError(f"invalid value for '{key}': {value!r}; valid: {valid}")
+
+
+@dataclass(frozen=True)
+class LMTrainConfig:
+    """The LM and how it is trained. Defaults: the paper's run (paper 004 §3.3) and, where the paper is silent, the
+    authors' LM training config (``robflynnyh/language_modelling``: ``projects/spotipile/exp/transformer/configs/
+    512_1536.yaml``, ``train_ddp.py``)."""
+
+    lm: LMConfig = field(default_factory=LMConfig)
+    batch: int = 40  # code: 10 documents per GPU (batch_size) on 4 GPUs (paper §3.3: "4 A4500s")
+    chunk_len: int = 512  # paper §3.3: "a sequence length of 512"
+    # code: max_seq_len 1536, the memory kept after each chunk (the chunk's own keys included); paper §3.3 says "a
+    # maximum cache of 1280 tokens" for the model it evaluated: set cache_len=1280 for that reading
+    cache_len: int = 1536
+    lr: float = 3.8e-4  # code (paper §3.3: Madgrad, LR warmup then cosine annealing)
+    warmup_steps: int = 2000  # code
+    max_steps: int = 0  # 0: ``epochs`` passes over the text; > 0: this many steps, the text repeating as needed
+    epochs: int = 1  # paper §3.3: "trained for one epoch only"
+    seed: int = 0  # initial weights and the documents' order
+    grad_clip: float = 1.0  # code: clip_grad_norm_(..., 1.0) (paper: "gradient clipping")
+    momentum: float = 0.9  # code: Madgrad's default (the config gives only lr)
+    weight_decay: float = 0.0  # paper §3.3: "no regularisation is used"
+    eps: float = 1e-6  # Madgrad's default
+    checkpoint_every: int = 750  # code: save_every_n_steps 750
+    log_every: int = 10  # progress line and a push to MLflow every this many steps
+    device: str = "auto"  # auto: CUDA when available
+    precision: str = "auto"  # code: bf16 autocast; auto = bf16 on CUDA, fp32 on the CPU
+
+    def __post_init__(self) -> None:
+        for name in ("batch", "chunk_len", "epochs", "checkpoint_every", "log_every"):
+            v = getattr(self, name)
+            _require(isinstance(v, int) and not isinstance(v, bool) and v > 0, name, v, "a positive integer")
+        for name in ("cache_len", "warmup_steps", "max_steps", "seed"):
+            v = getattr(self, name)
+            _require(isinstance(v, int) and not isinstance(v, bool) and v >= 0, name, v, "an integer >= 0")
+        _require(self.lr > 0, "lr", self.lr, "a positive number")
+        _require(self.grad_clip > 0, "grad_clip", self.grad_clip, "a positive number")
+        _require(0 <= self.momentum < 1, "momentum", self.momentum, "a number in [0, 1)")
+        _require(self.weight_decay >= 0, "weight_decay", self.weight_decay, "a number >= 0")
+        _require(self.eps > 0, "eps", self.eps, "a positive number")
+        _require(self.device in DEVICES, "device", self.device, ", ".join(DEVICES))
+        _require(self.precision in PRECISIONS, "precision", self.precision, ", ".join(PRECISIONS))
+
+    def to_dict(self) -> dict[str, Any]:
+        return json.loads(json.dumps(dataclasses.asdict(self)))
+
+    def flat(self) -> dict[str, Any]:
+        """Every leaf field by dotted name (``lm.d_model``, ``lr``): the MLflow params."""
+        d = self.to_dict()
+        lm = d.pop("lm")
+        return {**{f"lm.{k}": v for k, v in lm.items()}, **d}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], *, source: str = "lm config") -> "LMTrainConfig":
+        """Build and validate from a nested dict; an unknown key raises :class:`ConfigError` listing the valid ones."""
+        return _build(cls, json.loads(json.dumps(dict(d))), "", source)
+
+
+# what each preset changes of LMTrainConfig's training fields (its LM is asr_core.lm.config.PRESETS[name])
+TRAIN_PRESETS: dict[str, dict[str, Any]] = {
+    "paper": {},
+    # CPU tests and demos: a few seconds per hundred steps on two cores
+    "tiny": {"batch": 8, "chunk_len": 64, "cache_len": 128, "lr": 3e-3, "warmup_steps": 20,
+             "checkpoint_every": 50, "log_every": 10},
+}
+
+
+def resolve_config(preset: str, overrides: Sequence[str] = (), *, vocab_size: int | None = None,
+                   source: str = "lm train") -> LMTrainConfig:
+    """Preset < ``vocab_size`` (the tokenizer's) < ``--set key=value`` overrides (``lm.d_model=128``, ``lr=1e-3``),
+    validated; :class:`ConfigError` names an unknown key or bad value and what is valid."""
+    if preset not in LM_PRESETS or preset not in TRAIN_PRESETS:
+        raise ConfigError(f"unknown LM preset {preset!r}; valid: {', '.join(sorted(TRAIN_PRESETS))}")
+    raw: dict[str, Any] = {"lm": LM_PRESETS[preset].to_dict(), **TRAIN_PRESETS[preset]}
+    if vocab_size is not None:
+        raw["lm"]["vocab_size"] = vocab_size
+    for item in overrides:
+        key, value = parse_override(item)
+        *parents, leaf = key.split(".")
+        cur = raw
+        for p in parents:
+            nxt = cur.setdefault(p, {})
+            if not isinstance(nxt, dict):
+                raise ConfigError(f"{source}: unknown key {key!r}: {p!r} is a value, not a section; valid keys: "
+                                  + ", ".join(LMTrainConfig().flat()))
+            cur = nxt
+        cur[leaf] = value
+    cfg = LMTrainConfig.from_dict(raw, source=source)
+    if vocab_size is not None and cfg.lm.vocab_size != vocab_size:
+        raise ConfigError(f"{source}: lm.vocab_size={cfg.lm.vocab_size} but the tokenizer has {vocab_size} ids "
+                          "(pieces + 1); leave lm.vocab_size unset: it is the tokenizer's")
+    return cfg
+
+
+@dataclass(frozen=True)
+class LMTrainResult:
+    checkpoint: Path
+    run_id: str | None
+    steps: int
+    final_loss: float
+    dev_ppl: float | None
+
+
+@dataclass(frozen=True)
+class LMCheckpoint:
+    """A trained LM ready to use: the model in eval mode, its config and tokenizer, and where it came from."""
+
+    model: TransformerLM
+    config: LMTrainConfig
+    tokenizer: Tokenizer
+    step: int
+    mlflow_run_id: str | None
+    tracking_uri: str | None
+
+
+# ---- inputs -------------------------------------------------------------------------------------------------------
+def load_tokenizer(path: str | Path) -> Tokenizer:
+    """The acoustic model's tokenizer: from an acoustic checkpoint (its ``tokenizer`` bytes) or a SentencePiece
+    ``.model`` file."""
+    p = Path(path)
+    if not p.is_file():
+        raise LMTrainError(f"tokenizer file not found: {p}; give an acoustic checkpoint (checkpoint.pt) or a "
+                           "SentencePiece .model file")
+    if zipfile.is_zipfile(p):  # torch.save's format: a checkpoint
+        return Tokenizer.from_bytes(load_checkpoint(p)["tokenizer"])
+    try:
+        return Tokenizer.load(p)
+    except TokenizerError as e:
+        raise LMTrainError(f"{p}: neither a checkpoint nor a SentencePiece model ({e})") from None
+
+
+def read_text(specs: Sequence[str]) -> list[Document]:
+    """Every document of ``specs`` in order; :class:`LMTrainError` naming a spec that holds no text."""
+    if not specs:
+        raise LMTrainError("no training text: give --text SPEC (text:FILE.jsonl, text:FILE.txt, text:FOLDER or a "
+                           "corpus spec FORMAT:PATH)")
+    docs: list[Document] = []
+    for spec in specs:
+        try:
+            got = [d for d in read_documents(spec) if d.text.strip()]
+        except TextError as e:
+            raise LMTrainError(str(e)) from None
+        if not got:
+            raise LMTrainError(f"text source {spec!r} holds no text (no non-empty documents)")
+        docs.extend(got)
+    return docs
+
+
+def encode(tok: Tokenizer, docs: Sequence[Document]) -> list[list[int]]:
+    """Token ids of each document (documents that encode to nothing are left out)."""
+    return [ids for ids in (tok.encode(d.text) for d in docs) if ids]
+
+
+def fingerprint(ids: Sequence[Sequence[int]]) -> str:
+    """16 hex digits of SHA-256 over the documents' token ids, in order: what the LM is trained on."""
+    h = hashlib.sha256()
+    for doc in ids:
+        h.update(len(doc).to_bytes(8, "little"))
+        h.update(array("i", doc).tobytes())
+    return h.hexdigest()[:16]
+
+
+def epoch_order(ids: Sequence[Sequence[int]], seed: int, epoch: int) -> list[Sequence[int]]:
+    """The documents in epoch ``epoch``'s order: a shuffle that is a pure function of (seed, epoch)."""
+    order = list(range(len(ids)))
+    random.Random(f"lm/{seed}/epoch/{epoch}").shuffle(order)
+    return [ids[i] for i in order]
+
+
+# ---- the run -------------------------------------------------------------------------------------------------------
+def _device(cfg: LMTrainConfig) -> tuple[torch.device, bool]:
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        raise LMTrainError("device='cuda' but CUDA is not available here; use device=auto or cpu")
+    dev = torch.device("cuda" if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
+                       else "cpu")
+    if cfg.precision == "bf16" and dev.type != "cuda":
+        raise LMTrainError("precision='bf16' needs CUDA (bf16 autocast on the GPU only); use precision=auto or fp32")
+    return dev, dev.type == "cuda" and cfg.precision in ("auto", "bf16")
+
+
+def _check_resume(path: Path, state: dict[str, Any], cfg: LMTrainConfig, tok: Tokenizer, data_id: str,
+                  precision: str) -> None:
+    if state.get("kind") != KIND:
+        raise LMTrainError(f"{path} is not an LM checkpoint (kind {state.get('kind')!r}); train in another --out")
+    saved = LMTrainConfig.from_dict(state["config"], source=str(path))
+    was, now = saved.flat(), cfg.flat()
+    diff = [f"{k}: {was[k]!r} -> {now[k]!r}" for k in was if k not in EXECUTION and was[k] != now[k]]
+    if diff:
+        raise LMTrainError(f"{path} was trained with another config ({', '.join(diff)}); resume with the same "
+                           "preset and --set values (only " + ", ".join(EXECUTION) + " may change), or train in "
+                           "another --out folder")
+    if bytes(state["tokenizer"]) != tok.to_bytes():
+        raise LMTrainError(f"{path} was trained with another tokenizer than the one given now; give the same file")
+    if state["data_fingerprint"] != data_id:
+        raise LMTrainError(f"the training text has other content than when {path} was written (token fingerprint "
+                           f"{state['data_fingerprint']} then, {data_id} now; text then: {state.get('text')}); "
+                           "give the same text, or train in another --out folder")
+    if state["precision"] != precision:
+        raise LMTrainError(f"{path} was trained in {state['precision']}, this segment would train in {precision}; "
+                           "resume on the same kind of device, or set precision so the whole run uses one")
+
+
+def _create_run(tracking_uri: str | None, experiment: str, cfg: LMTrainConfig) -> str | None:
+    """A new MLflow run (the one synchronous call); None, with a warning, when the tracker does not answer."""
+    try:
+        from mlflow.tracking import MlflowClient
+
+        client = MlflowClient(tracking_uri=tracking_uri)
+        exp = client.get_experiment_by_name(experiment)
+        exp_id = exp.experiment_id if exp is not None else client.create_experiment(experiment)
+        name = f"lm-{cfg.lm.d_model}d{cfg.lm.layers}L-{cfg.chunk_len}x{cfg.cache_len}"
+        return client.create_run(exp_id, run_name=name).info.run_id
+    except Exception as e:  # noqa: BLE001 - the tracker is a destination, not a dependency
+        print(f"[lm] cannot create an MLflow run at {tracking_uri} ({type(e).__name__}: {str(e)[:200]}); training "
+              "goes on, its records wait in OUT/outbox for the next segment that reaches the tracker",
+              file=sys.stderr, flush=True)
+        return None
+
+
+def _open_outbox(out_dir: Path, tracking_uri: str | None, run_id: str | None, experiment: str,
+                 cfg: LMTrainConfig, first: bool) -> tuple[Any, str | None]:
+    from asr_core.outbox import Outbox, outbox_dir
+    from asr_core.provenance import code_version
+    from asr_core.trial_contract import RUNNING, TAG_GIT_COMMIT
+
+    if run_id is None:
+        run_id = _create_run(tracking_uri, experiment, cfg)
+    segment = len(list(outbox_dir(out_dir).glob("*.jsonl"))) + 1
+    box = Outbox(out_dir, segment=segment, tracking_uri=tracking_uri, run_id=run_id).start()
+    box.status(RUNNING)
+    box.params(cfg.flat())
+    if first:
+        commit = code_version().commit
+        if commit:
+            box.tags({TAG_GIT_COMMIT: commit})
+    return box, run_id
+
+
+def train_lm(cfg: LMTrainConfig, texts: Sequence[str], tokenizer: Tokenizer, out_dir: str | Path, *,
+             dev_texts: Sequence[str] = (), tracking_uri: str | None = None, run_id: str | None = None,
+             experiment: str = DEFAULT_EXPERIMENT,
+             progress: Callable[[int, float], None] | None = None) -> LMTrainResult:
+    """Train (or resume, from ``out_dir/checkpoint.pt``) the LM ``cfg`` on the documents of ``texts`` (specs for
+    :func:`asr_core.lm.data.read_documents`) tokenised by ``tokenizer``; see the module docstring.
+    ``dev_texts``: documents whose perplexity at context ``cache_len`` is measured at each checkpoint.
+    ``progress(step, loss)`` is called after every step."""
+    with signals.installed():
+        return _train(cfg, list(texts), tokenizer, Path(out_dir), list(dev_texts), tracking_uri, run_id,
+                      experiment, progress)
+
+
+def _train(cfg: LMTrainConfig, texts: list[str], tok: Tokenizer, out_dir: Path, dev_texts: list[str],
+           tracking_uri: str | None, run_id: str | None, experiment: str,
+           progress: Callable[[int, float], None] | None) -> LMTrainResult:
+    from asr_core import outbox as ob
+    from asr_core.trial_contract import FAILED, FINISHED
+    from madgrad import MADGRAD
+
+    ckpt_path = out_dir / CHECKPOINT_FILE
+    with signals.raising(Preempted):  # nothing to checkpoint yet: a stop signal ends the setup at once
+        if tok.vocab_size != cfg.lm.vocab_size:
+            raise LMTrainError(f"the tokenizer has {tok.vocab_size} ids but lm.vocab_size is {cfg.lm.vocab_size}")
+        ids = encode(tok, read_text(texts))
+        if not ids:
+            raise LMTrainError(f"the training text ({', '.join(texts)}) encodes to no tokens")
+        dev_ids = encode(tok, read_text(dev_texts)) if dev_texts else []
+        data_id = fingerprint(ids)
+        device, bf16 = _device(cfg)
+        precision = "bf16" if bf16 else "fp32"
+        state = load_checkpoint(ckpt_path) if ckpt_path.exists() else None
+        if state is not None:
+            _check_resume(ckpt_path, state, cfg, tok, data_id, precision)
+            run_id = run_id or state.get("mlflow_run_id")
+            tracking_uri = tracking_uri or state.get("tracking_uri")
+        out_dir.mkdir(parents=True, exist_ok=True)
+        torch.manual_seed(cfg.seed)  # the initial weights
+        model = build_lm(cfg.lm).to(device)
+        opt = MADGRAD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
+                      eps=cfg.eps)
+        step, epoch, chunk, last_loss = 0, 0, 0, math.nan
+        cache: KVCache | None = None
+        if cfg.max_steps:
+            total_steps = cfg.max_steps
+        else:
+            total_steps = sum(count_chunks(epoch_order(ids, cfg.seed, e), cfg.batch, cfg.chunk_len)
+                              for e in range(cfg.epochs))
+        if state is not None:
+            model.load_state_dict(state["model"])
+            opt.load_state_dict(state["optimizer"])
+            step, total_steps = int(state["step"]), int(state["schedule"]["total_steps"])
+            last_loss = float(state["schedule"]["last_loss"])
+            epoch, chunk = int(state["data_position"]["epoch"]), int(state["data_position"]["chunk"])
+            if state["cache"] is not None:
+                c = state["cache"]
+                cache = KVCache(c["keys"], c["values"], c["lengths"]).to(device)
+            set_rng_state(state["rng"])
+            print(f"[lm] resuming {ckpt_path} at step {step}/{total_steps}", file=sys.stderr, flush=True)
+
+    box = None
+    if tracking_uri or run_id:
+        box, run_id = _open_outbox(out_dir, tracking_uri, run_id, experiment, cfg, first=state is None)
+        box.tags({"lm.data_fingerprint": data_id, "lm.text": " ".join(texts)[:500]})
+    else:
+        print("[lm] no MLflow tracking URI given: metrics go to this log only", file=sys.stderr, flush=True)
+
+    def dev_ppl() -> float | None:
+        if not dev_ids:
+            return None
+        from .ppl import score_documents
+
+        return score_documents(model, dev_ids, cfg.cache_len, chunk=cfg.chunk_len, batch=cfg.batch, bf16=bf16).ppl
+
+    def checkpoint(with_dev: bool) -> float | None:
+        ppl = dev_ppl() if with_dev else None
+        if ppl is not None:
+            print(f"[lm] step {step}: dev ppl {ppl:.3f} (context {cfg.cache_len})", file=sys.stderr, flush=True)
+            if box is not None:
+                box.metrics(step, {"lm/dev_ppl": ppl})
+        if box is not None:
+            box.sync()  # every step up to this checkpoint's is on disk before the checkpoint is
+        save_checkpoint(ckpt_path, {
+            "format_version": FORMAT_VERSION, "kind": KIND, "config": cfg.to_dict(), "model": model.state_dict(),
+            "optimizer": opt.state_dict(), "step": step,
+            "schedule": {"total_steps": total_steps, "warmup_steps": cfg.warmup_steps, "peak_lr": cfg.lr,
+                         "last_loss": last_loss},
+            "rng": rng_state(), "data_position": {"epoch": epoch, "chunk": chunk},
+            "cache": None if cache is None else {"keys": cache.keys.cpu(), "values": cache.values.cpu(),
+                                                 "lengths": cache.lengths.cpu()},
+            "tokenizer": tok.to_bytes(), "data_fingerprint": data_id, "text": list(texts),
+            "mlflow_run_id": run_id, "tracking_uri": tracking_uri, "precision": precision,
+        })
+        return ppl
+
+    n_params = sum(p.numel() for p in model.parameters())
+    print(f"[lm] {n_params / 1e6:.2f}M parameters on {device}{' (bf16)' if bf16 else ''}; {len(ids)} documents, "
+          f"{sum(map(len, ids))} tokens (fingerprint {data_id}); {total_steps} steps of {cfg.batch} x "
+          f"{cfg.chunk_len} tokens, memory {cfg.cache_len}; out {out_dir}", file=sys.stderr, flush=True)
+    last_ppl: float | None = None
+    try:
+        chunks = chunk_batches(epoch_order(ids, cfg.seed, epoch), cfg.batch, cfg.chunk_len, bos=cfg.lm.bos_id,
+                               start=chunk)
+        model.train()
+        window: list[float] = []
+        t0 = time.monotonic()
+        while step < total_steps:
+            if signals.received() is not None:
+                checkpoint(with_dev=False)
+                print(f"[lm] {signals.name()} received: checkpointed at step {step} to {ckpt_path}",
+                      file=sys.stderr, flush=True)
+                raise Preempted(f"{signals.name()} at step {step}")
+            ch = next(chunks, None)
+            if ch is None:  # the epoch is over: a fresh order, every lane starts afresh
+                if not cfg.max_steps and epoch + 1 >= cfg.epochs:
+                    break
+                epoch, chunk, cache = epoch + 1, 0, None
+                chunks = chunk_batches(epoch_order(ids, cfg.seed, epoch), cfg.batch, cfg.chunk_len,
+                                       bos=cfg.lm.bos_id)
+                continue
+            lr = learning_rate(step, cfg.lr, cfg.warmup_steps, total_steps)
+            for g in opt.param_groups:
+                g["lr"] = lr
+            tokens, lengths = ch.tokens.to(device), ch.lengths.to(device)
+            if cache is not None:
+                cache = cache.forget(ch.reset)
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+                logits, new_cache = model(tokens[:, :-1], lengths, cache)
+            valid = torch.arange(cfg.chunk_len, device=device)[None, :] < lengths[:, None]  # (B, T)
+            loss = F.cross_entropy(logits[valid].float(), tokens[:, 1:][valid])
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            opt.step()
+            cache = new_cache.detach().trim(cfg.cache_len)  # Transformer-XL memory: no gradient into the past
+            step, chunk, last_loss = step + 1, chunk + 1, float(loss.detach())
+            window.append(last_loss)
+            if box is not None:
+                box.metrics(step, {"lm/train_loss": last_loss, "lm/lr": lr, "lm/grad_norm": float(grad_norm)})
+            if progress is not None:
+                progress(step, last_loss)
+            if step % cfg.log_every == 0 or step == total_steps:
+                mean = sum(window) / len(window)
+                rate = len(window) * cfg.batch * cfg.chunk_len / max(time.monotonic() - t0, 1e-9)
+                print(f"[lm] step {step}/{total_steps} loss {mean:.4f} ppl {math.exp(min(mean, 50)):.2f} "
+                      f"lr {lr:.3g} ({rate:.0f} tok/s)", file=sys.stderr, flush=True)
+                window, t0 = [], time.monotonic()
+                if box is not None:
+                    box.kick()
+            if step % cfg.checkpoint_every == 0 and step < total_steps:
+                last_ppl = checkpoint(with_dev=True)
+        last_ppl = checkpoint(with_dev=True)
+        if box is not None:
+            box.status(FINISHED)
+        print(f"[lm] done: {step} steps, final loss {last_loss:.4f}, checkpoint {ckpt_path}", file=sys.stderr,
+              flush=True)
+        return LMTrainResult(ckpt_path, run_id, step, last_loss, last_ppl)
+    except (Preempted, KeyboardInterrupt):
+        raise
+    except BaseException:
+        if box is not None:
+            box.status(FAILED)
+        raise
+    finally:
+        if box is not None:
+            hurry = signals.received() is not None
+            if not box.flush(ob.PREEMPT_FLUSH_S if hurry else ob.FINAL_FLUSH_S, signals.received):
+                print(f"[lm] MLflow at {tracking_uri} has not taken everything yet ({box.last_error or 'no answer'});"
+                      f" the rest waits in {box.dir} and is shipped by the next segment", file=sys.stderr, flush=True)
+            box.close()
+
+
+# ---- a trained LM -------------------------------------------------------------------------------------------------
+def load_lm(path: str | Path, device: str | torch.device = "cpu") -> LMCheckpoint:
+    """The LM of an ``lm train`` checkpoint (``weights_only`` load), in eval mode on ``device``."""
+    path = Path(path)
+    state = load_checkpoint(path)
+    if state.get("kind") != KIND:
+        raise CheckpointError(f"{path}: not an LM checkpoint (kind {state.get('kind')!r}); an acoustic checkpoint "
+                              "goes to evaluate, an LM one comes from python -m asr_core lm train")
+    if state["format_version"] > FORMAT_VERSION:
+        raise CheckpointError(f"{path}: LM format_version {state['format_version']} is newer than this code "
+                              f"({FORMAT_VERSION}); update asr_core")
+    cfg = LMTrainConfig.from_dict(state["config"], source=str(path))
+    model = build_lm(cfg.lm)
+    model.load_state_dict(state["model"])
+    tok = Tokenizer.from_bytes(state["tokenizer"])
+    if tok.vocab_size != cfg.lm.vocab_size:
+        raise CheckpointError(f"{path}: tokenizer has {tok.vocab_size} ids, the LM {cfg.lm.vocab_size}")
+    return LMCheckpoint(model.to(device).eval(), cfg, tok, int(state["step"]), state.get("mlflow_run_id"),
+                        state.get("tracking_uri"))

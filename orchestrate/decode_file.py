@@ -1,0 +1,249 @@
+"""The decode file of ``orchestrate evaluate SWEEP --decode FILE``: one beam-search setting (paper 004 §2.4, §3.4),
+validated before anything is submitted.
+
+A YAML mapping (example: ``grids/decode-lm.yaml``)::
+
+    name: beam-lm1024      # the decoder's name: metrics wer_<name>/<dataset>[/snr<DB>], tag eval.decoder.<name>
+    lm: lm/checkpoint.pt   # an LM checkpoint (python -m asr_core lm train), or null: beam search without an LM
+    alpha: 0.42            # LM weight (required with an LM; not allowed without one: it would weigh nothing)
+    beta: 1.95             # bonus per token (required)
+    beam_width: 25         # optional (default: asr_core.beam.BeamConfig's, paper 004 §3.4)
+    lm_context: 1024       # optional: tokens the LM remembers (default: BeamConfig's)
+    prompt: prompt.txt     # optional, with an LM only: a text the LM reads before each recording (004 §3.4)
+    datasets: [dev=podcast:data/dev]   # optional NAME=FORMAT:PATH list; default: each trial's own eval.datasets
+    snrs: [0, 5]           # optional: music at these SNRs (dB) on every decoded dataset; default: clean only
+    stride: 0.125          # optional window stride; default: each trial's own eval.stride
+
+Relative paths (``lm``, ``prompt``, the datasets' PATH) resolve against the decode file's folder. Every error names
+the file, the key, the value and what is valid (:class:`DecodeFileError`).
+
+One name is one setting: :meth:`DecodeSpec.setting` is what a later file under the same name must repeat (the LM
+and prompt by path *and* content, alpha, beta, width, context, stride); the datasets and SNRs may grow, since each
+has metrics of its own.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+KEYS = ("name", "lm", "alpha", "beta", "beam_width", "lm_context", "prompt", "datasets", "snrs", "stride")
+SETTING_KEYS = ("lm", "lm_sha256", "alpha", "beta", "beam_width", "lm_context", "prompt", "prompt_sha256", "stride")
+
+
+class DecodeFileError(ValueError):
+    """The decode file is unreadable or invalid; the message names the file, key and value and what is valid."""
+
+
+@dataclass(frozen=True)
+class DecodeSpec:
+    """A validated decode file: paths absolute, defaults filled in (alpha 0 without an LM)."""
+
+    name: str
+    lm: str | None  # absolute path of the LM checkpoint; None: beam search without an LM
+    alpha: float
+    beta: float
+    beam_width: int
+    lm_context: int
+    prompt: str | None = None  # absolute path of the prompt text
+    datasets: tuple[str, ...] = ()  # NAME=FORMAT:/absolute/path; (): each trial's eval.datasets
+    snrs: tuple[float, ...] = ()  # music SNRs in dB on every decoded dataset; (): clean only
+    stride: float | None = None  # None: each trial's eval.stride
+    source: str = ""  # the decode file it was read from
+
+    def setting(self) -> dict[str, Any]:
+        """What defines the decoder ``name``: the LM and prompt (path and SHA-256 of the content), alpha, beta,
+        beam width, LM context and stride. Hashing reads the LM file once (a few hundred MB at paper size)."""
+        return {"lm": self.lm, "lm_sha256": _sha256(self.lm), "alpha": self.alpha, "beta": self.beta,
+                "beam_width": self.beam_width, "lm_context": self.lm_context, "prompt": self.prompt,
+                "prompt_sha256": _sha256(self.prompt), "stride": self.stride}
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["datasets"], d["snrs"] = list(self.datasets), list(self.snrs)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "DecodeSpec":
+        """A spec written by :meth:`to_dict` (the sweep's own record: trusted, not validated again)."""
+        return cls(**{**d, "datasets": tuple(d.get("datasets", ())), "snrs": tuple(d.get("snrs", ()))})
+
+    def metric_keys(self, dataset: str) -> list[str]:
+        """The metrics one decoded dataset gets: clean, then each SNR (``asr_core.evaluate``'s keys)."""
+        from asr_core.beam import BeamConfig
+        from asr_core.evaluate import BeamDecoding
+
+        beam = BeamDecoding(BeamConfig(), name=self.name)
+        return [beam.metric_key(dataset, snr) for snr in (None, *self.snrs)]
+
+
+def _sha256(path: str | None) -> str | None:
+    if path is None:
+        return None
+    with open(path, "rb") as fh:
+        return hashlib.file_digest(fh, "sha256").hexdigest()
+
+
+def load_decode_file(path: str | Path) -> DecodeSpec:
+    """Read and validate the decode file at ``path``; raises :class:`DecodeFileError`."""
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise DecodeFileError(f"decode file {path} not found") from None
+    except (OSError, yaml.YAMLError) as e:
+        raise DecodeFileError(f"decode file {path}: cannot read it as YAML ({e})") from None
+    return parse_decode(raw, path)
+
+
+def parse_decode(raw: Any, path: Path) -> DecodeSpec:
+    """Validate the mapping ``raw`` read from ``path`` (relative paths resolve against ``path``'s folder)."""
+    from asr_core.beam import BeamConfig
+
+    where = str(path)
+    if not isinstance(raw, dict):
+        raise DecodeFileError(f"{where}: a decode file is a mapping of {', '.join(KEYS)}; got {raw!r}")
+    unknown = sorted(str(k) for k in set(raw) - set(KEYS))
+    if unknown:
+        raise DecodeFileError(f"{where}: unknown key {unknown[0]!r}; valid keys: {', '.join(KEYS)}")
+    for k in ("name", "lm", "beta"):
+        if k not in raw:
+            raise DecodeFileError(f"{where}: missing key {k!r}"
+                                  + ("; give an LM checkpoint's path, or null for beam search without an LM"
+                                     if k == "lm" else ""))
+    base = path.resolve().parent
+    name = _name(where, raw["name"])
+    lm = None if raw["lm"] is None else _file(where, "lm", raw["lm"], base,
+                                                "an LM checkpoint (python -m asr_core lm train), or null")
+    if lm is not None:
+        _loadable(where, lm)
+        if "alpha" not in raw:
+            raise DecodeFileError(f"{where}: missing key 'alpha' (the LM's weight; tune it with `python -m "
+                                  "asr_core lm tune`)")
+    elif "alpha" in raw:
+        raise DecodeFileError(f"{where}: 'alpha' is {raw['alpha']!r} but lm is null: alpha weighs the LM's score "
+                              "and without an LM it weighs nothing; remove it, or give an LM")
+    defaults = BeamConfig()
+    alpha = _number(where, "alpha", raw.get("alpha", 0.0))
+    beta = _number(where, "beta", raw["beta"])
+    beam_width = _positive_int(where, "beam_width", raw.get("beam_width", defaults.beam_width))
+    lm_context = _positive_int(where, "lm_context", raw.get("lm_context", defaults.lm_context))
+    prompt = raw.get("prompt")
+    if prompt is not None:
+        if lm is None:
+            raise DecodeFileError(f"{where}: 'prompt' is {prompt!r} but lm is null: the prompt is text the LM reads "
+                                  "first; remove it, or give an LM")
+        prompt = _file(where, "prompt", prompt, base, "a text file")
+    stride = raw.get("stride")
+    if stride is not None:
+        stride = _number(where, "stride", stride)
+        if not 0 < stride <= 1:
+            raise DecodeFileError(f"{where}: invalid value for 'stride': {raw['stride']!r}; valid: a fraction of "
+                                  "the window in (0, 1], or leave it out for each trial's eval.stride")
+    snrs = tuple(_number(where, "snrs", v) for v in _list(where, "snrs", raw.get("snrs"), "SNRs in dB"))
+    if len(set(snrs)) != len(snrs):
+        raise DecodeFileError(f"{where}: 'snrs' repeats a value: {list(snrs)}; valid: distinct SNRs in dB")
+    datasets = _datasets(where, _list(where, "datasets", raw.get("datasets"), "NAME=FORMAT:PATH strings"), base)
+    return DecodeSpec(name=name, lm=lm, alpha=alpha, beta=beta, beam_width=beam_width, lm_context=lm_context,
+                      prompt=prompt, datasets=datasets, snrs=snrs, stride=stride, source=str(path.resolve()))
+
+
+def _name(where: str, v: Any) -> str:
+    from asr_core.beam import BeamConfig
+    from asr_core.evaluate import BeamDecoding
+
+    ok = isinstance(v, str) and v[:1].isalnum()
+    if ok:
+        try:
+            BeamDecoding(BeamConfig(), name=v)  # the evaluation's own rule for decoder names
+        except ValueError:
+            ok = False
+    if not ok:
+        raise DecodeFileError(f"{where}: invalid value for 'name': {v!r}; valid: letters, digits, '-', '_' and '.', "
+                              "starting with a letter or digit, not 'greedy' (it names the metrics wer_<name>/... "
+                              "and a folder of the sweep)")
+    return v
+
+
+def _number(where: str, key: str, v: Any) -> float:
+    if isinstance(v, str):  # YAML 1.1 reads 1e-3 (no dot) as a string
+        try:
+            v = float(v)
+        except ValueError:
+            pass
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise DecodeFileError(f"{where}: invalid value for {key!r}: {v!r}; valid: a finite number")
+    return float(v)
+
+
+def _positive_int(where: str, key: str, v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise DecodeFileError(f"{where}: invalid value for {key!r}: {v!r}; valid: a positive integer")
+    return v
+
+
+def _list(where: str, key: str, v: Any, what: str) -> list[Any]:
+    if v is None:
+        return []
+    if not isinstance(v, list):
+        raise DecodeFileError(f"{where}: invalid value for {key!r}: {v!r}; valid: a list of {what}")
+    return v
+
+
+def _file(where: str, key: str, v: Any, base: Path, what: str) -> str:
+    if not isinstance(v, str) or not v.strip():
+        raise DecodeFileError(f"{where}: invalid value for {key!r}: {v!r}; valid: the path of {what}")
+    p = Path(v).expanduser()
+    p = (p if p.is_absolute() else base / p).resolve()
+    if not p.is_file():
+        raise DecodeFileError(f"{where}: {key} {v!r} not found ({p}); valid: the path of {what} (relative paths "
+                              "resolve against the decode file's folder)")
+    return str(p)
+
+
+def _loadable(where: str, lm: str) -> None:
+    """The LM file is a checkpoint ``torch.load(weights_only=True)`` reads (memory-mapped: nothing is copied)."""
+    import torch
+
+    try:
+        ck = torch.load(lm, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as e:  # noqa: BLE001 - torch raises many kinds for a file that is not a checkpoint
+        raise DecodeFileError(f"{where}: lm {lm} is not a checkpoint torch can read with weights_only=True "
+                              f"({type(e).__name__}: {e}); valid: a checkpoint of `python -m asr_core lm train`"
+                              ) from None
+    if not isinstance(ck, dict):
+        raise DecodeFileError(f"{where}: lm {lm} holds a {type(ck).__name__}, not a checkpoint's dict; valid: a "
+                              "checkpoint of `python -m asr_core lm train`")
+
+
+def _datasets(where: str, items: list[Any], base: Path) -> tuple[str, ...]:
+    """``NAME=FORMAT:PATH`` specs with PATH made absolute; each must exist and the names must be distinct."""
+    from asr_core.corpora import CorpusError, parse_dataset_spec, split_spec
+
+    out: list[str] = []
+    names: list[str] = []
+    for v in items:
+        if not isinstance(v, str):
+            raise DecodeFileError(f"{where}: invalid value in 'datasets': {v!r}; valid: NAME=FORMAT:PATH strings")
+        try:
+            name, corpus = parse_dataset_spec(v)
+            fmt, p = split_spec(corpus)
+        except CorpusError as e:
+            raise DecodeFileError(f"{where}: invalid value in 'datasets': {e}") from None
+        p = p.expanduser()
+        p = (p if p.is_absolute() else base / p).resolve()
+        # a prepared corpus is only one once its manifest is written (an unfinished preparation is not)
+        if not (p / "prepared.json" if fmt == "prepared" else p).exists():
+            raise DecodeFileError(f"{where}: dataset {v!r}: {p} not found (relative paths resolve against the decode "
+                                  "file's folder)")
+        if name in names:
+            raise DecodeFileError(f"{where}: dataset name {name!r} given twice in 'datasets'; valid: distinct names "
+                                  "(each names its metrics)")
+        names.append(name)
+        out.append(f"{name}={fmt}:{p}")
+    return tuple(out)

@@ -1,0 +1,258 @@
+"""``orchestrate evaluate SWEEP --decode FILE``: beam-search decoding of a finished sweep's trials as jobs.
+
+A tiny real sweep (two trials of the tiny preset, trained a few steps and evaluated greedily on a one-recording dev
+set) is finished once on the ``local`` backend. Invalid decode files exit 2 having written nothing; a decode without
+an LM logs ``wer_<name>/dev`` into the runs of the trials ``--where`` selects, a second call decodes only the rest,
+a third submits nothing; a name reused with another setting is refused naming both files; the trials' keys, folders
+and runs never change. On the SLURM test cluster the same decode goes out as a job array whose results land in the
+runs, and a call while it is queued or running submits nothing new.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import textwrap
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from mlflow.tracking import MlflowClient
+
+from asr_core.trial_contract import FINISHED
+from orchestrate.backends import slurm_commands
+from orchestrate.backends.profile import Profile
+from orchestrate.cli import main
+from orchestrate.decode_jobs import decode_minutes, one_gpu
+from orchestrate.ledger import Ledger, wait_for
+from orchestrate.sweep import SweepDir
+from tests.folder_snapshot import snapshot
+from tests.test_backend import smoke_corpus, wait_until, write_profile
+
+__all__ = ["smoke_corpus"]  # the session fixture, shared with test_backend
+
+pytestmark = pytest.mark.timeout(600)
+
+GRID = """
+name: %s
+seeds: [1]
+base:
+  preset: tiny
+  data: {train: "podcast:%s/train", batch_audio_s: 20.48, seqlen_warmup: none, context_s: 5.12}
+  train: {max_steps: 2, warmup_steps: 2, checkpoint_every: 2, device: cpu, precision: fp32}
+  eval: {datasets: ["dev=podcast:%s"], stride: 1.0}
+subgrids:
+  heads:
+    axes: {model.heads: [2, 4]}
+"""
+# beam search without an LM, narrow and with windows that do not overlap: seconds per trial on a CPU
+DECODE = """
+name: %s
+lm: null
+beta: 0.5
+beam_width: 4
+stride: 1.0
+"""
+
+
+def _dev_set(corpus: Path, out: Path) -> Path:
+    """A podcast folder holding the corpus's shortest recording (about 30 s)."""
+    shortest = min(corpus.glob("train/*.wav"), key=lambda p: p.stat().st_size)
+    out.mkdir(parents=True)
+    for p in (shortest, shortest.with_suffix(".json")):
+        shutil.copy(p, out / p.name)
+    return out
+
+
+def _submit(tmp: Path, corpus: Path, name: str, *extra: str) -> tuple[Path, SweepDir]:
+    dev = _dev_set(corpus, tmp / "dev")
+    grid = tmp / "grid.yaml"
+    grid.write_text(textwrap.dedent(GRID % (name, corpus, dev)))
+    root = tmp / "runs"
+    assert main(["submit", str(grid), "--sweep-root", str(root), *extra]) == 0
+    return root, SweepDir(root, name)
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory: pytest.TempPathFactory, smoke_corpus: Path) -> tuple[Path, SweepDir]:
+    """(sweep root, sweep) of a local sweep whose two trials are FINISHED."""
+    root, sweep = _submit(tmp_path_factory.mktemp("evaluate"), smoke_corpus, "dec", "--backend", "local")
+    runs = Ledger(sweep.read_manifest().tracking_uri, sweep.name).trial_runs()
+    assert len(runs) == 2 and {r.status for r in runs.values()} == {FINISHED}
+    return root, sweep
+
+
+def _decode_file(folder: Path, name: str, text: str | None = None) -> Path:
+    p = folder / f"{name}-{uuid.uuid4().hex[:6]}.yaml"
+    p.write_text(textwrap.dedent(text if text is not None else DECODE % name))
+    return p
+
+
+def _evaluate(root: Path, sweep: SweepDir, decode: Path, *extra: str) -> int:
+    return main(["evaluate", sweep.name, "--decode", str(decode), "--sweep-root", str(root), *extra])
+
+
+def _metrics(sweep: SweepDir) -> dict[str, dict[str, float]]:
+    """{trial key: its run's wer metrics}."""
+    uri = sweep.read_manifest().tracking_uri
+    client = MlflowClient(uri)
+    return {k: {m: v for m, v in client.get_run(r.run_id).data.metrics.items() if m.startswith("wer")}
+            for k, r in Ledger(uri, sweep.name).trial_runs().items()}
+
+
+def _trial_files(sweep: SweepDir) -> dict[str, Any]:
+    """Everything of the trials: their folders (files, bytes, times) and the sweep's trial list and manifest."""
+    return {"trials": snapshot(sweep.path / "trials"), "trials.json": (sweep.path / "trials.json").read_bytes(),
+            "sweep.json": (sweep.path / "sweep.json").read_bytes()}
+
+
+BAD = {
+    "unknown key": ("name: b\nlm: null\nbeta: 1\nbeam: 4\n", "unknown key 'beam'"),
+    "missing lm file": ("name: b\nlm: no-such-lm.pt\nalpha: 0.4\nbeta: 1\n", "lm 'no-such-lm.pt' not found"),
+    "bad alpha": ("name: b\nlm: lm.pt\nalpha: high\nbeta: 1\n", "invalid value for 'alpha': 'high'"),
+    "alpha without an LM": ("name: b\nlm: null\nalpha: 0.4\nbeta: 1\n", "'alpha' is 0.4 but lm is null"),
+    "bad name": ("name: greedy\nlm: null\nbeta: 1\n", "invalid value for 'name': 'greedy'"),
+    "missing dataset": ("name: b\nlm: null\nbeta: 1\ndatasets: [x=podcast:nowhere]\n", "dataset 'x=podcast:nowhere'"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_an_invalid_decode_file_exits_2_naming_file_and_key_having_written_nothing(
+        case: str, finished: tuple[Path, SweepDir], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root, sweep = finished
+    torch.save({"model": {"w": torch.zeros(2)}}, tmp_path / "lm.pt")  # an existing, readable checkpoint
+    text, expected = BAD[case]
+    decode = _decode_file(tmp_path, "bad", text)
+    before = snapshot(sweep.path)
+    assert _evaluate(root, sweep, decode) == 2
+    err = capsys.readouterr().err
+    assert expected in err and str(decode) in err, err
+    assert snapshot(sweep.path) == before
+
+
+def test_an_unknown_where_field_exits_2_listing_valid_ones(finished: tuple[Path, SweepDir], tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    root, sweep = finished
+    before = snapshot(sweep.path)
+    assert _evaluate(root, sweep, _decode_file(tmp_path, "w"), "--where", "model.head=2") == 2
+    err = capsys.readouterr().err
+    assert "--where 'model.head=2'" in err and "model.heads" in err, err
+    assert snapshot(sweep.path) == before
+
+
+def test_local_decode_logs_into_selected_runs_then_the_rest_then_nothing_and_never_touches_the_trials(
+        finished: tuple[Path, SweepDir], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root, sweep = finished
+    trials = {t.config.model.heads: t for t in sweep.read_trials()}
+    uri = sweep.read_manifest().tracking_uri
+    runs_before = Ledger(uri, sweep.name).trial_runs()
+    files_before = _trial_files(sweep)
+    greedy_before = _metrics(sweep)
+    decode = _decode_file(tmp_path, "beam0")
+
+    # a dry run says what it would decode and writes nothing
+    before = snapshot(sweep.path)
+    assert _evaluate(root, sweep, decode, "--where", "model.heads=2", "--dry-run") == 0
+    out = capsys.readouterr().out
+    assert "1 to decode" in out and trials[2].key in out and trials[4].key not in out, out
+    assert snapshot(sweep.path) == before
+
+    # --where: only the 2-head trial
+    assert _evaluate(root, sweep, decode, "--where", "model.heads=2") == 0
+    assert "1 to decode, 0 decoded already (skipped), 0 queued or running (skipped), 0 not finished (skipped), " \
+           "1 not matching --where" in capsys.readouterr().out
+    m = _metrics(sweep)
+    assert "wer_beam0/dev" in m[trials[2].key] and "wer_beam0/dev" not in m[trials[4].key], m
+    assert 0 <= m[trials[2].key]["wer_beam0/dev"]
+    run2 = MlflowClient(uri).get_run(runs_before[trials[2].key].run_id)
+    assert json.loads(run2.data.tags["eval.decoder.beam0"]) == {"alpha": "0", "beta": "0.5", "beam_width": "4",
+                                                                "lm_context": "1024", "lm": "none"}
+    assert "eval/dev.beam0.csv" in [a.path for a in MlflowClient(uri).list_artifacts(run2.info.run_id, "eval")]
+
+    # everything: the decoded trial is skipped, the other decoded
+    assert _evaluate(root, sweep, decode) == 0
+    assert "1 to decode, 1 decoded already (skipped)" in capsys.readouterr().out
+    m = _metrics(sweep)
+    assert all("wer_beam0/dev" in m[t.key] for t in trials.values()), m
+
+    # again: nothing new, no submission
+    decoder = sweep.path / "decode" / "beam0"
+    subs = sorted((decoder / "submissions").glob("*.json"))
+    assert len(subs) == 2
+    assert _evaluate(root, sweep, decode) == 0
+    assert "0 to decode, 2 decoded already (skipped)" in capsys.readouterr().out
+    assert sorted((decoder / "submissions").glob("*.json")) == subs
+    assert "name: beam0" in (decoder / "decode.yaml").read_text()
+
+    # the same name with another setting is refused, naming both files, and changes nothing
+    other = _decode_file(tmp_path, "beam0", (DECODE % "beam0").replace("beta: 0.5", "beta: 1.5"))
+    before = snapshot(sweep.path)
+    assert _evaluate(root, sweep, other) == 2
+    err = capsys.readouterr().err
+    assert str(decode.resolve()) in err and str(other.resolve()) in err and "beta: 0.5 there, 1.5 here" in err, err
+    assert snapshot(sweep.path) == before
+
+    # the trials are as they were: keys, folders, runs and their status; the greedy figures unchanged
+    assert _trial_files(sweep) == files_before
+    runs_after = Ledger(uri, sweep.name).trial_runs()
+    assert {k: (r.run_id, r.status) for k, r in runs_after.items()} == \
+           {k: (r.run_id, r.status) for k, r in runs_before.items()}
+    assert {k: {n: v for n, v in ms.items() if n.startswith("wer/")} for k, ms in _metrics(sweep).items()} == \
+           greedy_before
+
+
+@pytest.mark.parametrize("gpus, one", [("a100:4", "a100:1"), (2, 1), ("2", 1), (0, 0)])
+def test_a_decode_task_asks_one_gpu_of_the_profiles_kind(gpus: str | int, one: str | int) -> None:
+    assert one_gpu(Profile(gpus_per_node=gpus)) == one
+
+
+def test_a_decode_task_takes_the_profiles_fixed_time_or_its_cap_under_the_estimate_rule() -> None:
+    assert decode_minutes(Profile(time_limit="02:00:00")) == 120
+    assert decode_minutes(Profile(time_limit="estimate", time_max="1-00:00:00")) == 24 * 60
+
+
+@pytest.mark.slurm
+@pytest.mark.timeout(900)
+def test_slurm_decode_is_a_job_array_whose_results_land_and_a_second_call_submits_nothing(
+        tmp_path: Path, smoke_corpus: Path, request: pytest.FixtureRequest, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    request.getfixturevalue("slurm_cluster")
+    profile = write_profile(tmp_path, "a100:1")
+    name = f"dec-slurm-{uuid.uuid4().hex[:6]}"
+    root, sweep = _submit(tmp_path, smoke_corpus, name, "--backend", "slurm", "--profile", str(profile),
+                          "--allow-sqlite")  # every job runs on this host: the test cluster is one machine
+    ledger = Ledger(sweep.read_manifest().tracking_uri, name)
+    keys = [t.key for t in sweep.read_trials()]
+    runs = wait_for(ledger, keys, timeout=600)
+    assert {r.status for r in runs.values()} == {FINISHED}
+    files_before = _trial_files(sweep)
+    capsys.readouterr()
+
+    decode = _decode_file(tmp_path, "beam0")
+    monkeypatch.setattr(slurm_commands, "max_array_size", lambda: 1)  # split as a cluster of MaxArraySize 1 would
+    assert _evaluate(root, sweep, decode) == 0
+    assert "2 to decode" in capsys.readouterr().out
+    subs = sorted((sweep.path / "decode" / "beam0" / "submissions").glob("*.json"))
+    assert len(subs) == 2  # one array (here a lone job) per MaxArraySize tasks
+    records = [json.loads(p.read_text()) for p in subs]
+    assert all(r["backend"] == "slurm" and r["job_id"] and len(r["tasks"]) == 1 for r in records), records
+    assert {r["tasks"][0]["key"] for r in records} == set(keys)
+
+    # at once again: queued, running or decoded by now; either way nothing new is submitted
+    assert _evaluate(root, sweep, decode) == 0
+    assert "0 to decode" in capsys.readouterr().out
+    assert sorted((sweep.path / "decode" / "beam0" / "submissions").glob("*.json")) == subs
+
+    wait_until(lambda: all("wer_beam0/dev" in m for m in _metrics(sweep).values()), 300,
+               "the decode array's metrics never landed in the runs", poll=2)
+    wait_until(lambda: _evaluate(root, sweep, decode) == 0 and "0 to decode, 2 decoded already (skipped), 0 queued"
+               in capsys.readouterr().out, 120, "the decode tasks never left the queue", poll=2)
+    accounted = subprocess.run(["sacct", "-X", "-n", "-P", "-o", "JobID,JobName,State", "-j",
+                                ",".join(r["job_id"] for r in records)], capture_output=True, text=True, check=True)
+    rows = {ln.split("|")[0]: ln.split("|")[1:] for ln in accounted.stdout.split()}
+    assert rows == {r["job_id"]: [f"orch.{name}.decode.beam0.{r['id']}", "COMPLETED"] for r in records}, rows
+    assert _trial_files(sweep) == files_before
+    assert {r.status for r in ledger.trial_runs().values()} == {FINISHED}
