@@ -14,6 +14,12 @@ checkpoint's MLflow run (docs/ARCHITECTURE.md, "Evaluation contract"): metrics `
 ``wer/<NAME>/snr<DB:g>`` in percent, artifacts ``eval/<NAME>.csv`` (the folder is
 :data:`~asr_core.trial_contract.EVAL_DIR`). Hypotheses go to ``DIR/<NAME>.hyp.jsonl`` (local only) for inspection.
 
+A dataset whose recordings have planted cue words (a synthetic corpus made with ``synth --cue``; found in its
+metadata next to the split folder, :func:`asr_core.corpora.cues.planted`) also gets the cue-word error rate: the
+planted words substituted or deleted, per recording in the columns ``cue_words`` and ``cue_errors`` (empty for
+datasets without a plant), and as metrics ``cue/<NAME>`` and ``cue/<NAME>/snr<DB:g>`` in percent (beam decoders:
+``cue_<decoder>/...``). Datasets without planted words log no ``cue/`` metric.
+
 Everything logged goes through an outbox (:mod:`asr_core.outbox`): the trial job passes its own, so evaluation never
 waits for MLflow; the standalone command keeps one in ``DIR/outbox`` and waits for it at most
 ``ASR_CORE_FINAL_FLUSH_S`` seconds at the end (what is left is shipped later with ``python -m asr_core.outbox DIR
@@ -46,16 +52,17 @@ import torch
 
 from asr_core.beam import BeamConfig, beam_search
 from asr_core.corpora import CorpusError, Recording, load_corpus, parse_dataset_spec
+from asr_core.corpora.cues import planted
 from asr_core.corpora.fingerprint import fingerprint
 from asr_core.decode import (WindowBatch, auto_batch_windows, greedy_ids, plan_windows, posteriors,
                               prepare_features, resolve_precision, window_frames)
 from asr_core.noise import add_music
 from asr_core.outbox import FINAL_FLUSH_S, Outbox, fail_fast_http
-from asr_core.score import Counts, corpus_wer, normalise, score
+from asr_core.score import Counts, corpus_wer, marked_counts, normalise, normalise_marked, score
 from asr_core.trial_contract import EVAL_DIR, ProgressLog, eval_fingerprint_tag
 
 CSV_COLUMNS = ["dataset", "condition", "snr_db", "recording", "ref_words", "substitutions", "deletions",
-               "insertions", "hyp_words", "wer"]
+               "insertions", "hyp_words", "wer", "cue_words", "cue_errors"]
 GREEDY = "greedy"
 
 
@@ -79,6 +86,9 @@ class BeamDecoding:
     def metric_key(self, dataset: str, snr_db: float | None = None) -> str:
         return f"wer_{self.name}/" + metric_key(dataset, snr_db).split("/", 1)[1]
 
+    def cue_metric_key(self, dataset: str, snr_db: float | None = None) -> str:
+        return f"cue_{self.name}/" + metric_key(dataset, snr_db).split("/", 1)[1]
+
     def decode(self, probs: torch.Tensor, blank: int) -> Any:
         return beam_search(probs, blank=blank, lm=self.lm, config=self.config, prompt=self.prompt)
 
@@ -93,6 +103,11 @@ def condition_name(snr_db: float | None) -> str:
 
 def metric_key(dataset: str, snr_db: float | None = None) -> str:
     return f"wer/{dataset}" if snr_db is None else f"wer/{dataset}/{condition_name(snr_db)}"
+
+
+def cue_metric_key(dataset: str, snr_db: float | None = None) -> str:
+    """``cue/<NAME>[/snr<DB>]``: the cue-word error rate of a dataset with planted words."""
+    return "cue/" + metric_key(dataset, snr_db).split("/", 1)[1]
 
 
 def checkpoint_run(checkpoint: str | Path) -> tuple[str | None, str | None]:
@@ -164,6 +179,7 @@ def evaluate(checkpoint: str | Path, datasets: list[str], snrs: list[float], str
     if noise != "synthetic" and not Path(noise).is_file():
         raise FileNotFoundError(f"noise file {noise} not found; use 'synthetic' or the path of an audio file")
     corpora = {name: load_corpus(spec, strict=strict) for name, spec in parsed}
+    cues = {name: planted(recs) for name, recs in corpora.items()}  # None: no planted words in the dataset
     run: tuple[str, str | None] | None = None
     new_tags: dict[str, str] = {}
     if log:
@@ -208,7 +224,7 @@ def evaluate(checkpoint: str | Path, datasets: list[str], snrs: list[float], str
         ds_snrs = [s for s in conditions[name] if s is not None]
         by_decoder, hyps = _evaluate_dataset(name, recordings, ds_snrs, model, extractor, tokenizer, window, stride,
                                              batch, sub, fps, dev, noise, noise_seed, progress,
-                                             "bf16" if bf16 else "fp32", beam)
+                                             "bf16" if bf16 else "fp32", beam, cues[name])
         for decoder in decoders:
             ds_rows = by_decoder[decoder]
             rows.extend({**r, "decoder": decoder} for r in ds_rows)
@@ -224,10 +240,20 @@ def evaluate(checkpoint: str | Path, datasets: list[str], snrs: list[float], str
                 if not math.isnan(wer) and (beam is None or decoder != GREEDY):
                     metrics[key] = wer
                 print(f"[eval] {key} = {wer:.2f}%", file=sys.stderr, flush=True)
+                if cues[name] is None:
+                    continue
+                n_cue, n_wrong = sum(r["cue_words"] for r in part), sum(r["cue_errors"] for r in part)
+                key = cue_metric_key(name, snr) if decoder == GREEDY else beam.cue_metric_key(name, snr)  # type: ignore[union-attr]
+                if n_cue and (beam is None or decoder != GREEDY):
+                    metrics[key] = 100.0 * n_wrong / n_cue
+                print(f"[eval] {key} = " + (f"{100.0 * n_wrong / n_cue:.2f}%" if n_cue else "n/a")
+                      + f" ({n_wrong} of {n_cue} planted words wrong)", file=sys.stderr, flush=True)
         with (out / f"{name}.hyp.jsonl").open("w", encoding="utf-8") as fh:
             for h in hyps:
                 fh.write(json.dumps(h, ensure_ascii=False) + "\n")
     df = pd.DataFrame(rows, columns=CSV_COLUMNS + ["decoder"])
+    for col in ("cue_words", "cue_errors"):  # counts where planted words exist, NaN elsewhere (not None)
+        df[col] = pd.to_numeric(df[col])
     if beam is None:
         df = df[CSV_COLUMNS]
     if run is not None:
@@ -261,9 +287,12 @@ def _auto_batch(cfg, window: int, dev: torch.device, bf16: bool, corpora: dict[s
 def _evaluate_dataset(name: str, recordings: list[Recording], snrs: list[float], model, extractor, tokenizer,
                       window: int, stride: float, batch: WindowBatch | int, sub: int, fps: float, dev: torch.device,
                       noise: str, noise_seed: int, progress: ProgressLog | None = None, precision: str = "fp32",
-                      beam: BeamDecoding | None = None) -> tuple[dict[str, list[dict[str, Any]]], list[dict[str, Any]]]:
+                      beam: BeamDecoding | None = None, cues: dict[str, tuple[int, ...]] | None = None
+                      ) -> tuple[dict[str, list[dict[str, Any]]], list[dict[str, Any]]]:
     """Rows per decoder (``greedy``, and ``beam.name`` with a beam) and the hypotheses, of one dataset: each
-    recording and condition decoded once into posteriors, then by each decoder."""
+    recording and condition decoded once into posteriors, then by each decoder. ``cues``: the planted words' indices
+    per recording id (:func:`asr_core.corpora.cues.planted`), counted in ``cue_words``/``cue_errors``; None: the
+    dataset has none (the columns stay empty)."""
     from tqdm import tqdm
 
     from asr_core.audio import load_audio
@@ -278,6 +307,9 @@ def _evaluate_dataset(name: str, recordings: list[Recording], snrs: list[float],
     for i, rec in enumerate(recordings, 1):
         clean = load_audio(rec.audio)
         ref = normalise(rec.text)
+        # the reference normalised word by word, so that the planted words' indices follow
+        cue_ref, cue_marks = (normalise_marked([w.text for w in rec.words], cues.get(rec.id, ()))
+                              if cues is not None else ([], []))
         for snr in [None, *snrs]:
             t0 = time.perf_counter()
             wave = clean if snr is None else add_music(clean, rec.id, snr, noise, noise_seed)
@@ -297,13 +329,18 @@ def _evaluate_dataset(name: str, recordings: list[Recording], snrs: list[float],
             hyp: dict[str, Any] = {"recording": rec.id, "condition": condition_name(snr), "ref": ref}
             line = []
             for decoder, text in texts.items():
-                c = score(ref, normalise(text), normalised=True)
+                hyp_norm = normalise(text)
+                c = score(ref, hyp_norm, normalised=True)
+                m = marked_counts(cue_ref, hyp_norm.split(), cue_marks) if cues is not None else None
                 rows[decoder].append({"dataset": name, "condition": condition_name(snr), "snr_db": snr,
                                       "recording": rec.id, "ref_words": c.ref_words,
                                       "substitutions": c.substitutions, "deletions": c.deletions,
-                                      "insertions": c.insertions, "hyp_words": c.hyp_words, "wer": c.wer})
+                                      "insertions": c.insertions, "hyp_words": c.hyp_words, "wer": c.wer,
+                                      "cue_words": None if m is None else m.words,
+                                      "cue_errors": None if m is None else m.errors})
                 hyp["hyp" if decoder == GREEDY else f"hyp_{decoder}"] = text
-                line.append(f"{'' if decoder == GREEDY else decoder + ' '}WER {c.wer:.1f}% "
+                cue_note = f", cue {m.errors}/{m.words}" if m is not None and m.words else ""
+                line.append(f"{'' if decoder == GREEDY else decoder + ' '}WER {c.wer:.1f}%{cue_note} "
                             f"(RTF {took[decoder] / max(rec.duration, 1e-9):.3f})")
             hyps.append(hyp)
             if progress is not None:
@@ -478,5 +515,9 @@ def cli(argv: list[str]) -> int:
     summary = df.groupby(keys, sort=False)[["ref_words", "substitutions", "deletions",
                                                                  "insertions"]].sum()
     summary["wer"] = 100 * (summary.substitutions + summary.deletions + summary.insertions) / summary.ref_words
+    if df["cue_words"].notna().any():
+        cue = df.dropna(subset=["cue_words"]).groupby(keys, sort=False)[["cue_words", "cue_errors"]].sum()
+        summary = summary.join(cue)
+        summary["cue"] = 100 * summary.cue_errors / summary.cue_words.where(summary.cue_words > 0)
     print(summary.round(2).to_string())
     return 0

@@ -3,12 +3,16 @@ alignment per recording (jiwer), and corpus WER = all errors / all reference wor
 
 Per-recording substitution, deletion, insertion and reference-word counts are kept, not just rates: the
 significance tests (recording as the unit, paired over models) and the per-recording CSV need them.
+
+Errors on *marked* reference words only (:func:`marked_counts`, e.g. the planted cue words of the synthetic corpus,
+:mod:`asr_core.corpora.cues`): a marked word is an error when the same alignment substitutes or deletes it;
+insertions are nobody's. :func:`normalise_marked` normalises a reference word by word so the marks follow.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -56,6 +60,19 @@ class Counts:
 ZERO = Counts(0, 0, 0, 0, 0)
 
 
+@dataclass(frozen=True)
+class MarkedCounts:
+    """Errors on the marked words of one reference."""
+
+    words: int  # marked reference words
+    errors: int  # of them, substituted or deleted
+
+    @property
+    def rate(self) -> float:
+        """Percent; NaN when nothing is marked."""
+        return 100.0 * self.errors / self.words if self.words else math.nan
+
+
 def align_counts(ref: str, hyp: str) -> Counts:
     """S/D/I counts of ``hyp`` against ``ref``, both already normalised (whitespace-separated words)."""
     r, h = ref.split(), hyp.split()
@@ -63,6 +80,45 @@ def align_counts(ref: str, hyp: str) -> Counts:
         return Counts(len(r), 0, len(r), len(h), len(h))
     out = jiwer.process_words(" ".join(r), " ".join(h))
     return Counts(len(r), out.substitutions, out.deletions, out.insertions, len(h))
+
+
+def marked_counts(ref: Sequence[str], hyp: Sequence[str], marked: Collection[int]) -> MarkedCounts:
+    """Errors on the words of ``ref`` at the indices ``marked``: each is an error when the alignment of ``hyp``
+    against ``ref`` (the one :func:`align_counts` counts, jiwer's) substitutes or deletes it. ``ref`` and ``hyp``
+    are normalised words; an index outside ``ref`` raises ValueError."""
+    marks = set(marked)
+    bad = sorted(i for i in marks if not 0 <= i < len(ref))
+    if bad:
+        raise ValueError(f"marked indices {bad[:5]} are outside the reference's {len(ref)} words")
+    if not marks:
+        return MarkedCounts(0, 0)
+    if not hyp:
+        return MarkedCounts(len(marks), len(marks))
+    wrong: set[int] = set()
+    for chunk in jiwer.process_words(" ".join(ref), " ".join(hyp)).alignments[0]:
+        if chunk.type in ("substitute", "delete"):
+            wrong.update(range(chunk.ref_start_idx, chunk.ref_end_idx))
+    return MarkedCounts(len(marks), len(marks & wrong))
+
+
+def normalise_marked(words: Sequence[str], marked: Iterable[int]) -> tuple[list[str], list[int]]:
+    """``words`` normalised one by one (so that indices follow them; Whisper's normaliser joins nothing across the
+    synthetic corpus's words) and the indices of the ``marked`` words among the result. A marked word must stay
+    one word under the normaliser (ValueError naming it otherwise); other words may vanish or split."""
+    out: list[str] = []
+    where: dict[int, int] = {}
+    marks = set(marked)
+    for i, w in enumerate(words):
+        tokens = normalise(w).split()
+        if i in marks:
+            if len(tokens) != 1:
+                raise ValueError(f"marked word {i} {w!r} normalises to {tokens}, not to one word")
+            where[i] = len(out)
+        out.extend(tokens)
+    missing = sorted(marks - set(where))
+    if missing:
+        raise ValueError(f"marked indices {missing[:5]} are outside the {len(words)} words")
+    return out, [where[i] for i in sorted(where)]
 
 
 def score(ref: str, hyp: str, *, normalised: bool = False) -> Counts:

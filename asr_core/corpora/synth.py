@@ -12,7 +12,8 @@ Output layout (every split loads with the podcast reader, e.g. ``load_corpus("po
                                 and background noise (``--shift far``, the default); with ``--shift near``
                                 the training voices themselves, at rates and pitches just outside the training
                                 ranges, in the shifted rooms
-    OUT/meta/<id>.json          per-recording metadata (gathered into recordings.jsonl)
+    OUT/meta/<id>.json          per-recording metadata (gathered into recordings.jsonl); with ``--cue``, the
+                                planted words (``cues``: index, word, distances; see :mod:`asr_core.corpora.cues`)
 
 Recordings last ``--min-minutes`` to ``--max-minutes`` (default 1-5); ``--eval-max-minutes`` shortens those of
 dev, test and test-shifted, so that a small evaluation set still has enough recordings for a paired test. Each is
@@ -23,6 +24,12 @@ whole recording; one topic per recording whose key terms recur minutes apart (se
 :mod:`asr_core.corpora.synth_text`). Topics are dealt from shuffled decks, so a split of 12 recordings covers all
 12, and each recording drops in an occasional word of another topic, so that a small training split has heard
 every word.
+
+``--cue RATE[,NEAR-FAR]`` plants a long-range cue in every split (:mod:`asr_core.corpora.cues`): words that sound
+the same but are spelt by the recording's topic, RATE a minute, each with the nearest word that gives the topic away
+NEAR to FAR seconds before it (default 20-60) and none within NEAR seconds after it. ``--cue 0`` (the default) makes
+the corpus as it was before the cue existed, byte for byte. ``--cue-report`` prints, per split, how often a window of
+5, 10, 20, 40 and 80 s holds a disambiguating word with the cue word.
 
 Word times are exact by construction: every word is synthesised on its own, its leading and trailing silence
 trimmed, and placed at a known sample offset with short pauses between words; the reported start and end are the
@@ -51,6 +58,8 @@ from scipy import signal
 from asr_core.audio import SAMPLE_RATE, save_audio
 from asr_core.corpora import podcast
 from asr_core.corpora.base import Word
+from asr_core.corpora.cues import (WINDOWS_S, CueConfig, CuePlanter, containment, corpus_sites, cue_sites,
+                                  format_containment, sound_of)
 from asr_core.corpora.synth_text import TOPICS, SentenceMaker
 
 FORMAT_VERSION = 1
@@ -123,6 +132,7 @@ class Plan:
     room: Room
     target_s: float
     seed: int
+    cue: CueConfig | None = None  # the planted cue (None: none)
 
 
 def _u(rng: random.Random, lo_hi: tuple[float, float]) -> float:
@@ -163,8 +173,10 @@ def recording_seed(seed: int, split: str, index: int) -> int:
 
 
 def make_plans(split: str, hours: float, seed: int, *, min_minutes: float = 1.0, max_minutes: float = 5.0,
-               meeting_fraction: float = 0.3, voices: int = 0, shift: str = "far") -> list[Plan]:
+               meeting_fraction: float = 0.3, voices: int = 0, shift: str = "far",
+               cue: CueConfig | None = None) -> list[Plan]:
     """The recordings of one split: durations drawn until ``hours`` are used up (at least one recording).
+    ``cue`` (when active) is carried by every plan; it draws nothing from the plans' random stream.
 
     ``voices`` > 0 limits the in-domain splits (train, dev, test) to that many espeak-ng voices (see
     :func:`domain_voices`): a narrower, easier training domain. With ``shift="far"`` the shifted split keeps all of
@@ -200,7 +212,8 @@ def make_plans(split: str, hours: float, seed: int, *, min_minutes: float = 1.0,
                 speakers.append(other)
         i = len(plans)
         plans.append(Plan(f"{split}-{i:04d}", split, kind, topics.pop(), tuple(speakers),
-                          draw_room(rng, dom), round(target, 2), recording_seed(seed, split, i)))
+                          draw_room(rng, dom), round(target, 2), recording_seed(seed, split, i),
+                          cue if cue is not None and cue.active else None))
         total += target
     return plans
 
@@ -241,9 +254,13 @@ def trim(x: np.ndarray, rel_db: float = -45.0, margin_s: float = 0.01) -> np.nda
 
 def render(plan: Plan, *, dry: bool = False) -> tuple[np.ndarray, list[Word], list[int], dict]:
     """Synthesise one recording. Returns (waveform (N,) float32 16 kHz, words with times, speaker index per
-    word, metadata). ``dry`` skips the room (channel, reverberation, noise), for tests of the word times."""
+    word, metadata). ``dry`` skips the room (channel, reverberation, noise), for tests of the word times.
+
+    With ``plan.cue`` a :class:`~asr_core.corpora.cues.CuePlanter` chooses the sentences around the cue words and
+    the metadata lists them (``cues``); without one, nothing else is drawn and the recording is as it always was."""
     rng = random.Random(plan.seed)
     maker = SentenceMaker(rng, plan.topic)
+    planter = CuePlanter(plan.cue, plan.topic, plan.seed, plan.target_s) if plan.cue is not None else None
     cache: dict[tuple[int, str, int], np.ndarray] = {}
     pieces: list[tuple[int, np.ndarray]] = []
     words: list[Word] = []
@@ -257,16 +274,20 @@ def render(plan: Plan, *, dry: bool = False) -> tuple[np.ndarray, list[Word], li
             cursor += int(rng.uniform(0.3, 0.9) * SAMPLE_RATE)
         spk = plan.speakers[who]
         sentence_starts.append(len(words))
-        for w in maker.sentence():
+        sentence = maker.sentence() if planter is None else planter.sentence(maker, cursor / SAMPLE_RATE)[0]
+        for j, w in enumerate(sentence):
             variant = rng.randrange(2)  # two renditions per word (rate +-5%) so repeats are not sample-identical
-            key = (who, w, variant)
+            said = w if planter is None else planter.spoken(j, w)  # a cue word: its group's one sound
+            key = (who, said, variant)
             if key not in cache:
                 rate = round(spk.rate * (0.95 if variant == 0 else 1.05))
-                cache[key] = espeak(w, Speaker(spk.voice, rate, spk.pitch))
+                cache[key] = espeak(said, Speaker(spk.voice, rate, spk.pitch))
             audio = cache[key] * 10 ** (rng.uniform(-2, 2) / 20)
             pieces.append((cursor, audio))
             words.append(Word(w, round(cursor / SAMPLE_RATE, 3), round((cursor + len(audio)) / SAMPLE_RATE, 3)))
             speakers.append(who)
+            if planter is not None:
+                planter.heard(len(words) - 1, j, words[-1])
             gap = plan.room.word_gap_s * rng.uniform(0.6, 1.4)
             cursor += len(audio) + int(gap * SAMPLE_RATE)
         cursor += int(rng.uniform(0.25, 0.7) * SAMPLE_RATE)
@@ -280,6 +301,12 @@ def render(plan: Plan, *, dry: bool = False) -> tuple[np.ndarray, list[Word], li
     meta = {"id": plan.id, "split": plan.split, "kind": plan.kind, "topic": plan.topic,
             "key_terms": maker.key_terms, "speakers": [asdict(s) for s in plan.speakers], "room": asdict(plan.room),
             "duration": round(total / SAMPLE_RATE, 3), "words": len(words), "sentence_starts": sentence_starts}
+    if planter is not None and plan.cue is not None:
+        sites = cue_sites(words, planter.planted, plan.topic)
+        meta["cue"] = plan.cue.spec()
+        meta["cues"] = [{"index": i, "word": words[i].text, "sound": sound_of(words[i].text),
+                         "before_s": site.before_s, "after_s": site.after_s}
+                        for i, site in zip(planter.planted, sites)]
     return wave, words, speakers, meta
 
 
@@ -340,11 +367,13 @@ def write_recording(plan: Plan, out: Path) -> dict:
 def synthesise(out: Path, hours: float, seed: int, *, eval_hours: float | None = None, min_minutes: float = 1.0,
                max_minutes: float = 5.0, meeting_fraction: float = 0.3, jobs: int = 2,
                splits: tuple[str, ...] = SPLITS, voices: int = 0, shift: str = "far",
-               eval_max_minutes: float | None = None) -> dict:
+               eval_max_minutes: float | None = None, cue: CueConfig | None = None) -> dict:
     """Generate (or finish generating) the corpus in ``out``; returns the summary written to synth.json.
 
     ``eval_max_minutes`` (default ``max_minutes``) caps the recordings of dev, test and test-shifted, whose
-    shortest stay ``min(min_minutes, eval_max_minutes)``."""
+    shortest stay ``min(min_minutes, eval_max_minutes)``. ``cue``: the planted cue of every split (None or a rate
+    of 0: none); the summary then counts each split's planted words (``cue_words``)."""
+    cue = cue if cue is not None and cue.active else None
     if eval_hours is None:
         eval_hours = max(0.1, hours / 10)
     args = {"format_version": FORMAT_VERSION, "hours": hours, "eval_hours": eval_hours, "seed": seed,
@@ -357,6 +386,8 @@ def synthesise(out: Path, hours: float, seed: int, *, eval_hours: float | None =
         args["shift"] = shift
     if eval_max_minutes is not None:
         args["eval_max_minutes"] = eval_max_minutes
+    if cue is not None:
+        args["cue"] = cue.spec()
 
     def lengths(split: str) -> tuple[float, float]:
         if split == "train" or eval_max_minutes is None:
@@ -373,7 +404,8 @@ def synthesise(out: Path, hours: float, seed: int, *, eval_hours: float | None =
     stamp.write_text(json.dumps({"args": args, "complete": False}, indent=1))
     plans = [p for s in splits for p in make_plans(s, hours if s == "train" else eval_hours, seed,
                                                    min_minutes=lengths(s)[0], max_minutes=lengths(s)[1],
-                                                   meeting_fraction=meeting_fraction, voices=voices, shift=shift)]
+                                                   meeting_fraction=meeting_fraction, voices=voices, shift=shift,
+                                                   cue=cue)]
     todo = [p for p in plans if not (out / p.split / f"{p.id}.json").exists()]
     print(f"synth: {len(plans)} recordings ({len(plans) - len(todo)} already done) -> {out}", file=sys.stderr)
     t0 = time.perf_counter()
@@ -393,6 +425,9 @@ def synthesise(out: Path, hours: float, seed: int, *, eval_hours: float | None =
                    "hours": round(sum(m["duration"] for m in metas if m["split"] == s) / 3600, 4),
                    "words": sum(m["words"] for m in metas if m["split"] == s), "spec": f"podcast:{out / s}"}
                for s in splits}
+    if cue is not None:
+        for s in splits:
+            summary[s]["cue_words"] = sum(len(m.get("cues", ())) for m in metas if m["split"] == s)
     stamp.write_text(json.dumps({"args": args, "complete": True, "splits": summary}, indent=1))
     return summary
 
@@ -416,6 +451,13 @@ def cli(argv: list[str]) -> int:
     ap.add_argument("--meeting-fraction", type=float, default=0.3, help="share of two-voice meetings")
     ap.add_argument("--voices", type=int, default=0,
                     help="limit train/dev/test to this many espeak-ng voices (0 = all 21); test-shifted is unchanged")
+    ap.add_argument("--cue", default="0", metavar="RATE[,NEAR-FAR]",
+                    help="plant a long-range cue: RATE homophones a minute spelt by the recording's topic, the "
+                         "nearest word giving the topic away NEAR-FAR seconds before each (default 20-60) and none "
+                         "within NEAR seconds after; 0 (default) = none, the corpus as without this option")
+    ap.add_argument("--cue-report", action="store_true",
+                    help="print, per split, how often a window of 5/10/20/40/80 s holds a disambiguating word with "
+                         "each cue word")
     ap.add_argument("--jobs", type=int, default=2, help="parallel processes (output does not depend on it)")
     ap.add_argument("--splits", default=",".join(SPLITS), help=f"comma-separated subset of {','.join(SPLITS)}")
     a = ap.parse_args(argv)
@@ -434,10 +476,35 @@ def cli(argv: list[str]) -> int:
     n_voices = len(domain_voices(DOMAINS["in"]))
     if not 0 <= a.voices <= n_voices:
         ap.error(f"--voices must be 0 (all) or 1..{n_voices}, got {a.voices}")
+    try:
+        cue = CueConfig.parse(a.cue)
+    except ValueError as e:
+        ap.error(f"--cue: {e}")
     summary = synthesise(a.out, a.hours, a.seed, eval_hours=a.eval_hours, min_minutes=a.min_minutes,
                          max_minutes=a.max_minutes, meeting_fraction=a.meeting_fraction, jobs=a.jobs, splits=splits,
-                         voices=a.voices, shift=a.shift, eval_max_minutes=a.eval_max_minutes)
-    print(f"{'split':14s} {'recordings':>10s} {'hours':>7s} {'words':>7s}  spec")
+                         voices=a.voices, shift=a.shift, eval_max_minutes=a.eval_max_minutes, cue=cue)
+    cued = cue.active
+    print(f"{'split':14s} {'recordings':>10s} {'hours':>7s} {'words':>7s}{' cue words  a minute' if cued else ''}"
+          "  spec")
     for s, d in summary.items():
-        print(f"{s:14s} {d['recordings']:10d} {d['hours']:7.3f} {d['words']:7d}  {d['spec']}")
+        planted = f"{d['cue_words']:10d} {d['cue_words'] / max(d['hours'] * 60, 1e-9):9.2f}" if cued else ""
+        print(f"{s:14s} {d['recordings']:10d} {d['hours']:7.3f} {d['words']:7d}{planted}  {d['spec']}")
+    if a.cue_report:
+        print()
+        print(cue_report(a.out, splits))
     return 0
+
+
+def cue_report(out: Path, splits: tuple[str, ...] = SPLITS, windows_s: tuple[float, ...] = WINDOWS_S) -> str:
+    """For each split of the corpus in ``out``: how often a window of each length holds a disambiguating word with
+    the cue word (:func:`asr_core.corpora.cues.containment`); ``before``: the window ends at the cue word,
+    ``placed``: the mean over the window's placements around the cue word, as moving-window decoding averages them."""
+    parts = ["planted cue: share of cue words whose disambiguating word a window holds (before: a window ending at "
+             "the cue word; placed: the mean over the window's placements around it)"]
+    for s in splits:
+        rows = containment(corpus_sites(out / s), windows_s)
+        if not rows or rows[0]["cue_words"] == 0:
+            parts.append(f"{s}: no planted words")
+            continue
+        parts.append(format_containment(rows, title=f"{s}:"))
+    return "\n\n".join(parts)

@@ -1,10 +1,15 @@
-"""The words the synthetic corpus speaks: a small lexicon (~370 words), topics with rare words, and a grammar.
+"""The words the synthetic corpus speaks: a small lexicon (~400 words), topics with rare words, and a grammar.
 
 Long context should pay off the way it does in real long-form audio, so each recording has one *topic* and a few
 *key terms* drawn from it that recur throughout, often minutes apart; a model that has heard a key term early on
 (in the same voice and room) can recognise it again later. Topic words are rare in the corpus as a whole (each
 topic is one of many), so a short-context model meets them seldom. The overall vocabulary stays small so that a
 tiny model learns it in minutes on a CPU.
+
+The planted long-range cue (``synth --cue``, :mod:`asr_core.corpora.cues`) adds :data:`CUE_GROUPS`: words that
+espeak-ng speaks identically (the same phonemes in every voice the corpus uses) but spells by topic, so only the
+recording's topic, heard elsewhere in the recording, tells which spelling is right. They are said in
+:data:`CARRIERS`, sentences that give no hint of the topic.
 """
 
 from __future__ import annotations
@@ -64,6 +69,24 @@ TOPICS: dict[str, tuple[str, ...]] = {
 
 KEY_TERMS_PER_RECORDING = 6
 
+# homophone groups for the planted cue: spelling -> the topic it belongs to. espeak-ng 1.51 gives each group's
+# spellings the same phonemes in all 7 accents of the corpus's voices (checked by tests/test_cue.py); no spelling is
+# another word of the lexicon, and each topic owns a spelling in two groups. The first spelling is the one rendered.
+CUE_GROUPS: tuple[dict[str, str], ...] = (
+    {"flour": "cooking", "flower": "gardening"},
+    {"steak": "cooking", "stake": "finance"},
+    {"ore": "geology", "oar": "sailing"},
+    {"vein": "medicine", "vane": "weather"},
+    {"leek": "gardening", "leak": "sailing"},
+    {"lode": "geology", "load": "railways"},
+    {"rays": "astronomy", "raise": "finance"},
+    {"gait": "medicine", "gate": "railways"},
+    {"rain": "weather", "reign": "chess"},
+    {"suite": "music", "sweet": "beekeeping"},
+    {"tail": "astronomy", "tale": "music"},
+    {"male": "beekeeping", "mail": "chess"},
+)
+
 
 def vocabulary() -> list[str]:
     """Every word the generator can emit (sorted); the tokenizer and tests use it."""
@@ -72,8 +95,10 @@ def vocabulary() -> list[str]:
                   *TOPICS.values()):
         for phrase in group:
             words.update(phrase.split())
-    for template in TEMPLATES:
+    for template in TEMPLATES + CARRIERS:
         words.update(w for w in template.split() if not w.startswith("{"))
+    for group in CUE_GROUPS:
+        words.update(group)
     words.add("an")
     return sorted(words)
 
@@ -97,6 +122,16 @@ TEMPLATES = (
     "how about the {a} {n}",
     "{c} the {t} was {r} {a}",
     "{s} {v} it {r}",
+)
+PLAIN_TEMPLATES = tuple(t for t in TEMPLATES if "{t}" not in t)  # no topic word: the quiet stretches around a cue
+# a cue word {q} in a sentence that says nothing of the topic, always right after one determiner (so the cue word
+# starts well under a second after the sentence does: the planter times it from the sentence's start)
+CARRIERS = (
+    "{d} {q} was {r} {a}",
+    "{d} {q} is {a} and {a}",
+    "the {q} and the {n}",
+    "{d} {q} was in the {n}",
+    "the {q} is {r} {a}",
 )
 
 
@@ -122,15 +157,30 @@ class SentenceMaker:
             return self.rng.choice(self.others)
         return self.rng.choices(self.key_terms, weights=self.weights)[0]
 
-    def sentence(self) -> list[str]:
-        template = self.rng.choice(TEMPLATES)
+    def sentence(self, topic: bool = True) -> list[str]:
+        """One sentence; ``topic=False``: one without a topic word (from :data:`PLAIN_TEMPLATES`). The default
+        draws exactly as the generator always has, so corpora without a planted cue do not change."""
+        return self._fill(self.rng.choice(TEMPLATES if topic else PLAIN_TEMPLATES))
+
+    def carrier(self, word: str) -> tuple[list[str], int]:
+        """A sentence of :data:`CARRIERS` saying ``word`` (a cue word), and the word's position in it."""
+        at: list[int] = []
+        out = self._fill(self.rng.choice(CARRIERS), word, at)
+        return out, at[0]
+
+    def _fill(self, template: str, cue: str = "", at: list[int] | None = None) -> list[str]:
         pick = {"s": SUBJECTS, "v": VERBS, "d": DETS, "a": ADJS, "n": NOUNS, "p": PLURALS, "r": ADVERBS,
                 "k": NUMBERS, "c": CONNECTIVES}
         out: list[str] = []
         for token in template.split():
             if token.startswith("{"):
                 slot = token[1]
-                out.extend((self._term() if slot == "t" else self.rng.choice(pick[slot])).split())
+                if slot == "q":
+                    if at is not None:
+                        at.append(len(out))
+                    out.append(cue)
+                else:
+                    out.extend((self._term() if slot == "t" else self.rng.choice(pick[slot])).split())
             else:
                 out.append(token)
         for i in range(len(out) - 1):  # "a ancient" -> "an ancient"

@@ -1,0 +1,386 @@
+"""The planted long-range cue (``synth --cue``) and the cue-word error rate: homophones spelt by the recording's topic,
+placed at controlled distances from the words that give the topic away; errors counted on them alone."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import random
+import shutil
+import subprocess
+import sys
+import types
+from dataclasses import asdict
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+import asr_core.corpora.synth as synth
+from asr_core.corpora import load_corpus
+from asr_core.corpora.base import CorpusError, Recording, Word
+from asr_core.corpora.cues import (CueConfig, CueSite, containment, disambiguating, holds_before, placed_share,
+                                   planted, sound_of, topic_groups)
+from asr_core.corpora.synth import DOMAINS, Speaker, espeak, make_plans, render
+from asr_core.corpora.synth_text import CUE_GROUPS, TOPICS, SentenceMaker, vocabulary
+from asr_core.score import align_counts, marked_counts, normalise, normalise_marked
+
+ROOT = Path(__file__).resolve().parents[1]
+# the newest commit that changed the synthetic corpus before the cue existed: its code is the reference for --cue 0
+PRE_CUE_COMMIT = "7ea87e9ab2676ac852c33e30caad1ba7a66f50f0"
+torch.set_num_threads(2)
+
+
+def fake_espeak(said: list[str]):
+    """A stand-in for espeak-ng (deterministic audio, its length from the text) that records what it was asked."""
+    def speak(text: str, speaker: Speaker) -> np.ndarray:
+        said.append(text)
+        n = 900 * len(text) + 1200
+        return (0.1 * np.sin(np.arange(n) * (0.03 + 0.002 * len(text)))).astype(np.float32)
+    return speak
+
+
+# ---- the words --------------------------------------------------------------------------------------------------
+
+def test_cue_spellings_sound_the_same_in_every_accent_of_the_corpus() -> None:
+    """espeak-ng's phonemes (-x) of a group's spellings are the same for every accent any split speaks with (the
+    voice variants +m1.. change the voice, not the phonemes), and the rendered audio of each spelling is the same."""
+    accents = sorted({a for d in DOMAINS.values() for a in d.accents})
+    assert len(accents) == 7
+    for group in CUE_GROUPS:
+        for accent in accents:
+            phonemes = {w: subprocess.run(["espeak-ng", "-q", "-x", "-v", accent, w], capture_output=True, text=True,
+                                          check=True).stdout.strip() for w in group}
+            assert len(set(phonemes.values())) == 1, (accent, phonemes)
+        waves = [espeak(w, Speaker("en-us+m3", 160, 50)) for w in group]
+        assert all(np.array_equal(waves[0], w) for w in waves[1:]), group
+
+
+def test_cue_spellings_are_new_words_distinct_after_normalising_and_every_topic_owns_two() -> None:
+    spellings = [w for g in CUE_GROUPS for w in g]
+    assert len(spellings) == len(set(spellings))
+    before = set(vocabulary()) - set(spellings)
+    assert not set(spellings) & before  # no spelling is a word the corpus says otherwise
+    for group in CUE_GROUPS:
+        assert len({normalise(w) for w in group}) == len(group) and all(normalise(w) == w for w in group)
+        assert len(set(group.values())) == len(group) and set(group.values()) <= set(TOPICS)
+    for topic in TOPICS:
+        assert len(topic_groups(topic)) == 2, topic
+        assert disambiguating(topic) and not disambiguating(topic) & {w for t in TOPICS if t != topic
+                                                                    for w in TOPICS[t]}
+    assert "conductor" not in disambiguating("music")  # a word of two topics says neither
+
+
+def test_quiet_sentences_and_carriers_say_no_topic_word() -> None:
+    maker = SentenceMaker(random.Random(0), "cooking")
+    topic_words = {w for ws in TOPICS.values() for w in ws}
+    for _ in range(300):
+        assert not set(maker.sentence(topic=False)) & topic_words
+        words, at = maker.carrier("flour")
+        assert words[at] == "flour" and at == 1 and not set(words) & topic_words
+
+
+# ---- the plant --------------------------------------------------------------------------------------------------
+
+def test_cue_spec_parsing_and_validation() -> None:
+    assert CueConfig.parse("1") == CueConfig(1.0, 20.0, 60.0)
+    assert CueConfig.parse("1.5,10-30") == CueConfig(1.5, 10.0, 30.0)
+    assert CueConfig.parse(CueConfig(2, 5, 15).spec()) == CueConfig(2, 5, 15)
+    assert not CueConfig.parse("0").active
+    for bad in ("x", "1,20", "1,30-20", "-1", "11", "1,0-10", "1,10-11"):
+        with pytest.raises(ValueError, match="RATE,NEAR-FAR"):
+            CueConfig.parse(bad)
+
+
+@pytest.fixture(scope="module")
+def cued_renders() -> dict:
+    """Half an hour of recordings rendered with a cue (dry, with the stand-in synthesiser), and the words it spoke."""
+    said: list[str] = []
+    mp = pytest.MonkeyPatch()
+    mp.setattr(synth, "espeak", fake_espeak(said))
+    cue = CueConfig(1.0, 20.0, 60.0)
+    plans = make_plans("train", 0.5, seed=11, min_minutes=3, max_minutes=6, meeting_fraction=0.3, cue=cue)
+    renders = [(p, render(p, dry=True)) for p in plans]
+    mp.undo()
+    return {"cue": cue, "renders": renders, "said": said}
+
+
+def test_planted_words_lie_at_the_configured_distances(cued_renders: dict) -> None:
+    """Checked from the words themselves: each planted word has its topic's spelling, the nearest word that gives
+    the topic away ends 20-60 s before it and none starts within 20 s after it; the metadata says the same."""
+    cue, total_cues, total_min = cued_renders["cue"], 0, 0.0
+    for plan, (_, words, _, meta) in cued_renders["renders"]:
+        own = disambiguating(plan.topic)
+        assert meta["cue"] == cue.spec() and meta["topic"] == plan.topic
+        total_cues += len(meta["cues"])
+        total_min += meta["duration"] / 60
+        for c in meta["cues"]:
+            w = words[c["index"]]
+            assert w.text == c["word"] and c["sound"] == sound_of(w.text)
+            assert next(g for g in CUE_GROUPS if w.text in g)[w.text] == plan.topic
+            before = [v.end for v in words if v.text in own and v.end <= w.start]
+            after = [v.start for v in words if v.text in own and v.start >= w.end]
+            assert before and cue.near_s <= w.start - max(before) <= cue.far_s
+            assert c["before_s"] == pytest.approx(w.start - max(before), abs=1e-3)
+            assert not after or min(after) - w.end >= cue.near_s
+            assert c["after_s"] == (None if not after else pytest.approx(min(after) - w.end, abs=1e-3))
+    assert 0.7 < total_cues / total_min < 1.3  # the rate asked for, about
+
+
+def test_every_spelling_of_a_group_is_rendered_from_one_sound(cued_renders: dict) -> None:
+    said = set(cued_renders["said"])
+    spoken = {sound_of(w) for g in CUE_GROUPS for w in g} & said
+    assert spoken  # cue words were rendered ...
+    assert not {w for g in CUE_GROUPS for w in list(g)[1:]} & said  # ... only ever from their group's first spelling
+
+
+def test_the_plant_is_deterministic_by_seed(cued_renders: dict, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(synth, "espeak", fake_espeak([]))
+    plan, (wave, words, speakers, meta) = cued_renders["renders"][0]
+    again = render(plan, dry=True)
+    assert np.array_equal(again[0], wave) and again[1:] == (words, speakers, meta)
+    other = render(type(plan)(**{**plan.__dict__, "seed": plan.seed + 1}), dry=True)
+    assert [c["index"] for c in other[3]["cues"]] != [c["index"] for c in meta["cues"]]
+
+
+def test_strength_zero_plants_nothing_and_leaves_plans_and_random_streams_alone(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(synth, "espeak", fake_espeak([]))
+    kw = dict(min_minutes=2, max_minutes=3, meeting_fraction=0.5)
+    plain = make_plans("test", 0.2, seed=4, **kw)
+    assert make_plans("test", 0.2, seed=4, cue=CueConfig(0), **kw) == plain
+    assert [p.cue for p in plain] == [None] * len(plain)
+    cued = make_plans("test", 0.2, seed=4, cue=CueConfig(1), **kw)
+    assert [p.__dict__ | {"cue": None} for p in cued] == [p.__dict__ for p in plain]  # the plans' own draws alike
+    _, words, _, meta = render(plain[0], dry=True)
+    assert "cues" not in meta and "cue" not in meta
+    assert not {w.text for w in words} & {w for g in CUE_GROUPS for w in g}
+
+
+def _pre_cue_synth(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
+    """``synth`` and ``synth_text`` as they were before the cue existed, run from their source in git history."""
+    def show(path: str) -> str:
+        r = subprocess.run(["git", "show", f"{PRE_CUE_COMMIT}:{path}"], cwd=ROOT, capture_output=True, text=True)
+        if r.returncode:
+            pytest.skip(f"commit {PRE_CUE_COMMIT[:7]} is not in this checkout's history: {r.stderr.strip()}")
+        return r.stdout
+
+    text = types.ModuleType("asr_core.corpora.synth_text")
+    monkeypatch.setitem(sys.modules, text.__name__, text)
+    exec(compile(show("asr_core/corpora/synth_text.py"), "pre-cue synth_text.py", "exec"), text.__dict__)
+    old = types.ModuleType("pre_cue_synth")
+    monkeypatch.setitem(sys.modules, old.__name__, old)  # dataclasses look their module up
+    exec(compile(show("asr_core/corpora/synth.py"), "pre-cue synth.py", "exec"), old.__dict__)
+    return old
+
+
+def test_strength_zero_renders_what_the_code_before_the_cue_rendered(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Real espeak-ng, room and noise: recordings of --cue 0 are those of the pre-cue code, sample for sample."""
+    old = _pre_cue_synth(monkeypatch)
+    kw = dict(min_minutes=0.25, max_minutes=0.3, meeting_fraction=0.5)
+    before = old.make_plans("test", 0.012, seed=1, **kw)
+    now = make_plans("test", 0.012, seed=1, cue=CueConfig(0), **kw)
+    assert [asdict(p) for p in before] == [{k: v for k, v in asdict(p).items() if k != "cue"} for p in now]
+    assert [p.kind for p in now[:2]] == ["podcast", "meeting"]
+    for p_old, p_new in zip(before[:2], now[:2]):
+        w_old, words_old, spk_old, meta_old = old.render(p_old)
+        w_new, words_new, spk_new, meta_new = render(p_new)
+        assert np.array_equal(w_old, w_new) and words_old == words_new and spk_old == spk_new
+        assert meta_old == meta_new
+
+
+# ---- distances to windows ---------------------------------------------------------------------------------------
+
+def test_window_containment_by_hand() -> None:
+    site = CueSite(100.0, 101.0, prev=(60.0, 61.0), next=(140.0, 141.0))  # 39 s before, 39 s after
+    assert site.before_s == 39.0 and site.after_s == 39.0
+    assert not holds_before(site, 40.0) and holds_before(site, 41.0)
+    # window starts holding the cue word: [21, 100]; the word before needs <= 60, the word after >= 61
+    assert placed_share(site, 80.0) == pytest.approx(78 / 79)
+    assert placed_share(site, 20.0) == 0.0 and placed_share(site, 0.5) == 0.0
+    # nothing after: a window starting after the word before (90 s) misses it
+    assert placed_share(CueSite(100.0, 101.0, prev=(90.0, 91.0), next=None), 80.0) == pytest.approx(69 / 79)
+    assert placed_share(CueSite(100.0, 101.0, prev=(90.0, 91.0), next=(105.0, 106.0)), 80.0) == 1.0
+    assert placed_share(CueSite(100.0, 101.0, None, None), 80.0) == 0.0
+    rows = containment([site, CueSite(100.0, 101.0, None, (110.0, 111.0))], (10.0, 80.0))
+    assert rows[0] == {"window_s": 10.0, "cue_words": 2, "before": 0.0, "placed": 0.0}
+    # the second: windows starting before 31 s miss the word after (it ends at 111 s)
+    assert rows[1]["before"] == 50.0 and rows[1]["placed"] == pytest.approx(100 * (78 / 79 + 69 / 79) / 2)
+
+
+# ---- the metric -------------------------------------------------------------------------------------------------
+
+def test_marked_counts_by_hand() -> None:
+    ref = "the flour was good and the vein is red".split()
+    cases = [  # hypothesis, marked words wrong
+        ("the flour was good and the vein is red", 0),
+        ("the flower was good and the vein is red", 1),  # a homophone substituted
+        ("the was good and the vane is red", 2),  # one deleted, one substituted
+        ("the flour x was good and the vein is red", 0),  # an insertion is no marked word's error
+        ("a flour was bad and the vein is read", 0),  # errors elsewhere do not count
+        ("", 2),
+    ]
+    for hyp, wrong in cases:
+        assert marked_counts(ref, hyp.split(), [1, 6]) == (m := marked_counts(ref, hyp.split(), {6, 1}))
+        assert (m.words, m.errors) == (2, wrong), hyp
+    assert marked_counts(ref, ref, []).words == 0 and np.isnan(marked_counts(ref, ref, []).rate)
+    assert marked_counts(ref, "the flower".split(), [1, 6]).rate == 100.0
+    with pytest.raises(ValueError, match="outside"):
+        marked_counts(ref, ref, [9])
+
+
+def test_marking_every_word_counts_the_substitutions_and_deletions() -> None:
+    rng = random.Random(0)
+    for _ in range(200):
+        r = [rng.choice("abcde") for _ in range(rng.randint(1, 12))]
+        h = [rng.choice("abcde") for _ in range(rng.randint(0, 12))]
+        c = align_counts(" ".join(r), " ".join(h))
+        assert marked_counts(r, h, range(len(r))).errors == c.substitutions + c.deletions
+
+
+def test_normalise_marked_follows_the_marks() -> None:
+    tokens, marks = normalise_marked(["Uh,", "The", "Flour!", "was", "twenty", "five"], [2])
+    assert tokens == ["the", "flour", "was", "20", "5"] and marks == [1]
+    with pytest.raises(ValueError, match="not to one word"):
+        normalise_marked(["the", "don't"], [1])
+    # Whisper's normaliser joins nothing across the synthetic corpus's words: word by word is the whole text's
+    for topic in TOPICS:
+        maker = SentenceMaker(random.Random(topic), topic)
+        words = [w for i in range(200) for w in (maker.sentence() if i % 3 else maker.carrier("tale")[0])]
+        assert normalise_marked(words, [])[0] == normalise(" ".join(words)).split()
+
+
+# ---- a cued corpus on disk, read back by evaluate ------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def cued_corpus(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """A small test split with a cue (real espeak-ng), made by the command line with --cue-report."""
+    out = tmp_path_factory.mktemp("cue") / "corpus"
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert synth.cli([str(out), "--hours", "0.01", "--eval-hours", "0.02", "--min-minutes", "0.5",
+                          "--max-minutes", "0.6", "--splits", "test", "--seed", "2", "--cue", "4,5-15",
+                          "--cue-report", "--jobs", "2"]) == 0
+    return {"out": out, "printed": printed.getvalue()}
+
+
+def test_cli_records_the_cue_and_reports_window_containment(cued_corpus: dict,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    out = cued_corpus["out"]
+    stamp = json.loads((out / "synth.json").read_text())
+    assert stamp["args"]["cue"] == "4,5-15"
+    metas = [json.loads(line) for line in (out / "recordings.jsonl").read_text().splitlines()]
+    n = sum(len(m["cues"]) for m in metas)
+    assert n >= 4 and stamp["splits"]["test"]["cue_words"] == n
+    table = cued_corpus["printed"].split("test:")[1].splitlines()[2:7]
+    cells = [line.split() for line in table]
+    assert [c[0] for c in cells] == ["5s", "10s", "20s", "40s", "80s"] and {int(c[1]) for c in cells} == {n}
+    before = [float(c[2].rstrip("%")) for c in cells]
+    # near 5 s: a 5 s window ending at the cue word never holds the word before; far 15 s: 20 s always does
+    assert before[0] == 0.0 and before[2:] == [100.0] * 3
+    with pytest.raises(SystemExit) as bad:
+        synth.cli([str(out / "x"), "--hours", "0.01", "--cue", "1,30-20"])
+    assert bad.value.code == 2 and "--cue: cue spec '1,30-20'" in capsys.readouterr().err
+    assert not (out / "x").exists()
+
+
+def test_planted_reads_the_metadata_and_refuses_metadata_of_other_words(cued_corpus: dict, tmp_path: Path) -> None:
+    split = cued_corpus["out"] / "test"
+    recs = load_corpus(f"podcast:{split}")
+    marks = planted(recs)
+    assert marks is not None and set(marks) == {r.id for r in recs}
+    for r in recs:
+        meta = json.loads((cued_corpus["out"] / "meta" / f"{r.id}.json").read_text())
+        assert marks[r.id] == tuple(c["index"] for c in meta["cues"])
+    # the same split without its metadata, or another format: nothing planted
+    copy = tmp_path / "plain" / "test"
+    shutil.copytree(split, copy)
+    assert planted(load_corpus(f"podcast:{copy}")) is None
+    assert planted([Recording("x", Path("x.wav"), 1.0, (Word("a"),))]) is None
+    (tmp_path / "plain" / "meta").mkdir()
+    meta = json.loads((cued_corpus["out"] / "meta" / f"{recs[0].id}.json").read_text())
+    meta["cues"][0]["index"] += 1
+    (tmp_path / "plain" / "meta" / f"{recs[0].id}.json").write_text(json.dumps(meta))
+    with pytest.raises(CorpusError, match=f"{recs[0].id}.json.*does not match"):
+        planted(load_corpus(f"podcast:{copy}"))
+
+
+def test_evaluate_counts_exactly_the_planted_words(cued_corpus: dict, monkeypatch: pytest.MonkeyPatch) -> None:
+    """evaluate's own scoring, fed hypotheses: the reference with one planted word swapped for its homophone and
+    one other word changed counts one cue error; with a planted word deleted, one; unchanged, none."""
+    import asr_core.audio
+    from asr_core import evaluate
+
+    recs = list(load_corpus(f"podcast:{cued_corpus['out'] / 'test'}", audio=False))
+    marks = planted(recs)
+    assert marks is not None
+    hyps = {}
+    for k, rec in enumerate(recs):
+        words = [w.text for w in rec.words]
+        i = marks[rec.id][0]
+        if k % 3 == 0:
+            words[i] = next(w for w in next(g for g in CUE_GROUPS if words[i] in g) if w != words[i])
+            words[i + 1 if i + 1 not in marks[rec.id] else i - 1] = "zebra"
+        elif k % 3 == 1:
+            del words[i]
+        hyps[rec.id] = " ".join(words)
+    monkeypatch.setattr(asr_core.audio, "load_audio", lambda path: Path(path).stem)
+    monkeypatch.setattr(evaluate, "prepare_features", lambda extractor, wave, ignore, fps: SimpleNamespace(
+        shape=(1,), id=wave))
+    monkeypatch.setattr(evaluate, "plan_windows", lambda *a, **k: SimpleNamespace(starts=[0]))
+    monkeypatch.setattr(evaluate, "posteriors", lambda model, feats, *a, **k: feats.id)
+    monkeypatch.setattr(evaluate, "greedy_ids", lambda probs, blank: probs)
+    fed = [Recording(r.id, Path(f"{r.id}.wav"), 1.0, r.words, meta=r.meta) for r in recs]
+    tokenizer = SimpleNamespace(blank_id=0, decode=lambda stem: hyps[stem])
+    rows, _ = evaluate._evaluate_dataset("t", fed, [], None, None, tokenizer, 1, 1.0, 1, 1, 100.0, None, "synthetic",
+                                         0, cues=marks)
+    for k, row in enumerate(rows["greedy"]):
+        assert row["cue_words"] == len(marks[row["recording"]])
+        assert row["cue_errors"] == (0 if k % 3 == 2 else 1), row
+        assert row["substitutions"] + row["deletions"] == (2 if k % 3 == 0 else k % 3 == 1)
+
+
+def test_evaluate_logs_the_cue_word_error_rate_of_a_cued_dataset_only(cued_corpus: dict, tmp_path: Path) -> None:
+    from asr_core.checkpoint import save_checkpoint
+    from asr_core.config import preset
+    from asr_core.evaluate import CSV_COLUMNS, cue_metric_key, evaluate
+    from asr_core.model import build_model
+    from asr_core.outbox import Outbox
+    from asr_core.tokenizer import Tokenizer
+
+    cfg = preset("tiny").with_overrides(["data.context_s=2.56", "data.batch_audio_s=10.24", "model.layers=1",
+                                         "model.d_model=32", "model.heads=2", "model.subsampling_channels=16"])
+    tok = Tokenizer.train([" ".join(vocabulary())] * 20, cfg.model.vocab_size)
+    torch.manual_seed(0)
+    ckpt = save_checkpoint(tmp_path / "run" / "checkpoint.pt", {
+        "config": cfg.to_dict(), "model": build_model(cfg.model, cfg.data.features.n_mels).state_dict(),
+        "tokenizer": tok.to_bytes(), "format_version": 1, "step": 0})
+    split = cued_corpus["out"] / "test"
+    plain = tmp_path / "plain" / "test"
+    plain.mkdir(parents=True)
+    for f in sorted(split.iterdir())[:2]:  # one recording of the same split, without the metadata beside it
+        shutil.copy(f, plain / f.name)
+    box = Outbox(tmp_path / "trial", run_id="run-1")
+    df = evaluate(ckpt, [f"cued=podcast:{split}", f"plain=podcast:{plain}"], [10.0], stride=1.0,
+                  out_dir=tmp_path / "eval", outbox=box, noisy=["cued"])
+    assert list(df.columns) == CSV_COLUMNS
+    cued, other = df[df.dataset == "cued"], df[df.dataset == "plain"]
+    marks = planted(load_corpus(f"podcast:{split}"))
+    assert marks is not None
+    assert dict(zip(cued.recording, cued.cue_words)) == {r: len(m) for r, m in marks.items()}
+    assert (cued.cue_errors <= cued.cue_words).all() and other.cue_words.isna().all()
+    logged: dict[str, float] = {}
+    for line in box.path.read_text().splitlines():
+        rec = json.loads(line)
+        if rec["kind"] == "metrics":
+            logged.update(rec["metrics"])
+    assert {k for k in logged if k.startswith("cue")} == {cue_metric_key("cued"), cue_metric_key("cued", 10.0)}
+    for snr, part in ((None, cued[cued.condition == "clean"]), (10.0, cued[cued.condition == "snr10"])):
+        assert logged[cue_metric_key("cued", snr)] == pytest.approx(100 * part.cue_errors.sum() / part.cue_words.sum())
+    table = pd.read_csv(tmp_path / "eval" / "plain.csv")
+    assert list(table.columns) == CSV_COLUMNS and table.cue_words.isna().all()
+    assert pd.read_csv(tmp_path / "eval" / "cued.csv").cue_words.sum() == 2 * sum(map(len, marks.values()))
