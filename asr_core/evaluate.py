@@ -460,7 +460,9 @@ def cli(argv: list[str]) -> int:
     ap.add_argument("--data", action="append", default=None, metavar="NAME=FORMAT:PATH",
                     help="a dataset (repeatable); default: eval.datasets of the checkpoint's config")
     ap.add_argument("--snr", action="append", type=float, default=None, metavar="DB",
-                    help="music at this SNR in dB (repeatable); clean audio is always evaluated")
+                    help="music at this SNR in dB (repeatable); clean audio is always evaluated; default: the "
+                         "checkpoint's eval.snrs")
+    ap.add_argument("--clean-only", action="store_true", help="no music at all (not the checkpoint's eval.snrs)")
     ap.add_argument("--noisy", action="append", default=None, metavar="NAME",
                     help="a dataset also decoded with music at the SNRs (repeatable); default: the checkpoint's "
                          "eval.noisy when --data is not given, else every dataset")
@@ -502,7 +504,10 @@ def cli(argv: list[str]) -> int:
         beam = beam_decoding(a.decoder, lm_path=a.lm, alpha=a.alpha, beta=a.beta, beam_width=a.beam_width,
                              lm_context=a.lm_context, prompt=a.prompt, name=a.decoder_name,
                              tokenizer_of=a.checkpoint, device=a.device)
-        df = evaluate(a.checkpoint, a.data or list(ev.datasets), a.snr if a.snr is not None else list(ev.snrs),
+        if a.clean_only and a.snr:
+            raise ValueError("--clean-only and --snr contradict each other: give one")
+        snrs = [] if a.clean_only else a.snr if a.snr is not None else list(ev.snrs)
+        df = evaluate(a.checkpoint, a.data or list(ev.datasets), snrs,
                       stride=a.stride if a.stride is not None else ev.stride,
                       batch_windows=a.batch_windows if a.batch_windows is not None else ev.batch_windows,
                       noise=a.noise or ev.noise, tracking_uri=a.tracking_uri, run_id=a.run_id,

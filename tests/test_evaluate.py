@@ -143,6 +143,17 @@ def test_cli(setup: dict) -> None:
                         "--no-log"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert (out / "t.csv").exists() and "snr5" in r.stdout and "[eval] t 1/" in r.stderr
+    # a checkpoint whose eval.snrs are set: --clean-only decodes no music, without it they are used
+    state = torch.load(setup["ckpt"], map_location="cpu", weights_only=True)
+    state["config"]["eval"]["snrs"] = [5.0]
+    noisy_ckpt = save_checkpoint(out / "noisy" / "checkpoint.pt", state)
+    for flag, conditions in ((["--clean-only"], {"clean"}), ([], {"clean", "snr5"})):
+        r = subprocess.run([sys.executable, "-m", "asr_core", "evaluate", str(noisy_ckpt), "--data",
+                            f"t=podcast:{setup['corpus'] / 'test'}", *flag, "--stride", "1", "--out",
+                            str(out / f"c{len(flag)}"), "--no-log"], cwd=ROOT, capture_output=True, text=True,
+                           timeout=300)
+        assert r.returncode == 0, r.stderr
+        assert set(pd.read_csv(out / f"c{len(flag)}" / "t.csv").condition) == conditions
     bad = subprocess.run([sys.executable, "-m", "asr_core", "evaluate", str(setup["ckpt"]), "--data", "t=wav:x"],
                          cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "unknown format 'wav'" in bad.stderr
