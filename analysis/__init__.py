@@ -5,5 +5,7 @@ recording as the unit, noise-robustness tables and the paper's figures, written 
     python -m analysis compare SWEEP A B [--tracking-uri URI] [--dataset D] [--snr DB]
 
 Modules: ``collect`` (MLflow -> tidy DataFrames), ``werr`` (tables and comparisons), ``stats`` (pure tests),
-``plots`` (figures 1-5), ``report`` (HTML, Markdown, CSV, PNG).
+``plots`` (figures 1-5), ``decoders`` (greedy against beam+LM decoding, perplexity against LM context), ``heads``
+(head similarity against context beside WER), ``report`` (HTML, Markdown, CSV, PNG), ``dashboard`` (the report in
+the MLflow dashboard).
 """

@@ -1,6 +1,7 @@
 """Analysis command line: a publishable report of a sweep (`report`), or one pairwise comparison (`compare`).
 
     python -m analysis report --experiment SWEEP [--tracking-uri URI] --out DIR [--baseline-context 10.24] [--no-log]
+                              [--lm-experiment NAME ...] [--heads-repr A|Q|K|V|Y]
     python -m analysis compare SWEEP A B [--tracking-uri URI] [--dataset D] [--snr DB] [--family F]
 
 ``report`` also logs the report's files to ``report/`` of the sweep's parent run and saves a view of the runs
@@ -28,7 +29,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from . import stats
-from .collect import CLEAN, CollectError, Sweep, collect, condition_name
+from .collect import CLEAN, CollectError, Sweep, collect, condition_name, greedy_rows
 from .werr import DEFAULT_BASELINE_CONTEXT_S, SelectionError, compare_configs, format_seconds, resolve_config
 
 if TYPE_CHECKING:
@@ -55,6 +56,12 @@ def _parser() -> argparse.ArgumentParser:
                    help="family drawn in figures 1 and 2 (default: 'context' if present)")
     r.add_argument("--ignore-param", action="append", default=[], metavar="KEY",
                    help="a param that may differ between seeds of one configuration (repeatable)")
+    r.add_argument("--lm-experiment", action="append", default=[], metavar="NAME",
+                   help="an MLflow experiment whose LM runs' perplexities (lm_ppl/...) the report shows, besides "
+                        "LM runs in the sweep's experiment and those its decoders name (repeatable; e.g. asr_core_lm)")
+    r.add_argument("--heads-repr", default="A", choices=("A", "Q", "K", "V", "Y"),
+                   help="the representation whose summed head similarity is drawn against context and correlated "
+                        "with WER (default A, the attention probabilities)")
     r.add_argument("--no-log", action="store_true",
                    help="write the folder only: do not log it to the sweep's parent run in MLflow, nor save the "
                         "view of the runs table with the WER columns")
@@ -81,9 +88,11 @@ def _report(args: argparse.Namespace) -> int:
         print("error: --alpha and --level must lie in (0, 1), --bootstrap be at least 100 and --baseline-context "
               "positive", file=sys.stderr)
         return EXIT_USAGE
-    sweep = collect(args.experiment, args.tracking_uri, ignore_params=args.ignore_param)
+    sweep = collect(args.experiment, args.tracking_uri, ignore_params=args.ignore_param,
+                    lm_experiments=args.lm_experiment)
     rep = build_report(sweep, args.out, baseline_context=args.baseline_context, alpha=args.alpha, level=args.level,
-                       bootstrap_resamples=args.bootstrap, main_family=args.main_family, progress=True)
+                       bootstrap_resamples=args.bootstrap, main_family=args.main_family, progress=True,
+                       heads_representation=args.heads_repr)
     sig = rep.significance
     n_sig = int((sig["significant"] == True).sum()) if len(sig) else 0  # noqa: E712
     print(f"report: {rep.html}")
@@ -104,7 +113,8 @@ def _log_report(args: argparse.Namespace, rep: Report, sweep: Sweep) -> int:
 
     uri = args.tracking_uri or mlflow.get_tracking_uri()
     files = [rep.html, rep.markdown, *(f.path for f in rep.figures), *rep.csvs.values()]
-    clean = sweep.wer.loc[sweep.wer["condition"] == CLEAN, "dataset"] if len(sweep.wer) else []
+    wer = greedy_rows(sweep.wer)
+    clean = wer.loc[wer["condition"] == CLEAN, "dataset"] if len(wer) else []
     try:
         pub = publish(args.experiment, files, clean, uri)
     except (DashboardError, MlflowException, OSError) as e:  # e.g. a server gone away, no permission to write
@@ -139,7 +149,7 @@ def _compare(args: argparse.Namespace) -> int:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE
     cond = CLEAN if args.snr is None else condition_name(args.snr)
-    rec = sweep.recordings
+    rec = greedy_rows(sweep.recordings)
     have = {cid: set(rec.loc[(rec["config_id"] == cid) & (rec["condition"] == cond), "dataset"]) for cid in (a, b)}
     datasets = [args.dataset] if args.dataset else sorted(have[a] & have[b])
     if not datasets:

@@ -15,6 +15,17 @@ Identity of what is compared:
 
 Other systems scored on the same test sets by ``python -m asr_core score`` (runs tagged ``sweep.role=external``,
 ``external.system=NAME``, with the same metric keys) are not trials: their WERs are listed in :attr:`Sweep.external`.
+
+Decoders. ``wer/...`` and ``eval/<DATASET>.csv`` are the trial's greedy decoding (``decoder = "greedy"``); a beam
+decoder ``D`` (``asr_core.evaluate.BeamDecoding``, ``python -m orchestrate evaluate SWEEP --decode FILE``) adds
+``wer_<D>/<DATASET>[/snr<DB>]``, ``eval/<DATASET>.<D>.csv`` and the tag ``eval.decoder.<D>`` (JSON settings) to the
+same run. :attr:`Sweep.wer` and :attr:`Sweep.recordings` hold every decoder's rows, told apart by their ``decoder``
+column; whatever assumes one WER per trial, dataset and condition selects the greedy rows (:func:`greedy_rows`).
+
+Also read: head similarity (``heads/<DATASET>/<R>/sum|similarity|layer<i>``, paper 003) into :attr:`Sweep.heads`,
+and LM perplexity (``lm_ppl/<DATASET>/ctx<N>`` on the LM's own run, ``python -m asr_core lm ppl``) into
+:attr:`Sweep.lm_ppl`, from LM runs in the sweep's experiment, the LM runs its decoders name (``lm_run`` in their
+tag) and every run of the experiments given as ``lm_experiments``.
 """
 
 from __future__ import annotations
@@ -43,7 +54,18 @@ CONTEXT_PARAM = "data.context_s"
 EVAL_CSV_COLUMNS = ("dataset", "condition", "snr_db", "recording", "ref_words", "substitutions", "deletions",
                     "insertions", "hyp_words", "wer")
 COUNT_COLUMNS = ("ref_words", "substitutions", "deletions", "insertions", "hyp_words")
-METRIC_RE = re.compile(r"^wer/(?P<dataset>.+?)(?:/snr(?P<snr>[-+]?[0-9.]+(?:e[-+]?[0-9]+)?))?$")
+_SNR = r"(?:/snr(?P<snr>[-+]?[0-9.]+(?:e[-+]?[0-9]+)?))?"
+METRIC_RE = re.compile(rf"^wer/(?P<dataset>.+?){_SNR}$")
+# the names asr_core.evaluate writes (GREEDY, BeamDecoding.metric_key, the decoder tag): tests/test_report_decoders.py
+# checks them against it, so analysis needs no torch to read them
+GREEDY = "greedy"
+DECODER_METRIC_RE = re.compile(rf"^wer_(?P<decoder>[A-Za-z0-9._-]+)/(?P<dataset>.+?){_SNR}$")
+DECODER_TAG_PREFIX = "eval.decoder."
+# asr_core.heads_cli.HeadsSummary.metrics and asr_core.lm.ppl.metric_name
+HEADS_METRIC_RE = re.compile(r"^heads/(?P<dataset>.+)/(?P<repr>[AQKVY])/"
+                             r"(?P<stat>sum|similarity|layer(?P<layer>[0-9]+))$")
+LM_PPL_RE = re.compile(r"^lm_ppl/(?P<dataset>.+)/ctx(?P<context>[0-9]+)$")
+LM_TAG = "lm.data_fingerprint"  # every LM training run has it (asr_core.lm.train)
 CLEAN = "clean"
 NO_FAMILY = "(none)"
 # a metric and the corpus WER recomputed from its table may differ by rounding only
@@ -52,6 +74,12 @@ METRIC_TOLERANCE_PTS = 0.05
 TRIAL_COLUMNS = ["run_id", "label", "config", "config_id", "series", "series_id", "families", "seed", "status",
                  "context_s", "layers", "d_model", "heads", "posenc", "rotary_theta", "error"]
 EXTERNAL_COLUMNS = ["system", "run_id", "status", "dataset", "condition", "snr_db", "wer"]
+WER_COLUMNS = ["run_id", "dataset", "condition", "snr_db", "decoder", "wer", "wer_table", "n_recordings"]
+# the settings of a beam decoder as its tag holds them (strings; "" where the tag lacks one)
+DECODER_SETTINGS = ("lm", "lm_context", "alpha", "beta", "beam_width", "lm_step", "lm_run", "prompt")
+DECODER_COLUMNS = ["run_id", "decoder", *DECODER_SETTINGS, "settings"]
+HEAD_COLUMNS = ["run_id", "dataset", "representation", "statistic", "layer", "value"]
+LM_PPL_COLUMNS = ["lm_run", "lm_name", "dataset", "lm_context", "ppl"]
 
 
 class CollectError(RuntimeError):
@@ -65,11 +93,7 @@ def condition_name(snr_db: float | None) -> str:
     return f"snr{float(snr_db):g}"
 
 
-def parse_metric_key(key: str) -> tuple[str, str, float] | None:
-    """``"wer/test/snr-5"`` -> ``("test", "snr-5", -5.0)``; ``"wer/dev"`` -> ``("dev", "clean", nan)``; else None."""
-    m = METRIC_RE.match(key)
-    if not m:
-        return None
+def _dataset_condition(m: re.Match) -> tuple[str, str, float]:
     snr = m.group("snr")
     if snr is None:
         return m.group("dataset"), CLEAN, math.nan
@@ -77,9 +101,68 @@ def parse_metric_key(key: str) -> tuple[str, str, float] | None:
     return m.group("dataset"), condition_name(value), value
 
 
+def parse_metric_key(key: str) -> tuple[str, str, float] | None:
+    """``"wer/test/snr-5"`` -> ``("test", "snr-5", -5.0)``; ``"wer/dev"`` -> ``("dev", "clean", nan)``; else None."""
+    m = METRIC_RE.match(key)
+    return _dataset_condition(m) if m else None
+
+
+def parse_decoder_metric_key(key: str) -> tuple[str, str, str, float] | None:
+    """Any decoder's WER metric: ``"wer/dev"`` -> ``("greedy", "dev", "clean", nan)``, ``"wer_beam-lm64/test/snr-5"``
+    -> ``("beam-lm64", "test", "snr-5", -5.0)``; else None."""
+    m = METRIC_RE.match(key)
+    if m:
+        return (GREEDY, *_dataset_condition(m))
+    m = DECODER_METRIC_RE.match(key)
+    if not m or m.group("decoder") == GREEDY:
+        return None
+    return (m.group("decoder"), *_dataset_condition(m))
+
+
+def table_name(dataset: str, decoder: str = GREEDY) -> str:
+    """The stem of a run's per-recording table: ``eval/<dataset>.csv`` (greedy), ``eval/<dataset>.<decoder>.csv``."""
+    return dataset if decoder == GREEDY else f"{dataset}.{decoder}"
+
+
+def metric_name(dataset: str, condition: str, decoder: str = GREEDY) -> str:
+    """The inverse of :func:`parse_decoder_metric_key`: ``("test", "snr-5", "beam")`` -> ``"wer_beam/test/snr-5"``."""
+    prefix = "wer" if decoder == GREEDY else f"wer_{decoder}"
+    return f"{prefix}/{dataset}" + ("" if condition == CLEAN else f"/{condition}")
+
+
+def greedy_rows(frame: pd.DataFrame, decoder: str = GREEDY) -> pd.DataFrame:
+    """The rows of ``frame`` (:attr:`Sweep.wer`, :attr:`Sweep.recordings`) decoded by ``decoder``, without the
+    ``decoder`` column: what code that assumes one WER per trial, dataset and condition reads. A frame without the
+    column (built before decoders were collected) is all greedy."""
+    if "decoder" not in frame.columns:
+        return frame if decoder == GREEDY else frame.iloc[0:0]
+    return frame[frame["decoder"] == decoder].drop(columns="decoder")
+
+
+def is_lm_run(rec: "RunRecord") -> bool:
+    """An LM training run (``python -m asr_core lm train``): its tag ``lm.data_fingerprint`` or perplexity metrics."""
+    return LM_TAG in rec.tags or any(k.startswith("lm_ppl/") for k in rec.metrics)
+
+
+def decoder_lm_runs(records: Iterable["RunRecord"]) -> set[str]:
+    """The LM runs that trial runs' decoders name (``lm_run`` in their ``eval.decoder.<D>`` tags)."""
+    out = set()
+    for rec in records:
+        for key, value in rec.tags.items():
+            if key.startswith(DECODER_TAG_PREFIX):
+                try:
+                    lm_run = json.loads(value).get("lm_run")
+                except (ValueError, AttributeError):
+                    continue
+                if isinstance(lm_run, str) and lm_run:
+                    out.add(lm_run)
+    return out
+
+
 @dataclass(frozen=True)
 class RunRecord:
-    """What one MLflow run holds that the analysis needs; ``tables`` maps dataset -> its eval CSV text."""
+    """What one MLflow run holds that the analysis needs; ``tables`` maps the stem of each ``eval/*.csv`` artifact
+    (``<dataset>`` greedy, ``<dataset>.<decoder>`` a beam decoder's, :func:`table_name`) -> its text."""
 
     run_id: str
     status: str
@@ -94,13 +177,19 @@ class Sweep:
     """A sweep as DataFrames.
 
     * ``trials``: one row per trial run, whatever its status (:data:`TRIAL_COLUMNS`);
-    * ``wer``: one row per finished run, dataset and condition: the run's corpus WER metric (``wer``, percent),
-      the WER recomputed from its table (``wer_table``) and its recording count;
-    * ``recordings``: the tidy frame, one row per finished run, dataset, condition and recording, with the trial
-      columns, the counts of ``eval/<DATASET>.csv`` and ``errors`` = S + D + I;
+    * ``wer``: one row per finished run, decoder, dataset and condition: the run's corpus WER metric (``wer``,
+      percent), the WER recomputed from its table (``wer_table``) and its recording count; ``decoder`` is
+      ``greedy`` or a beam decoder's name (:func:`greedy_rows` selects one);
+    * ``recordings``: the tidy frame, one row per finished run, decoder, dataset, condition and recording, with the
+      trial columns, the counts of ``eval/<DATASET>[.<DECODER>].csv`` and ``errors`` = S + D + I;
     * ``problems``: ``run_id, label, status, problem`` for everything left out or suspicious;
     * ``params``: the runs' params (strings), one row per run, for describing how series differ;
-    * ``external``: other systems' WERs (:data:`EXTERNAL_COLUMNS`), one row per system, dataset and condition.
+    * ``external``: other systems' WERs (:data:`EXTERNAL_COLUMNS`), one row per system, dataset and condition;
+    * ``decoders``: one row per finished run and beam decoder, its settings from the tag ``eval.decoder.<D>``
+      (:data:`DECODER_COLUMNS`; ``settings`` the tag's JSON);
+    * ``heads``: head similarity (:data:`HEAD_COLUMNS` and the trial columns), one row per finished run, dataset,
+      representation (A, Q, K, V, Y) and statistic (``sum``, ``similarity``, ``layer`` with its ``layer``);
+    * ``lm_ppl``: LM perplexity per token (:data:`LM_PPL_COLUMNS`), one row per LM run, dataset and LM context.
     """
 
     experiment: str
@@ -110,6 +199,9 @@ class Sweep:
     problems: pd.DataFrame
     params: pd.DataFrame
     external: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=EXTERNAL_COLUMNS))
+    decoders: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=DECODER_COLUMNS))
+    heads: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=HEAD_COLUMNS))
+    lm_ppl: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=LM_PPL_COLUMNS))
 
     @property
     def families(self) -> list[str]:
@@ -118,7 +210,14 @@ class Sweep:
 
     @property
     def datasets(self) -> list[str]:
-        return sorted(self.wer["dataset"].unique()) if len(self.wer) else []
+        """The datasets of the greedy results (every trial's own evaluation)."""
+        wer = greedy_rows(self.wer)
+        return sorted(wer["dataset"].unique()) if len(wer) else []
+
+    @property
+    def beam_decoders(self) -> list[str]:
+        """The beam decoders some finished run has results of, sorted."""
+        return sorted(set(self.wer["decoder"]) - {GREEDY}) if "decoder" in self.wer.columns else []
 
 
 # ---- identity ------------------------------------------------------------------------------------------------
@@ -201,10 +300,18 @@ def build_sweep(experiment: str, records: Iterable[RunRecord], *, ignore_params:
     problems: list[dict[str, Any]] = []
     trial_rows: list[dict[str, Any]] = []
     external_rows: list[dict[str, Any]] = []
+    lm_rows: list[dict[str, Any]] = []
     kept: list[RunRecord] = []
+    seen: set[str] = set()
     for rec in records:
+        if rec.run_id in seen:  # a run given twice counts once
+            continue
+        seen.add(rec.run_id)
         role = rec.tags.get(TAG_ROLE)
         if role == ROLE_PARENT:
+            continue
+        if role is None and is_lm_run(rec):
+            lm_rows.extend(_lm_ppl_rows(rec))
             continue
         if role == ROLE_EXTERNAL:
             system = rec.tags.get(TAG_SYSTEM) or rec.run_id[:8]
@@ -263,71 +370,131 @@ def build_sweep(experiment: str, records: Iterable[RunRecord], *, ignore_params:
     expected = _expected_conditions(kept)
     wer_rows: list[dict[str, Any]] = []
     rec_frames: list[pd.DataFrame] = []
+    decoder_rows: list[dict[str, Any]] = []
+    head_rows: list[dict[str, Any]] = []
     for rec in kept:
-        info = by_run.loc[rec.run_id].to_dict()
-        label = info["label"]
-        have: dict[tuple[str, str], tuple[float, float]] = {}
+        label = by_run.loc[rec.run_id, "label"]
+        head_rows.extend(_head_rows(rec))
+        have: dict[tuple[str, str, str], tuple[float, float]] = {}  # (decoder, dataset, condition) -> (wer, snr)
         for key, value in rec.metrics.items():
-            parsed = parse_metric_key(key)
+            parsed = parse_decoder_metric_key(key)
             if parsed:
-                have[(parsed[0], parsed[1])] = (float(value), parsed[2])
-        if not have:
+                have[parsed[:3]] = (float(value), parsed[3])
+        if not any(dec == GREEDY for dec, _, _ in have):
             problems.append(_problem(rec, label, "FINISHED but has no wer/ metrics; left out"))
             continue
-        for ds, cond in sorted(expected[rec.run_id] - set(have)):
-            key = f"wer/{ds}" + ("" if cond == CLEAN else f"/{cond}")
-            problems.append(_problem(rec, label, f"lacks metric {key} that runs with the same eval settings have"))
-        tables: dict[str, pd.DataFrame] = {}
-        for ds in sorted({d for d, _ in have}):
-            if ds not in rec.tables:
-                problems.append(_problem(rec, label, f"no artifact eval/{ds}.csv: no per-recording counts, so "
-                                                     f"{ds} is left out of the significance tests for this run"))
-                continue
-            table, why = _read_table(rec.tables[ds], ds)
+        for ds, cond in sorted(expected[rec.run_id] - {(d, c) for dec, d, c in have if dec == GREEDY}):
+            problems.append(_problem(rec, label, f"lacks metric {metric_name(ds, cond)} that runs with the same "
+                                                 f"eval settings have"))
+        decoders = sorted({dec for dec, _, _ in have} - {GREEDY})
+        for dec in decoders:
+            row, why = _decoder_settings(rec, dec)
+            decoder_rows.append(row)
             if why:
-                problems.append(_problem(rec, label, f"eval/{ds}.csv {why}; left out of the significance tests"))
+                problems.append(_problem(rec, label, why))
+        tables: dict[tuple[str, str], pd.DataFrame] = {}
+        for dec, ds in sorted({(dec, d) for dec, d, _ in have}):
+            name = table_name(ds, dec)
+            if name not in rec.tables:
+                what = ds if dec == GREEDY else f"{ds} decoded by {dec}"
+                problems.append(_problem(rec, label, f"no artifact eval/{name}.csv: no per-recording counts, so "
+                                                     f"{what} is left out of the significance tests for this run"))
                 continue
-            tables[ds] = table
+            table, why = _read_table(rec.tables[name], ds)
+            if why:
+                problems.append(_problem(rec, label, f"eval/{name}.csv {why}; left out of the significance tests"))
+                continue
+            tables[(dec, ds)] = table
         # per table, one pass: sums and duplicate checks per condition, then the usable rows in one slice
-        summary = {ds: _condition_summary(t) for ds, t in tables.items()}
-        usable: dict[str, dict[str, float]] = {}
-        for (ds, cond), (value, snr) in sorted(have.items()):
-            row = {"run_id": rec.run_id, "dataset": ds, "condition": cond, "snr_db": snr, "wer": value,
-                   "wer_table": math.nan, "n_recordings": 0}
-            if ds in summary:
-                info = summary[ds].get(cond)
+        summary = {key: _condition_summary(t) for key, t in tables.items()}
+        usable: dict[tuple[str, str], dict[str, float]] = {}
+        for (dec, ds, cond), (value, snr) in sorted(have.items()):
+            row = {"run_id": rec.run_id, "dataset": ds, "condition": cond, "snr_db": snr, "decoder": dec,
+                   "wer": value, "wer_table": math.nan, "n_recordings": 0}
+            name, metric = table_name(ds, dec), metric_name(ds, cond, dec)
+            if (dec, ds) in summary:
+                info = summary[(dec, ds)].get(cond)
                 if info is None:
-                    problems.append(_problem(rec, label, f"eval/{ds}.csv has no rows for condition {cond}; left "
-                                                         f"out of the significance tests for {ds}/{cond}"))
+                    problems.append(_problem(rec, label, f"eval/{name}.csv has no rows for condition {cond}; left "
+                                                         f"out of the significance tests for {ds}/{cond}"
+                                                         + ("" if dec == GREEDY else f" decoded by {dec}")))
                 elif info["dup"]:
-                    problems.append(_problem(rec, label, f"eval/{ds}.csv lists recordings {info['dup'][:5]} "
+                    problems.append(_problem(rec, label, f"eval/{name}.csv lists recordings {info['dup'][:5]} "
                                                          f"twice under {cond}; left out of the significance tests"))
                 else:
                     row["wer_table"], row["n_recordings"] = info["wer"], info["n"]
                     if not abs(info["wer"] - value) <= METRIC_TOLERANCE_PTS:
                         problems.append(_problem(
-                            rec, label, f"metric wer/{ds}{'' if cond == CLEAN else '/' + cond} = {value:.3f} "
-                                        f"but eval/{ds}.csv gives {info['wer']:.3f}; the table is used for tests"))
-                    usable.setdefault(ds, {})[cond] = snr
+                            rec, label, f"metric {metric} = {value:.3f} but eval/{name}.csv gives "
+                                        f"{info['wer']:.3f}; the table is used for tests"))
+                    usable.setdefault((dec, ds), {})[cond] = snr
             wer_rows.append(row)
-        for ds, conds in usable.items():
-            t = tables[ds]
+        for (dec, ds), conds in usable.items():
+            t = tables[(dec, ds)]
             part = t[t["condition"].isin(list(conds))]
-            rec_frames.append(part.assign(run_id=rec.run_id, snr_db=part["condition"].map(conds).astype(float)))
+            rec_frames.append(part.assign(run_id=rec.run_id, snr_db=part["condition"].map(conds).astype(float),
+                                          decoder=dec))
 
     info_cols = [c for c in TRIAL_COLUMNS if c not in ("status", "error")]
-    wer = pd.DataFrame(wer_rows, columns=["run_id", "dataset", "condition", "snr_db", "wer", "wer_table",
-                                          "n_recordings"])
+    wer = pd.DataFrame(wer_rows, columns=WER_COLUMNS)
     wer = trials[info_cols].merge(wer, on="run_id", how="inner")
     if rec_frames:
         recs = pd.concat(rec_frames, ignore_index=True)
         recs = trials[info_cols].merge(recs, on="run_id", how="inner")
     else:
-        recs = pd.DataFrame(columns=info_cols + list(EVAL_CSV_COLUMNS) + ["errors"])
+        recs = pd.DataFrame(columns=info_cols + list(EVAL_CSV_COLUMNS) + ["errors", "decoder"])
     prob = pd.DataFrame(problems, columns=["run_id", "label", "status", "problem"])
     prob = prob.sort_values(["label", "problem"], kind="stable").reset_index(drop=True)
     external = pd.DataFrame(external_rows, columns=EXTERNAL_COLUMNS)
-    return Sweep(experiment, trials, wer, recs, prob, params, external)
+    heads = pd.DataFrame(head_rows, columns=HEAD_COLUMNS)
+    heads = trials[info_cols].merge(heads, on="run_id", how="inner")
+    lm_ppl = pd.DataFrame(lm_rows, columns=LM_PPL_COLUMNS).sort_values(["lm_name", "lm_run", "dataset",
+                                                                        "lm_context"]).reset_index(drop=True)
+    return Sweep(experiment, trials, wer, recs, prob, params, external,
+                 pd.DataFrame(decoder_rows, columns=DECODER_COLUMNS), heads, lm_ppl)
+
+
+def _decoder_settings(rec: RunRecord, decoder: str) -> tuple[dict[str, Any], str]:
+    """One :data:`DECODER_COLUMNS` row from the run's tag ``eval.decoder.<decoder>``, and what is wrong with the tag
+    ("" when nothing)."""
+    row: dict[str, Any] = {"run_id": rec.run_id, "decoder": decoder, **dict.fromkeys(DECODER_SETTINGS, ""),
+                           "settings": ""}
+    tag = DECODER_TAG_PREFIX + decoder
+    text = rec.tags.get(tag)
+    if text is None:
+        return row, f"has wer_{decoder}/ metrics but no tag {tag}: the decoder's settings (LM, context) are unknown"
+    try:
+        value = json.loads(text)
+    except ValueError as e:
+        return row, f"tag {tag} is not JSON ({e}): the decoder's settings are unknown"
+    if not isinstance(value, dict):
+        return row, f"tag {tag} holds {type(value).__name__}, not a JSON object: the decoder's settings are unknown"
+    row.update({k: str(value[k]) for k in DECODER_SETTINGS if value.get(k) is not None})
+    row["settings"] = json.dumps(value, sort_keys=True)
+    return row, ""
+
+
+def _head_rows(rec: RunRecord) -> list[dict[str, Any]]:
+    out = []
+    for key, value in rec.metrics.items():
+        m = HEADS_METRIC_RE.match(key)
+        if m:
+            stat, layer = m.group("stat"), m.group("layer")
+            out.append({"run_id": rec.run_id, "dataset": m.group("dataset"), "representation": m.group("repr"),
+                        "statistic": "layer" if layer is not None else stat,
+                        "layer": int(layer) if layer is not None else math.nan, "value": float(value)})
+    return out
+
+
+def _lm_ppl_rows(rec: RunRecord) -> list[dict[str, Any]]:
+    name = rec.tags.get("mlflow.runName") or rec.run_id[:8]
+    out = []
+    for key, value in rec.metrics.items():
+        m = LM_PPL_RE.match(key)
+        if m:
+            out.append({"lm_run": rec.run_id, "lm_name": name, "dataset": m.group("dataset"),
+                        "lm_context": int(m.group("context")), "ppl": float(value)})
+    return out
 
 
 def _problem(rec: RunRecord, label: str, text: str) -> dict[str, Any]:
@@ -459,37 +626,66 @@ def describe_params(diff: Mapping[str, str]) -> str:
 
 # ---- MLflow ----------------------------------------------------------------------------------------------------
 
-def fetch_records(experiment: str, tracking_uri: str | None = None, *, progress: bool = True) -> list[RunRecord]:
-    """Every run of the experiment named ``experiment`` with its eval CSVs (downloaded to a temporary folder)."""
+def _experiment_id(client: Any, uri: str, name: str, what: str = "MLflow experiment") -> str:
+    exp = client.get_experiment_by_name(name)
+    if exp is None:
+        names = sorted(e.name for e in client.search_experiments())
+        raise CollectError(f"no {what} named {name!r} at {uri}; experiments there: "
+                           + (", ".join(repr(n) for n in names) or "none"))
+    return exp.experiment_id
+
+
+def _search_all(client: Any, experiment_id: str) -> list[Any]:
+    runs, token = [], None
+    while True:
+        page = client.search_runs([experiment_id], max_results=1000, page_token=token)
+        runs.extend(page)
+        token = page.token
+        if not token:
+            return runs
+
+
+def fetch_records(experiment: str, tracking_uri: str | None = None, *, progress: bool = True,
+                  lm_experiments: Iterable[str] = ()) -> list[RunRecord]:
+    """Every run of the experiment named ``experiment`` with its eval CSVs (downloaded to a temporary folder); then
+    the LM runs its decoders name that lie elsewhere, and the LM runs (those with ``lm_ppl/`` metrics) of the
+    experiments ``lm_experiments``."""
     import mlflow
+    from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
     uri = tracking_uri or mlflow.get_tracking_uri()
     client = MlflowClient(tracking_uri=uri)
-    exp = client.get_experiment_by_name(experiment)
-    if exp is None:
-        names = sorted(e.name for e in client.search_experiments())
-        raise CollectError(f"no MLflow experiment named {experiment!r} at {uri}; experiments there: "
-                           + (", ".join(repr(n) for n in names) or "none"))
-    runs, token = [], None
-    while True:
-        page = client.search_runs([exp.experiment_id], max_results=1000, page_token=token)
-        runs.extend(page)
-        token = page.token
-        if not token:
-            break
+    exp_id = _experiment_id(client, uri, experiment)
+    lm_ids = [_experiment_id(client, uri, name, "LM experiment (--lm-experiment)") for name in lm_experiments]
+    runs = _search_all(client, exp_id)
     log.info("experiment %r: %d runs at %s", experiment, len(runs), uri)
     bar = _progress(runs, progress, "reading runs")
     # one progress bar for the runs, not one per downloaded folder
     quiet = os.environ.get("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR")
     os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = "false"
     try:
-        return _read_runs(client, uri, bar)
+        records = _read_runs(client, uri, bar)
     finally:
         if quiet is None:
             os.environ.pop("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", None)
         else:
             os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = quiet
+    have = {r.run_id for r in records}
+    extra = []
+    for run_id in sorted(decoder_lm_runs(records) - have):
+        try:
+            extra.append(client.get_run(run_id))
+        except MlflowException as e:  # deleted, or logged to another server: the report says it has no perplexity
+            log.warning("LM run %s named by a decoder cannot be read at %s: %s", run_id, uri, str(e)[:200])
+    for lm_id in lm_ids:
+        extra.extend(r for r in _search_all(client, lm_id) if any(k.startswith("lm_ppl/") for k in r.data.metrics))
+    for run in extra:
+        if run.info.run_id not in have:
+            have.add(run.info.run_id)
+            records.append(RunRecord(run.info.run_id, run.info.status, dict(run.data.tags), dict(run.data.params),
+                                     dict(run.data.metrics)))
+    return records
 
 
 def _read_runs(client: Any, uri: str, runs: Iterable[Any]) -> list[RunRecord]:
@@ -523,7 +719,8 @@ def _progress(items: list[Any], enabled: bool, desc: str) -> Iterable[Any]:
 
 
 def collect(experiment: str, tracking_uri: str | None = None, *, ignore_params: Iterable[str] = (),
-            progress: bool = True) -> Sweep:
-    """Read sweep ``experiment`` from MLflow at ``tracking_uri`` (default: MLflow's own) into a :class:`Sweep`."""
-    records = fetch_records(experiment, tracking_uri, progress=progress)
+            progress: bool = True, lm_experiments: Iterable[str] = ()) -> Sweep:
+    """Read sweep ``experiment`` from MLflow at ``tracking_uri`` (default: MLflow's own) into a :class:`Sweep`;
+    ``lm_experiments``: experiments whose LM runs' perplexities are read too (:func:`fetch_records`)."""
+    records = fetch_records(experiment, tracking_uri, progress=progress, lm_experiments=lm_experiments)
     return build_sweep(experiment, records, ignore_params=ignore_params)

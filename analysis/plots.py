@@ -23,13 +23,12 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.ticker import FixedLocator, NullLocator  # noqa: E402
 
-from .collect import CLEAN, Sweep, describe_params  # noqa: E402
-from .werr import format_seconds, in_family  # noqa: E402
+from .collect import CLEAN, Sweep, describe_params, greedy_rows  # noqa: E402
+from .heads import HEAD_KEYS, SIZE_KEYS  # noqa: E402
+from .werr import format_seconds, in_family, varying_params  # noqa: E402
 
 MAX_PANELS = 4  # datasets per figure; more would be unreadable at report width
 POSENC_KEYS = ("model.posenc", "model.rotary_theta")
-SIZE_KEYS = ("model.layers", "model.d_model")
-HEAD_KEYS = ("model.heads",)
 
 
 @dataclass(frozen=True)
@@ -60,7 +59,7 @@ def choose_main_family(sweep: Sweep, requested: str | None = None) -> str | None
         return None
     if "context" in fams:
         return "context"
-    done = sweep.wer.drop_duplicates("config_id")
+    done = greedy_rows(sweep.wer).drop_duplicates("config_id")
 
     def rank(f: str) -> tuple[int, int, str]:
         m = in_family(done, f)
@@ -88,16 +87,6 @@ def series_labels(sweep: Sweep, series_ids: list[str], always: tuple[str, ...] =
     for sid, rid in reps.items():
         out[sid] = describe_params({c: str(params.loc[rid, c]) for c in cols}) or trials.loc[sid, "series"]
     return out
-
-
-def _varying(sweep: Sweep, family: str) -> set[str]:
-    """Params (minus seed and context) that differ between the series of ``family``."""
-    trials = in_family(sweep.trials[sweep.trials["run_id"].isin(sweep.wer["run_id"])], family)
-    reps = trials.drop_duplicates("series_id")["run_id"].tolist()
-    if len(reps) < 2:
-        return set()
-    params = sweep.params.reindex(reps).fillna("")
-    return {c for c in params.columns if c not in ("train.seed", "data.context_s") and params[c].nunique() > 1}
 
 
 def _context_axis(ax: plt.Axes, contexts: list[float]) -> None:
@@ -197,7 +186,7 @@ def draw_figures(sweep: Sweep, werr: pd.DataFrame, wer: pd.DataFrame, out_dir: P
     ]
     for tag, title, what, keys, fixed, legend, why in specs:
         fams = [f for f in sweep.families
-                if (v := _varying(sweep, f)) & set(keys) and not v & set(fixed)]
+                if (v := varying_params(sweep, f)) & set(keys) and not v & set(fixed)]
         drawn = False
         for fam in fams:
             table = werr if what == "werr" else wer
@@ -234,3 +223,68 @@ def _cut(datasets: list[str]) -> str:
         return ""
     return f" Only the first {MAX_PANELS} datasets are drawn ({', '.join(datasets[MAX_PANELS:])} omitted)."
 
+
+# ---- beyond the paper's figures: head similarity (paper 003), LM perplexity (paper 004 Table 5) ----------------
+
+def draw_heads_figures(sweep: Sweep, table: pd.DataFrame, out_dir: Path, representation: str
+                       ) -> tuple[list[Figure], list[Skipped]]:
+    """Per family and dataset of :func:`analysis.heads.heads_table`: summed ``representation`` similarity against
+    context (left) and the greedy clean WER (right), one line per configuration (series), shaded min–max over
+    seeds."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    figs: list[Figure] = []
+    skipped: list[Skipped] = []
+    title = f"Head similarity ({representation}) and WER vs context"
+    part = table[table["representation"] == representation]
+    for (fam, ds), grp in part.groupby(["family", "dataset"], sort=True):
+        if grp["context_s"].nunique() < 2:
+            skipped.append(Skipped(f"heads_{fam}_{ds}", f"{title} ({fam}, {ds})",
+                                   "head metrics at fewer than two context lengths"))
+            continue
+        labels = series_labels(sweep, sorted(grp["series_id"].unique()), HEAD_KEYS + SIZE_KEYS)
+        fig, (left, right) = _panels(2, f"{title}, family {fam}, {ds}")
+        for sid, g in grp.groupby("series_id"):
+            _line(left, g["context_s"], g["sum_mean"], g["sum_min"], g["sum_max"], labels[sid])
+            w = g[g["wer_mean"].notna()]
+            if len(w):
+                _line(right, w["context_s"], w["wer_mean"], w["wer_min"], w["wer_max"], labels[sid])
+        for ax in (left, right):
+            _context_axis(ax, grp["context_s"].tolist())
+            ax.legend(fontsize="small")
+        left.set_ylabel(f"summed {representation} similarity (003 eq. 6 over layers)")
+        left.set_title("head similarity (higher: heads more alike)")
+        right.set_ylabel("WER (%), greedy, clean")
+        right.set_title(f"WER on {ds}")
+        key = f"heads_{representation}_vs_context_{fam}_{ds}"
+        figs.append(Figure(key, f"{title} ({fam})", f"Family {fam}, dataset {ds}: 003's eq. 6 summed over layers "
+                                                    f"for {representation}, mean over seeds. Shaded: min–max over "
+                                                    f"seeds.", _save(fig, out_dir, key)))
+    return figs, skipped
+
+
+def draw_ppl_figure(ppl: pd.DataFrame, out_dir: Path) -> Figure | None:
+    """Per-token perplexity against LM context, one line per LM and dataset (``Sweep.lm_ppl``); None with fewer
+    than two contexts."""
+    if ppl.empty or ppl["lm_context"].nunique() < 2:
+        return None
+    out_dir.mkdir(parents=True, exist_ok=True)
+    title = "LM perplexity vs LM context"
+    fig, (ax,) = _panels(1, title)
+    several = ppl["lm_run"].nunique() > 1
+    for (name, run, ds), g in ppl.groupby(["lm_name", "lm_run", "dataset"], sort=True):
+        g = g.sort_values("lm_context")
+        label = f"{name} ({run[:8]}), {ds}" if several else f"{name}, {ds}"
+        ax.plot(g["lm_context"], g["ppl"], marker="o", label=label)
+    ticks = sorted(ppl["lm_context"].unique())
+    if ticks[0] > 0:  # a context of 0 tokens (no history) has no place on a log axis
+        ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_locator(FixedLocator(ticks))
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.set_xticklabels([str(int(t)) for t in ticks])
+    ax.set_xlabel("LM context (tokens)")
+    ax.set_ylabel("perplexity per token")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize="small")
+    key = "lm_ppl_vs_context"
+    return Figure(key, title, "Per-token perplexity (python -m asr_core lm ppl) of each LM at each context it was "
+                              "measured at.", _save(fig, out_dir, key))

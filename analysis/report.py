@@ -5,6 +5,14 @@ beside it), the PNGs, and CSVs: ``wer.csv``, ``werr.csv``, ``significance.csv``,
 ``trials.csv``, ``external.csv`` (other systems scored by ``python -m asr_core score``, also a table beside the
 models' WER). Every comparison with a baseline is stated in words — significant or not after Holm's correction,
 with its p-values and intervals — and every run that was left out is listed with the reason.
+
+Sections that only a sweep with the data gets (a sweep without it gets the report it always got):
+
+* beam decoders (``wer_<D>/...``): each against greedy decoding, Table 6's layout (:mod:`analysis.decoders`),
+  ``decoders.csv`` and ``decoder_settings.csv``;
+* LM perplexity (``lm_ppl/...`` on LM runs): perplexity against LM context, ``lm_ppl.csv`` and a figure;
+* head similarity (``heads/...``): against context per heads count and model size, beside WER, and whether it
+  tracks WER (:mod:`analysis.heads`), ``heads.csv``, ``heads_tracking.csv`` and a figure per family.
 """
 
 from __future__ import annotations
@@ -20,10 +28,12 @@ from typing import Iterable
 
 import pandas as pd
 
+from . import decoders as dec
+from . import heads as hd
 from . import stats
 from .collect import CLEAN, Sweep
 from .finding import Check, Gain, finding_checks, summary_sentence
-from .plots import Figure, Skipped, draw_figures
+from .plots import Figure, Skipped, choose_main_family, draw_figures, draw_heads_figures, draw_ppl_figure
 from .werr import (DEFAULT_BASELINE_CONTEXT_S, baseline_notes, format_seconds, significance_table, snr_table,
                    wer_table, werr_table)
 
@@ -205,8 +215,15 @@ def _methods(alpha: float, level: float, resamples: int, baseline_context: float
 
 def build_report(sweep: Sweep, out_dir: Path | str, *, baseline_context: float = DEFAULT_BASELINE_CONTEXT_S,
                  alpha: float = 0.05, level: float = 0.95, bootstrap_resamples: int = stats.BOOTSTRAP_RESAMPLES,
-                 main_family: str | None = None, progress: bool = False) -> Report:
-    """Write the report of ``sweep`` into ``out_dir`` (created; files in it are overwritten)."""
+                 main_family: str | None = None, progress: bool = False,
+                 heads_representation: str = "A") -> Report:
+    """Write the report of ``sweep`` into ``out_dir`` (created; files in it are overwritten).
+
+    ``heads_representation``: the representation (A, Q, K, V or Y) whose summed head similarity is drawn against
+    context and correlated with WER (every one is in the table)."""
+    if heads_representation not in hd.REPRESENTATIONS:
+        raise ValueError(f"heads representation {heads_representation!r} is not one of "
+                         f"{', '.join(hd.REPRESENTATIONS)}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
@@ -223,6 +240,20 @@ def build_report(sweep: Sweep, out_dir: Path | str, *, baseline_context: float =
 
     csvs = {"wer": wer, "werr": werr, "significance": sig, "snr": snr, "problems": sweep.problems,
             "trials": sweep.trials, "finding": _finding_frame(checks, gains), "external": sweep.external}
+    extra: list[_Section] = []
+    if sweep.beam_decoders:
+        section, tables = _decoder_section(sweep, wer, alpha, level, bootstrap_resamples)
+        extra.append(section)
+        csvs.update(tables)
+    if not sweep.lm_ppl.empty:
+        section = _ppl_section(sweep, out)
+        extra.append(section)
+        csvs["lm_ppl"] = sweep.lm_ppl
+    if not sweep.heads.empty:
+        section, tables = _heads_section(sweep, out, heads_representation, choose_main_family(sweep, main_family),
+                                         alpha)
+        extra.append(section)
+        csvs.update(tables)
     paths = {}
     for name, df in csvs.items():
         paths[name] = out / f"{name}.csv"
@@ -231,11 +262,125 @@ def build_report(sweep: Sweep, out_dir: Path | str, *, baseline_context: float =
     sections = _sections(sweep, wer, werr, snr, sig, figures, skipped, notes, baseline_context, alpha, level,
                          bootstrap_resamples)
     sections.insert(1, _finding_section(checks))
+    at = next(i for i, s in enumerate(sections) if s.title == RUNS_LEFT_OUT)
+    sections[at:at] = extra
+    figures = figures + [f for s in extra for f in s.figures]
     md_path, html_path = out / "report.md", out / "index.html"
     md_path.write_text(_markdown(sweep, sections), encoding="utf-8")
     html_path.write_text(_html(sweep, sections), encoding="utf-8")
     log.info("report written to %s in %.1f s", out, time.perf_counter() - t0)
     return Report(out, html_path, md_path, paths, figures, skipped, sig)
+
+
+# ---- sections a sweep has only with the data: decoders, LM perplexity, head similarity ------------------------
+
+def _decoder_display(table: pd.DataFrame) -> pd.DataFrame:
+    """Every decoder comparison with its p-values and intervals."""
+    return pd.DataFrame({
+        "dataset": table["dataset"], "condition": table["condition"], "config": table["config"],
+        "decoder": table["label"], "seeds": table["seeds"], "WER greedy": table["wer_greedy"].map(fmt_num),
+        "WER": table["wer"].map(fmt_num), "WERR %": [fmt_num(x, 1, True) for x in table["werr"]],
+        "WERR CI": [f"[{fmt_num(a, 1, True)}, {fmt_num(b, 1, True)}]" for a, b in zip(table["werr_lo"],
+                                                                                       table["werr_hi"])],
+        "ΔWER": [fmt_num(x, 2, True) for x in table["delta_wer"]],
+        "p perm": table["p_permutation"].map(fmt_p), "p Holm": table["p_holm"].map(fmt_p),
+        "verdict": table["verdict"], "note": table["note"]})
+
+
+def _settings_display(settings: pd.DataFrame) -> pd.DataFrame:
+    return pd.DataFrame({
+        "decoder": settings["decoder"], "column": settings["label"],
+        "LM": [n or (Path(lm).parent.name + "/" + Path(lm).name if lm and lm != dec.NO_LM else lm or "?")
+               for n, lm in zip(settings["lm_name"], settings["lm"])],
+        "LM context": [f"{int(c)}" if math.isfinite(c) else "–" for c in settings["lm_context"]],
+        "alpha": settings["alpha"], "beta": settings["beta"], "beam width": settings["beam_width"],
+        "prompt": [Path(p).name if p else "–" for p in settings["prompt"]], "runs": settings["runs"]})
+
+
+def _decoder_section(sweep: Sweep, wer: pd.DataFrame, alpha: float, level: float, resamples: int
+                     ) -> tuple["_Section", dict[str, pd.DataFrame]]:
+    settings = dec.decoder_settings(sweep)
+    table = dec.decoder_table(sweep, alpha=alpha, level=level, bootstrap_resamples=resamples)
+    compared = table[table["wer_greedy"].notna()]
+    tested = table[table["p_permutation"].notna()]
+    n_sig = int((tested["significant"] == True).sum())  # noqa: E712 (None means untested)
+    better = int(((tested["significant"] == True) & (tested["werr"] > 0)).sum())  # noqa: E712
+    paras = [
+        f"Each configuration decoded by beam search is compared with its own greedy decoding, on the same "
+        f"recordings and seeds. Cells: WER (%) (WERR against greedy, %; sig. / n.s.: the paired sign-flip "
+        f"permutation test over recordings, per recording the errors averaged over the seeds both decoders have, "
+        f"Holm-corrected across all the tested comparisons of this section at α = {alpha:g}; untested: no "
+        f"per-recording tables). The greedy column is the configuration's WER over all its seeds, as in the WER "
+        f"table. Intervals are {100 * level:g}% paired bootstrap percentiles over {resamples} resamples of "
+        f"recordings and seeds (a seed drawn for both decoders: they decode one trained model).",
+        f"{len(compared)} comparisons with greedy decoding, {len(tested)} tested: {n_sig} significant after Holm "
+        f"correction ({better} of them better than greedy), {len(tested) - n_sig} not."]
+    for _, s in settings.iterrows():
+        if s["differs"]:
+            paras.append(f"**Decoder {s['decoder']} ran with other settings on some runs** ({s['differs']} differ "
+                         f"between their tags eval.decoder.{s['decoder']}); its column mixes them.")
+    tables = [("Decoders (settings from each run's tag eval.decoder.<name>)", _settings_display(settings))]
+    tables += [(f"WER (%) by decoder: {title}", pv) for title, pv in dec.table6_pivots(table, settings, wer)]
+    tables.append(("Every comparison with greedy decoding", _decoder_display(table)))
+    gains = dec.context_gains(table)
+    bullets = [("Short against long acoustic context with the LM", gains)] if gains else []
+    section = _Section("Beam search and LM decoding against greedy (paper 004 Table 6)", paras, tables, [], bullets)
+    return section, {"decoders": table, "decoder_settings": settings}
+
+
+def _ppl_section(sweep: Sweep, out: Path) -> "_Section":
+    fig = draw_ppl_figure(sweep.lm_ppl, out)
+    paras = ["Per-token perplexity of each LM (python -m asr_core lm ppl: metrics lm_ppl/<dataset>/ctx<N> of its "
+             "run), found among the sweep's runs, the LM runs its decoders name and the experiments given with "
+             "--lm-experiment. Columns: LM context in tokens."]
+    sentences = dec.ppl_sentences(sweep)
+    return _Section("LM perplexity against LM context (paper 004 Table 5)", paras,
+                    [("", dec.ppl_table(sweep))], [fig] if fig else [], [("", sentences)] if sentences else [])
+
+
+def _heads_display(table: pd.DataFrame, representation: str) -> list[tuple[str, pd.DataFrame]]:
+    out = []
+    for (fam, ds), grp in table.groupby(["family", "dataset"], sort=True):
+        sums = grp.pivot_table(index=["series", "context_s", "config"], columns="representation", values="sum_mean",
+                               aggfunc="first")
+        sums = sums[[r for r in hd.REPRESENTATIONS if r in sums.columns]].map(lambda x: fmt_num(x, 3))
+        sums.columns = [f"Σ {r}" for r in sums.columns]
+        chosen = grp[grp["representation"] == representation].set_index(["series", "context_s", "config"])
+        sums[f"mean cos {representation}"] = chosen["similarity_mean"].map(lambda x: fmt_num(x, 3))
+        sums.insert(0, f"WER {ds} %", chosen["wer_mean"].map(fmt_num))
+        sums.insert(1, "seeds", chosen["n_seeds"])
+        view = sums.reset_index().sort_values(["series", "context_s"])
+        view["context_s"] = view["context_s"].map(format_seconds)
+        out.append((f"Family {fam}, {ds}: greedy clean WER and summed head similarity (003 eq. 6 over layers; "
+                    f"higher = heads more alike), means over seeds", view.rename(columns={"context_s": "context"})))
+    return out
+
+
+def _heads_section(sweep: Sweep, out: Path, representation: str, main_family: str | None, alpha: float
+                   ) -> tuple["_Section", dict[str, pd.DataFrame]]:
+    families = hd.head_families(sweep, main_family)
+    table = hd.heads_table(sweep, families)
+    tracking = hd.tracking_table(table, representation, alpha=alpha)
+    figs, skipped = draw_heads_figures(sweep, table, out, representation)
+    paras = [
+        f"How alike the attention heads are (paper 003), measured by each trial after evaluation "
+        f"(heads/<dataset>/<R>/sum: eq. 6 summed over layers, 0 for orthogonal heads, (N − 1)/N per layer for "
+        f"identical ones), against context length in families {', '.join(families) or '–'} (those whose series "
+        f"differ in heads or model size, else the main family). {representation} is drawn and correlated with WER; "
+        f"every representation is in the tables and heads.csv.",
+        hd.tracking_summary(tracking, representation, alpha)]
+    tables = _heads_display(table, representation)
+    if not tracking.empty:
+        tables.append((f"Does summed {representation} similarity track WER across context?", pd.DataFrame({
+            "family": tracking["family"], "configuration": tracking["series"], "dataset": tracking["dataset"],
+            "contexts": tracking["n_contexts"], "Spearman ρ": [fmt_num(x, 2, True) for x in tracking["rho"]],
+            "p perm": tracking["p_permutation"].map(fmt_p), "p Holm": tracking["p_holm"].map(fmt_p),
+            "WER degrades at long context": tracking["degrades"].map({True: "yes", False: "no"})})))
+    bullets = [("", list(tracking["sentence"]))] if not tracking.empty else []
+    if skipped:
+        bullets.append(("", [f"{s.title} — not drawn: {s.reason}." for s in skipped]))
+    section = _Section("Head similarity (paper 003) against context length", paras, tables, figs, bullets)
+    return section, {"heads": table, "heads_tracking": tracking}
 
 
 def _finding_frame(checks: list[Check], gains: list[Gain]) -> pd.DataFrame:
@@ -248,6 +393,9 @@ def _finding_frame(checks: list[Check], gains: list[Gain]) -> pd.DataFrame:
 def _finding_section(checks: list[Check]) -> "_Section":
     return _Section("The paper's finding in this sweep", [summary_sentence(checks)], [], [],
                     [("", [f"**{c.verdict.capitalize()}**: {c.claim}. {c.detail}." for c in checks])])
+
+
+RUNS_LEFT_OUT = "Runs left out"
 
 
 @dataclass
@@ -307,7 +455,7 @@ def _sections(sweep: Sweep, wer: pd.DataFrame, werr: pd.DataFrame, snr: pd.DataF
         secs.append(_Section("Noise robustness: WERR (%) from the baseline at each SNR", [], _snr_pivots(snr), [],
                              []))
     secs.append(_Section("Significance table", [], [("", _sig_display(sig))], [], []))
-    secs.append(_Section("Runs left out", [] if not sweep.problems.empty else ["None: every trial run finished "
+    secs.append(_Section(RUNS_LEFT_OUT, [] if not sweep.problems.empty else ["None: every trial run finished "
                                                                               "with all its metrics and tables."],
                          [("", sweep.problems[["label", "status", "problem"]])] if not sweep.problems.empty else [],
                          [], []))

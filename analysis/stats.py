@@ -327,6 +327,28 @@ def paired_bootstrap(pc: PairedCounts, *, resamples: int = BOOTSTRAP_RESAMPLES, 
     return BootstrapResult(wer_b - wer_a, rel)
 
 
+def paired_bootstrap_shared_seeds(pc: PairedCounts, *, resamples: int = BOOTSTRAP_RESAMPLES,
+                                  seed: int = 0) -> BootstrapResult:
+    """:func:`paired_bootstrap` for two results of the *same* models (one trained model per seed decoded two ways:
+    greedy and beam search): a drawn seed brings both its A and its B, so the seed-to-seed spread the two share
+    does not widen the interval. Needs ``pc.seeds_a == pc.seeds_b``."""
+    if pc.seeds_a != pc.seeds_b:
+        raise PairingError(f"shared seeds need the same seeds on both sides, got {list(pc.seeds_a)} and "
+                           f"{list(pc.seeds_b)}")
+    rng = np.random.default_rng(seed)
+    r, s = len(pc.recordings), len(pc.seeds_a)
+    counts = _multiplicities(rng.integers(0, r, size=(resamples, r)), r)  # (B, R)
+    w = _multiplicities(rng.integers(0, s, size=(resamples, s)), s) / s  # (B, S), one draw for both sides
+    err_a = np.einsum("br,sr,bs->b", counts, pc.errors_a, w)
+    err_b = np.einsum("br,sr,bs->b", counts, pc.errors_b, w)
+    words = np.einsum("br,r->b", counts, pc.ref_words)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        wer_a = np.where(words > 0, 100.0 * err_a / words, np.nan)
+        wer_b = np.where(words > 0, 100.0 * err_b / words, np.nan)
+        rel = np.where(wer_a > 0, 100.0 * (wer_a - wer_b) / wer_a, np.nan)
+    return BootstrapResult(wer_b - wer_a, rel)
+
+
 # ---- Welch's t on seed-level WERs ----------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -348,6 +370,46 @@ def welch_t(x: Sequence[float], y: Sequence[float]) -> WelchResult:
     t = float((b.mean() - a.mean()) / math.sqrt(se2))
     df = float(se2 ** 2 / (va ** 2 / (a.size - 1) + vb ** 2 / (b.size - 1)))
     return WelchResult(t, df, float(2.0 * special.stdtr(df, -abs(t))))
+
+
+# ---- rank correlation of two measures across conditions -----------------------------------------------------
+
+@dataclass(frozen=True)
+class RankCorrelation:
+    rho: float  # Spearman's rank correlation; NaN with fewer than 3 pairs or a constant side
+    pvalue: float  # two-sided permutation p-value; NaN with rho
+    n: int  # pairs
+    exact: bool  # every pairing enumerated (n! <= resamples), else random ones: p = 2 (k + 1)/(N + 1), k the
+    # random pairings in the smaller tail (scipy's permutation_test)
+
+
+def rank_correlation(x: Sequence[float], y: Sequence[float], *, resamples: int = PERMUTATION_RESAMPLES,
+                     seed: int = 0) -> RankCorrelation:
+    """Spearman's ρ between paired values ``x`` and ``y`` (n,) (e.g. head similarity and WER of one configuration at
+    n context lengths) and its two-sided permutation test: under the null hypothesis every pairing of ``x`` with a
+    reordering of ``y`` is equally likely; p is twice the smaller tail of ρ over the pairings (scipy's
+    ``permutation_test``; every pairing when n! <= ``resamples``), which for ρ's symmetric null distribution is the
+    share of pairings with |ρ| at least the observed one. With n = 4 the smallest possible p is 1/12: few conditions
+    cannot make a correlation significant, whatever its size."""
+    from scipy import stats as sps
+
+    a, b = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    if a.shape != b.shape or a.ndim != 1:
+        raise ValueError(f"x and y must be 1-D and of one length, got shapes {a.shape} and {b.shape}")
+    n = a.size
+    if n < 3 or np.ptp(a) == 0 or np.ptp(b) == 0 or not (np.isfinite(a).all() and np.isfinite(b).all()):
+        return RankCorrelation(math.nan, math.nan, n, True)
+    ra = sps.rankdata(a)
+    ra = (ra - ra.mean()) / np.sqrt(np.sum((ra - ra.mean()) ** 2))
+
+    def rho(values: np.ndarray, axis: int = -1) -> np.ndarray:
+        rv = sps.rankdata(values, axis=axis)
+        rv = rv - rv.mean(axis=axis, keepdims=True)
+        return np.sum(rv * ra, axis=axis) / np.sqrt(np.sum(rv ** 2, axis=axis))
+
+    res = sps.permutation_test((b,), rho, permutation_type="pairings", vectorized=True, n_resamples=resamples,
+                               alternative="two-sided", rng=np.random.default_rng(seed))
+    return RankCorrelation(float(res.statistic), float(res.pvalue), n, math.factorial(n) <= resamples)
 
 
 # ---- multiple comparisons ------------------------------------------------------------------------------------
@@ -406,15 +468,17 @@ class Comparison:
 
 def compare(pc: PairedCounts, *, level: float = 0.95, bootstrap_resamples: int = BOOTSTRAP_RESAMPLES,
             permutation_resamples: int = PERMUTATION_RESAMPLES, exact_max_n: int = EXACT_PERMUTATION_MAX_N,
-            seed: int = 0) -> Comparison:
-    """Every test and interval for B against A (see the module docstring)."""
+            seed: int = 0, shared_seeds: bool = False) -> Comparison:
+    """Every test and interval for B against A (see the module docstring). ``shared_seeds``: A and B are the same
+    models decoded two ways, so the bootstrap draws seeds for both at once (:func:`paired_bootstrap_shared_seeds`)."""
     ea, eb = pc.mean_errors_a, pc.mean_errors_b
     wer_a, wer_b = corpus_wer(ea, pc.ref_words), corpus_wer(eb, pc.ref_words)
     perm = sign_flip_test(eb - ea, exact_max_n=exact_max_n, resamples=permutation_resamples, seed=seed)
     # per-recording WER for the rank tests; recordings without reference words have no WER and are left out
     has_words = pc.ref_words > 0
     rec_diff = (eb[has_words] - ea[has_words]) / pc.ref_words[has_words]
-    boot = paired_bootstrap(pc, resamples=bootstrap_resamples, seed=seed + 1)
+    boot = (paired_bootstrap_shared_seeds if shared_seeds else paired_bootstrap)(pc, resamples=bootstrap_resamples,
+                                                                                 seed=seed + 1)
     total = float(pc.ref_words.sum())
     seed_wer_a = 100.0 * pc.errors_a.sum(axis=1) / total
     seed_wer_b = 100.0 * pc.errors_b.sum(axis=1) / total

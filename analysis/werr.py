@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from . import stats
-from .collect import CLEAN, Sweep
+from .collect import CLEAN, GREEDY, Sweep, greedy_rows
 
 DEFAULT_BASELINE_CONTEXT_S = 10.24
 CONTEXT_REL_TOL = 0.01  # contexts within 1% are the same length (10 s vs 10.24 s is not; 10.24 vs 10.3 is)
@@ -48,13 +48,15 @@ def in_family(frame: pd.DataFrame, family: str) -> pd.DataFrame:
 
 # ---- WER and WERR tables -------------------------------------------------------------------------------------
 
-def wer_table(sweep: Sweep) -> pd.DataFrame:
-    """Per configuration, dataset and condition: mean, sd, min and max over seeds of the corpus WER (percent)."""
+def wer_table(sweep: Sweep, decoder: str = GREEDY) -> pd.DataFrame:
+    """Per configuration, dataset and condition: mean, sd, min and max over seeds of the corpus WER (percent) of
+    ``decoder``'s results (the trials' own greedy decoding unless told)."""
     keys = ["config", "config_id", "series", "series_id", "families", "context_s", "layers", "d_model", "heads",
             "posenc", "rotary_theta", "dataset", "condition", "snr_db"]
-    if sweep.wer.empty:
+    wer = greedy_rows(sweep.wer, decoder)
+    if wer.empty:
         return pd.DataFrame(columns=keys + ["n_seeds", "seeds", "wer_mean", "wer_sd", "wer_min", "wer_max"])
-    g = sweep.wer.groupby(keys, dropna=False, sort=False)
+    g = wer.groupby(keys, dropna=False, sort=False)
     out = g["wer"].agg(wer_mean="mean", wer_sd=lambda x: x.std(ddof=1) if len(x) > 1 else math.nan,
                        wer_min="min", wer_max="max").reset_index()
     out["n_seeds"] = g["seed"].count().values
@@ -83,6 +85,16 @@ def werr_from_means(means: pd.DataFrame, baseline_context: float, by: list[str])
     return pd.concat(parts, ignore_index=True)
 
 
+def varying_params(sweep: Sweep, family: str) -> set[str]:
+    """Params (minus seed and context) that differ between the series of ``family`` (finished runs)."""
+    trials = in_family(sweep.trials[sweep.trials["run_id"].isin(sweep.wer["run_id"])], family)
+    reps = trials.drop_duplicates("series_id")["run_id"].tolist()
+    if len(reps) < 2:
+        return set()
+    params = sweep.params.reindex(reps).fillna("")
+    return {c for c in params.columns if c not in ("train.seed", "data.context_s") and params[c].nunique() > 1}
+
+
 def family_rows(table: pd.DataFrame, families: Iterable[str]) -> pd.DataFrame:
     """``table`` repeated once per family each row belongs to, with a ``family`` column."""
     parts = [in_family(table, f).assign(family=f) for f in families]
@@ -104,7 +116,7 @@ def werr_table(sweep: Sweep, baseline_context: float = DEFAULT_BASELINE_CONTEXT_
     out = werr_from_means(wt, baseline_context, by)
     if out.empty:
         return out
-    per_seed = sweep.wer[["config_id", "dataset", "condition", "wer"]]
+    per_seed = greedy_rows(sweep.wer)[["config_id", "dataset", "condition", "wer"]]
     merged = out[by + ["config_id", "baseline_wer"]].merge(per_seed, on=["config_id", "dataset", "condition"])
     merged["werr_seed"] = 100.0 * (merged["baseline_wer"] - merged["wer"]) / merged["baseline_wer"]
     spread = merged.groupby(by + ["config_id"], dropna=False)["werr_seed"].agg(
@@ -143,10 +155,11 @@ def snr_table(werr: pd.DataFrame) -> pd.DataFrame:
 SeedTables = dict[tuple[str, str, str], dict[int, dict[str, tuple[float, float]]]]
 
 
-def recording_index(sweep: Sweep) -> SeedTables:
-    """``(config_id, dataset, condition) -> seed -> recording -> (errors, ref_words)``, built in one pass (filtering
-    the tidy frame once per comparison would dominate the report's run time on a paper-sized sweep)."""
-    rec = sweep.recordings
+def recording_index(sweep: Sweep, decoder: str = GREEDY) -> SeedTables:
+    """``(config_id, dataset, condition) -> seed -> recording -> (errors, ref_words)`` of ``decoder``'s results
+    (greedy unless told), built in one pass (filtering the tidy frame once per comparison would dominate the
+    report's run time on a paper-sized sweep)."""
+    rec = greedy_rows(sweep.recordings, decoder)
     out: SeedTables = {}
     if rec.empty:
         return out
