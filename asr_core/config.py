@@ -43,6 +43,7 @@ SEQLEN_WARMUPS = ("paper", "code", "none")
 PRECISIONS = ("auto", "bf16", "fp32")
 OPTIMIZERS = ("madgrad", "adamw")  # madgrad: the paper's; adamw: AdamW with (momentum, 0.98) betas
 DEVICES = ("auto", "cpu", "cuda")
+HEAD_REPRESENTATIONS = ("A", "Q", "K", "V", "Y")  # paper 003 Table 1; asr_core.heads.REPRESENTATIONS
 
 
 def _require(cond: bool, key: str, value: Any, valid: str) -> None:
@@ -199,6 +200,12 @@ class TrainConfig:
     device: str = "auto"
     checkpoint_every: int = 500  # optimiser steps between checkpoints (also on SIGUSR2/SIGTERM)
     log_every: int = 1
+    # paper 003 eq. 7: the step's loss + head_diversity_weight x the diversity loss of head_diversity_repr (eq. 6
+    # summed over layers, asr_core.heads); 0 = off, training exactly as without it. paper: 003 tuned lambda on its
+    # dev sets for an RNNT loss (§4.5 names 0.001 and 1.0); this project's CTC normalisation has another scale.
+    head_diversity_weight: float = 0.0
+    head_diversity_repr: str = "Y"  # one of HEAD_REPRESENTATIONS; Y: 003 Table 7's choice on its stronger model
+    head_diversity_rows: int = 64  # query rows of A sampled per window (A only; asr_core.heads.DEFAULT_SAMPLE_ROWS)
 
     def __post_init__(self) -> None:
         _require(isinstance(self.seed, int) and self.seed >= 0, "train.seed", self.seed, "a non-negative integer")
@@ -217,6 +224,11 @@ class TrainConfig:
         _choice("train.device", self.device, DEVICES)
         _require(self.checkpoint_every >= 1, "train.checkpoint_every", self.checkpoint_every, "a positive integer")
         _require(self.log_every >= 1, "train.log_every", self.log_every, "a positive integer")
+        _require(self.head_diversity_weight >= 0, "train.head_diversity_weight", self.head_diversity_weight,
+                 "a non-negative number (0 = no head-diversity loss)")
+        _choice("train.head_diversity_repr", self.head_diversity_repr, HEAD_REPRESENTATIONS)
+        _require(isinstance(self.head_diversity_rows, int) and self.head_diversity_rows >= 1,
+                 "train.head_diversity_rows", self.head_diversity_rows, "a positive integer")
 
 
 @dataclass(frozen=True)
@@ -234,9 +246,20 @@ class EvalConfig:
     # attention, closer to fp32), fp32 on the CPU
     precision: str = "auto"
     noise: str = "synthetic"  # "synthetic" (music made by asr_core.noise) or a path to an audio file
+    # after evaluation, measure how alike the attention heads are (paper 003: A, Q, K, V, Y per layer) on the first
+    # of eval.datasets (asr_core.heads_cli; none without one); adds metrics heads/..., changes no other result
+    head_diversity: bool = False
+    head_rows: int = 64  # query rows of A sampled per window (asr_core.heads.DEFAULT_SAMPLE_ROWS)
+    # windows of the trained context measured (non-overlapping: the first of each recording, then the second, ...);
+    # at 1 h context 32 windows are up to 32 h of audio, one forward pass each (paper.yaml decodes ~140 h there)
+    head_windows: int = 32
 
     def __post_init__(self) -> None:
         _require(0 < self.stride <= 1, "eval.stride", self.stride, "a fraction in (0, 1] of the window")
+        _require(isinstance(self.head_rows, int) and self.head_rows >= 1, "eval.head_rows", self.head_rows,
+                 "a positive integer")
+        _require(isinstance(self.head_windows, int) and self.head_windows >= 1, "eval.head_windows",
+                 self.head_windows, "a positive integer")
         _require(self.batch_windows >= 0, "eval.batch_windows", self.batch_windows,
                  "0 (sized from free GPU memory) or a positive integer")
         _choice("eval.precision", self.precision, PRECISIONS)

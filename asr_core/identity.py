@@ -44,6 +44,12 @@ EXECUTION: dict[str, str] = {
     "train.checkpoint_every": "how often the trainer checkpoints",
     "train.log_every": "how often the trainer prints progress",
     "eval.batch_windows": "windows decoded together: the same posteriors, batched",
+    # head similarity (paper 003) is measured after evaluation: more metrics, the same model and WERs, so switching
+    # it on for a grid's trials keeps their keys (orchestrate.grid refuses one model whose sub-grids set it unlike)
+    "eval.head_diversity": "whether head similarity is measured after evaluation: extra metrics, the same model "
+                           "and WERs",
+    "eval.head_rows": "query rows of A sampled by that measurement (its precision, not the model's)",
+    "eval.head_windows": "windows that measurement averages over (its precision, not the model's)",
 }
 
 # Fields whose value is a location; the key holds the name of what is there (see :func:`identity_value`).
@@ -106,6 +112,10 @@ BASELINE: dict[str, Any] = {
     "model.ff_bias": True,
     "eval.noisy": (),
     "eval.precision": "fp32",
+    # Paper 003's auxiliary loss (issue 17), at its defaults: off, as before it existed.
+    "train.head_diversity_weight": 0.0,
+    "train.head_diversity_repr": "Y",
+    "train.head_diversity_rows": 64,
 }
 
 

@@ -17,6 +17,9 @@ building the model) raises :class:`Preempted` at once, with nothing new to check
 the same ``out_dir`` resumes exactly: weights, optimiser, batch-renorm statistics, RNG states and the data position
 all come back, and the same MLflow run continues.
 
+``train.head_diversity_weight`` > 0 adds paper 003's auxiliary loss (:class:`HeadDiversity`, :func:`step_gradients`),
+logged as ``train/head_div_loss`` beside ``train/loss`` (which stays the CTC loss).
+
 MLflow never slows training down: every step's metrics, the params (``cfg.flat()``), the tags and the run's status
 are appended to the trial folder's outbox (:mod:`asr_core.outbox`) and shipped by a background thread; the trainer
 asks it to ship every ``train.log_every`` steps (at most once a second; at least every few seconds anyway). The
@@ -40,6 +43,8 @@ Fault injection (for tests of the orchestration; never set in production), envir
 from __future__ import annotations
 
 import argparse
+import contextlib
+import hashlib
 import math
 import os
 import sys
@@ -61,6 +66,7 @@ from .config import Config, ConfigError, TrainConfig
 from .corpora.base import Recording
 from .loss import pass_loss, step_frames
 from .features import FeatureExtractor
+from .heads import HeadCapture, head_diversity_loss
 from .model import AcousticModel, build_model
 from .schedules import learning_rate
 from .identity import science
@@ -150,9 +156,44 @@ def _next_file_number(out_dir: Path) -> int:
 
 
 # ---- one optimiser step's gradient ----------------------------------------------------------------------------
-def accumulate_gradients(model: AcousticModel, micro: Sequence[MicroBatch], device: torch.device, bf16: bool,
-                         step: int, loss_norm: str = "audio", frames: float = 0.0) -> float:
-    """Set ``.grad`` of every parameter to the gradient of the whole step's loss; return the loss to log.
+@dataclass(frozen=True)
+class HeadDiversity:
+    """Paper 003's auxiliary loss as the trainer adds it (``train.head_diversity_*``): ``weight`` x the diversity
+    loss of ``representation`` (:func:`asr_core.heads.head_diversity_loss`: eq. 6 summed over layers, mean over
+    windows), A over ``rows`` sampled query rows per window."""
+
+    weight: float
+    representation: str
+    rows: int
+    seed: int
+
+    @classmethod
+    def of(cls, t: TrainConfig) -> "HeadDiversity | None":
+        """The loss of a training config; None when its weight is 0 (training exactly as without it)."""
+        if t.head_diversity_weight <= 0:
+            return None
+        return cls(t.head_diversity_weight, t.head_diversity_repr, t.head_diversity_rows, t.seed)
+
+    def generator(self, step: int) -> torch.Generator:
+        """The CPU generator drawing the rows of A at ``step``: a function of (seed, step) only, so a resumed run
+        draws what the uninterrupted one would have."""
+        digest = hashlib.sha256(f"head-diversity:{self.seed}:{step}".encode()).digest()
+        return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") >> 1)
+
+
+@dataclass(frozen=True)
+class StepLoss:
+    """What one step's gradient pass logs: ``ctc`` (``train/loss``) and, with the auxiliary loss, ``head_div``
+    (``train/head_div_loss``: the diversity loss before its weight, mean over the step's windows)."""
+
+    ctc: float
+    head_div: float | None = None
+
+
+def step_gradients(model: AcousticModel, micro: Sequence[MicroBatch], device: torch.device, bf16: bool, step: int,
+                   loss_norm: str = "audio", frames: float = 0.0, head_diversity: HeadDiversity | None = None
+                   ) -> StepLoss:
+    """Set ``.grad`` of every parameter to the gradient of the whole step's loss; return the losses to log.
 
     The step's objective is :mod:`asr_core.loss` over all ``B`` windows of the step: ``audio`` (the authors') the
     summed CTC loss x 100 / ``frames`` (:func:`asr_core.loss.step_frames`), ``tokens`` the mean over windows of
@@ -164,6 +205,13 @@ def accumulate_gradients(model: AcousticModel, micro: Sequence[MicroBatch], devi
     layer's ``num_batches_tracked`` is set to ``step`` before every pass).
     The model's train/eval modes are the caller's (:func:`train` sets train mode once).
 
+    ``head_diversity`` (paper 003 eq. 7) adds ``weight`` x the diversity loss of each pass's windows x the pass's
+    share ``B_m / B`` of the step, so the term is the step's mean over windows however the step is split. The
+    per-head tensors are collected by :class:`asr_core.heads.HeadCapture` during the forward pass and the backward
+    pass runs after leaving it (activation checkpointing recomputes layers unobserved). A's rows are drawn with
+    :meth:`HeadDiversity.generator` of ``step``. Without it nothing else runs: the gradient is bit for bit the one
+    of the CTC loss alone.
+
     Logged: ``tokens`` its objective; ``audio`` the summed loss x 100 per input frame the windows really hold (what
     the authors logged: comparable between full and partial steps).
     """
@@ -172,20 +220,38 @@ def accumulate_gradients(model: AcousticModel, micro: Sequence[MicroBatch], devi
     total = sum(mb.size for mb in micro)
     renorms = [m for m in model.modules() if isinstance(m, MaskedBatchRenorm)]
     model.zero_grad(set_to_none=True)
-    loss_sum = 0.0
+    generator = head_diversity.generator(step) if head_diversity is not None else None
+    loss_sum, head_sum = 0.0, 0.0
     for mb in micro:
         for m in renorms:
             m.num_batches_tracked.fill_(step)
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-            logits, out_lengths = model(mb.features.to(device), mb.lengths.to(device))
-        loss = pass_loss(logits, out_lengths, mb.targets, model.blank_id, loss_norm, mb.size / total, frames)
-        loss.backward()
+        share = mb.size / total
+        head: torch.Tensor | None = None
+        with (HeadCapture(model, (head_diversity.representation,)) if head_diversity is not None
+              else contextlib.nullcontext()) as capture:
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+                logits, out_lengths = model(mb.features.to(device), mb.lengths.to(device))
+            if head_diversity is not None:
+                head = head_diversity_loss(capture.layers, head_diversity.representation,
+                                           sample_rows=head_diversity.rows, generator=generator)
+        loss = pass_loss(logits, out_lengths, mb.targets, model.blank_id, loss_norm, share, frames)
+        if head is None:
+            loss.backward()
+        else:  # after leaving the capture (see HeadCapture)
+            (loss + (head_diversity.weight * share) * head).backward()  # type: ignore[union-attr]
+            head_sum += float(head.detach()) * share
         loss_sum += float(loss.detach())
-        del logits, out_lengths, loss  # free this pass's outputs before the next pass allocates its own
+        del logits, out_lengths, loss, head, capture  # free this pass's outputs before the next pass allocates
     if loss_norm == "audio":
         real = sum(int(mb.lengths.sum()) for mb in micro)
-        return loss_sum * frames / max(real, 1)
-    return loss_sum
+        loss_sum = loss_sum * frames / max(real, 1)
+    return StepLoss(loss_sum, head_sum if head_diversity is not None else None)
+
+
+def accumulate_gradients(model: AcousticModel, micro: Sequence[MicroBatch], device: torch.device, bf16: bool,
+                         step: int, loss_norm: str = "audio", frames: float = 0.0) -> float:
+    """:func:`step_gradients` of the step's CTC loss alone; returns the loss to log (``train/loss``)."""
+    return step_gradients(model, micro, device, bf16, step, loss_norm, frames).ctc
 
 
 # ---- the run -------------------------------------------------------------------------------------------------
@@ -400,6 +466,11 @@ def _loop(cfg: Config, out_dir: Path, ckpt_path: Path, model: AcousticModel, opt
     print(f"[train] {n_params / 1e6:.1f}M parameters on {device}{' (bf16)' if bf16 else ''}; {len(recs)} "
           f"recordings; {total_steps} steps of ~{cfg.data.batch_audio_s:g} s audio{accum}; "
           f"{cfg.data.num_workers} data workers; out {out_dir}", flush=True)
+    head_diversity = HeadDiversity.of(t)
+    if head_diversity is not None:
+        print(f"[train] paper 003's head-diversity loss on {head_diversity.representation}, weight "
+              f"{head_diversity.weight:g}" + (f", {head_diversity.rows} rows of A per window"
+                                              if head_diversity.representation == "A" else ""), flush=True)
     bar = _progress(total_steps, step)
     if progress is not None:  # where this segment starts: 0, or the checkpoint's step when it resumes
         progress.write("train", step, total_steps)
@@ -416,16 +487,18 @@ def _loop(cfg: Config, out_dir: Path, ckpt_path: Path, model: AcousticModel, opt
                 lr = learning_rate(step, t.lr, t.warmup_steps, total_steps)
                 for g in opt.param_groups:
                     g["lr"] = lr
-                loss = accumulate_gradients(model, batch.micro, device, bf16, step, t.loss_norm,
-                                            step_frames(batch.windows, cfg.data))
+                losses = step_gradients(model, batch.micro, device, bf16, step, t.loss_norm,
+                                        step_frames(batch.windows, cfg.data), head_diversity)
                 grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)
                 opt.step()
                 # the position after the step just trained on, never after steps the loader prefetched
-                step, pos, last_loss = step + 1, batch.next_pos, loss
+                step, pos, last_loss = step + 1, batch.next_pos, losses.ctc
                 seq = max((w.seq or w.duration) for w in batch.windows)
                 values = {"train/loss": last_loss, "train/lr": lr, "train/seq_len_s": seq,
                           "train/batch_size": float(batch.size), "train/grad_norm": float(grad_norm),
                           "train/micro_batches": float(len(batch.micro))}
+                if losses.head_div is not None:
+                    values["train/head_div_loss"] = losses.head_div
                 if outbox is not None:
                     outbox.metrics(step, values)  # local and cheap; the shipper sends them in the background
                 if step % t.log_every == 0 or step == total_steps:
@@ -462,6 +535,8 @@ def _report(bar: Any, step: int, total: int, v: dict[str, float]) -> None:
             f"seq {v['train/seq_len_s']:.1f}s batch {int(v['train/batch_size'])}")
     if v.get("train/micro_batches", 1) > 1:
         line += f" in {int(v['train/micro_batches'])} passes"
+    if "train/head_div_loss" in v:
+        line += f" head-div {v['train/head_div_loss']:.4f}"
     if bar is not None:
         bar.n = step
         bar.set_postfix_str(line.split(" ", 2)[2])

@@ -20,7 +20,13 @@ Exit codes are the contract with the schedulers (defined in :mod:`asr_core.trial
   the trial looking lost; correct the config, then ``orchestrate retry`` runs it again.
 
 Re-running a trial is always safe: training resumes from ``TRIAL_DIR/checkpoint.pt``, a finished training phase is
-remembered in ``TRIAL_DIR/TRAINED`` and a finished trial in ``TRIAL_DIR/DONE``, so nothing is trained twice.
+remembered in ``TRIAL_DIR/TRAINED``, a finished evaluation in ``TRIAL_DIR/EVALUATED`` and a finished trial in
+``TRIAL_DIR/DONE``, so nothing is trained or evaluated twice.
+
+With ``eval.head_diversity`` on, evaluation is followed by a stage measuring how alike the model's attention heads
+are (paper 003; :mod:`asr_core.heads_cli`) on the first evaluation dataset: metrics ``heads/…`` and files in
+``TRIAL_DIR/heads/`` (also the run's artifacts under ``heads/``). A segment stopped during it runs it again, and
+only it.
 
 The trial folder holds the truth, MLflow is its mirror. Order of a start: DONE or CANCELLED (read only) → the lease
 (:class:`asr_core.lease.Lease`, taken before the job touches the checkpoint, the outbox or the run; held → exit 73)
@@ -62,6 +68,7 @@ from typing import TYPE_CHECKING
 
 from asr_core import signals
 from asr_core.config import Config, ConfigError
+from asr_core.corpora import dataset_name
 from asr_core.outbox import FINAL_FLUSH_S, PREEMPT_FLUSH_S, Outbox, fail_fast_http
 from asr_core.provenance import CodeVersion, code_version
 from asr_core.trial_contract import (
@@ -101,6 +108,11 @@ from asr_core.trial_contract import (
 
 if TYPE_CHECKING:
     from asr_core.lease import Lease
+
+
+# The evaluation finished (JSON {"datasets": [names]}): a later segment (one preempted while measuring the heads, or
+# between this and DONE) does not evaluate again. Read by this job only.
+EVALUATED_FILE = "EVALUATED"
 
 
 class EvaluationInterrupted(Exception):
@@ -241,7 +253,16 @@ def _segment(cfg: Config, folder: TrialFolder, lease: "Lease", job_id: str, trac
             folder.trained.write_text(json.dumps({"checkpoint": str(checkpoint), "steps": result.steps}))
         _drop_optimizer(checkpoint, lease)
         if cfg.eval.datasets:
-            _evaluate_interruptibly(cfg, checkpoint, folder.path, tracking_uri, run_id, progress, outbox)
+            evaluated = folder.path / EVALUATED_FILE
+            if evaluated.exists():
+                _say("evaluation already finished")
+            else:
+                _evaluate_interruptibly(cfg, checkpoint, folder.path, tracking_uri, run_id, progress, outbox)
+                if outbox is not None:
+                    outbox.sync()  # the evaluation's records are on disk before the marker that skips it
+                evaluated.write_text(json.dumps({"datasets": [dataset_name(d) for d in cfg.eval.datasets]}))
+            if cfg.eval.head_diversity:
+                _measure_heads_interruptibly(cfg, checkpoint, folder.path, tracking_uri, run_id, progress, outbox)
     except Fenced as e:  # another job has the trial now: leave the folder and the run to it
         _say(f"{e}; exit {EXIT_FENCED}")
         outcome(OUTCOME_FENCED, str(e))
@@ -306,6 +327,23 @@ def _evaluate_interruptibly(cfg: Config, checkpoint: Path, out_dir: Path, tracki
                  batch_windows=cfg.eval.batch_windows, noise=cfg.eval.noise, tracking_uri=tracking_uri,
                  run_id=run_id, out_dir=TrialFolder(out_dir).eval_dir, progress=progress, outbox=outbox,
                  log=outbox is not None, noisy=cfg.eval.noisy, precision=cfg.eval.precision)
+
+
+def _measure_heads_interruptibly(cfg: Config, checkpoint: Path, out_dir: Path, tracking_uri: str | None,
+                                 run_id: str | None, progress: ProgressLog, outbox: Outbox | None) -> None:
+    """``eval.head_diversity``: paper 003's head similarity on the first evaluation dataset
+    (:func:`asr_core.heads_cli.measure`), into ``TRIAL_DIR/heads/`` and the run. Like evaluation it has no
+    checkpoint: a stop signal interrupts it at once, and the next segment runs this stage again (only this one:
+    ``EVALUATED`` says the evaluation is done). Progress records are ``eval`` records of dataset ``heads:NAME``."""
+    from asr_core.heads_cli import HEADS_DIR, measure
+
+    def step(name: str, done: int, total: int) -> None:
+        progress.write("eval", done, total, f"{HEADS_DIR}:{name}")
+
+    with signals.installed(), signals.raising(EvaluationInterrupted):
+        measure(checkpoint, list(cfg.eval.datasets[:1]), rows=cfg.eval.head_rows, max_windows=cfg.eval.head_windows,
+                batch_windows=cfg.eval.batch_windows, precision=cfg.eval.precision, tracking_uri=tracking_uri,
+                run_id=run_id, out_dir=out_dir / HEADS_DIR, log=outbox is not None, progress=step, outbox=outbox)
 
 
 def _config_invalid(config: str, error: Exception, out_dir: Path, tracking_uri: str | None,
