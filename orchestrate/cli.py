@@ -70,8 +70,9 @@ def _parser() -> argparse.ArgumentParser:
                     help="GPU-hours per trial, sub-grid and grid: the trainer's planner replayed over the training "
                          "corpus's durations (assumed where it is not on disk) at a calibration's speed")
     sp.add_argument("--calibration", default=None, metavar="FILE",
-                    help="with --estimate: a file from `python -m asr_core bench calibrate` (default: the built-in "
-                         "A100 calibration derived from paper 000, orchestrate/calibrations/a100-paper.json)")
+                    help="with --estimate: a file from `python -m asr_core bench calibrate`, or a built-in one by "
+                         "name: a100-paper (the default, derived from paper 000) or h100-measured (bench calibrate "
+                         "on one H100, 8 loader threads)")
     sp.add_argument("--profile", default=None,
                     help="with --estimate: cluster profile (slurm/profiles/NAME.yaml or a path): requeues under its "
                          "time limit, wall time at its max_parallel, its loader threads")

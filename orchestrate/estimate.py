@@ -185,12 +185,16 @@ def calibration_from_dict(raw: Any, path: str) -> Calibration:
 
 
 def load_calibration(path: str | Path | None = None) -> Calibration:
-    """The calibration in ``path``, or the built-in A100 one (``orchestrate/calibrations/a100-paper.json``)."""
+    """The calibration in ``path``, or a built-in one by name (``orchestrate/calibrations/NAME.json``:
+    ``a100-paper``, derived from paper 000 and the default; ``h100-measured``, measured by ``bench calibrate``)."""
     p = Path(path) if path else BUILTIN
+    if path and not p.exists() and (BUILTIN.parent / f"{path}.json").is_file():
+        p = BUILTIN.parent / f"{path}.json"
     try:
         raw = json.loads(p.read_text())
     except FileNotFoundError:
-        raise EstimateError(f"calibration {p}: file not found") from None
+        names = ", ".join(sorted(f.stem for f in BUILTIN.parent.glob("*.json")))
+        raise EstimateError(f"calibration {p}: file not found (built-in calibrations by name: {names})") from None
     except (OSError, UnicodeDecodeError) as e:
         raise EstimateError(f"calibration {p}: cannot read it ({e})") from None
     except json.JSONDecodeError as e:

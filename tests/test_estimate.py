@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from asr_core.bench.calibrate import FORMAT, cli as calibrate_cli, model_macs, model_params
+from asr_core.bench.calibrate import FORMAT, cli as calibrate_cli, model_macs, model_params, synth_recording
 from asr_core.chunking import WindowStream
 from asr_core.config import DataConfig, preset
 from asr_core.corpora import load_corpus
@@ -319,6 +319,16 @@ def test_bad_calibration_files_are_named(tmp_path: Path, capsys) -> None:
     assert str(broken) in err and "not valid JSON" in err
     assert main(["plan", str(GRIDS / "demo.yaml"), "--calibration", str(broken)]) == 2
     assert "go with --estimate" in capsys.readouterr().err
+    with pytest.raises(EstimateError, match="built-in calibrations by name: a100-paper, h100-measured"):
+        load_calibration("h100-measurd")
+
+
+def test_the_measured_h100_calibration_is_found_by_name() -> None:
+    """bench calibrate's file from one H100 (main model, 10.24 s to 1 h): a shorter step than the A100 derived from
+    paper 000 at every context, and more so at long context (the paper's 65 h at one hour)."""
+    h100, a100 = load_calibration("h100-measured"), load_calibration(None)
+    assert "H100" in h100.device and h100.num_workers == 8 and h100.batch_audio_s == 3600.0
+    assert h100.a < a100.a and h100.b < a100.b and h100.path.endswith("calibrations/h100-measured.json")
 
 
 def test_calibrate_on_the_cpu_writes_a_usable_file(tmp_path: Path, capsys) -> None:
@@ -326,17 +336,19 @@ def test_calibrate_on_the_cpu_writes_a_usable_file(tmp_path: Path, capsys) -> No
     back by the estimate; the demo grid estimated with it."""
     out = tmp_path / "cal.json"
     threads = torch.get_num_threads()
+    synth_recording(tmp_path / "speech", 15.0)  # --speech: what a GPU node without espeak-ng is given instead
     t0 = time.perf_counter()
     try:
         rc = calibrate_cli(["--preset", "tiny", "--set", "data.batch_audio_s=20.48", "--contexts", "5.12,10.24",
                             "--steps", "2", "--warmup", "1", "--eval-seconds", "15", "--threads", "1",
-                            "--out", str(out)])
+                            "--speech", f"sp=podcast:{tmp_path / 'speech' / 'train'}", "--out", str(out)])
     finally:
         torch.set_num_threads(threads)
     took = time.perf_counter() - t0
     assert rc == 0 and took < 60, took
     raw = json.loads(out.read_text())
     assert raw["format"] == FORMAT and raw["device"].startswith("CPU") and raw["precision"] == "fp32"
+    assert raw["data"]["corpus"].endswith("longest recording tiled")
     assert raw["model"]["layers"] == 2 and raw["model"]["params"] == model_params(preset("tiny").model)
     ctx = raw["train"]["contexts"]
     assert [c["context_s"] for c in ctx] == [5.12, 10.24] and all(c["steps"] == 2 for c in ctx)

@@ -371,9 +371,10 @@ def device_name(device: torch.device) -> str:
 # ---- the whole calibration -------------------------------------------------------------------------------------
 def calibrate(cfg: Config, contexts: Sequence[float], steps: int = 5, warmup: int = 1, data: str | None = None,
               *, preset_name: str = "", overrides: Sequence[str] = (), eval_seconds: float = 60.0,
-              say: Callable[[str], None] = print) -> dict[str, Any]:
+              speech: str | None = None, say: Callable[[str], None] = print) -> dict[str, Any]:
     """Measure ``cfg``'s model on this device at each of ``contexts`` and return the calibration (see the module
-    docstring). ``data``: a corpus spec to train on (default: a synthesised minute of speech, tiled)."""
+    docstring). ``data``: a corpus spec to train on (default: a synthesised minute of speech, tiled). ``speech``: a
+    corpus spec whose longest recording is tiled instead of synthesising one (for nodes without espeak-ng)."""
     import torch
 
     from ..model import build_model
@@ -398,8 +399,14 @@ def calibrate(cfg: Config, contexts: Sequence[float], steps: int = 5, warmup: in
             recordings: Sequence[Recording] = sorted(load_corpus(data), key=lambda r: r.id)
             base = max(recordings, key=lambda r: r.duration)
         else:
-            say(f"[calibrate] synthesising {eval_seconds:g} s of speech (espeak-ng) in {folder}")
-            base = synth_recording(folder / "synth", eval_seconds)
+            if speech:
+                from ..corpora import load_corpus
+
+                base = max(load_corpus(speech), key=lambda r: r.duration)
+                say(f"[calibrate] speech: {base.id} ({base.duration:.0f} s) of {speech}")
+            else:
+                say(f"[calibrate] synthesising {eval_seconds:g} s of speech (espeak-ng) in {folder}")
+                base = synth_recording(folder / "synth", eval_seconds)
             recordings = calibration_corpus(base, cfg, contexts, steps + warmup, folder)
             say(f"[calibrate] corpus: a {recordings[0].duration:.0f} s recording (the synthesised one tiled) listed "
                 f"{len(recordings)} times")
@@ -465,7 +472,8 @@ def calibrate(cfg: Config, contexts: Sequence[float], steps: int = 5, warmup: in
         "preset": preset_name, "overrides": list(overrides), "model": model_summary(cfg, params),
         "data": {"batch_audio_s": batch_s, "batching": cfg.data.batching, "num_workers": cfg.data.num_workers,
                  "micro_batch_audio_s": cfg.data.micro_batch_audio_s,
-                 "corpus": data or "synthesised (espeak-ng), tiled",
+                 "corpus": data or (f"{speech}, longest recording tiled" if speech
+                                    else "synthesised (espeak-ng), tiled"),
                  "stats_s_per_audio_s": stats_s / stats_audio if stats_audio else 0.0},
         "train": {"fit": {"a": overhead + intercept, "b": slope,
                           "meaning": f"seconds per optimiser step of {batch_s:g} s padded audio in windows of L s: "
@@ -519,6 +527,9 @@ def cli(argv: list[str]) -> int:
     ap.add_argument("--steps", type=int, default=5, help="timed steps per context (default 5)")
     ap.add_argument("--warmup", type=int, default=1, help="untimed steps before them (default 1)")
     ap.add_argument("--data", default=None, help="train on this corpus (NAME=FORMAT:PATH) instead of a synthesised one")
+    ap.add_argument("--speech", default=None, metavar="NAME=FORMAT:PATH",
+                    help="tile the longest recording of this corpus instead of synthesising speech (for nodes "
+                         "without espeak-ng); ignored with --data")
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (default: torch's)")
     ap.add_argument("--eval-seconds", type=float, default=60.0,
                     help="seconds of speech synthesised, and decoded for the evaluation speed (default 60)")
@@ -541,7 +552,7 @@ def cli(argv: list[str]) -> int:
         return 2
     cal = calibrate(cfg, contexts, args.steps, args.warmup, args.data, preset_name=name,
                     overrides=args.overrides, eval_seconds=args.eval_seconds,
-                    say=lambda s: print(s, file=sys.stderr, flush=True))
+                    speech=args.speech, say=lambda s: print(s, file=sys.stderr, flush=True))
     out = Path(args.out or f"calibration-{cal['device_type']}-{name}.json")
     out.write_text(json.dumps(cal, indent=1) + "\n")
     print(table(cal))

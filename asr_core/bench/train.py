@@ -22,7 +22,7 @@ from typing import Callable
 
 import torch
 
-from ..config import ModelConfig, preset
+from ..config import PRESETS, ModelConfig, preset
 from ..model import build_model
 from ..subsampling import time_mask
 
@@ -147,11 +147,13 @@ def fit_exponent(xs: list[float], ys: list[float]) -> float:
     return sum((a - mx) * (b - my) for a, b in zip(lx, ly)) / sum((a - mx) ** 2 for a in lx)
 
 
-def gpu_rows(max_minutes: int) -> dict[str, float]:
-    """Main model, bf16: frames/s at 10.24 s x 32 and the longest batch-1 context (doubling, then bisection)."""
-    cfg = preset("main").model
+def gpu_rows(max_minutes: int, preset_name: str = "main") -> dict[str, float]:
+    """A preset's model, bf16: frames/s (10 ms input frames) at 10.24 s x 32 and the longest batch-1 context in
+    minutes (doubling, then bisection to the minute)."""
+    cfg = preset(preset_name).model
     torch.manual_seed(0)
     model = build_model(cfg).cuda().train()
+    params = sum(p.numel() for p in model.parameters())
 
     def step(batch: int, frames: int) -> None:
         x = torch.randn(batch, frames, 80, device="cuda")
@@ -179,7 +181,9 @@ def gpu_rows(max_minutes: int) -> dict[str, float]:
     while hi - lo > 1:
         mid = (lo + hi) / 2
         lo, hi = (mid, hi) if fits(mid) else (lo, mid)
-    return {"frames_per_s": fps, "max_context_min": lo, "flash": float(_flash_on())}
+    del model
+    torch.cuda.empty_cache()
+    return {"frames_per_s": fps, "max_context_min": lo, "flash": float(_flash_on()), "params": float(params)}
 
 
 def _flash_on() -> bool:
@@ -198,6 +202,8 @@ def cli(argv: list[str]) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--contexts", default="30,60,120,240", help="seconds, comma-separated")
     ap.add_argument("--max-minutes", type=int, default=120, help="upper bound of the GPU context search")
+    ap.add_argument("--gpu-presets", default="main",
+                    help="comma-separated presets for the GPU rows (default main; 'all' for every paper preset)")
     ap.add_argument("--json", default=None, help="also write the figures to this file")
     args = ap.parse_args(argv)
     results: dict[str, object] = {"threads": torch.get_num_threads()}
@@ -227,13 +233,23 @@ def cli(argv: list[str]) -> int:
 
     if torch.cuda.is_available():
         name = torch.cuda.get_device_name()
-        print(f"== GPU: main model (6L d=768 6H, 90M), bf16, {name}")
-        g = gpu_rows(args.max_minutes)
-        results["gpu"] = {**g, "device": name}
-        print(f"{'':<28}{'frames/s':>12}{'max context (min)':>20}")
-        print(f"{'asr_core (this GPU)':<28}{g['frames_per_s']:>12,.0f}{g['max_context_min']:>20.1f}")
-        print(f"{'paper Table 1 (A100 80GB)':<28}{PAPER_FRAMES_PER_S:>12,}{PAPER_MAX_CONTEXT_MIN:>20}")
-        print(f"flash-attn: {'yes' if g['flash'] else 'no (SDPA)'}")
+        names = [p for p in PRESETS if p != "tiny"] if args.gpu_presets == "all" else args.gpu_presets.split(",")
+        print(f"== GPU: bf16 forward+backward, {name}; frames are 10 ms input frames; "
+              f"max context: batch 1, up to {args.max_minutes} min")
+        print(f"{'model':<28}{'params':>8}{'frames/s':>12}{'max context (min)':>20}")
+        gpu = {}
+        for p in names:
+            g = gpu_rows(args.max_minutes, p)
+            gpu[p] = g
+            print(f"{p:<28}{g['params'] / 1e6:>7.1f}M{g['frames_per_s']:>12,.0f}{g['max_context_min']:>20.1f}",
+                  flush=True)
+        print(f"{'paper Table 1 (A100 80GB)':<28}{'':>8}{PAPER_FRAMES_PER_S:>12,}{PAPER_MAX_CONTEXT_MIN:>20}"
+              "   (FastConformer main model with flash-attn)")
+        if "main" in gpu:
+            print(f"ratio main / paper: speed {gpu['main']['frames_per_s'] / PAPER_FRAMES_PER_S:.2f}, "
+                  f"max context {gpu['main']['max_context_min'] / PAPER_MAX_CONTEXT_MIN:.2f}")
+        print(f"flash-attn: {'yes' if _flash_on() else 'no (SDPA, whose flash kernel serves unpadded batches)'}")
+        results["gpu"] = {"device": name, "presets": gpu}
     else:
         print("== GPU rows skipped: CUDA is not available here")
     if args.json:
