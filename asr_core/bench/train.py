@@ -181,8 +181,6 @@ def gpu_rows(max_minutes: int, preset_name: str = "main") -> dict[str, float]:
     while hi - lo > 1:
         mid = (lo + hi) / 2
         lo, hi = (mid, hi) if fits(mid) else (lo, mid)
-    del model
-    torch.cuda.empty_cache()
     return {"frames_per_s": fps, "max_context_min": lo, "flash": float(_flash_on()), "params": float(params)}
 
 
@@ -240,6 +238,7 @@ def cli(argv: list[str]) -> int:
         gpu = {}
         for p in names:
             g = gpu_rows(args.max_minutes, p)
+            torch.cuda.empty_cache()  # the model is gone with gpu_rows; give its memory back before the next
             gpu[p] = g
             print(f"{p:<28}{g['params'] / 1e6:>7.1f}M{g['frames_per_s']:>12,.0f}{g['max_context_min']:>20.1f}",
                   flush=True)
