@@ -28,7 +28,7 @@ waits for MLflow; the standalone command keeps one in ``DIR/outbox`` and waits f
 A dataset *name* stands for one content within a run: each dataset's content fingerprint
 (:func:`asr_core.corpora.fingerprint.fingerprint`) is recorded as the run's tag ``eval.<NAME>.fingerprint``
 (:func:`asr_core.trial_contract.eval_fingerprint_tag`), and an evaluation that finds the same name with other
-content refuses to run (:class:`EvalDataChanged`) rather than mix two test sets under one metric (the trial job
+content refuses to run (:class:`asr_core.stage_run.EvalDataChanged`) rather than mix two test sets under one metric (the trial job
 checks against the tags its outbox recorded, without a call to MLflow; the standalone command reads the run's tags
 once before any work). Progress goes to
 an optional :class:`~asr_core.trial_contract.ProgressLog` as ``eval`` records: recordings × conditions done of the
@@ -57,9 +57,10 @@ from asr_core.corpora.fingerprint import fingerprint
 from asr_core.decode import (WindowBatch, auto_batch_windows, greedy_ids, plan_windows, posteriors,
                               prepare_features, resolve_precision, window_frames)
 from asr_core.noise import add_music
-from asr_core.outbox import FINAL_FLUSH_S, Outbox, fail_fast_http
+from asr_core.outbox import Outbox, fail_fast_http
 from asr_core.score import Counts, corpus_wer, marked_counts, normalise, normalise_marked, score
-from asr_core.trial_contract import EVAL_DIR, ProgressLog, eval_fingerprint_tag
+from asr_core.stage_run import check_fingerprints, known_tags, log_stage, stage_run
+from asr_core.trial_contract import EVAL_DIR, ProgressLog
 
 CSV_COLUMNS = ["dataset", "condition", "snr_db", "recording", "ref_words", "substitutions", "deletions",
                "insertions", "hyp_words", "wer", "cue_words", "cue_errors"]
@@ -93,10 +94,6 @@ class BeamDecoding:
         return beam_search(probs, blank=blank, lm=self.lm, config=self.config, prompt=self.prompt)
 
 
-class EvalDataChanged(ValueError):
-    """An evaluation dataset's name is recorded on the run with other content than it has now."""
-
-
 def condition_name(snr_db: float | None) -> str:
     return "clean" if snr_db is None else f"snr{snr_db:g}"
 
@@ -108,15 +105,6 @@ def metric_key(dataset: str, snr_db: float | None = None) -> str:
 def cue_metric_key(dataset: str, snr_db: float | None = None) -> str:
     """``cue/<NAME>[/snr<DB>]``: the cue-word error rate of a dataset with planted words."""
     return "cue/" + metric_key(dataset, snr_db).split("/", 1)[1]
-
-
-def checkpoint_run(checkpoint: str | Path) -> tuple[str | None, str | None]:
-    """(mlflow_run_id, tracking_uri) stored in a checkpoint (None where absent); never unpickles."""
-    try:
-        ckpt = torch.load(str(checkpoint), map_location="cpu", weights_only=True, mmap=True)
-    except RuntimeError:  # mmap needs the zip format; older files still load plainly
-        ckpt = torch.load(str(checkpoint), map_location="cpu", weights_only=True)
-    return ckpt.get("mlflow_run_id") or None, ckpt.get("tracking_uri") or None
 
 
 def _device(name: str) -> torch.device:
@@ -146,7 +134,7 @@ def evaluate(checkpoint: str | Path, datasets: list[str], snrs: list[float], str
     Returns the per-recording table (columns :data:`CSV_COLUMNS`, and ``decoder`` with ``beam``). MLflow logging goes to ``run_id`` at
     ``tracking_uri`` (default: the ones stored in the checkpoint); with no run known, nothing is logged.
     Before any decoding, each dataset's fingerprint is checked against and recorded in the run's
-    :func:`~asr_core.trial_contract.eval_fingerprint_tag` (raises :class:`EvalDataChanged` on a mismatch).
+    :func:`~asr_core.trial_contract.eval_fingerprint_tag` (raises :class:`~asr_core.stage_run.EvalDataChanged` on a mismatch).
     ``progress`` receives an ``eval`` record per recording and condition. ``outbox`` (the trial job's) receives the
     metrics, tags and artifacts instead of MLflow; without one, they go through an outbox in ``out_dir``.
     """
@@ -183,14 +171,10 @@ def evaluate(checkpoint: str | Path, datasets: list[str], snrs: list[float], str
     run: tuple[str, str | None] | None = None
     new_tags: dict[str, str] = {}
     if log:
-        if outbox is not None:  # the trial job: its run, and the tags its outbox recorded
-            job_run = run_id or outbox.run_id
-            run = (job_run, tracking_uri or outbox.tracking_uri) if job_run else None
-        else:
-            run = _resolve_run(checkpoint, run_id, tracking_uri)
+        run = stage_run(checkpoint, run_id, tracking_uri, outbox, "eval")
         if run is not None:
-            known = outbox.known_tags() if outbox is not None else _run_tags(*run)
-            new_tags = _check_fingerprints(run[0], known, {name: fingerprint(recs) for name, recs in corpora.items()})
+            new_tags = check_fingerprints(run[0], known_tags(run, outbox),
+                                          {name: fingerprint(recs) for name, recs in corpora.items()})
             if outbox is not None and new_tags:  # recorded before any decoding (the standalone command: at the end)
                 outbox.tags(new_tags)
                 new_tags = {}
@@ -259,7 +243,7 @@ def evaluate(checkpoint: str | Path, datasets: list[str], snrs: list[float], str
     if run is not None:
         if beam is not None:
             new_tags = {**new_tags, f"eval.decoder.{beam.name}": json.dumps(dict(beam.describe), sort_keys=True)}
-        _log(outbox, out, *run, new_tags, metrics, logged)
+        log_stage(outbox, out, run, new_tags, metrics, logged, EVAL_DIR, "eval")
     return df
 
 
@@ -348,63 +332,6 @@ def _evaluate_dataset(name: str, recordings: list[Recording], snrs: list[float],
             print(f"[eval] {name} {i}/{len(recordings)} {rec.id} {condition_name(snr)}: {'; '.join(line)} "
                   f"({c.ref_words} words, {n_windows} windows)", file=sys.stderr, flush=True)
     return rows, hyps
-
-
-def _resolve_run(checkpoint: Path, run_id: str | None, tracking_uri: str | None) -> tuple[str, str | None] | None:
-    """(run_id, tracking_uri) to log into: the ones given, else the checkpoint's; None when no run is known."""
-    ck_run, ck_uri = checkpoint_run(checkpoint)
-    run_id = run_id or ck_run
-    if not run_id:
-        print("[eval] no MLflow run id (none given, none in the checkpoint): results written locally only",
-              file=sys.stderr)
-        return None
-    return run_id, tracking_uri or ck_uri
-
-
-def _run_tags(run_id: str, tracking_uri: str | None) -> dict[str, str]:
-    """The run's tags, read once by the standalone command (the trial job reads its outbox instead)."""
-    from mlflow.tracking import MlflowClient
-
-    return dict(MlflowClient(tracking_uri).get_run(run_id).data.tags)
-
-
-def _check_fingerprints(run_id: str, known: dict[str, str], fingerprints: dict[str, str]) -> dict[str, str]:
-    """Refuse a dataset name the run knows with other content; returns the fingerprint tags it does not know yet."""
-    for name, fp in fingerprints.items():
-        before = known.get(eval_fingerprint_tag(name))
-        if before and before != fp:
-            raise EvalDataChanged(
-                f"evaluation dataset {name!r} has other content than when MLflow run {run_id} was evaluated on it "
-                f"(fingerprint {before} then, {fp} now); its metrics would mix two test sets: give the new "
-                f"content another dataset name (NAME=FORMAT:PATH), or start a new sweep")
-    return {eval_fingerprint_tag(n): fp for n, fp in fingerprints.items() if known.get(eval_fingerprint_tag(n)) != fp}
-
-
-def _log(outbox: Outbox | None, out: Path, run_id: str, tracking_uri: str | None, tags: dict[str, str],
-         metrics: dict[str, float], csvs: list[Path]) -> None:
-    """Fingerprint tags, metrics (step 0) and tables into the outbox: the job's, or one in ``out`` that this call
-    flushes for at most :data:`~asr_core.outbox.FINAL_FLUSH_S` seconds."""
-    own = outbox is None
-    box = Outbox(out, tracking_uri=tracking_uri, run_id=run_id).start() if own else outbox
-    assert box is not None
-    if tags:
-        box.tags(tags)
-    # the trial job keeps the first value per key (an evaluation interrupted after logging is not logged twice); a
-    # standalone evaluation logs what it computed
-    box.metrics(0, dict(sorted(metrics.items())), first_only=not own)
-    for csv in csvs:
-        box.artifact(csv, EVAL_DIR)
-    if own:
-        if box.flush(FINAL_FLUSH_S):
-            print(f"[eval] logged {len(metrics)} metrics and {len(csvs)} tables to run {run_id}", file=sys.stderr)
-        else:
-            why = box.last_error or "no answer in time"
-            print(f"[eval] MLflow at {tracking_uri} has not taken everything yet ({why}); ship the rest later: "
-                  f"python -m asr_core.outbox {out} --tracking-uri {tracking_uri} --run-id {run_id}",
-                  file=sys.stderr)
-        box.close()
-    else:
-        print(f"[eval] {len(metrics)} metrics and {len(csvs)} tables queued for run {run_id}", file=sys.stderr)
 
 
 def beam_decoding(decoder: str, *, lm_path: Path | None = None, alpha: float | None = None,

@@ -43,10 +43,9 @@ import torch
 from asr_core.corpora import CorpusError, Recording, load_corpus, parse_dataset_spec
 from asr_core.corpora.fingerprint import fingerprint
 from asr_core.decode import WindowBatch, auto_batch_windows, prepare_features, resolve_precision, window_frames
-from asr_core.evaluate import EvalDataChanged, checkpoint_run
 from asr_core.heads import DEFAULT_SAMPLE_ROWS, REPRESENTATIONS, diversity_loss, head_similarity, offdiagonal_mean
-from asr_core.outbox import FINAL_FLUSH_S, Outbox, fail_fast_http
-from asr_core.trial_contract import eval_fingerprint_tag
+from asr_core.outbox import Outbox, fail_fast_http
+from asr_core.stage_run import check_fingerprints, known_tags, log_stage, stage_run
 
 HEADS_DIR = "heads"  # the local folder (beside the checkpoint, or in the trial folder) and the run's artifact folder
 DEFAULT_WINDOWS = 32  # eval.head_windows' default
@@ -254,10 +253,10 @@ def measure(checkpoint: str | Path, datasets: Sequence[str], *, rows: int = DEFA
     run: tuple[str, str | None] | None = None
     tags: dict[str, str] = {}
     if log:
-        run = _run(checkpoint, run_id, tracking_uri, outbox)
+        run = stage_run(checkpoint, run_id, tracking_uri, outbox, "heads")
         if run is not None:
-            known = outbox.known_tags() if outbox is not None else _run_tags(*run)
-            tags = _fingerprint_tags(run[0], known, {n: fingerprint(recs) for n, recs in corpora.items()})
+            tags = check_fingerprints(run[0], known_tags(run, outbox),
+                                      {n: fingerprint(recs) for n, recs in corpora.items()})
 
     from asr_core.checkpoint import load_for_eval
     from asr_core.features import FeatureExtractor
@@ -289,64 +288,8 @@ def measure(checkpoint: str | Path, datasets: Sequence[str], *, rows: int = DEFA
                   f"{summary.similarity[r].mean():.4f} ({summary.windows} windows)", file=sys.stderr, flush=True)
     if run is not None:
         metrics = {k: v for s in results.values() for k, v in s.metrics().items()}
-        _log(outbox, out, *run, tags, metrics, files)
+        log_stage(outbox, out, run, tags, metrics, files, HEADS_DIR, "heads")
     return results
-
-
-def _run(checkpoint: Path, run_id: str | None, tracking_uri: str | None, outbox: Outbox | None
-         ) -> tuple[str, str | None] | None:
-    """(run id, tracking URI) to log into: the given ones, the outbox's (the trial job), else the checkpoint's."""
-    if outbox is not None:
-        rid = run_id or outbox.run_id
-        return (rid, tracking_uri or outbox.tracking_uri) if rid else None
-    ck_run, ck_uri = checkpoint_run(checkpoint)
-    if not (run_id or ck_run):
-        print("[heads] no MLflow run id (none given, none in the checkpoint): results written locally only",
-              file=sys.stderr)
-        return None
-    return str(run_id or ck_run), tracking_uri or ck_uri
-
-
-def _run_tags(run_id: str, tracking_uri: str | None) -> dict[str, str]:
-    from mlflow.tracking import MlflowClient
-
-    return dict(MlflowClient(tracking_uri).get_run(run_id).data.tags)
-
-
-def _fingerprint_tags(run_id: str, known: dict[str, str], fingerprints: dict[str, str]) -> dict[str, str]:
-    """Refuse a dataset name the run knows with other content; the fingerprint tags it does not know yet."""
-    for name, fp in fingerprints.items():
-        before = known.get(eval_fingerprint_tag(name))
-        if before and before != fp:
-            raise EvalDataChanged(
-                f"dataset {name!r} has other content than when MLflow run {run_id} was measured or evaluated on it "
-                f"(fingerprint {before} then, {fp} now): give the new content another name (NAME=FORMAT:PATH)")
-    return {eval_fingerprint_tag(n): fp for n, fp in fingerprints.items() if known.get(eval_fingerprint_tag(n)) != fp}
-
-
-def _log(outbox: Outbox | None, out: Path, run_id: str, tracking_uri: str | None, tags: dict[str, str],
-         metrics: dict[str, float], files: list[Path]) -> None:
-    """Tags, metrics (step 0) and files into the outbox: the trial job's (the first value of a metric stays: a
-    stage interrupted after logging is not logged twice), or one in ``out`` flushed here for at most
-    :data:`~asr_core.outbox.FINAL_FLUSH_S` seconds."""
-    own = outbox is None
-    box = Outbox(out, tracking_uri=tracking_uri, run_id=run_id).start() if own else outbox
-    assert box is not None
-    if tags:
-        box.tags(tags)
-    box.metrics(0, dict(sorted(metrics.items())), first_only=not own)
-    for path in files:
-        box.artifact(path, HEADS_DIR)
-    if not own:
-        print(f"[heads] {len(metrics)} metrics and {len(files)} files queued for run {run_id}", file=sys.stderr)
-        return
-    if box.flush(FINAL_FLUSH_S):
-        print(f"[heads] logged {len(metrics)} metrics and {len(files)} files to run {run_id}", file=sys.stderr)
-    else:
-        print(f"[heads] MLflow at {tracking_uri} has not taken everything yet ({box.last_error or 'no answer in time'}"
-              f"); ship the rest later: python -m asr_core.outbox {out} --tracking-uri {tracking_uri} --run-id "
-              f"{run_id}", file=sys.stderr)
-    box.close()
 
 
 def cli(argv: list[str]) -> int:

@@ -21,7 +21,8 @@ from asr_core.corpora import load_corpus
 from asr_core.corpora.synth import synthesise
 from asr_core.corpora.fingerprint import fingerprint
 from asr_core.corpora.synth_text import TOPICS, vocabulary
-from asr_core.evaluate import CSV_COLUMNS, EvalDataChanged, evaluate, metric_key
+from asr_core.evaluate import CSV_COLUMNS, evaluate, metric_key
+from asr_core.stage_run import EvalDataChanged
 from asr_core.model import build_model
 from asr_core.tokenizer import Tokenizer
 from asr_core.trial_contract import EVAL_DIR, ProgressLog, TrialFolder, eval_fingerprint_tag
