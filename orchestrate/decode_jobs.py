@@ -422,9 +422,9 @@ def submit_slurm(decoder: DecoderDir, items: list[DecodeItem], profile: "Profile
                  backend: str = "slurm") -> list[str]:
     """Submit ``items`` as job arrays of at most ``MaxArraySize`` tasks each (a record written before each
     ``sbatch``); returns the array ids."""
-    import submitit
-
     from orchestrate.backends import slurm_commands
+    from orchestrate.backends.resources import Resources
+    from orchestrate.backends.slurm import profile_executor
 
     size = max(1, slurm_commands.max_array_size())
     minutes = decode_minutes(profile)
@@ -432,23 +432,11 @@ def submit_slurm(decoder: DecoderDir, items: list[DecodeItem], profile: "Profile
     for start in range(0, len(items), size):
         chunk = items[start:start + size]
         sub = decoder.new_submission(backend, chunk, code)
-        ex = submitit.SlurmExecutor(folder=decoder.path / "slurm" / sub.id)
-        additional: dict[str, object] = {"requeue": True, **dict(profile.additional)}
-        params: dict[str, object] = {
-            "job_name": sub.job_name(), "time": minutes, "cpus_per_task": max(1, profile.cpus_per_task),
-            "array_parallelism": min(profile.max_parallel or len(chunk), len(chunk)),
-            "comment": f"orchestrate sweep={decoder.sweep.name} decode={decoder.name} submission={sub.id}",
-            "stderr_to_stdout": True, "additional_parameters": additional}
-        for k in ("partition", "account", "qos"):
-            if getattr(profile, k):
-                params[k] = getattr(profile, k)
-        if one_gpu(profile):
-            params["gpus_per_node"] = one_gpu(profile)
-        if not isinstance(profile.mem_gb, str) and profile.mem_gb:
-            params["mem"] = f"{int(float(profile.mem_gb) * 1024)}MB"
-        if profile.setup:
-            params["setup"] = list(profile.setup)
-        ex.update_parameters(**params)
+        mem = int(float(profile.mem_gb) * 1024) if profile.mem_gb and not isinstance(profile.mem_gb, str) else 0
+        ex = profile_executor(decoder.path / "slurm" / sub.id, profile, Resources(minutes, mem_mb=mem),
+                              job_name=sub.job_name(), parallelism=min(profile.max_parallel or len(chunk), len(chunk)),
+                              comment=f"orchestrate sweep={decoder.sweep.name} decode={decoder.name} submission={sub.id}",
+                              gpus=one_gpu(profile))
         task = DecodeTask(str(decoder.sweep.path), decoder.name, sub.id)
         try:
             with ex.batch():

@@ -53,6 +53,7 @@ from asr_core.trial_contract import (ENV_JOB_ID, EXIT_OK, EXIT_PREEMPTED, FAILED
                                      TrialFolder, error_line, mark_run, read_segments, record_attempt, trial_command)
 from orchestrate.backends import slurm_commands
 from orchestrate.backends.base import Backend, BackendError, Job, JobEnd, OnSubmitted
+from orchestrate.backends.profile import Profile
 from orchestrate.backends.resources import Resources, group_by_resources, trial_resources
 from orchestrate.backends.slurm_commands import ArrayRow
 from orchestrate.runner import TrialProcess, install_forwarding, trainer_ended
@@ -446,6 +447,40 @@ class SweepThrottle:
         return out
 
 
+def profile_executor(folder: Path, p: Profile, res: Resources, *, job_name: str, comment: str, parallelism: int,
+                     gpus: object = None, hold: bool = False, signal_delay_s: int | None = None) -> object:
+    """The submitit executor of one job array under profile ``p`` with ``res`` (time, ``--time-min``, memory): the
+    one place the profile's partition, account, QoS, GPUs, CPUs, setup lines and extra sbatch options become
+    parameters, for trials (:class:`SlurmBackend`) and decoding jobs (:mod:`orchestrate.decode_jobs`). ``gpus``
+    overrides the profile's ``gpus_per_node`` (0: none); ``signal_delay_s``: USR2 that long before the limit
+    (None: submitit's default); tasks are requeued on node failure (``--requeue``)."""
+    import submitit
+
+    ex = submitit.SlurmExecutor(folder=folder)
+    additional: dict[str, object] = {"requeue": True, **dict(p.additional)}
+    if hold:
+        additional["hold"] = True
+    if res.start_min:
+        additional["time-min"] = res.start_min
+    params: dict[str, object] = {"job_name": job_name, "time": res.time_min, "cpus_per_task": max(1, p.cpus_per_task),
+                                 "array_parallelism": parallelism, "comment": comment, "stderr_to_stdout": True,
+                                 "additional_parameters": additional}
+    if signal_delay_s is not None:
+        params["signal_delay_s"] = signal_delay_s
+    for k in ("partition", "account", "qos"):
+        if getattr(p, k):
+            params[k] = getattr(p, k)
+    gpus = p.gpus_per_node if gpus is None else gpus
+    if gpus:
+        params["gpus_per_node"] = gpus
+    if res.mem_mb:
+        params["mem"] = f"{res.mem_mb}MB"
+    if p.setup:
+        params["setup"] = list(p.setup)
+    ex.update_parameters(**params)
+    return ex
+
+
 class SlurmBackend(Backend):
     """submitit job arrays that fit the cluster, one ``max_parallel`` for the sweep; SLURM holds the jobs,
     ``submit`` returns once they are queued."""
@@ -463,42 +498,12 @@ class SlurmBackend(Backend):
     # ---- submission -------------------------------------------------------------------------------------------------
     def _executor(self, sub_id: str, n: int, parallelism: int = 0, hold: bool = False,
                   res: Resources | None = None) -> object:
-        import submitit
-
         p = self.profile
         res = res or Resources(p.time_limit_min(), mem_mb=int(float(p.mem_gb or 0) * 1024))
         # max_num_timeout is not set: it counts submitit's own timeout requeues, which TrialTask replaces with its own
-        ex = submitit.SlurmExecutor(folder=self.sweep.path / "slurm" / sub_id)
-        additional: dict[str, object] = {"requeue": True, **dict(p.additional)}
-        if hold:
-            additional["hold"] = True
-        params: dict[str, object] = {
-            "job_name": f"orch.{self.sweep.name}.{sub_id}",
-            "time": res.time_min,
-            "cpus_per_task": max(1, p.cpus_per_task),
-            "signal_delay_s": p.signal_delay_s,
-            "array_parallelism": parallelism or n,
-            "comment": f"orchestrate sweep={self.sweep.name} submission={sub_id}",
-            "stderr_to_stdout": True,
-            # node failures bring the task back; our own USR2 path requeues explicitly
-            "additional_parameters": additional,
-        }
-        if p.partition:
-            params["partition"] = p.partition
-        if p.account:
-            params["account"] = p.account
-        if p.qos:
-            params["qos"] = p.qos
-        if p.gpus_per_node:
-            params["gpus_per_node"] = p.gpus_per_node
-        if res.mem_mb:
-            params["mem"] = f"{res.mem_mb}MB"
-        if res.start_min:
-            additional["time-min"] = res.start_min
-        if p.setup:
-            params["setup"] = list(p.setup)
-        ex.update_parameters(**params)
-        return ex
+        return profile_executor(self.sweep.path / "slurm" / sub_id, p, res, job_name=f"orch.{self.sweep.name}.{sub_id}",
+                                comment=f"orchestrate sweep={self.sweep.name} submission={sub_id}",
+                                parallelism=parallelism or n, hold=hold, signal_delay_s=p.signal_delay_s)
 
     def submit(self, jobs: list[Job], on_submitted: OnSubmitted) -> None:
         """One array per ``MaxArraySize`` trials, each its own submission record; with ``max_parallel``, under the
