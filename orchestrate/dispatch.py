@@ -95,6 +95,17 @@ class Plan:
         return ", ".join(parts + [f"{n} {what}" for n, what in optional if n])
 
 
+def eval_dataset_names(trials: list[Trial]) -> list[str]:
+    """The names of every dataset the trials evaluate on (``eval.datasets``, NAME=FORMAT:PATH), first seen first."""
+    from asr_core.corpora import parse_dataset_spec
+
+    names: dict[str, None] = {}
+    for t in trials:
+        for spec in t.config.eval.datasets:
+            names.setdefault(parse_dataset_spec(spec)[0], None)
+    return list(names)
+
+
 def _fault(point: str) -> None:
     """Fault injection for the recovery tests: ``ORCHESTRATE_FAULT=<point>`` kills this process right there, the
     way a node reboot or an OOM kill would (no cleanup, no exception handlers)."""
@@ -247,7 +258,7 @@ def run_sweep(sweep: SweepDir, manifest: Manifest, trials: list[Trial], profile:
     with sweep.lock(what):
         t0 = time.perf_counter()
         parent = ledger.ensure_sweep(manifest.grid, manifest.backend, manifest.sweep_id, str(sweep.path),
-                                     adopt=adopt)
+                                     adopt=adopt, datasets=eval_dataset_names(trials))
         if code is not None:
             if code.dirty and code.diff:
                 sweep.save_diff(code.label, code.diff)

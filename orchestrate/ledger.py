@@ -306,8 +306,13 @@ class Ledger:
             self._check(exp, sweep_id, root, adopt=adopt)
 
     def ensure_sweep(self, grid: str, backend: str, sweep_id: str = "", root: str = "", *,
-                     adopt: bool = False) -> str:
+                     adopt: bool = False, datasets: Iterable[str] = ()) -> str:
         """Create (or claim) the sweep's experiment and its parent run; returns the parent run's id.
+
+        With ``datasets`` (the names the trials evaluate on), an experiment without the saved view of the runs table
+        gets it (:mod:`asr_core.sweep_view`: the clean WER column of each dataset, every trial listed flat) and a
+        description line linking to it, so the MLflow UI shows the sweep's WERs from the first submission on; a view
+        already there (a report's, or a person's edit of it) is left as it is.
 
         Called by the submitting process under the sweep's lock, before any job. A new experiment is created with
         ``sweep.id`` = ``sweep_id`` and ``sweep.root`` = ``root``; an existing one must be this sweep's
@@ -321,7 +326,24 @@ class Ledger:
             tags = {TAG_ROLE: ROLE_PARENT, TAG_SWEEP_GRID: grid, TAG_SWEEP_BACKEND: backend}
             parent = self._create_once(self.parent_run_id,
                                        lambda: self.store.create_run(self.experiment_id, self.name, tags).run_id)
+        self._save_view(datasets)
         return parent
+
+    def _save_view(self, datasets: Iterable[str]) -> None:
+        from asr_core import sweep_view as sv
+
+        metrics = sv.headline_metrics(datasets)
+        exp = self.store.get_experiment_by_name(self.name) if metrics else None
+        if exp is None or sv.VIEW_TAG_PREFIX + sv.VIEW_ID in exp.tags:
+            return
+        now = int(time.time() * 1000)
+        view = sv.view_link(self.experiment_id)
+        self.store.set_experiment_tag(self.experiment_id, sv.VIEW_TAG_PREFIX + sv.VIEW_ID,
+                                      sv.saved_view_value(metrics, created_ms=now, now_ms=now))
+        when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+        line = sv.note_line(view, None, when, source="python -m orchestrate submit")
+        self.store.set_experiment_tag(self.experiment_id, sv.NOTE_TAG,
+                                      sv.with_note_line(exp.tags.get(sv.NOTE_TAG, ""), line))
 
     def _claim(self, sweep_id: str, root: str, adopt: bool) -> str:
         """The experiment's id, creating it tagged with ``sweep_id``/``root`` or adopting an untagged one."""

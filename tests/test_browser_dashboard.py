@@ -11,7 +11,6 @@ with served artifacts. Screenshots go to artifacts/screenshots/.
 from __future__ import annotations
 
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from analysis.__main__ import main
-from analysis.dashboard import VIEW_ID, metric_column
+from asr_core.sweep_view import VIEW_ID, metric_column
 from tests.plugins.browser import mlflow_run_rows, open_link_in_new_page, open_mlflow_run_list, save_screenshot
 from tests.plugins.mlflow_server import MlflowServer
 
@@ -41,32 +40,10 @@ class Reported:
 def _log_sweep(server: MlflowServer, name: str) -> tuple[str, str]:
     """The synthetic sweep as the ledger and the trials log it, artifacts served by the server (its default
     location); returns (experiment id, parent run id)."""
-    from mlflow.entities import Metric, Param
-
-    client = server.client()
-    exp_id = client.create_experiment(name)
-    ids: dict[str, str] = {}
-    now = int(time.time() * 1000)
-    with tempfile.TemporaryDirectory() as tmp:
-        for rec in synth.make_records():
-            tags = dict(rec.tags)
-            if "mlflow.parentRunId" in tags:
-                tags["mlflow.parentRunId"] = ids[tags["mlflow.parentRunId"]]
-            rid = client.create_run(exp_id, tags=tags, run_name=tags.get("trial.label", name)).info.run_id
-            ids[rec.run_id] = rid
-            client.log_batch(rid, metrics=[Metric(k, v, now, 0) for k, v in rec.metrics.items()],
-                             params=[Param(k, v) for k, v in rec.params.items()])
-            for ds, text in rec.tables.items():
-                path = Path(tmp) / rid / f"{ds}.csv"
-                path.parent.mkdir(parents=True, exist_ok=True)
-                path.write_text(text)
-                client.log_artifact(rid, str(path), "eval")
-            if rec.status == "SCHEDULED":
-                client.update_run(rid, status="SCHEDULED")
-            elif rec.status != "RUNNING":
-                client.set_terminated(rid, status=rec.status)
-    parent = next(r.run_id for r in synth.make_records() if r.tags.get("sweep.role") == "parent")
-    return exp_id, ids[parent]
+    records = synth.make_records()
+    ids = synth.write_to_mlflow(records, server.uri, None, name)
+    parent = next(r.run_id for r in records if r.tags.get("sweep.role") == "parent")
+    return server.client().get_experiment_by_name(name).experiment_id, ids[parent]
 
 
 @pytest.fixture(scope="module")

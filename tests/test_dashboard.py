@@ -12,25 +12,26 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from analysis import dashboard
+from asr_core import sweep_view
 from analysis.__main__ import main
 from analysis.collect import CLEAN, RunRecord, parse_metric_key
 
 sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "analysis"))
 import synthetic_sweep as synth  # noqa: E402
 
-VIEW_TAG = dashboard.VIEW_TAG_PREFIX + dashboard.VIEW_ID
+VIEW_TAG = sweep_view.VIEW_TAG_PREFIX + sweep_view.VIEW_ID
 
 
 # ---- pure ------------------------------------------------------------------------------------------------------
 
 def test_headline_metrics_are_the_clean_wer_the_trials_log() -> None:
-    metrics = dashboard.headline_metrics(["test", "dev", "dev", "bad`name"])
+    metrics = sweep_view.headline_metrics(["test", "dev", "dev", "bad`name"])
     assert metrics == ["wer/dev", "wer/test"]  # sorted, once each; a backtick cannot be a UI column
     assert [parse_metric_key(m)[:2] for m in metrics] == [("dev", CLEAN), ("test", CLEAN)]
 
 
 def test_the_saved_view_is_the_envelope_the_ui_reads() -> None:
-    value = json.loads(dashboard.saved_view_value(["wer/dev", "wer/test"], created_ms=5, now_ms=9))
+    value = json.loads(sweep_view.saved_view_value(["wer/dev", "wer/test"], created_ms=5, now_ms=9))
     assert {k: value[k] for k in ("createdAt", "updatedAt")} == {"createdAt": 5, "updatedAt": 9}
     assert isinstance(value["name"], str) and value["name"]
     state = json.loads(value["state"])  # the state travels as JSON text inside the envelope
@@ -38,20 +39,20 @@ def test_the_saved_view_is_the_envelope_the_ui_reads() -> None:
     # sorted by anything but the start time, the UI lists child runs flat; the parent run is left out
     assert state["orderByKey"] != "attributes.start_time"
     assert state["searchFilter"] == "tags.`sweep.role` != 'parent'"
-    assert dashboard.view_created_ms(json.dumps(value), default=7) == 5
-    assert dashboard.view_created_ms("not json", default=7) == dashboard.view_created_ms(None, default=7) == 7
+    assert sweep_view.view_created_ms(json.dumps(value), default=7) == 5
+    assert sweep_view.view_created_ms("not json", default=7) == sweep_view.view_created_ms(None, default=7) == 7
 
 
 def test_the_description_line_comes_first_once_and_keeps_what_people_wrote() -> None:
-    line1 = dashboard.note_line("#/v", "#/r", "then")
-    line2 = dashboard.note_line("#/v", None, "now")
-    assert line1.startswith(dashboard.NOTE_START) and "(#/r)" in line1 and "(#/v)" in line1
+    line1 = sweep_view.note_line("#/v", "#/r", "then")
+    line2 = sweep_view.note_line("#/v", None, "now")
+    assert line1.startswith(sweep_view.NOTE_START) and "(#/r)" in line1 and "(#/v)" in line1
     assert "(#/r)" not in line2
-    assert dashboard.with_note_line("", line1) == line1
+    assert sweep_view.with_note_line("", line1) == line1
     people = "Context sweep of the paper.\n\nSecond paragraph."
-    once = dashboard.with_note_line(people, line1)
+    once = sweep_view.with_note_line(people, line1)
     assert once == f"{line1}\n\n{people}"
-    twice = dashboard.with_note_line(once, line2)
+    twice = sweep_view.with_note_line(once, line2)
     assert twice == f"{line2}\n\n{people}"
 
 
@@ -91,7 +92,7 @@ def _artifacts(client: MlflowClient, run_id: str, tmp: Path) -> dict[str, str]:
 def test_the_report_lands_on_the_parent_run_and_a_rerun_replaces_it(store: str, tmp_path: Path) -> None:
     exp, parent, trial = _sweep(store, tmp_path / "art", "sweep-a")
     client = MlflowClient(store)
-    client.set_experiment_tag(exp, dashboard.NOTE_TAG, "Written by a person.")
+    client.set_experiment_tag(exp, sweep_view.NOTE_TAG, "Written by a person.")
     first = _files(tmp_path / "r1", {"index.html": "<h1>one</h1>", "report.md": "# one", "fig9_old.png": "png",
                                      "wer.csv": "a\n1\n"})
     pub = dashboard.publish("sweep-a", first, ["dev"], store)
@@ -111,12 +112,12 @@ def test_the_report_lands_on_the_parent_run_and_a_rerun_replaces_it(store: str, 
         "report/index.html": "<h1>two</h1>", "report/report.md": "# two", "report/wer.csv": "a\n2\n"}
 
     tags = client.get_experiment(exp).tags
-    assert [k for k in tags if k.startswith(dashboard.VIEW_TAG_PREFIX)] == [VIEW_TAG]  # one view, rewritten
+    assert [k for k in tags if k.startswith(sweep_view.VIEW_TAG_PREFIX)] == [VIEW_TAG]  # one view, rewritten
     view = json.loads(tags[VIEW_TAG])
     assert view["createdAt"] == created and view["updatedAt"] >= created
     assert json.loads(view["state"])["selectedColumns"] == ["metrics.`wer/dev`", "metrics.`wer/test`"]
-    note = tags[dashboard.NOTE_TAG]
-    assert note.count(dashboard.NOTE_START) == 1 and note.endswith("Written by a person.")
+    note = tags[sweep_view.NOTE_TAG]
+    assert note.count(sweep_view.NOTE_START) == 1 and note.endswith("Written by a person.")
     assert f"({pub.report_link})" in note and f"({pub.view_link})" in note
     assert pub.report_link == f"#/experiments/{exp}/runs/{parent}/artifacts/report/index.html"
     assert pub.url(pub.view_link, "http://host:5000/") == f"http://host:5000/{pub.view_link}"
@@ -168,7 +169,7 @@ def test_report_no_log_writes_nothing_to_mlflow(cli_store: str, tmp_path: Path,
     assert _report(cli_store, "with-parent", tmp_path / "out", "--no-log") == 0
     assert (tmp_path / "out" / "index.html").is_file() and "mlflow:" not in capsys.readouterr().out
     assert dashboard.remote_files(client, parent, dashboard.ARTIFACT_DIR) == []
-    assert not {VIEW_TAG, dashboard.NOTE_TAG} & set(client.get_experiment(exp.experiment_id).tags)
+    assert not {VIEW_TAG, sweep_view.NOTE_TAG} & set(client.get_experiment(exp.experiment_id).tags)
 
     assert _report(cli_store, "with-parent", tmp_path / "out") == 0
     out = capsys.readouterr().out

@@ -237,3 +237,30 @@ def test_code_labels_are_distinct_in_first_run_order(code: str, labels: tuple[st
     run = TrialRun(run_id="r", key="k", label="l", status=tc.RUNNING, job_id="", backend="local", subgrids="",
                    error="", preemptions=0, code=code, segments=len(labels))
     assert run.code_labels == labels and run.mixed_code == (len(labels) > 1)
+
+
+def test_the_first_submission_saves_the_view_of_every_wer_column_and_leaves_a_later_one_alone(tmp_path: Path) -> None:
+    """Submitting the demo grid: the experiment gets the saved view of wer/test and wer/test-shifted and a description
+    line linking to it before any trial ran; a view written since (the report's) survives the next submission."""
+    import json
+
+    from asr_core import sweep_view as sv
+    from orchestrate.dispatch import eval_dataset_names
+
+    trials = list(load_grid(ROOT / "grids" / "demo.yaml").trials)
+    assert eval_dataset_names(trials) == ["test", "test-shifted"]
+    ledger = Ledger(default_tracking_uri(tmp_path), "demo")
+    ledger.client.create_experiment("demo")
+    ledger.client.set_experiment_tag(ledger.client.get_experiment_by_name("demo").experiment_id, sv.NOTE_TAG,
+                                     "notes people wrote")
+    ledger.ensure_sweep("grids/demo.yaml", "local", datasets=eval_dataset_names(trials))
+    tags = ledger.client.get_experiment(ledger.experiment_id).tags
+    state = json.loads(json.loads(tags[sv.VIEW_TAG_PREFIX + sv.VIEW_ID])["state"])
+    assert state["selectedColumns"] == [sv.metric_column("wer/test"), sv.metric_column("wer/test-shifted")]
+    first, _, rest = tags[sv.NOTE_TAG].partition("\n")
+    assert first.startswith(sv.NOTE_START) and sv.view_link(ledger.experiment_id) in first
+    assert "orchestrate submit" in first and rest.strip() == "notes people wrote"
+    later = sv.saved_view_value(["wer/test"], created_ms=1, now_ms=2)
+    ledger.client.set_experiment_tag(ledger.experiment_id, sv.VIEW_TAG_PREFIX + sv.VIEW_ID, later)
+    Ledger(ledger.uri, "demo").ensure_sweep("grids/demo.yaml", "local", datasets=["test", "test-shifted"])
+    assert ledger.client.get_experiment(ledger.experiment_id).tags[sv.VIEW_TAG_PREFIX + sv.VIEW_ID] == later

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -31,7 +30,7 @@ from orchestrate.backends.base import Job
 from orchestrate.backends.profile import Profile
 from orchestrate.backends.ray_slurm import RaySlurmBackend
 from orchestrate.sweep import Manifest, SweepDir, new_sweep_id
-from tests.plugins.slurm_cluster import SlurmCluster, _controller_up, _node_name, start_cluster, stop_cluster
+from tests.plugins.slurm_cluster import SlurmCluster, own_cluster
 
 REPO = Path(__file__).resolve().parents[1]
 N_NODES = 2
@@ -77,33 +76,9 @@ class ProbeRaySlurmBackend(RaySlurmBackend):
 @pytest.fixture(scope="module")
 def two_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
     """A cluster of its own with two nodes (see the module docstring)."""
-    reuse = os.environ.get("SLURM_TEST_STATE")
-    state = Path(f"{reuse}-nodes{N_NODES}").resolve() if reuse else tmp_path_factory.mktemp(f"nodes{N_NODES}")
-    if os.geteuid() != 0:
-        conf = state / "etc" / "slurm.conf"
-        if not (reuse and conf.exists() and _controller_up(conf)):
-            pytest.skip("a test cluster of its own needs root (slurm/testcluster/start.sh), or one started as root "
-                        f"under {state} with TESTCLUSTER_NODES={N_NODES}")
-        yield SlurmCluster(state_dir=state, conf=conf, node=_node_name(conf),
-                           env={**os.environ, "SLURM_CONF": str(conf)})
-        return
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("TESTCLUSTER_NODES", str(N_NODES))
-        mp.setenv("TESTCLUSTER_NAME", "twonodes")
-        mp.setenv("TESTCLUSTER_GPUS", "1")
-        mp.delenv("TESTCLUSTER_CPUS", raising=False)
-        try:
-            cluster = start_cluster(state, owner_pid=None if reuse else os.getpid())
-        except (RuntimeError, subprocess.TimeoutExpired) as e:
-            pytest.fail(f"the two-node test cluster did not start: {e}", pytrace=False)
-    print(f"two-node cluster started in {cluster.start_seconds:.1f} s")
-    try:
-        yield cluster
-    finally:
-        if reuse:
-            cluster.cancel_all()
-        else:
-            stop_cluster(state)
+    yield from own_cluster(tmp_path_factory, f"nodes{N_NODES}",
+                           {"TESTCLUSTER_NODES": str(N_NODES), "TESTCLUSTER_NAME": "twonodes",
+                            "TESTCLUSTER_GPUS": "1", "TESTCLUSTER_CPUS": None}, "the two-node test cluster")
 
 
 def cluster_nodes(cluster: SlurmCluster) -> list[str]:

@@ -24,7 +24,6 @@ slot handed on by an ending task waits for that task) against fake ``squeue``/``
 from __future__ import annotations
 
 import os
-import subprocess
 import threading
 import time
 from collections import Counter
@@ -38,7 +37,7 @@ from orchestrate.backends.base import Job
 from orchestrate.backends.profile import Profile
 from orchestrate.backends.slurm import SlurmBackend, TrialTask
 from orchestrate.sweep import SweepDir
-from tests.plugins.slurm_cluster import SlurmCluster, _controller_up, _node_name, start_cluster, stop_cluster
+from tests.plugins.slurm_cluster import SlurmCluster, own_cluster
 
 REPO = Path(__file__).resolve().parents[1]
 MAX_PARALLEL = 3
@@ -65,30 +64,9 @@ class NoopBackend(SlurmBackend):
 
 def _cluster(tmp_path_factory: pytest.TempPathFactory, max_array_size: int) -> Iterator[SlurmCluster]:
     """A cluster of its own with ``MaxArraySize=max_array_size`` and 8 CPUs (see the module docstring)."""
-    reuse = os.environ.get("SLURM_TEST_STATE")
-    state = Path(f"{reuse}-mas{max_array_size}").resolve() if reuse else tmp_path_factory.mktemp(f"mas{max_array_size}")
-    if os.geteuid() != 0:
-        conf = state / "etc" / "slurm.conf"
-        if not (reuse and conf.exists() and _controller_up(conf)):
-            pytest.skip("a test cluster of its own needs root (slurm/testcluster/start.sh), or one started as root "
-                        f"under {state}")
-        yield SlurmCluster(state_dir=state, conf=conf, node=_node_name(conf),
-                           env={**os.environ, "SLURM_CONF": str(conf)})
-        return
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("TESTCLUSTER_MAX_ARRAY_SIZE", str(max_array_size))
-        mp.setenv("TESTCLUSTER_CPUS", "8")
-        try:
-            cluster = start_cluster(state, owner_pid=None if reuse else os.getpid())
-        except (RuntimeError, subprocess.TimeoutExpired) as e:
-            pytest.fail(f"the test cluster with MaxArraySize={max_array_size} did not start: {e}", pytrace=False)
-    try:
-        yield cluster
-    finally:
-        if reuse:
-            cluster.cancel_all()
-        else:
-            stop_cluster(state)
+    yield from own_cluster(tmp_path_factory, f"mas{max_array_size}",
+                           {"TESTCLUSTER_MAX_ARRAY_SIZE": str(max_array_size), "TESTCLUSTER_CPUS": "8"},
+                           f"the test cluster with MaxArraySize={max_array_size}")
 
 
 @pytest.fixture(scope="module")

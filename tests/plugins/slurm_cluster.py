@@ -268,3 +268,40 @@ def _controller_up(conf: Path) -> bool:
         ["scontrol", "ping"], capture_output=True, text=True, timeout=30, env={**os.environ, "SLURM_CONF": str(conf)}
     )
     return proc.returncode == 0 and "is UP" in proc.stdout
+
+
+def own_cluster(tmp_path_factory: pytest.TempPathFactory, suffix: str, env: dict[str, str | None],
+                what: str) -> Iterator[SlurmCluster]:
+    """A cluster of a module's own, beside the session's, started with the ``TESTCLUSTER_*`` settings in ``env``
+    (a None value unsets one) under a temporary folder, or under ``$SLURM_TEST_STATE-<suffix>`` (reused and left
+    running, its jobs cancelled after the module). Without root only a reusable one that is up can be used; else the
+    tests skip, naming how to start it. ``what`` names the cluster in messages."""
+    reuse = os.environ.get("SLURM_TEST_STATE")
+    state = Path(f"{reuse}-{suffix}").resolve() if reuse else tmp_path_factory.mktemp(suffix)
+    if os.geteuid() != 0:
+        conf = state / "etc" / "slurm.conf"
+        if not (reuse and conf.exists() and _controller_up(conf)):
+            settings = " ".join(f"{k}={v}" for k, v in env.items() if v is not None)
+            pytest.skip(f"{what} needs root (slurm/testcluster/start.sh), or one started as root under {state}"
+                        f"{' with ' + settings if settings else ''}")
+        yield SlurmCluster(state_dir=state, conf=conf, node=_node_name(conf),
+                           env={**os.environ, "SLURM_CONF": str(conf)})
+        return
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in env.items():
+            if v is None:
+                mp.delenv(k, raising=False)
+            else:
+                mp.setenv(k, v)
+        try:
+            cluster = start_cluster(state, owner_pid=None if reuse else os.getpid())
+        except (RuntimeError, subprocess.TimeoutExpired) as e:
+            pytest.fail(f"{what} did not start: {e}", pytrace=False)
+    print(f"{what} started in {cluster.start_seconds:.1f} s")
+    try:
+        yield cluster
+    finally:
+        if reuse:
+            cluster.cancel_all()
+        else:
+            stop_cluster(state)
