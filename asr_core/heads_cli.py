@@ -45,9 +45,9 @@ from asr_core.corpora.fingerprint import fingerprint
 from asr_core.decode import WindowBatch, auto_batch_windows, prepare_features, resolve_precision, window_frames
 from asr_core.heads import DEFAULT_SAMPLE_ROWS, REPRESENTATIONS, diversity_loss, head_similarity, offdiagonal_mean
 from asr_core.outbox import Outbox, fail_fast_http
+from asr_core.trial_contract import HEADS_DIR  # the folder beside the checkpoint (or in the trial's), and the run's
 from asr_core.stage_run import check_fingerprints, known_tags, log_stage, stage_run
 
-HEADS_DIR = "heads"  # the local folder (beside the checkpoint, or in the trial folder) and the run's artifact folder
 DEFAULT_WINDOWS = 32  # eval.head_windows' default
 Progress = Callable[[int, int], None]  # (windows done, windows total)
 

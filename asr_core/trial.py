@@ -81,6 +81,7 @@ from asr_core.trial_contract import (
     EXIT_PREEMPTED,
     EXIT_USAGE,
     FAILED,
+    HEADS_DIR,
     FINISHED,
     KILLED,
     OUTCOME_CANCELLED,
@@ -108,11 +109,6 @@ from asr_core.trial_contract import (
 
 if TYPE_CHECKING:
     from asr_core.lease import Lease
-
-
-# The evaluation finished (JSON {"datasets": [names]}): a later segment (one preempted while measuring the heads, or
-# between this and DONE) does not evaluate again. Read by this job only.
-EVALUATED_FILE = "EVALUATED"
 
 
 class EvaluationInterrupted(Exception):
@@ -253,7 +249,7 @@ def _segment(cfg: Config, folder: TrialFolder, lease: "Lease", job_id: str, trac
             folder.trained.write_text(json.dumps({"checkpoint": str(checkpoint), "steps": result.steps}))
         _drop_optimizer(checkpoint, lease)
         if cfg.eval.datasets:
-            evaluated = folder.path / EVALUATED_FILE
+            evaluated = folder.evaluated
             if evaluated.exists():
                 _say("evaluation already finished")
             else:
@@ -262,7 +258,7 @@ def _segment(cfg: Config, folder: TrialFolder, lease: "Lease", job_id: str, trac
                     outbox.sync()  # the evaluation's records are on disk before the marker that skips it
                 evaluated.write_text(json.dumps({"datasets": [dataset_name(d) for d in cfg.eval.datasets]}))
             if cfg.eval.head_diversity:
-                _measure_heads_interruptibly(cfg, checkpoint, folder.path, tracking_uri, run_id, progress, outbox)
+                _measure_heads_interruptibly(cfg, checkpoint, folder, tracking_uri, run_id, progress, outbox)
     except Fenced as e:  # another job has the trial now: leave the folder and the run to it
         _say(f"{e}; exit {EXIT_FENCED}")
         outcome(OUTCOME_FENCED, str(e))
@@ -329,13 +325,13 @@ def _evaluate_interruptibly(cfg: Config, checkpoint: Path, out_dir: Path, tracki
                  log=outbox is not None, noisy=cfg.eval.noisy, precision=cfg.eval.precision)
 
 
-def _measure_heads_interruptibly(cfg: Config, checkpoint: Path, out_dir: Path, tracking_uri: str | None,
+def _measure_heads_interruptibly(cfg: Config, checkpoint: Path, folder: TrialFolder, tracking_uri: str | None,
                                  run_id: str | None, progress: ProgressLog, outbox: Outbox | None) -> None:
     """``eval.head_diversity``: paper 003's head similarity on the first evaluation dataset
     (:func:`asr_core.heads_cli.measure`), into ``TRIAL_DIR/heads/`` and the run. Like evaluation it has no
     checkpoint: a stop signal interrupts it at once, and the next segment runs this stage again (only this one:
     ``EVALUATED`` says the evaluation is done). Progress records are ``eval`` records of dataset ``heads:NAME``."""
-    from asr_core.heads_cli import HEADS_DIR, measure
+    from asr_core.heads_cli import measure
 
     def step(name: str, done: int, total: int) -> None:
         progress.write("eval", done, total, f"{HEADS_DIR}:{name}")
@@ -343,7 +339,7 @@ def _measure_heads_interruptibly(cfg: Config, checkpoint: Path, out_dir: Path, t
     with signals.installed(), signals.raising(EvaluationInterrupted):
         measure(checkpoint, list(cfg.eval.datasets[:1]), rows=cfg.eval.head_rows, max_windows=cfg.eval.head_windows,
                 batch_windows=cfg.eval.batch_windows, precision=cfg.eval.precision, tracking_uri=tracking_uri,
-                run_id=run_id, out_dir=out_dir / HEADS_DIR, log=outbox is not None, progress=step, outbox=outbox)
+                run_id=run_id, out_dir=folder.heads, log=outbox is not None, progress=step, outbox=outbox)
 
 
 def _config_invalid(config: str, error: Exception, out_dir: Path, tracking_uri: str | None,

@@ -98,6 +98,10 @@ LOG_FILE = "trial.log"  # the job's stdout and stderr, appended per segment
 PROGRESS_FILE = "progress.jsonl"
 SEGMENTS_FILE = "segments.jsonl"  # one JSON line per start of the job: time, code version, host, job id
 EVAL_DIR = "eval"  # the evaluator's per-recording tables (also the run's artifact folder for them)
+# the evaluation finished (JSON {"datasets": [names]}): a later segment (one stopped while measuring the heads, or
+# between this and DONE) does not evaluate again. Written and read by the trial job only.
+EVALUATED_FILE = "EVALUATED"
+HEADS_DIR = "heads"  # head-similarity matrices and figures (eval.head_diversity; also the run's artifact folder)
 TOKENIZER_FILE = "tokenizer.model"  # the BPE model a trial learned (also inside the checkpoint)
 OUTBOX_DIR = "outbox"  # what the job has to tell MLflow, appended first here and shipped in the background
 LEASE_DIR = "lease"  # the fence: one file per lease generation; the newest live one names the trainer that may run
@@ -122,6 +126,14 @@ class TrialFolder:
     @property
     def trained(self) -> Path:
         return self.path / TRAINED_FILE
+
+    @property
+    def evaluated(self) -> Path:
+        return self.path / EVALUATED_FILE
+
+    @property
+    def heads(self) -> Path:
+        return self.path / HEADS_DIR
 
     @property
     def done(self) -> Path:

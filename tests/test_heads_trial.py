@@ -286,7 +286,8 @@ def test_a_trial_measures_the_heads_after_evaluation_and_a_preempted_stage_rerun
         monkeypatch: pytest.MonkeyPatch) -> None:
     import asr_core.evaluate
     import asr_core.heads_cli
-    from asr_core.trial import EVALUATED_FILE, run_trial
+    from asr_core.trial import run_trial
+    from asr_core.trial_contract import EVALUATED_FILE
     from asr_core.trial_contract import TrialFolder
 
     uri, client, exp = mlflow_store
