@@ -54,6 +54,8 @@ CONTEXT_PARAM = "data.context_s"
 EVAL_CSV_COLUMNS = ("dataset", "condition", "snr_db", "recording", "ref_words", "substitutions", "deletions",
                     "insertions", "hyp_words", "wer")
 COUNT_COLUMNS = ("ref_words", "substitutions", "deletions", "insertions", "hyp_words")
+# optional: planted cue words and their errors (asr_core.evaluate); NaN where a table lacks them or leaves them empty
+CUE_COLUMNS = ("cue_words", "cue_errors")
 _SNR = r"(?:/snr(?P<snr>[-+]?[0-9.]+(?:e[-+]?[0-9]+)?))?"
 METRIC_RE = re.compile(rf"^wer/(?P<dataset>.+?){_SNR}$")
 # the names asr_core.evaluate writes (GREEDY, BeamDecoding.metric_key, the decoder tag): tests/test_report_decoders.py
@@ -442,7 +444,7 @@ def build_sweep(experiment: str, records: Iterable[RunRecord], *, ignore_params:
         recs = pd.concat(rec_frames, ignore_index=True)
         recs = trials[info_cols].merge(recs, on="run_id", how="inner")
     else:
-        recs = pd.DataFrame(columns=info_cols + list(EVAL_CSV_COLUMNS) + ["errors", "decoder"])
+        recs = pd.DataFrame(columns=info_cols + list(EVAL_CSV_COLUMNS) + list(CUE_COLUMNS) + ["errors", "decoder"])
     prob = pd.DataFrame(problems, columns=["run_id", "label", "status", "problem"])
     prob = prob.sort_values(["label", "problem"], kind="stable").reset_index(drop=True)
     external = pd.DataFrame(external_rows, columns=EXTERNAL_COLUMNS)
@@ -510,7 +512,8 @@ def _read_table(text: str, dataset: str) -> tuple[pd.DataFrame, str]:
     missing = [c for c in EVAL_CSV_COLUMNS if c not in df.columns]
     if missing:
         return pd.DataFrame(), f"lacks columns {missing} (has {list(df.columns)})"
-    df = df[list(EVAL_CSV_COLUMNS)].copy()
+    cue = {c: pd.to_numeric(df[c], errors="coerce") if c in df.columns else math.nan for c in CUE_COLUMNS}
+    df = df[list(EVAL_CSV_COLUMNS)].assign(**cue)
     for c in COUNT_COLUMNS + ("wer",):
         df[c] = pd.to_numeric(df[c], errors="coerce")
     bad = df[df[list(COUNT_COLUMNS)].isna().any(axis=1)]

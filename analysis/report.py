@@ -12,7 +12,10 @@ Sections that only a sweep with the data gets (a sweep without it gets the repor
   ``decoders.csv`` and ``decoder_settings.csv``;
 * LM perplexity (``lm_ppl/...`` on LM runs): perplexity against LM context, ``lm_ppl.csv`` and a figure;
 * head similarity (``heads/...``): against context per heads count and model size, beside WER, and whether it
-  tracks WER (:mod:`analysis.heads`), ``heads.csv``, ``heads_tracking.csv`` and a figure per family.
+  tracks WER (:mod:`analysis.heads`), ``heads.csv``, ``heads_tracking.csv`` and a figure per family;
+* the planted cue (``cue_words``/``cue_errors`` in the per-recording tables): the cue-word error rate against context
+  beside WER on all and on the other words, with paired tests against the shortest and the baseline context
+  (:mod:`analysis.cue`), ``cue.csv`` and a figure per family.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from typing import Iterable
 
 import pandas as pd
 
+from . import cue
 from . import decoders as dec
 from . import heads as hd
 from . import stats
@@ -254,6 +258,10 @@ def build_report(sweep: Sweep, out_dir: Path | str, *, baseline_context: float =
                                          alpha)
         extra.append(section)
         csvs.update(tables)
+    if cue.has_cues(sweep):
+        section, table = _cue_section(sweep, out, baseline_context, alpha)
+        extra.append(section)
+        csvs["cue"] = table
     paths = {}
     for name, df in csvs.items():
         paths[name] = out / f"{name}.csv"
@@ -381,6 +389,27 @@ def _heads_section(sweep: Sweep, out: Path, representation: str, main_family: st
         bullets.append(("", [f"{s.title} — not drawn: {s.reason}." for s in skipped]))
     section = _Section("Head similarity (paper 003) against context length", paras, tables, figs, bullets)
     return section, {"heads": table, "heads_tracking": tracking}
+
+
+def _cue_section(sweep: Sweep, out: Path, baseline_context: float, alpha: float
+                 ) -> tuple["_Section", pd.DataFrame]:
+    table = cue.cue_table(sweep, baseline_context)
+    paras = [
+        "The synthetic corpus plants homophones whose spelling only a word far back decides (20–60 s by default; "
+        "docs/ARCHITECTURE.md, \"Planted cue\"): a model that uses long context must get them right more often as its "
+        "context grows, so this is the sweep's positive control; WER on the words that are not planted is the "
+        "matching null. Cue-word error rate: planted words substituted or deleted over all planted words, pooled "
+        "over recordings, greedy decoding, mean ± sd over seeds. WER on the other words: per recording the errors "
+        "less the cue errors over the words less the cue words (insertions count there).",
+        f"Tests: the paired sign-flip permutation test over recordings (the WER section's), of each context against "
+        f"the series' shortest and against {format_seconds(baseline_context)}: on per-recording cue-word error "
+        f"rates (errors averaged over seeds; recordings without cue words left out) and, for WER and the other "
+        f"words, on per-recording error counts. Each measure's p-values are Holm-corrected across every comparison "
+        f"of this section; significant: adjusted p < {alpha:g}."]
+    figs = cue.draw_cue_figures(sweep, table, out)
+    section = _Section("Planted cue (positive control)", paras, cue.display(table, baseline_context), figs,
+                       [("Shortest against longest context", cue.verdicts(table, alpha))])
+    return section, table
 
 
 def _finding_frame(checks: list[Check], gains: list[Gain]) -> pd.DataFrame:
