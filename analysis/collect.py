@@ -72,6 +72,9 @@ CLEAN = "clean"
 NO_FAMILY = "(none)"
 # a metric and the corpus WER recomputed from its table may differ by rounding only
 METRIC_TOLERANCE_PTS = 0.05
+# a finished run whose clean greedy WER is at least this on every dataset wrote (almost) nothing: a model that never
+# left the CTC blank plateau. Listed under problems, kept in the tables (it is what that seed trained)
+NOTHING_LEARNED_WER = 99.0
 
 TRIAL_COLUMNS = ["run_id", "label", "config", "config_id", "series", "series_id", "families", "seed", "status",
                  "context_s", "layers", "d_model", "heads", "posenc", "rotary_theta", "error"]
@@ -385,6 +388,12 @@ def build_sweep(experiment: str, records: Iterable[RunRecord], *, ignore_params:
         if not any(dec == GREEDY for dec, _, _ in have):
             problems.append(_problem(rec, label, "FINISHED but has no wer/ metrics; left out"))
             continue
+        clean = {d: have[(GREEDY, d, CLEAN)][0] for dec, d, c in have if dec == GREEDY and c == CLEAN}
+        if clean and min(clean.values()) >= NOTHING_LEARNED_WER:
+            problems.append(_problem(rec, label, "clean WER " + ", ".join(f"{d} {w:.1f}%" for d, w in sorted(
+                clean.items())) + ": the model has not learned to transcribe (as one that never left the CTC blank "
+                "plateau, writing almost nothing); kept in the tables, but retrain it (another seed, a longer warmup) "
+                "before reading anything into its context length"))
         for ds, cond in sorted(expected[rec.run_id] - {(d, c) for dec, d, c in have if dec == GREEDY}):
             problems.append(_problem(rec, label, f"lacks metric {metric_name(ds, cond)} that runs with the same "
                                                  f"eval settings have"))

@@ -142,6 +142,19 @@ def test_table_problems_are_named_and_the_run_is_kept_where_possible() -> None:
     assert set(sw.recordings["run_id"]) == {"ok", "mismatch"}
 
 
+def test_a_run_that_writes_nothing_is_flagged_and_kept() -> None:
+    deleted = CSV_HEAD + "dev,clean,,a,50,0,50,0,0,100.0\n"
+    recs = [_rec("ok"),
+            _rec("blank", seed=1, metrics={"wer/dev": 100.0, "wer/test": 99.5},
+                 tables={"dev": deleted, "test": deleted.replace("dev,", "test,").replace("100.0", "99.5")}),
+            _rec("one-bad-set", seed=2, metrics={"wer/dev": 100.0, "wer/test": 40.0}, tables={})]
+    sw = build_sweep("t", recs)
+    flagged = sw.problems[sw.problems["problem"].str.contains("has not learned to transcribe")]
+    assert list(flagged["run_id"]) == ["blank"], sw.problems
+    assert "dev 100.0%, test 99.5%" in flagged["problem"].iloc[0]
+    assert "blank" in set(sw.wer["run_id"])  # kept: it is what that seed trained
+
+
 def test_condition_spelling_in_tables_is_normalised() -> None:
     table = CSV_HEAD + "dev,clean,,a,50,3,1,1,50,10\ndev,snr10.0,10.0,a,50,6,2,2,50,20\n"
     sw = build_sweep("t", [_rec("r", metrics={"wer/dev": 10.0, "wer/dev/snr10": 20.0}, tables={"dev": table})])

@@ -79,11 +79,15 @@ def sweep(tmp_path_factory: pytest.TempPathFactory) -> dict:
     return {"uri": uri, "name": grid.name, "out": out, "n": len(grid.trials)}
 
 
-def test_report_of_real_runs_has_every_table_and_no_problems(sweep: dict) -> None:
+def test_report_of_real_runs_has_every_table_and_no_other_problems(sweep: dict) -> None:
     out = sweep["out"]
     trials = pd.read_csv(out / "trials.csv")
     assert len(trials) == sweep["n"] == 4 and set(trials["status"]) == {"FINISHED"}
-    assert pd.read_csv(out / "problems.csv").empty
+    # every run wrote every metric and table; the only problem listed is the one these 6-step models have by design:
+    # they have not learned to transcribe yet (the report says so, and still tabulates them)
+    problems = pd.read_csv(out / "problems.csv")
+    assert set(problems["run_id"]) <= set(trials["run_id"]), problems
+    assert problems["problem"].str.contains("has not learned to transcribe").all(), problems
     assert sorted(trials["context_s"].unique()) == [2.56, 5.12]
     sig = pd.read_csv(out / "significance.csv")
     assert set(zip(sig["dataset"], sig["condition"])) == {("test", "clean"), ("test", "snr0")}
