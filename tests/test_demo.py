@@ -3,10 +3,12 @@ report — and a rerun that reuses every finished trial."""
 
 from __future__ import annotations
 
+import json
 import re
 import sqlite3
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import yaml
 from mlflow.tracking import MlflowClient
@@ -41,6 +43,23 @@ def test_quick_demo_trains_every_trial_and_logs_every_wer(quick_demo: QuickDemo)
                 assert key in r.data.metrics, (r.info.run_name, key, sorted(r.data.metrics))
         arts = {a.path for a in client.list_artifacts(r.info.run_id, "eval")}
         assert {"eval/test.csv", "eval/test-shifted.csv"} <= arts
+        # the corpus carries a planted cue (demo.sh: synth --cue), so the cue-word error rate reaches MLflow
+        for key in ["cue/test"] + [f"cue/test/snr{snr:g}" for snr in SNRS]:
+            assert 0.0 <= r.data.metrics.get(key, -1.0) <= 100.0, (r.info.run_name, key, sorted(r.data.metrics))
+
+
+@pytest.mark.slow
+def test_quick_demo_counts_the_planted_words_per_recording(quick_demo: QuickDemo) -> None:
+    meta = quick_demo.root / "corpus" / "meta"
+    metas = [json.loads(p.read_text()) for p in meta.glob("*.json")]
+    planted = {m["id"]: len(m.get("cues", ())) for m in metas if m["split"] == "test"}
+    assert sum(planted.values()) > 0, planted  # the quick corpus's short band fits its 30 s test recordings
+    client, runs = _trial_runs(quick_demo)
+    for r in runs:
+        table = pd.read_csv(client.download_artifacts(r.info.run_id, "eval/test.csv"))
+        clean = table[table["condition"] == "clean"]
+        counted = {rec: int(n) for rec, n in zip(clean["recording"], clean["cue_words"])}
+        assert counted == planted, (r.info.run_name, counted, planted)
 
 
 @pytest.mark.slow
