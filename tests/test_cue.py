@@ -23,8 +23,8 @@ import torch
 import asr_core.corpora.synth as synth
 from asr_core.corpora import load_corpus
 from asr_core.corpora.base import CorpusError, Recording, Word
-from asr_core.corpora.cues import (CueConfig, CueSite, containment, disambiguating, holds_before, placed_share,
-                                   planted, sound_of, topic_groups)
+from asr_core.corpora.cues import (CueConfig, CueSite, containment, cue_topics, disambiguating, holds_before,
+                                   placed_share, planted, planted_groups, sound_of, topic_groups)
 from asr_core.corpora.synth import DOMAINS, Speaker, espeak, make_plans, render
 from asr_core.corpora.synth_text import CUE_GROUPS, TOPICS, SentenceMaker, vocabulary
 from asr_core.score import align_counts, marked_counts, normalise, normalise_marked
@@ -32,6 +32,8 @@ from asr_core.score import align_counts, marked_counts, normalise, normalise_mar
 ROOT = Path(__file__).resolve().parents[1]
 # the newest commit that changed the synthetic corpus before the cue existed: its code is the reference for --cue 0
 PRE_CUE_COMMIT = "7ea87e9ab2676ac852c33e30caad1ba7a66f50f0"
+# the cue as it was before gK (CueConfig.groups) existed: its code is the reference for specs without gK
+PRE_GROUPS_COMMIT = "6bafeed05a10f7c6907c40a8df5878e8c07c1d0e"
 torch.set_num_threads(2)
 
 
@@ -91,9 +93,32 @@ def test_cue_spec_parsing_and_validation() -> None:
     assert CueConfig.parse("1.5,10-30") == CueConfig(1.5, 10.0, 30.0)
     assert CueConfig.parse(CueConfig(2, 5, 15).spec()) == CueConfig(2, 5, 15)
     assert not CueConfig.parse("0").active
+    # the specs that existed before gK print as they did (the spec is recorded in synth.json and every meta file)
+    assert [CueConfig.parse(t).spec() for t in ("6", "6,20-60", "6,2-6", "0")] == ["6,20-60", "6,20-60", "6,2-6",
+                                                                                  "0,20-60"]
     for bad in ("x", "1,20", "1,30-20", "-1", "11", "1,0-10", "1,10-11"):
-        with pytest.raises(ValueError, match="RATE,NEAR-FAR"):
+        with pytest.raises(ValueError, match=r"RATE\[,NEAR-FAR\]\[,gK\]"):
             CueConfig.parse(bad)
+
+
+def test_cue_groups_spec_round_trips_and_bad_groups_are_refused() -> None:
+    assert CueConfig.parse("10,2-6,g2") == CueConfig(10.0, 2.0, 6.0, groups=2)
+    assert CueConfig.parse("7,g2") == CueConfig(7.0, groups=2) and CueConfig(7.0, groups=2).spec() == "7,20-60,g2"
+    assert CueConfig.parse("10,2-6,g0") == CueConfig(10.0, 2.0, 6.0)  # g0: every group, the spec without gK
+    for cue in (CueConfig(10, 2, 6, 2), CueConfig(1.5, 20, 60, 1), CueConfig(3, 5, 15, len(CUE_GROUPS)),
+                CueConfig(3, 5, 15)):
+        assert CueConfig.parse(cue.spec()) == cue
+    for bad in ("10,2-6,g13", "10,2-6,g-1", "10,2-6,g", "10,2-6,gx", "10,2-6,g1.5", "10,g2,2-6", "10,2-6,7-9,g2",
+                "0,g2", "0,20-60,g1"):
+        with pytest.raises(ValueError, match=f"cue spec '{bad}'.*RATE\\[,NEAR-FAR\\]\\[,gK\\]"):
+            CueConfig.parse(bad)
+    with pytest.raises(ValueError, match="from 0 .* to 12"):
+        CueConfig(1, groups=len(CUE_GROUPS) + 1)
+    with pytest.raises(ValueError, match="integer"):
+        CueConfig(1, groups=True)
+    assert planted_groups(CueConfig(1)) == CUE_GROUPS and planted_groups(CueConfig(1, groups=3)) == CUE_GROUPS[:3]
+    assert cue_topics(CueConfig(1)) == tuple(sorted(TOPICS))
+    assert cue_topics(CueConfig(1, groups=2)) == ("cooking", "finance", "gardening")  # flour/flower, steak/stake
 
 
 @pytest.fixture(scope="module")
@@ -191,6 +216,66 @@ def test_strength_zero_renders_what_the_code_before_the_cue_rendered(monkeypatch
         w_new, words_new, spk_new, meta_new = render(p_new)
         assert np.array_equal(w_old, w_new) and words_old == words_new and spk_old == spk_new
         assert meta_old == meta_new
+
+
+def test_groups_plant_only_the_first_groups_and_every_recording_carries_cues(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """g2: topics dealt only from the three that own a spelling of the first two groups, evenly; every recording of
+    the split has planted words, all of them spellings of those groups owned by the recording's topic."""
+    said: list[str] = []
+    monkeypatch.setattr(synth, "espeak", fake_espeak(said))
+    cue = CueConfig(6.0, 5.0, 15.0, groups=2)
+    allowed = {w: t for g in CUE_GROUPS[:2] for w, t in g.items()}
+    plans = make_plans("test", 0.25, seed=5, min_minutes=1, max_minutes=1.5, meeting_fraction=0.3, cue=cue)
+    topics = [p.topic for p in plans]
+    assert len(plans) >= 9 and set(topics) == set(allowed.values())
+    assert max(topics.count(t) for t in set(topics)) - min(topics.count(t) for t in set(topics)) <= 1  # dealt evenly
+    planted_words = []
+    for plan in plans:
+        _, words, _, meta = render(plan, dry=True)
+        assert meta["cue"] == "6,5-15,g2" and meta["cues"], plan.id  # every recording carries cue words
+        for c in meta["cues"]:
+            assert words[c["index"]].text == c["word"] and allowed[c["word"]] == plan.topic
+        planted_words += [c["word"] for c in meta["cues"]]
+        assert not {w.text for w in words} & ({w for g in CUE_GROUPS[2:] for w in g})
+    assert set(planted_words) == set(allowed)
+    assert not {w for g in CUE_GROUPS[2:] for w in g} & set(said)  # nor rendered from their sound
+
+
+def _pre_groups_modules(monkeypatch: pytest.MonkeyPatch) -> tuple[types.ModuleType, types.ModuleType]:
+    """``synth`` and ``cues`` as they were before gK existed (with that commit's ``synth_text``), from git history."""
+    def show(path: str) -> str:
+        r = subprocess.run(["git", "show", f"{PRE_GROUPS_COMMIT}:{path}"], cwd=ROOT, capture_output=True, text=True)
+        if r.returncode:
+            pytest.skip(f"commit {PRE_GROUPS_COMMIT[:7]} is not in this checkout's history: {r.stderr.strip()}")
+        return r.stdout
+
+    loaded = []
+    for name in ("synth_text", "cues", "synth"):
+        module = types.ModuleType(f"asr_core.corpora.{name}")
+        monkeypatch.setitem(sys.modules, module.__name__, module)  # the later ones import the earlier ones
+        exec(compile(show(f"asr_core/corpora/{name}.py"), f"pre-groups {name}.py", "exec"), module.__dict__)
+        loaded.append(module)
+    return loaded[2], loaded[1]
+
+
+def test_a_spec_without_groups_makes_the_corpus_the_code_before_groups_made(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Plans, words, planted words and (stand-in) audio of --cue 4,5-15 and --cue 6 equal those of the code before
+    gK; real espeak-ng and the room are the same code on both sides."""
+    old_synth, old_cues = _pre_groups_modules(monkeypatch)
+    monkeypatch.setattr(old_synth, "espeak", fake_espeak([]))
+    monkeypatch.setattr(synth, "espeak", fake_espeak([]))
+    kw = dict(min_minutes=0.8, max_minutes=1.2, meeting_fraction=0.5)
+    for spec in ("4,5-15", "6"):
+        before = old_synth.make_plans("test", 0.1, seed=3, cue=old_cues.CueConfig.parse(spec), **kw)
+        now = make_plans("test", 0.1, seed=3, cue=CueConfig.parse(spec), **kw)
+        assert [asdict(p) for p in before] == [{**asdict(p), "cue": {k: v for k, v in asdict(p.cue).items()
+                                                                     if k != "groups"}} for p in now]
+        for p_old, p_new in zip(before[:3], now[:3]):
+            w_old, words_old, spk_old, meta_old = old_synth.render(p_old, dry=True)
+            w_new, words_new, spk_new, meta_new = render(p_new, dry=True)
+            assert np.array_equal(w_old, w_new) and words_old == words_new and spk_old == spk_new
+            assert meta_old == meta_new
 
 
 # ---- distances to windows ---------------------------------------------------------------------------------------

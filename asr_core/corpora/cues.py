@@ -17,6 +17,12 @@ and none starts within ``near`` seconds after it ends: a window shorter than ``n
 that ends at the cue word and is longer than ``far`` by the two words' length (a second or two) always does. ``--cue RATE[,NEAR-FAR]`` (band 20-60 s unless
 given) asks for RATE cue words a minute on average; recordings shorter than a zone get none.
 
+``--cue RATE[,NEAR-FAR],gK`` concentrates the plant (:attr:`CueConfig.groups`): only the first K groups of
+:data:`~asr_core.corpora.synth_text.CUE_GROUPS` are planted, and every recording's topic is dealt from the topics that
+own a spelling in them (:func:`cue_topics`), so every recording carries cue words and each spelling is said many
+more times than when the cue is spread over every group. Without ``gK`` (K = 0) every group is planted and topics are
+dealt from all of them, as before the option existed.
+
 Recorded in ``OUT/meta/<id>.json`` (and ``OUT/recordings.jsonl``): ``cue`` (the spec) and ``cues``, one entry per
 planted word: ``index`` (into the transcript's words), ``word`` (as written), ``sound`` (the spelling rendered),
 ``before_s`` / ``after_s`` (the gap to the nearest disambiguating word before / after it; null where there is none).
@@ -49,11 +55,14 @@ class CueConfig:
     """How strongly the cue is planted: ``per_minute`` cue words a minute (0: none, the corpus as without a cue),
     each with its nearest disambiguating word ``near_s`` to ``far_s`` seconds before it and none within ``near_s``
     seconds after it. The band caps the rate a corpus reaches (zones of at most one cue word per 4 s of the band,
-    each zone far + near seconds and more): about 7 a minute at 20-60 s; ``synth`` prints the rate reached."""
+    each zone far + near seconds and more): about 7 a minute at 20-60 s; ``synth`` prints the rate reached.
+    ``groups``: plant only the first ``groups`` groups of :data:`CUE_GROUPS` and deal every recording a topic that
+    owns a spelling in them (0: every group and every topic)."""
 
     per_minute: float = 0.0
     near_s: float = 20.0
     far_s: float = 60.0
+    groups: int = 0
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.per_minute) and 0 <= self.per_minute <= MAX_PER_MINUTE):
@@ -62,34 +71,65 @@ class CueConfig:
                 and self.far_s >= self.near_s + 2 * PREFIX_S):
             raise ValueError(f"cue band {self.near_s:g}-{self.far_s:g} s: need 0 < NEAR and FAR >= NEAR + "
                              f"{2 * PREFIX_S:g} s, e.g. 20-60")
+        if isinstance(self.groups, bool) or not isinstance(self.groups, int) \
+                or not 0 <= self.groups <= len(CUE_GROUPS):
+            raise ValueError(f"cue groups g{self.groups}: K must be an integer from 0 (every group) to "
+                             f"{len(CUE_GROUPS)} (the groups of CUE_GROUPS), e.g. g2")
+        if self.groups and not self.per_minute > 0:
+            raise ValueError(f"cue groups g{self.groups} with rate 0: a cue of rate 0 plants nothing and deals every "
+                             f"topic; give a rate above 0 or leave gK out")
 
     @property
     def active(self) -> bool:
         return self.per_minute > 0
 
     def spec(self) -> str:
-        """``"1,20-60"``: what :meth:`parse` reads back."""
-        return f"{self.per_minute:g},{self.near_s:g}-{self.far_s:g}"
+        """``"1,20-60"`` (``"1,20-60,g2"`` with groups): what :meth:`parse` reads back."""
+        band = f"{self.per_minute:g},{self.near_s:g}-{self.far_s:g}"
+        return f"{band},g{self.groups}" if self.groups else band
 
     @classmethod
     def parse(cls, text: str) -> "CueConfig":
-        """``"RATE"`` or ``"RATE,NEAR-FAR"`` (cue words a minute; seconds), e.g. ``"1"``, ``"1.5,20-60"``, ``"0"``."""
-        rate, _, band = text.strip().partition(",")
+        """``"RATE[,NEAR-FAR][,gK]"`` (cue words a minute; seconds; the first K cue groups), e.g. ``"1"``,
+        ``"1.5,20-60"``, ``"10,2-6,g2"``, ``"7,g2"``, ``"0"``."""
+        rate, *rest = [part.strip() for part in text.strip().split(",")]
         try:
-            if not band:
-                return cls(float(rate))
-            near, sep, far = band.partition("-")
+            groups = 0
+            if rest and rest[-1][:1] in ("g", "G"):
+                k = rest.pop()[1:]
+                if not k.isdigit():
+                    raise ValueError(f"gK needs a whole number K from 0 to {len(CUE_GROUPS)}, got 'g{k}'")
+                groups = int(k)
+            if len(rest) > 1:
+                raise ValueError("too many fields")
+            if not rest:
+                return cls(float(rate), groups=groups)
+            near, sep, far = rest[0].partition("-")
             if not sep:
                 raise ValueError("no '-' in the band")
-            return cls(float(rate), float(near), float(far))
+            return cls(float(rate), float(near), float(far), groups)
         except ValueError as e:
-            raise ValueError(f"cue spec {text!r}: {e}; valid: RATE or RATE,NEAR-FAR (cue words a minute, seconds), "
-                             f"e.g. 1 or 1,20-60; 0 for none") from None
+            raise ValueError(f"cue spec {text!r}: {e}; valid: RATE[,NEAR-FAR][,gK] (cue words a minute, seconds, "
+                             f"the first K of {len(CUE_GROUPS)} cue groups), e.g. 1, 1,20-60 or 10,2-6,g2; 0 for "
+                             f"none") from None
 
 
-def topic_groups(topic: str) -> list[tuple[str, str]]:
-    """(spelling, spelling rendered) of every cue group in which ``topic`` owns a spelling."""
-    return [(word, next(iter(group))) for group in CUE_GROUPS for word, t in group.items() if t == topic]
+def planted_groups(cue: CueConfig) -> tuple[dict[str, str], ...]:
+    """The cue groups ``cue`` plants: the first ``cue.groups`` of :data:`CUE_GROUPS`, or every one (groups 0)."""
+    return CUE_GROUPS[: cue.groups] if cue.groups else CUE_GROUPS
+
+
+def cue_topics(cue: CueConfig) -> tuple[str, ...]:
+    """The topics recordings are dealt under ``cue`` (sorted): those owning a spelling in :func:`planted_groups`
+    when ``cue.groups`` is set, else every topic of :data:`TOPICS`."""
+    if not cue.groups:
+        return tuple(sorted(TOPICS))
+    return tuple(sorted({t for group in planted_groups(cue) for t in group.values()}))
+
+
+def topic_groups(topic: str, groups: Sequence[dict[str, str]] = CUE_GROUPS) -> list[tuple[str, str]]:
+    """(spelling, spelling rendered) of every cue group of ``groups`` in which ``topic`` owns a spelling."""
+    return [(word, next(iter(group))) for group in groups for word, t in group.items() if t == topic]
 
 
 def sound_of(word: str) -> str:
@@ -143,7 +183,7 @@ class CuePlanter:
             raise ValueError("a CuePlanter needs a cue rate above 0")
         self.cue = cue
         self.rng = random.Random(f"cue/{seed}")
-        self.groups = topic_groups(topic)
+        self.groups = topic_groups(topic, planted_groups(cue))
         self.own = disambiguating(topic)
         self.target_s = target_s
         self.per_zone = cues_per_zone(cue)

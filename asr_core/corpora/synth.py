@@ -25,10 +25,12 @@ whole recording; one topic per recording whose key terms recur minutes apart (se
 12, and each recording drops in an occasional word of another topic, so that a small training split has heard
 every word.
 
-``--cue RATE[,NEAR-FAR]`` plants a long-range cue in every split (:mod:`asr_core.corpora.cues`): words that sound
-the same but are spelt by the recording's topic, RATE a minute, each with the nearest word that gives the topic away
-NEAR to FAR seconds before it (default 20-60) and none within NEAR seconds after it. ``--cue 0`` (the default) makes
-the corpus as it was before the cue existed, byte for byte. ``--cue-report`` prints, per split, how often a window of
+``--cue RATE[,NEAR-FAR][,gK]`` plants a long-range cue in every split (:mod:`asr_core.corpora.cues`): words that
+sound the same but are spelt by the recording's topic, RATE a minute, each with the nearest word that gives the topic
+away NEAR to FAR seconds before it (default 20-60) and none within NEAR seconds after it; ``gK`` plants only the
+first K cue groups and deals every recording a topic that owns one of their spellings (a concentrated plant: many
+examples of few spellings). ``--cue 0`` (the default) makes the corpus as it was before the cue existed, byte for
+byte; a spec without ``gK`` makes the corpus it made before ``gK`` existed. ``--cue-report`` prints, per split, how often a window of
 5, 10, 20, 40 and 80 s holds a disambiguating word with the cue word.
 
 Word times are exact by construction: every word is synthesised on its own, its leading and trailing silence
@@ -59,8 +61,8 @@ from asr_core.audio import SAMPLE_RATE, save_audio
 from asr_core.corpora import podcast
 from asr_core.corpora.base import Word
 from asr_core.corpora.cues import (WINDOWS_S, CueConfig, CuePlanter, containment, corpus_sites, cue_sites,
-                                  format_containment, sound_of)
-from asr_core.corpora.synth_text import TOPICS, SentenceMaker
+                                  cue_topics, format_containment, sound_of)
+from asr_core.corpora.synth_text import CUE_GROUPS, TOPICS, SentenceMaker
 
 FORMAT_VERSION = 1
 SPLITS = ("train", "dev", "test", "test-shifted")
@@ -176,7 +178,9 @@ def make_plans(split: str, hours: float, seed: int, *, min_minutes: float = 1.0,
                meeting_fraction: float = 0.3, voices: int = 0, shift: str = "far",
                cue: CueConfig | None = None) -> list[Plan]:
     """The recordings of one split: durations drawn until ``hours`` are used up (at least one recording).
-    ``cue`` (when active) is carried by every plan; it draws nothing from the plans' random stream.
+    ``cue`` (when active) is carried by every plan; it draws nothing from the plans' random stream. With
+    ``cue.groups`` set, topics are dealt only from :func:`~asr_core.corpora.cues.cue_topics` (the same draws from
+    a shorter deck), so every recording carries cue words.
 
     ``voices`` > 0 limits the in-domain splits (train, dev, test) to that many espeak-ng voices (see
     :func:`domain_voices`): a narrower, easier training domain. With ``shift="far"`` the shifted split keeps all of
@@ -195,10 +199,12 @@ def make_plans(split: str, hours: float, seed: int, *, min_minutes: float = 1.0,
         meeting_fraction = 0.0  # a meeting needs two different voices
     budget, total, plans = hours * 3600.0, 0.0, []
     min_s, max_s = min_minutes * 60.0, max_minutes * 60.0
+    cued = cue is not None and cue.active
+    deck = cue_topics(cue) if cue is not None and cue.active else tuple(sorted(TOPICS))
     topics: list[str] = []  # topics dealt from shuffled decks, so even a small split covers them evenly
     while total < budget or not plans:
         if not topics:
-            topics = sorted(TOPICS)
+            topics = list(deck)
             rng.shuffle(topics)
         remaining = budget - total
         if plans and remaining < 0.5 * min_s:
@@ -213,7 +219,7 @@ def make_plans(split: str, hours: float, seed: int, *, min_minutes: float = 1.0,
         i = len(plans)
         plans.append(Plan(f"{split}-{i:04d}", split, kind, topics.pop(), tuple(speakers),
                           draw_room(rng, dom), round(target, 2), recording_seed(seed, split, i),
-                          cue if cue is not None and cue.active else None))
+                          cue if cued else None))
         total += target
     return plans
 
@@ -451,10 +457,12 @@ def cli(argv: list[str]) -> int:
     ap.add_argument("--meeting-fraction", type=float, default=0.3, help="share of two-voice meetings")
     ap.add_argument("--voices", type=int, default=0,
                     help="limit train/dev/test to this many espeak-ng voices (0 = all 21); test-shifted is unchanged")
-    ap.add_argument("--cue", default="0", metavar="RATE[,NEAR-FAR]",
+    ap.add_argument("--cue", default="0", metavar="RATE[,NEAR-FAR][,gK]",
                     help="plant a long-range cue: RATE homophones a minute spelt by the recording's topic, the "
                          "nearest word giving the topic away NEAR-FAR seconds before each (default 20-60) and none "
-                         "within NEAR seconds after; 0 (default) = none, the corpus as without this option")
+                         f"within NEAR seconds after; gK: only the first K of the {len(CUE_GROUPS)} homophone "
+                         "groups, every recording's topic one that owns a spelling in them (e.g. 10,2-6,g2: a "
+                         "concentrated plant); 0 (default) = none, the corpus as without this option")
     ap.add_argument("--cue-report", action="store_true",
                     help="print, per split, how often a window of 5/10/20/40/80 s holds a disambiguating word with "
                          "each cue word")
