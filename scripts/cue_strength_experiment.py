@@ -1,8 +1,10 @@
 #!/usr/bin/env python
 """Is the planted cue learnable when it is concentrated? The demo's models trained on a strong plant, one table.
 
-For each band (``short``: the learnability control, whose deciding word a 10 s window always holds; ``long``: the
-range the demo tests), this script
+For each band (``short``: the learnability control, whose deciding word a 10 s window always holds, at the 2.8
+cue words a minute a 2-6 s band reaches; ``mid``: 2-30 s, which a 5 s window almost never holds and an 80 s one
+almost always does, at the 8.7 a minute it reaches: three times the short band's examples; ``long``: the range the
+demo tests), this script
 
 1. makes a corpus like the demo's (1 h of training audio in three voices, ``--shift near --seed 0``; an in-domain
    test set of 0.3 h of recordings of up to 2.5 minutes) with a concentrated cue (``synth --cue RATE,NEAR-FAR,gK``:
@@ -28,6 +30,7 @@ Everything lands under ``--out`` (default /tmp/cue-strong): ``<band>/corpus``, `
 corpus and finished trials (synth resumes, submit skips finished trials) and prints the table again.
 
     python scripts/cue_strength_experiment.py --bands short            # the control first
+    python scripts/cue_strength_experiment.py --bands mid --report     # more examples, the range 5 s windows miss
     python scripts/cue_strength_experiment.py --bands long --report
     python scripts/cue_strength_experiment.py --bands short,long --table-only
 """
@@ -69,7 +72,7 @@ class Band:
 BANDS = {
     "short": Band("short", "10,2-6,g2", (10.24, 81.92)),
     "long": Band("long", "7,20-60,g2", (5.12, 81.92)),
-    "mid": Band("mid", "10,2-30,g2", (5.12, 81.92)),  # the rate a 2-6 s band cannot reach (one cue word a zone)
+    "mid": Band("mid", "10,2-30,g2", (5.12, 81.92)),  # a rate a 2-6 s band cannot reach (one cue word a zone)
 }
 
 
@@ -132,22 +135,35 @@ def planted_words(corpus: Path, split: str) -> dict[str, list[tuple[int, str]]]:
     return out
 
 
-def spelling_choices(ref: list[str], hyp: list[str], marks: list[tuple[int, str]],
-                     other: dict[str, str]) -> Counter:
-    """How each planted word of ``ref`` (normalised words) was written in ``hyp`` under jiwer's alignment (the one
-    the cue-word error rate counts): ``right``, ``other`` (the group's other spelling) or ``else`` (another word, or
-    deleted)."""
+def written_forms(ref: list[str], hyp: list[str], marks: list[tuple[int, str]]) -> Counter:
+    """(planted spelling, what ``hyp`` has in its place) for each planted word of ``ref`` (normalised words), under
+    jiwer's alignment (the one the cue-word error rate counts); ``""`` for a deleted word."""
     aligned: dict[int, str] = {}
     if hyp:
         for chunk in jiwer.process_words(" ".join(ref), " ".join(hyp)).alignments[0]:
             if chunk.type in ("equal", "substitute"):
                 for k in range(chunk.ref_end_idx - chunk.ref_start_idx):
                     aligned[chunk.ref_start_idx + k] = hyp[chunk.hyp_start_idx + k]
+    return Counter((word, aligned.get(i, "")) for i, word in marks)
+
+
+def spelling_choices(forms: Counter, other: dict[str, str]) -> Counter:
+    """:func:`written_forms` counted as ``right``, ``other`` (the group's other spelling) or ``else`` (another word,
+    or deleted)."""
     out: Counter = Counter()
-    for i, word in marks:
-        got = aligned.get(i)
-        out["right" if got == word else "other" if got == other[word] else "else"] += 1
+    for (word, got), n in forms.items():
+        out["right" if got == word else "other" if got == other[word] else "else"] += n
     return out
+
+
+def format_forms(forms: Counter) -> str:
+    """``flour: flourer 3, flower 2, (deleted) 1; ...``: what each planted spelling was written as, most often
+    first."""
+    parts = []
+    for word in sorted({w for w, _ in forms}):
+        got = sorted(((n, g) for (w, g), n in forms.items() if w == word), key=lambda x: (-x[0], x[1]))
+        parts.append(f"{word}: " + ", ".join(f"{g or '(deleted)'} {n}" for n, g in got))
+    return "; ".join(parts)
 
 
 def prior_share(corpus: Path, groups: tuple[dict[str, str], ...]) -> float:
@@ -183,11 +199,12 @@ def trial_rows(band: Band, root: Path, corpus: Path) -> tuple[pd.DataFrame, pd.D
         df = df[df.condition == "clean"].assign(context_s=float(cfg["data"]["context_s"]),
                                                 seed=int(cfg["train"]["seed"]))
         df["errors"] = df.substitutions + df.deletions + df.insertions
-        choice: Counter = Counter()
+        forms: Counter = Counter()
         for line in (trial / "eval" / "test.hyp.jsonl").read_text().splitlines():
             h = json.loads(line)
             if h["condition"] == "clean":
-                choice += spelling_choices(h["ref"].split(), h["hyp"].split(), marks[h["recording"]], other)
+                forms += written_forms(h["ref"].split(), h["hyp"].split(), marks[h["recording"]])
+        choice = spelling_choices(forms, other)
         cw, ce = df.cue_words.sum(), df.cue_errors.sum()
         written = choice["right"] + choice["other"]
         summary.append({
@@ -195,8 +212,9 @@ def trial_rows(band: Band, root: Path, corpus: Path) -> tuple[pd.DataFrame, pd.D
             "trial": trial.name, "recordings": len(df), "wer": 100 * df.errors.sum() / df.ref_words.sum(),
             "other_wer": 100 * (df.errors.sum() - ce) / (df.ref_words.sum() - cw),
             "cue_words": int(cw), "cue_rate": 100 * ce / cw if cw else float("nan"),
-            "right": choice["right"], "other_spelling": choice["other"], "else": choice["else"],
-            "right_of_written": 100 * choice["right"] / written if written else float("nan"), "prior": prior})
+            "right": choice["right"], "other_spelling": choice["other"], "something_else": choice["else"],
+            "right_of_written": 100 * choice["right"] / written if written else float("nan"), "prior": prior,
+            "written": format_forms(forms)})
         per_rec.append(df)
     return pd.DataFrame(summary), (pd.concat(per_rec) if per_rec else pd.DataFrame())
 
@@ -224,10 +242,13 @@ def table(band: Band, out: Path) -> str:
              f"{summary.prior.iloc[0]:.1f}% right",
              f"{'context':>8s} {'seed':>4s} {'WER':>6s} {'other':>6s} {'cue':>6s} {'right':>5s} {'other sp.':>9s} "
              f"{'else':>5s} {'right of written':>16s}"]
-    for r in summary.sort_values("context_s").rename(columns={"else": "elsewise"}).itertuples():
+    for r in summary.sort_values("context_s").itertuples():
         lines.append(f"{r.context_s:7.2f}s {r.seed:4d} {r.wer:5.1f}% {r.other_wer:5.1f}% {r.cue_rate:5.1f}% "
-                     f"{r.right:5d} {r.other_spelling:9d} {r.elsewise:5d} "
+                     f"{r.right:5d} {r.other_spelling:9d} {r.something_else:5d} "
                      f"{r.right_of_written:15.1f}%")
+    lines.append("what each planted spelling was written as:")
+    for r in summary.sort_values("context_s").itertuples():
+        lines.append(f"{r.context_s:7.2f}s {r.written}")
     if set(band.contexts) <= set(summary.context_s):
         t = paired_tests(rec, band.contexts)
         lines.append(f"{band.contexts[1]:g} s against {band.contexts[0]:g} s, recording-level sign-flip test: "
