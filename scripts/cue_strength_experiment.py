@@ -33,6 +33,7 @@ corpus and finished trials (synth resumes, submit skips finished trials) and pri
     python scripts/cue_strength_experiment.py --bands mid --report     # more examples, the range 5 s windows miss
     python scripts/cue_strength_experiment.py --bands long --report
     python scripts/cue_strength_experiment.py --bands short,long --table-only
+    python scripts/cue_strength_experiment.py --bands mid --steps 2100 --report   # three times the training
 """
 
 from __future__ import annotations
@@ -114,11 +115,14 @@ def write_grid(band: Band, out: Path, seed: int) -> Path:
     return grid
 
 
-def train(band: Band, out: Path, grid: Path, corpus: Path) -> Path:
+def train(band: Band, out: Path, grid: Path, corpus: Path, steps: int | None = None) -> Path:
+    """Submit the band's grid; ``steps``: ``train.max_steps`` instead of the demo's (a trial key setting: other
+    trials, in their own folder)."""
     root = out / "runs"
+    more = ["--set", f"train.max_steps={steps}"] if steps else []
     run([sys.executable, "-m", "orchestrate", "submit", str(grid), "--backend", "local", "--sweep",
          f"cue-{band.name}", "--sweep-root", str(root), "--set", f"data.train=podcast:{corpus / 'train'}",
-         "--set", f"eval.datasets=[test=podcast:{corpus / 'test'}]", "--set", "eval.snrs=[]"])
+         "--set", f"eval.datasets=[test=podcast:{corpus / 'test'}]", "--set", "eval.snrs=[]", *more])
     return root
 
 
@@ -232,8 +236,8 @@ def paired_tests(rec: pd.DataFrame, contexts: tuple[float, float]) -> dict[str, 
             "p_cue": sign_flip_test(rate.to_numpy()).pvalue, "p_other": sign_flip_test(other.to_numpy()).pvalue}
 
 
-def table(band: Band, out: Path) -> str:
-    summary, rec = trial_rows(band, out / "runs", out / "corpus")
+def table(band: Band, out: Path, corpus: Path) -> str:
+    summary, rec = trial_rows(band, out / "runs", corpus)
     if summary.empty:
         return f"{band.name} ({band.cue}): no finished trial under {out / 'runs'}"
     summary.to_csv(out / "table.csv", index=False)
@@ -269,25 +273,32 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hours", type=float, default=1.0, help="training audio (default 1, as the demo)")
     ap.add_argument("--test-hours", type=float, default=0.3)
     ap.add_argument("--jobs", type=int, default=2, help="synth processes")
+    ap.add_argument("--steps", type=int, default=0,
+                    help="train.max_steps instead of the demo's 700 (its trials and report in BAND-stepsN/, the band's "
+                         "corpus reused)")
     ap.add_argument("--table-only", action="store_true", help="only print the table of what is finished")
     ap.add_argument("--report", action="store_true", help="also write python -m analysis report per band")
     a = ap.parse_args(argv)
+    if a.steps < 0:
+        ap.error(f"--steps: {a.steps}; give a positive number of steps (0: the demo's)")
     names = [b for b in a.bands.split(",") if b]
     bad = [b for b in names if b not in BANDS]
     if bad or not names:
         ap.error(f"--bands: unknown band {bad[0] if bad else '(none)'}; valid: {', '.join(BANDS)}")
     tables = []
     for name in names:
-        band, out = BANDS[name], a.out / name
+        band = BANDS[name]
+        out = a.out / (f"{name}-steps{a.steps}" if a.steps else name)
+        corpus = a.out / name / "corpus"
         out.mkdir(parents=True, exist_ok=True)
         if not a.table_only:
-            corpus = make_corpus(band, out, a.corpus_seed, a.hours, a.test_hours, a.jobs)
-            train(band, out, write_grid(band, out, a.seed), corpus)
+            make_corpus(band, a.out / name, a.corpus_seed, a.hours, a.test_hours, a.jobs)
+            train(band, out, write_grid(band, out, a.seed), corpus, a.steps or None)
         if a.report:
             uri = f"sqlite:///{(out / 'runs').resolve()}/mlflow.db"
             run([sys.executable, "-m", "analysis", "report", "--experiment", f"cue-{band.name}", "--tracking-uri",
                  uri, "--out", str(out / "report")])
-        tables.append(table(band, out))
+        tables.append(table(band, out, corpus))
     print("\n\n".join(tables))
     return 0
 
