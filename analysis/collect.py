@@ -388,7 +388,7 @@ def build_sweep(experiment: str, records: Iterable[RunRecord], *, ignore_params:
         if not any(dec == GREEDY for dec, _, _ in have):
             problems.append(_problem(rec, label, "FINISHED but has no wer/ metrics; left out"))
             continue
-        clean = {d: have[(GREEDY, d, CLEAN)][0] for dec, d, c in have if dec == GREEDY and c == CLEAN}
+        clean = {d: w for (dec, d, c), (w, _) in have.items() if dec == GREEDY and c == CLEAN}
         if clean and min(clean.values()) >= NOTHING_LEARNED_WER:
             problems.append(_problem(rec, label, "clean WER " + ", ".join(f"{d} {w:.1f}%" for d, w in sorted(
                 clean.items())) + ": the model has not learned to transcribe (as one that never left the CTC blank "

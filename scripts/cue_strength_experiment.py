@@ -55,7 +55,7 @@ sys.path.insert(0, str(ROOT))
 
 from analysis.stats import sign_flip_test  # noqa: E402
 from asr_core.corpora import load_corpus  # noqa: E402
-from asr_core.corpora.cues import CueConfig, planted_groups  # noqa: E402
+from asr_core.corpora.cues import CueConfig, planted, planted_groups  # noqa: E402
 from asr_core.score import normalise_marked  # noqa: E402
 
 DEMO_GRID = ROOT / "grids" / "demo.yaml"
@@ -131,11 +131,12 @@ def train(band: Band, out: Path, grid: Path, corpus: Path, steps: int | None = N
 def planted_words(corpus: Path, split: str) -> dict[str, list[tuple[int, str]]]:
     """Per recording: (index into the normalised reference, spelling) of each planted word."""
     out: dict[str, list[tuple[int, str]]] = {}
-    for rec in load_corpus(f"podcast:{corpus / split}", audio=False):
-        meta = json.loads((corpus / "meta" / f"{rec.id}.json").read_text())
-        cues = meta.get("cues", [])
-        _, marks = normalise_marked([w.text for w in rec.words], [c["index"] for c in cues])
-        out[rec.id] = [(m, c["word"]) for m, c in zip(marks, sorted(cues, key=lambda c: c["index"]))]
+    recs = load_corpus(f"podcast:{corpus / split}", audio=False)
+    marked = planted(recs) or {}
+    for rec in recs:
+        idx = sorted(marked.get(rec.id, ()))
+        _, marks = normalise_marked([w.text for w in rec.words], idx)
+        out[rec.id] = [(m, rec.words[i].text) for m, i in zip(marks, idx)]
     return out
 
 

@@ -200,7 +200,7 @@ def make_plans(split: str, hours: float, seed: int, *, min_minutes: float = 1.0,
     budget, total, plans = hours * 3600.0, 0.0, []
     min_s, max_s = min_minutes * 60.0, max_minutes * 60.0
     cued = cue is not None and cue.active
-    deck = cue_topics(cue) if cue is not None and cue.active else tuple(sorted(TOPICS))
+    deck = cue_topics(cue) if cued else tuple(sorted(TOPICS))
     topics: list[str] = []  # topics dealt from shuffled decks, so even a small split covers them evenly
     while total < budget or not plans:
         if not topics:
