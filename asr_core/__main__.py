@@ -26,6 +26,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "params": ("asr_core.params", "parameter counts per module and in total: params CONFIG.yaml [--set k=v ...]"),
     "evaluate": ("asr_core.evaluate", "moving-window WER of a checkpoint: evaluate CKPT --data NAME=FORMAT:PATH ..."),
     "heads": ("asr_core.heads_cli", "how alike the attention heads are (paper 003): heads CKPT --data NAME=FORMAT:PATH ..."),
+    "reach": ("asr_core.reach", "how far back a model's decoded output reaches: reach CKPT --data NAME=FORMAT:PATH ..."),
     "score": ("asr_core.score_cli", "WER of another system's transcripts: score --ref NAME=FORMAT:PATH --hyp DIR --system S"),
     "prepare": ("asr_core.prepare", "store a corpus once, memory-mapped, for every trial: prepare [NAME=]FORMAT:PATH OUT"),
     "synth": ("asr_core.corpora.synth", "generate the synthetic long-form corpus: synth OUT --hours H --seed S"),

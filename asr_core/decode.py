@@ -209,6 +209,40 @@ def posteriors(model: Model, features: torch.Tensor, window: int, *, stride: flo
     return (sums / counts.clamp(min=1).unsqueeze(1)).cpu()
 
 
+@torch.no_grad()
+def posteriors_at(model: Model, features: torch.Tensor, window: int, frames: tuple[int, int], *,
+                  stride: float = 0.125, subsampling: int = 8, batch_windows: int = 8,
+                  device: torch.device | str = "cpu") -> torch.Tensor:
+    """The moving-window posteriors of output frames ``frames = (a, b)`` only, as :func:`posteriors` gives them
+    for the whole recording (the same window placements; only the windows covering the stretch run).
+
+    features: (T, F), normalised over the whole recording. Returns (b - a, V) float32 probabilities (fp32)."""
+    a, b = frames
+    t_out = math.ceil(features.shape[0] / subsampling)
+    if not 0 <= a < b <= t_out:
+        raise ValueError(f"output frames {frames} are not a stretch of the recording's {t_out}")
+    plan = plan_windows(features.shape[0], window, stride, subsampling)
+    spans = [(s, e) for s, e in plan.spans
+             if s // subsampling < b and s // subsampling + math.ceil((e - s) / subsampling) > a]
+    feats = features.to(device=device, dtype=torch.float32)
+    sums: torch.Tensor | None = None
+    counts = torch.zeros(b - a, device=device)
+    for b0 in range(0, len(spans), batch_windows):
+        chunk = spans[b0: b0 + batch_windows]
+        probs, out_lengths = _forward_windows(model, feats, chunk, device)
+        if sums is None:
+            sums = torch.zeros(b - a, probs.shape[-1], device=device)
+        for i, (s, _) in enumerate(chunk):
+            o = s // subsampling
+            lo, hi = max(a, o), min(b, o + int(out_lengths[i]))
+            if hi > lo:
+                sums[lo - a: hi - a] += probs[i, lo - o: hi - o]
+                counts[lo - a: hi - a] += 1
+    if sums is None or bool((counts == 0).any()):
+        raise RuntimeError(f"output frames {frames} were not all covered by a window")
+    return (sums / counts.unsqueeze(1)).cpu()
+
+
 def _forward_windows(model: Model, feats: torch.Tensor, chunk: list[tuple[int, int]], device: torch.device | str,
                      bf16: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """One batch of windows (zero-padded to the longest; the model masks padding). Returns float32 probabilities
