@@ -262,11 +262,15 @@ def plot(results: Sequence[Reach], path: Path) -> Path:
 
     fig, ax = plt.subplots(figsize=(7, 4))
     floor = 1e-7
-    for k, r in enumerate(results):
+    contexts = sorted({r.context_s for r in results})
+    seen: dict[float, int] = {}
+    for r in results:
+        colour = f"C{contexts.index(r.context_s) % 10}"
+        style = ("-", "--", "-.", ":")[seen.get(r.context_s, 0) % 4]  # the seeds of one context: one colour
+        seen[r.context_s] = seen.get(r.context_s, 0) + 1
         s = summarise_distances(r.distances)
-        colour = f"C{k % 10}"
         if not s.empty:
-            ax.plot(s["distance_s"], s["mean_tv"].clip(lower=floor), "o-", color=colour, label=r.label)
+            ax.plot(s["distance_s"], s["mean_tv"].clip(lower=floor), "o", ls=style, color=colour, label=r.label)
             zero = s[s["mean_tv"] == 0]
             ax.plot(zero["distance_s"], [floor] * len(zero), "o", mfc="white", color=colour)
         ax.axvline(r.context_s, color=colour, ls=":", lw=1)
@@ -275,7 +279,9 @@ def plot(results: Sequence[Reach], path: Path) -> Path:
     ax.set_ylim(bottom=floor / 2)
     ax.set_xlabel("seconds between the silenced second and the decoded second")
     ax.set_ylabel("change of the posteriors (mean total variation)")
-    ax.set_title("How far back the decoded output reaches (open markers: exactly 0; dotted: context)")
+    ax.set_title("How far back the decoded output reaches")
+    ax.text(0.99, 0.97, "open markers: exactly 0; dotted lines: the contexts", transform=ax.transAxes,
+            ha="right", va="top", fontsize=8, color="grey")
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

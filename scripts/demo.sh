@@ -5,10 +5,12 @@
 #   2. small FastConformer-CTC models at four context lengths x two seeds, trained and evaluated (clean and with
 #      music at three SNRs) through the `local` backend (Ray Tune), every run recorded in MLflow (sqlite),
 #   3. the analysis report: WER/WERR per context length with seed spread, significance tests, SNR curves, and where
-#      the corpus has a cue, the cue-word error rate (the planted words) beside the WER.
+#      the corpus has a cue, the cue-word error rate (the planted words) beside the WER;
+#   4. with --cued, how far back each model's decoded output reaches (python -m asr_core reach): whether the word
+#      that decides each planted spelling moves the model's output at all, whatever the model learned.
 # Re-running reuses what is finished (the corpus, finished trials); only the report is written again.
 #
-#   ./scripts/demo.sh            the full demo (about 20 minutes on 2 cores)
+#   ./scripts/demo.sh            the full demo (14-19 minutes on 2 cores)
 #   ./scripts/demo.sh --quick    a smaller corpus with a short-range cue and 50 training steps: a pipeline check
 #   ./scripts/demo.sh --cued     the full demo on a corpus with the long-range cue (longer test recordings; its own
 #                                sweep demo-cued; the positive control, see the README for what it finds)
@@ -59,18 +61,20 @@ export PYTHONUNBUFFERED=1
 export OMP_NUM_THREADS=1
 start=$(date +%s)
 stamp() { echo; echo "== [$(( $(date +%s) - start ))s] $*"; }
+steps=3
+if [ "$cued" -eq 1 ]; then steps=4; fi
 
 cue_args=(--cue "$cue")
 if [ "$cue" != 0 ]; then cue_args+=(--cue-report); fi
 if [ "$test_hours" = "$shifted_hours" ] && [ "$test_minutes" = "$shifted_minutes" ]; then
   shifted="$corpus"
-  stamp "1/3 synthetic corpus -> $corpus ($(espeak-ng --version 2>/dev/null | head -1))"
+  stamp "1/$steps synthetic corpus -> $corpus ($(espeak-ng --version 2>/dev/null | head -1))"
   # three voices (a domain small models learn in minutes); test-shifted: those voices at other rates and pitches,
   # in other rooms
   $PY -m asr_core synth "$corpus" --hours "$hours" --eval-hours "$test_hours" --eval-max-minutes "$test_minutes" \
     --voices 3 --shift near --splits train,test,test-shifted --seed 0 "${cue_args[@]}"
 else
-  stamp "1/3 synthetic corpus -> $corpus, $shifted ($(espeak-ng --version 2>/dev/null | head -1))"
+  stamp "1/$steps synthetic corpus -> $corpus, $shifted ($(espeak-ng --version 2>/dev/null | head -1))"
   # as above, the two test sets at their own lengths: the same seed and cue in both folders (test-shifted's
   # recordings depend only on the seed, the split and the evaluation settings)
   $PY -m asr_core synth "$corpus" --hours "$hours" --eval-hours "$test_hours" --eval-max-minutes "$test_minutes" \
@@ -87,18 +91,26 @@ for d in sys.argv[1:]:
         h.update(p.read_bytes())
 print(h.hexdigest()[:16])' "$corpus/train" "$corpus/test" "$shifted/test-shifted")"
 
-stamp "2/3 training and evaluating the grid $grid (local backend, Ray Tune)"
+stamp "2/$steps training and evaluating the grid $grid (local backend, Ray Tune)"
 $PY -m orchestrate plan "$grid"
 $PY -m orchestrate submit "$grid" --backend local --sweep "$name" --sweep-root "$root/runs" \
   --set "data.train=podcast:$corpus/train" \
   --set "eval.datasets=[test=podcast:$corpus/test, test-shifted=podcast:$shifted/test-shifted]"
 $PY -m orchestrate status "$name" --sweep-root "$root/runs"
 
-stamp "3/3 analysis report"
+stamp "3/$steps analysis report"
 uri="sqlite:///$(cd "$root/runs" && pwd)/mlflow.db"
 $PY -m analysis report --experiment "$name" --tracking-uri "$uri" --out "$root/report"
 
+if [ "$cued" -eq 1 ]; then
+  stamp "4/$steps how far back each model's decoded output reaches (python -m asr_core reach)"
+  # every model: a second silenced 1-60 s before another, and each planted word's deciding word silenced
+  $PY -m asr_core reach "$root"/runs/"$name"/trials/*/checkpoint.pt --data "test=podcast:$corpus/test" \
+    --targets 2 --distances 1,5,10,20,40,60 --out "$root/reach"
+fi
+
 stamp "done"
 echo "Report:          $(cd "$root/report" && pwd)/index.html   (also report.md, figures and CSV tables beside it)"
+if [ "$cued" -eq 1 ]; then echo "Reach:           $(cd "$root/reach" && pwd)/reach.png   (tables in its folders)"; fi
 echo "MLflow dashboard: .venv/bin/mlflow ui --backend-store-uri $uri --host 127.0.0.1 --port 5000"
 echo "                  then open http://127.0.0.1:5000 and choose the experiment '$name'"
