@@ -45,6 +45,7 @@ import torch
 
 from asr_core.corpora import CorpusError, Recording, load_corpus, parse_dataset_spec
 from asr_core.decode import Model, posteriors_at, prepare_features, window_frames
+from asr_core.features import zero_regions
 
 DISTANCES_S = (1.0, 2.0, 5.0, 10.0, 20.0, 40.0, 60.0)
 CHANGED = 1e-6  # a probability that moved by more than this counts as a change (float32 noise is ~1e-7)
@@ -54,15 +55,6 @@ REACH_DIR = "reach"
 def total_variation(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     """Per frame, half the L1 distance of two distributions (0: the same, 1: disjoint). p, q: (T, V) -> (T,)."""
     return 0.5 * (p - q).abs().sum(dim=-1)
-
-
-def silenced(features: torch.Tensor, start_s: float, end_s: float, frames_per_second: float) -> torch.Tensor:
-    """A copy of ``features`` (T, F) with the frames of [start_s, end_s) seconds set to zero."""
-    out = features.clone()
-    lo, hi = max(0, int(round(start_s * frames_per_second))), min(out.shape[0], int(round(end_s * frames_per_second)))
-    if hi > lo:
-        out[lo:hi] = 0.0
-    return out
 
 
 @dataclass(frozen=True)
@@ -92,7 +84,7 @@ class Decoding:
                end_s: float) -> tuple[float, bool]:
         """(mean total variation over ``frames``, whether any probability moved by more than :data:`CHANGED`) when
         [start_s, end_s) is silenced, against ``base`` (the stretch's posteriors untouched)."""
-        moved = self.stretch(silenced(features, start_s, end_s, self.frames_per_second), frames)
+        moved = self.stretch(zero_regions(features, [(start_s, end_s)], self.frames_per_second), frames)
         return float(total_variation(base, moved).mean()), bool((base - moved).abs().max() > CHANGED)
 
 
