@@ -4,8 +4,13 @@ A sweep runs for weeks. Meanwhile its users move data, tune loader workers, pull
 options; none of that may make a finished model look unfinished or a half-trained one look new. So a trial key is a
 digest of the *science* only:
 
-* **science** — the model, the training data's identity, the training hyperparameters, the evaluation protocol and
-  the seed. Every field of :class:`~asr_core.config.Config` is science unless listed in :data:`EXECUTION`.
+* **science** — the model, the training data's identity, the training hyperparameters and the seed: what a
+  *trained model* is. Every field of :class:`~asr_core.config.Config` is science unless listed in
+  :data:`EXECUTION` or it belongs to the evaluation (``eval.*``, :data:`EVALUATION_SECTION`).
+* **evaluation** — how a trained model is decoded and scored (test sets, SNRs, noise, stride, precision). It never
+  enters the model's key: a model is trained once and evaluated any number of ways afterwards, each evaluation
+  named by the model's key and a digest of its setting (:func:`evaluation_key`), so no change of evaluation
+  retrains a model.
 * **execution** — how a trial runs (:data:`EXECUTION`, each with the reason). It never enters the key, and a later
   ``submit``/``resume`` may change it for trials that have not finished.
 * **names, not paths** — a corpus is identified by its name (:data:`NAMED`): ``NAME`` of ``NAME=FORMAT:PATH``; an
@@ -31,6 +36,9 @@ import json
 from typing import Any
 
 KEY_DIGITS = 12
+EVAL_KEY_DIGITS = 8  # the digest of an evaluation's setting appended to its model's key
+# The section of Config that says how a trained model is evaluated: never part of the model's key (see the docstring)
+EVALUATION_SECTION = "eval."
 
 # Settings that say how a trial runs, not what it is. Each keeps the experiment the same (same data order, same
 # model, same loss); where one changes floating-point rounding the reason says so.
@@ -208,7 +216,7 @@ def science(cfg: Any) -> dict[str, Any]:
     defaults = None  # read from cfg's own section types, only when a field is newer than the baseline
     out: dict[str, Any] = {}
     for field, value in _flat_values(cfg).items():
-        if field in EXECUTION:
+        if field in EXECUTION or field.startswith(EVALUATION_SECTION):
             continue
         ident = identity_value(field, value)
         if field not in BASELINE and defaults is None:
@@ -219,6 +227,15 @@ def science(cfg: Any) -> dict[str, Any]:
 
 
 def trial_key(cfg: Any) -> str:
-    """12 hex digits naming the experiment of ``cfg`` (seed included): SHA-256 of :func:`science` as sorted JSON."""
+    """12 hex digits naming the trained model of ``cfg`` (seed included, evaluation excluded): SHA-256 of
+    :func:`science` as sorted JSON. Called the *model key*."""
     blob = json.dumps(science(cfg), sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()[:KEY_DIGITS]
+
+
+def evaluation_key(model_key: str, setting: Any) -> str:
+    """The key of one evaluation of the model ``model_key``: ``<model key>-<8 hex digits>``, the digits SHA-256 of
+    ``setting`` (a JSON-able mapping: the evaluation's name, fixed setting and the datasets and conditions it
+    decodes, by name) as sorted JSON. Evaluations with equal settings of one model have one key."""
+    blob = json.dumps(setting, sort_keys=True, separators=(",", ":"), default=str)
+    return f"{model_key}-{hashlib.sha256(blob.encode()).hexdigest()[:EVAL_KEY_DIGITS]}"

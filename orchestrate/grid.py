@@ -262,9 +262,8 @@ def _without_eval_sets(cfg: Config) -> Config:
 
 
 def _model_key(t: Trial) -> str:
-    """The key of a grid point's config without what it evaluates on: equal for grid points that are one trial."""
-    ev = t.config.eval
-    return _without_eval_sets(t.config).key() if ev.datasets or ev.snrs or ev.noisy else t.key
+    """The model key of a grid point: equal for grid points that train one model (evaluation is not in it)."""
+    return t.key
 
 
 def _one_trial(points: list[tuple[Path, str, Trial]]) -> Trial:
@@ -322,7 +321,14 @@ def merge_evaluations(evals: list[EvalConfig]) -> EvalConfig:
 def _same_trial_other_settings(file: Path, sub: str, old: Trial, new: Trial) -> None:
     """Two grid points that are one experiment (one key) but would run differently: refuse rather than keep one."""
     a, b = old.config.flat(), new.config.flat()
-    diff = ", ".join(f"{k}: {a[k]!r} vs {b[k]!r}" for k in a if a[k] != b.get(k))
+    differ = [k for k in a if a[k] != b.get(k)]
+    diff = ", ".join(f"{k}: {a[k]!r} vs {b[k]!r}" for k in differ)
+    if all(k.startswith("eval.") for k in differ):
+        raise GridError(f"{_where(file, sub)}: model {new.label} ({new.key}) is evaluated two ways ({diff}; first "
+                        f"from sub-grid {old.subgrids[0]!r}). A model has one default evaluation, the grid's eval "
+                        "section (their datasets and SNRs are merged; nothing else is): set these once, e.g. in "
+                        "base, and evaluate the trained models another way with `orchestrate evaluate SWEEP --spec "
+                        "FILE`")
     raise GridError(f"{_where(file, sub)}: trial {new.label} ({new.key}) comes out twice with other settings ({diff}; "
                     f"first from sub-grid {old.subgrids[0]!r}). Those settings do not make another experiment "
                     "(asr_core/identity.py): set them once, e.g. in base; to compare corpora, name each one "

@@ -275,7 +275,7 @@ def test_merge_evaluations_union_and_the_empty_noisy_meaning_every_dataset() -> 
 
 def test_merged_trials_still_refuse_other_execution_settings_and_split_on_other_protocols(tmp_path: Path) -> None:
     """Only what a trial evaluates on is merged: another loader setting for one key stays an error, and another
-    eval.stride, eval.precision or eval.noise is another experiment (another key), as before."""
+    eval.stride, eval.precision or eval.noise for one model is refused: one model, one default evaluation."""
     base = ("base: {preset: tiny, eval: {datasets: ['a=podcast:/d/a', 'b=podcast:/d/b']}}\nseeds: [0]\n"
             "subgrids:\n  x: {axes: {data.context_s: [5.12]}}\n")
     bad = _write(tmp_path, base + "  y: {set: {data.context_s: 5.12, data.num_workers: 4, eval.snrs: [0]}}\n")
@@ -286,8 +286,10 @@ def test_merged_trials_still_refuse_other_execution_settings_and_split_on_other_
         load_grid(paths)
     for other in ("eval.stride: 0.25", "eval.precision: fp32", "eval.noise: /m/music.wav"):
         two = _write(tmp_path, base + f"  y: {{set: {{data.context_s: 5.12, eval.snrs: [0], {other}}}}}\n", "o.yaml")
-        g = load_grid(two)
-        assert len(g.trials) == 2 and [t.subgrids for t in g.trials] == [("x",), ("y",)], other
+        # one model (evaluation is not in the model key) has one default evaluation: refused, naming the field
+        with pytest.raises(GridError, match=r"sub-grid 'y'.*evaluated two ways \(" + other.split(":")[0]
+                           + r".*orchestrate evaluate"):
+            load_grid(two)
 
 
 # ---- the evaluation work plan shows --------------------------------------------------------------------------------

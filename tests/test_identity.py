@@ -13,7 +13,7 @@ from asr_core.identity import EXECUTION, science, trial_key
 RECIPE = {"data.batching": "interleaved", "train.loss_norm": "audio", "data.seqlen_warmup": "code",
           "data.seqlen_warmup_start_s": 5.12, "data.features.variant": "code", "model.batch_renorm_schedule": "code",
           "model.batch_renorm_warmup_steps": 40000, "model.decoder_norm": True, "model.ff_activation": "gelu_tanh",
-          "model.ff_bias": False, "eval.precision": "auto"}
+          "model.ff_bias": False}
 
 
 def test_the_papers_main_model_at_seed_0_departs_only_by_the_authors_recipe() -> None:
@@ -71,15 +71,33 @@ def test_datasets_are_named_not_located() -> None:
     b = resolve({"data": {"train": "pods=manifest:/lustre/prepared/podcasts.jsonl"},
                  "eval": {"datasets": ["dev=rev16:/y/dev", "test=podcast:/y/test"], "snrs": [0.0, 10.0],
                           "noise": "/scratch/musan.wav"}})
-    assert science(a) == science(b) == {**RECIPE, "data.train": "pods", "eval.datasets": ["dev", "test"],
-                                        "eval.snrs": [0.0, 10.0], "eval.noise": "file:musan.wav"}
+    assert science(a) == science(b) == {**RECIPE, "data.train": "pods"}
     assert a.key() == b.key()
     # an unnamed corpus is the trials' one corpus, wherever it lies; a named one is another
     unnamed = [resolve({"data": {"train": spec}}) for spec in ("podcast:/a", "podcast:/b", "manifest:/c/x.jsonl")]
     assert len({c.key() for c in unnamed}) == 1 and "data.train" not in science(unnamed[0])
     assert resolve({"data": {"train": "spotify=podcast:/a"}}).key() != unnamed[0].key()
-    # a noise file called "synthetic" is not the built-in synthetic music
-    assert resolve({"eval": {"noise": "/music/synthetic"}}).key() != Config().key()
+
+
+def test_the_model_key_leaves_out_every_evaluation_setting() -> None:
+    """A model is trained once: what it is evaluated on, and how, never renames it (issue 28)."""
+    base = resolve({"preset": "tiny", "data": {"context_s": 5.12}})
+    for ev in ({"datasets": ["test=podcast:/x/test"]}, {"snrs": [0, 5]}, {"stride": 0.5}, {"precision": "fp32"},
+               {"noise": "/music/musan.wav"}, {"datasets": ["a=podcast:/a", "b=podcast:/b"], "noisy": ["b"],
+                                                "snrs": [10]}):
+        other = resolve({"preset": "tiny", "data": {"context_s": 5.12}, "eval": ev})
+        assert other.key() == base.key(), ev
+        assert not any(k.startswith("eval.") for k in science(other))
+
+
+def test_an_evaluation_key_is_the_model_key_and_a_digest_of_its_setting() -> None:
+    from asr_core.identity import evaluation_key
+
+    k = Config().key()
+    a = evaluation_key(k, {"name": "greedy", "conditions": {"test": [None, 5.0]}})
+    assert a.startswith(k + "-") and len(a) == len(k) + 9
+    assert a == evaluation_key(k, {"conditions": {"test": [None, 5.0]}, "name": "greedy"})  # order-free
+    assert a != evaluation_key(k, {"name": "greedy", "conditions": {"test": [None, 10.0]}})
 
 
 def test_a_field_added_later_uses_its_own_default_as_baseline() -> None:
