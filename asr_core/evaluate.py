@@ -45,7 +45,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import pandas as pd
 import torch
@@ -54,6 +54,7 @@ from asr_core.beam import BeamConfig, beam_search
 from asr_core.corpora import CorpusError, Recording, load_corpus, parse_dataset_spec
 from asr_core.corpora.cues import planted
 from asr_core.corpora.fingerprint import fingerprint
+from asr_core.evaluation_contract import merge_tables
 from asr_core.decode import (WindowBatch, auto_batch_windows, greedy_ids, plan_windows, posteriors,
                               prepare_features, resolve_precision, window_frames)
 from asr_core.noise import add_music
@@ -118,8 +119,9 @@ def evaluate(checkpoint: str | Path, datasets: list[str], snrs: list[float], str
              run_id: str | None = None, out_dir: str | Path | None = None, *, device: str = "auto",
              strict: bool = False, noise_seed: int = 0, log: bool = True,
              progress: ProgressLog | None = None, outbox: Outbox | None = None,
-             noisy: Sequence[str] = (), precision: str = "auto", beam: BeamDecoding | None = None
-             ) -> pd.DataFrame:
+             noisy: Sequence[str] = (), precision: str = "auto", beam: BeamDecoding | None = None,
+             conditions: Mapping[str, Sequence[float | None]] | None = None,
+             tables_from: Sequence[Path] = ()) -> pd.DataFrame:
     """WER of ``checkpoint`` on each ``NAME=FORMAT:PATH`` dataset, clean, and at each SNR (dB) for the datasets
     named in ``noisy`` (empty: every dataset).
 
@@ -127,6 +129,13 @@ def evaluate(checkpoint: str | Path, datasets: list[str], snrs: list[float], str
     ``batch_windows``: windows decoded together; 0 sizes it from the GPU's free memory (8 on the CPU). One
     :class:`~asr_core.decode.WindowBatch` serves the whole evaluation, so a size halved after an out-of-memory error
     stays halved for every later recording.
+
+    ``conditions``: exactly what to decode of each dataset, by name (None: clean audio, a number: that SNR),
+    instead of the rule above (``snrs`` and ``noisy`` are then ignored): an evaluation job decodes only what its
+    model lacks (:mod:`asr_core.evaluation_contract`). ``tables_from``: folders of earlier evaluations of the same
+    model whose tables of the same name are merged into each table written here before it is logged, so that the
+    run's ``eval/<dataset>[.<decoder>].csv`` keeps every condition measured
+    (:func:`asr_core.evaluation_contract.merge_tables`).
 
     ``beam``: also decode by beam search (:class:`BeamDecoding`) from the same posteriors; then only the beam's
     metrics, tables and decoder tag are logged (the greedy ones are the trial's own, printed here for comparison).
@@ -163,7 +172,13 @@ def evaluate(checkpoint: str | Path, datasets: list[str], snrs: list[float], str
     if unknown:
         raise ValueError(f"noisy names {unknown} are not among the datasets ({', '.join(names)}); name datasets "
                          "given with NAME=FORMAT:PATH, or none for every dataset")
-    conditions = {n: [None, *snr_list] if not noisy or n in noisy else [None] for n in names}
+    if conditions is not None:
+        lacking = [n for n in names if not conditions.get(n)]
+        if lacking:
+            raise ValueError(f"conditions name nothing to decode for datasets {lacking}")
+        conditions = {n: list(conditions[n]) for n in names}
+    else:
+        conditions = {n: [None, *snr_list] if not noisy or n in noisy else [None] for n in names}
     if noise != "synthetic" and not Path(noise).is_file():
         raise FileNotFoundError(f"noise file {noise} not found; use 'synthetic' or the path of an audio file")
     corpora = {name: load_corpus(spec, strict=strict) for name, spec in parsed}
@@ -208,12 +223,15 @@ def evaluate(checkpoint: str | Path, datasets: list[str], snrs: list[float], str
         ds_snrs = [s for s in conditions[name] if s is not None]
         by_decoder, hyps = _evaluate_dataset(name, recordings, ds_snrs, model, extractor, tokenizer, window, stride,
                                              batch, sub, fps, dev, noise, noise_seed, progress,
-                                             "bf16" if bf16 else "fp32", beam, cues[name])
+                                             "bf16" if bf16 else "fp32", beam, cues[name],
+                                             clean=None in conditions[name])
         for decoder in decoders:
             ds_rows = by_decoder[decoder]
             rows.extend({**r, "decoder": decoder} for r in ds_rows)
             csv = out / (f"{name}.csv" if decoder == GREEDY else f"{name}.{decoder}.csv")
             pd.DataFrame(ds_rows, columns=CSV_COLUMNS).to_csv(csv, index=False)
+            if tables_from:
+                merge_tables(csv, [Path(d) / csv.name for d in tables_from])
             if beam is None or decoder != GREEDY:
                 logged.append(csv)
             for snr in conditions[name]:
@@ -271,8 +289,8 @@ def _auto_batch(cfg, window: int, dev: torch.device, bf16: bool, corpora: dict[s
 def _evaluate_dataset(name: str, recordings: list[Recording], snrs: list[float], model, extractor, tokenizer,
                       window: int, stride: float, batch: WindowBatch | int, sub: int, fps: float, dev: torch.device,
                       noise: str, noise_seed: int, progress: ProgressLog | None = None, precision: str = "fp32",
-                      beam: BeamDecoding | None = None, cues: dict[str, tuple[int, ...]] | None = None
-                      ) -> tuple[dict[str, list[dict[str, Any]]], list[dict[str, Any]]]:
+                      beam: BeamDecoding | None = None, cues: dict[str, tuple[int, ...]] | None = None,
+                      clean: bool = True) -> tuple[dict[str, list[dict[str, Any]]], list[dict[str, Any]]]:
     """Rows per decoder (``greedy``, and ``beam.name`` with a beam) and the hypotheses, of one dataset: each
     recording and condition decoded once into posteriors, then by each decoder. ``cues``: the planted words' indices
     per recording id (:func:`asr_core.corpora.cues.planted`), counted in ``cue_words``/``cue_errors``; None: the
@@ -285,7 +303,8 @@ def _evaluate_dataset(name: str, recordings: list[Recording], snrs: list[float],
     hyps = []
     batch = batch if isinstance(batch, WindowBatch) else WindowBatch(batch)  # an int: this dataset's own
     blank = tokenizer.blank_id
-    total = len(recordings) * (1 + len(snrs))
+    todo: list[float | None] = ([None] if clean else []) + list(snrs)
+    total = len(recordings) * len(todo)
     if progress is not None:  # the dataset's name shows before its first (possibly long) recording is done
         progress.write("eval", 0, total, name)
     for i, rec in enumerate(recordings, 1):
@@ -294,7 +313,7 @@ def _evaluate_dataset(name: str, recordings: list[Recording], snrs: list[float],
         # the reference normalised word by word, so that the planted words' indices follow
         cue_ref, cue_marks = (normalise_marked([w.text for w in rec.words], cues.get(rec.id, ()))
                               if cues is not None else ([], []))
-        for snr in [None, *snrs]:
+        for snr in todo:
             t0 = time.perf_counter()
             wave = clean if snr is None else add_music(clean, rec.id, snr, noise, noise_seed)
             feats = prepare_features(extractor, wave, rec.ignore, fps)

@@ -68,7 +68,6 @@ from typing import TYPE_CHECKING
 
 from asr_core import signals
 from asr_core.config import Config, ConfigError
-from asr_core.corpora import dataset_name
 from asr_core.outbox import FINAL_FLUSH_S, PREEMPT_FLUSH_S, Outbox, fail_fast_http
 from asr_core.provenance import CodeVersion, code_version
 from asr_core.trial_contract import (
@@ -111,8 +110,9 @@ if TYPE_CHECKING:
     from asr_core.lease import Lease
 
 
-class EvaluationInterrupted(Exception):
-    """SIGUSR2/SIGTERM during evaluation: evaluation has no checkpoint, so it simply starts again on requeue."""
+from asr_core.evaluation_contract import (EvaluationSpec, conditions_of, evaluated_record, greedy_setting,
+                                          read_evaluation)
+from asr_core.evaluation_job import EvaluationInterrupted, run_evaluation
 
 
 def _say(text: str) -> None:
@@ -185,8 +185,12 @@ def _record_segment(folder: TrialFolder, segment: int, version: CodeVersion, out
 
 
 # ---- the job -------------------------------------------------------------------------------------------------------
-def run_trial(cfg: Config, out_dir: Path, *, tracking_uri: str | None = None, run_id: str | None = None) -> int:
-    """Train ``cfg`` into ``out_dir`` and evaluate it on ``cfg.eval.datasets``; returns the exit code above."""
+def run_trial(cfg: Config, out_dir: Path, *, tracking_uri: str | None = None, run_id: str | None = None,
+              evaluation: EvaluationSpec | None = None) -> int:
+    """Train ``cfg`` into ``out_dir`` and evaluate it on ``cfg.eval.datasets``; returns the exit code above.
+
+    ``evaluation`` (the folder's ``evaluation.json``): an evaluation job instead: no training, the spec's
+    evaluation of the model's checkpoint into the model's run (``run_id``), whose status it never changes."""
     folder = TrialFolder(Path(out_dir))
     folder.path.mkdir(parents=True, exist_ok=True)
     job_id = os.environ.get(ENV_JOB_ID) or ""
@@ -198,14 +202,16 @@ def run_trial(cfg: Config, out_dir: Path, *, tracking_uri: str | None = None, ru
     if lease is None:  # the holder ends the run; this start's own answer still says what the folder says
         return EXIT_OK if folder.done.exists() else EXIT_CANCELLED if folder.cancelled.exists() else EXIT_FENCED
     try:
+        # an evaluation job never tells its model's run a status: that is the training's
+        says = run_id if evaluation is None else None
         if folder.done.exists():
-            return _closed(folder, lease, tracking_uri, run_id, FINISHED, EXIT_OK,
+            return _closed(folder, lease, tracking_uri, says, FINISHED, EXIT_OK,
                            time_ms=int(folder.done.stat().st_mtime * 1000))
         if folder.cancelled.exists():
             record_attempt(folder.path, OUTCOME_CANCELLED, "cancelled before the job started", job_id=job_id,
                            by="job")
-            return _closed(folder, lease, tracking_uri, run_id, KILLED, EXIT_CANCELLED)
-        return _segment(cfg, folder, lease, job_id, tracking_uri, run_id)
+            return _closed(folder, lease, tracking_uri, says, KILLED, EXIT_CANCELLED)
+        return _segment(cfg, folder, lease, job_id, tracking_uri, run_id, evaluation)
     finally:
         lease.release()
 
@@ -221,7 +227,7 @@ def _closed(folder: TrialFolder, lease: "Lease", tracking_uri: str | None, run_i
 
 
 def _segment(cfg: Config, folder: TrialFolder, lease: "Lease", job_id: str, tracking_uri: str | None,
-             run_id: str | None) -> int:
+             run_id: str | None, evaluation: EvaluationSpec | None = None) -> int:
     progress = ProgressLog(folder.path)
     progress.write("start")
     version = code_version()
@@ -231,11 +237,23 @@ def _segment(cfg: Config, folder: TrialFolder, lease: "Lease", job_id: str, trac
     def outcome(kind: str, reason: str = "") -> None:
         record_attempt(folder.path, kind, reason, segment=segment, job_id=job_id, by="job")
 
+    def status(state: str, tags: dict[str, str] | None = None) -> None:
+        if outbox is not None and evaluation is None:  # an evaluation job leaves its model's run state alone
+            outbox.status(state, tags)
+
     from asr_core.train import Fenced, Preempted, train
 
     try:
         segment = _start_segment(folder, version)
         outbox = _outbox(folder, segment, tracking_uri, run_id, lease)
+        if evaluation is not None:
+            _say(f"evaluation {evaluation.name} of model {evaluation.model}: "
+                 + "; ".join(f"{n}: {', '.join('clean' if c is None else f'snr{c:g}' for c in cs)}"
+                             for n, cs in evaluation.conditions.items()))
+            run_evaluation(evaluation, cfg, folder, tracking_uri, run_id, progress, outbox)
+            if outbox is not None:
+                outbox.sync()
+            raise _Evaluated()
         if outbox is not None:
             _record_segment(folder, segment, version, outbox)
         if folder.trained.exists():
@@ -256,9 +274,13 @@ def _segment(cfg: Config, folder: TrialFolder, lease: "Lease", job_id: str, trac
                 _evaluate_interruptibly(cfg, checkpoint, folder.path, tracking_uri, run_id, progress, outbox)
                 if outbox is not None:
                     outbox.sync()  # the evaluation's records are on disk before the marker that skips it
-                evaluated.write_text(json.dumps({"datasets": [dataset_name(d) for d in cfg.eval.datasets]}))
+                evaluated.write_text(evaluated_record(
+                    conditions_of(cfg.eval.datasets, cfg.eval.snrs, cfg.eval.noisy),
+                    greedy_setting(cfg.eval.stride, cfg.eval.precision, cfg.eval.noise)))
             if cfg.eval.head_diversity:
                 _measure_heads_interruptibly(cfg, checkpoint, folder, tracking_uri, run_id, progress, outbox)
+    except _Evaluated:
+        pass
     except Fenced as e:  # another job has the trial now: leave the folder and the run to it
         _say(f"{e}; exit {EXIT_FENCED}")
         outcome(OUTCOME_FENCED, str(e))
@@ -271,16 +293,14 @@ def _segment(cfg: Config, folder: TrialFolder, lease: "Lease", job_id: str, trac
             _say(f"cancelled ({what}); checkpointed, the run is KILLED, exit {EXIT_CANCELLED}")
             outcome(OUTCOME_CANCELLED, f"cancelled ({what})")
             progress.write("cancelled")
-            if outbox is not None:
-                outbox.status(KILLED)
+            status(KILLED)
             _flush(outbox, PREEMPT_FLUSH_S)
             return EXIT_CANCELLED
         outcome(OUTCOME_PREEMPTED, str(what))
         n = preemptions(read_attempts(folder.path))
         _say(f"preempted ({what}); checkpointed, exit {EXIT_PREEMPTED} to be requeued")
         progress.write("preempted")
-        if outbox is not None:
-            outbox.status(SCHEDULED, {TAG_PREEMPTIONS: str(n)})
+        status(SCHEDULED, {TAG_PREEMPTIONS: str(n)})
         _flush(outbox, PREEMPT_FLUSH_S)
         return EXIT_PREEMPTED
     except Exception as e:  # noqa: BLE001 - every failure must reach the folder and the ledger
@@ -288,18 +308,20 @@ def _segment(cfg: Config, folder: TrialFolder, lease: "Lease", job_id: str, trac
         last = error_line(f"{type(e).__name__}: {e}", type(e).__name__)
         outcome(OUTCOME_FAILED, last)
         progress.write("failed")
-        if outbox is not None:
-            outbox.status(FAILED, {TAG_ERROR: last})
+        status(FAILED, {TAG_ERROR: last})
         _flush(outbox, FINAL_FLUSH_S)
         return EXIT_FAILED
     folder.done.write_text("finished\n")
     outcome(OUTCOME_FINISHED)
     progress.write("done")
-    if outbox is not None:
-        outbox.status(FINISHED)
+    status(FINISHED)
     _say(f"finished: {folder.path}")
     _flush(outbox, FINAL_FLUSH_S)
     return EXIT_OK
+
+
+class _Evaluated(Exception):
+    """An evaluation job's work is done: skip training, the trial's own evaluation and head measurement."""
 
 
 def _drop_optimizer(checkpoint: Path, lease: "Lease") -> None:
@@ -402,5 +424,10 @@ def cli(argv: list[str]) -> int:
     except ConfigError as e:
         print(f"asr_core trial: {e}", file=sys.stderr)
         return _config_invalid(args.config, e, Path(args.out), args.tracking_uri, args.run_id)
+    try:
+        evaluation = read_evaluation(args.out)
+    except ValueError as e:
+        print(f"asr_core trial: {e}", file=sys.stderr)
+        return _config_invalid(args.config, e, Path(args.out), args.tracking_uri, None)
     _limit_threads()
-    return run_trial(cfg, Path(args.out), tracking_uri=args.tracking_uri, run_id=args.run_id)
+    return run_trial(cfg, Path(args.out), tracking_uri=args.tracking_uri, run_id=args.run_id, evaluation=evaluation)

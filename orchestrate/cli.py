@@ -26,6 +26,7 @@ from orchestrate.backends.base import Backend, BackendError
 from orchestrate.backends.profile import load_profile
 from orchestrate.decode_file import DecodeFileError
 from orchestrate.decode_jobs import DecodeError
+from orchestrate.evaluations import EvaluationError
 from orchestrate.grid import Grid, GridError, load_grid, plan_table
 from orchestrate.ledger import Ledger, LedgerError, check_tracking_uri, default_tracking_uri
 from orchestrate.sweep import DEFAULT_MAX_FAILURES, Manifest, SweepDir, SweepError, new_sweep_id
@@ -303,11 +304,19 @@ def cmd_submit(args: argparse.Namespace) -> int:
     if old is not None:  # the sweep keeps its birth date; a later submit's settings and folder are today's
         manifest = dataclasses.replace(manifest, created=old.created)
     plan = run_sweep(sweep, manifest, trials, profile, include_failed=False, what="submit", write=True,
-                     adopt=old is not None, backend=backend, code=_code())
+                     adopt=old is not None, backend=backend, code=_code(), expand=_evaluations_of(sweep))
     print(f"sweep {sweep.name}: {plan.summary()}")
     print(f"  folder {sweep.path}\n  ledger {uri}\n  status: orchestrate status {sweep.name} "
           f"--sweep-root {args.sweep_root}")
     return 0
+
+
+def _evaluations_of(sweep: SweepDir):  # noqa: ANN202 - a closure for run_sweep's expand
+    """What ``run_sweep`` calls under the lock: the sweep's trials with the evaluation jobs their trained models
+    need for the grid's eval section (:func:`orchestrate.evaluations.plan_default`)."""
+    from orchestrate.evaluations import plan_default
+
+    return lambda trials: plan_default(sweep, trials)
 
 
 def _same_uri(a: str, b: str) -> bool:
@@ -453,7 +462,8 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         return COMMANDS[args.command](args)
-    except (GridError, UsageError, BackendError, LedgerError, SweepError, DecodeFileError, DecodeError) as e:
+    except (GridError, UsageError, BackendError, LedgerError, SweepError, DecodeFileError, DecodeError,
+            EvaluationError) as e:
         print(f"orchestrate {args.command}: {e}", file=sys.stderr)
         return EXIT_USAGE
 

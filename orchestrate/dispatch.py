@@ -40,7 +40,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable, Collection
 
 from asr_core.trial_contract import (FAILED, FINISHED, KILLED, OUTCOME_FAILED, OUTCOME_KILLED,
                                      OUTCOME_LOST, OUTCOME_PREEMPTED, OUTCOME_RESET, SCHEDULED, TAG_BACKEND, TAG_ERROR,
@@ -240,7 +240,9 @@ def record_unreported_ends(sweep: SweepDir, backend: Backend, states: dict[str, 
 def run_sweep(sweep: SweepDir, manifest: Manifest, trials: list[Trial], profile: Profile, *,
               include_failed: bool = True, retry: tuple[str, ...] = (), what: str = "submit",
               backend: Backend | None = None, write: bool = False, adopt: bool = False,
-              code: "CodeVersion | None" = None) -> Plan:
+              code: "CodeVersion | None" = None,
+              expand: "Callable[[list[Trial]], list[Trial]] | None" = None, only: "Collection[str] | None" = None
+              ) -> Plan:
     """Reconcile folders, ledger and scheduler, then submit what needs to run. Holds the sweep lock throughout, and
     takes it before anything is written.
 
@@ -248,7 +250,13 @@ def run_sweep(sweep: SweepDir, manifest: Manifest, trials: list[Trial], profile:
     confirmed that this folder owns the sweep's experiment (a refused or busy call changes nothing). ``code``: the
     running code version, appended to the manifest (a dirty tree's diff kept in ``code/``). ``adopt``: the folder
     existed before this command, so it may claim an experiment made before sweeps had ids. ``include_failed`` and
-    ``retry``: see :func:`classify`."""
+    ``retry``: see :func:`classify`. ``expand``: called under the lock with ``trials`` before anything is written,
+    returns them with the evaluation jobs they need (:func:`orchestrate.evaluations.plan_default`); its
+    :class:`~orchestrate.evaluations.EvaluationError` leaves everything unchanged. ``only``: keys of the trials that
+    may be (re)submitted (``--where``); the others are classified and left as they are.
+
+    Evaluation jobs (``Trial.evaluation``) are classified from their folders alone: their model's run is the
+    ledger's view of training, never theirs to move, create or requeue."""
     unknown = sorted(set(retry) - set(RETRY_WHAT))
     if unknown:
         raise ValueError(f"retry what? {unknown[0]!r}; valid: {', '.join(RETRY_WHAT)}")
@@ -257,8 +265,12 @@ def run_sweep(sweep: SweepDir, manifest: Manifest, trials: list[Trial], profile:
     ledger = Ledger(manifest.tracking_uri, manifest.name)
     with sweep.lock(what):
         t0 = time.perf_counter()
+        if expand is not None:
+            trials = expand(trials)
+        models = [t for t in trials if not t.is_evaluation]
+        evals = [t for t in trials if t.is_evaluation]
         parent = ledger.ensure_sweep(manifest.grid, manifest.backend, manifest.sweep_id, str(sweep.path),
-                                     adopt=adopt, datasets=eval_dataset_names(trials))
+                                     adopt=adopt, datasets=eval_dataset_names(models))
         if code is not None:
             if code.dirty and code.diff:
                 sweep.save_diff(code.label, code.diff)
@@ -273,13 +285,23 @@ def run_sweep(sweep: SweepDir, manifest: Manifest, trials: list[Trial], profile:
         fresh, running = record_unreported_ends(sweep, backend, states, live)
         states.update(fresh)
         live.update(running)
-        rec = reconcile_ledger(ledger, sweep, trials, states, held=set(held) | set(running),
+        rec = reconcile_ledger(ledger, sweep, models, states, held=set(held) | set(running),
                                max_failures=manifest.max_failures)
         if rec.error or rec.shipped or rec.moved:
             log(f"ledger: {rec.describe()}")
         runs = rec.runs if rec.runs is not None else ledger.trial_runs()
+        if evals:
+            from orchestrate.evaluations import evaluation_runs, ship_evaluations
+
+            n = ship_evaluations(sweep, evals, runs, manifest.tracking_uri, live)
+            if n:
+                log(f"ledger: shipped {n} records evaluation jobs had left")
+            runs = {**runs, **evaluation_runs(sweep, evals, runs)}
         plan = classify(trials, runs, live, states, include_failed=include_failed, retry=retry,
                         max_failures=manifest.max_failures)
+        if only is not None:
+            _restrict(plan, set(only))
+        is_eval = {t.key for t in evals}
         log(f"sweep {sweep.name}: {len(trials)} trials: {plan.summary()}")
         for k, why in sorted(plan.gave_up.items()):
             log(f"trial {k}: {why}; left FAILED (retry --failed starts it again)")
@@ -289,13 +311,13 @@ def run_sweep(sweep: SweepDir, manifest: Manifest, trials: list[Trial], profile:
         if fix:
             ledger.tag_runs(fix)
             log(f"tagged {len(fix)} re-attached runs with their job ids")
-        _mirror_left(ledger, runs, plan)
+        _mirror_left(ledger, {k: r for k, r in runs.items() if k not in is_eval}, plan)
         by_key = {t.key: t for t in trials}
         for k in plan.attached:  # live jobs read config.json when they are requeued: give them today's settings
             sweep.prepare_trial(profile.fit(by_key[k]))
         todo_keys = plan.to_submit()
         if not todo_keys:
-            if len(plan.finished) == len(trials):
+            if len(set(plan.finished) - is_eval) == len(models):
                 ledger.finish_parent()
             return plan
         for k in plan.reset:
@@ -303,10 +325,17 @@ def run_sweep(sweep: SweepDir, manifest: Manifest, trials: list[Trial], profile:
                            by="retry")
         for k in plan.uncancelled:
             sweep.uncancel_trial(k)
+        run_ids = ledger.create_trial_runs(parent, [by_key[k] for k in plan.new if k not in is_eval],
+                                           manifest.backend)
+        todo_evals = [k for k in todo_keys if k in is_eval]
+        missing = [k for k in todo_evals if run_ids.get(by_key[k].model) is None]
+        if missing:  # a model without a run cannot be evaluated into it: left for the next command
+            log(f"{len(missing)} evaluation jobs wait for their models' runs in the ledger: {', '.join(missing[:5])}")
+            todo_keys = [k for k in todo_keys if k not in missing]
+        run_ids.update({k: run_ids[by_key[k].model] for k in todo_evals if k not in missing})
         todo = [by_key[k] for k in todo_keys]
-        run_ids = ledger.create_trial_runs(parent, [by_key[k] for k in plan.new], manifest.backend)
         again = [k for k in todo_keys if k not in plan.new]
-        requeue = [runs[k].run_id for k in again if k in runs and runs[k].status != SCHEDULED]
+        requeue = [runs[k].run_id for k in again if k in runs and runs[k].status != SCHEDULED and k not in is_eval]
         if requeue:  # FAILED/KILLED/stale RUNNING go back to SCHEDULED; the error tag is cleared
             ledger.set_status(requeue, SCHEDULED, tags={TAG_ERROR: ""})
         log(f"ledger ready in {time.perf_counter() - t0:.2f}s ({len(plan.new)} runs created)")
@@ -320,9 +349,15 @@ def run_sweep(sweep: SweepDir, manifest: Manifest, trials: list[Trial], profile:
         backend.submit(jobs, on_submitted)
         if backend.blocking:
             final = ledger.trial_runs()
-            if all(final.get(t.key) is not None and final[t.key].status == FINISHED for t in trials):
+            if all(final.get(t.key) is not None and final[t.key].status == FINISHED for t in models):
                 ledger.finish_parent()
     return plan
+
+
+def _restrict(plan: Plan, only: set[str]) -> None:
+    """Leave out of what ``plan`` would (re)submit every trial not in ``only`` (``--where``)."""
+    for name in ("new", "lost", "preempted", "failed", "uncancelled", "reset"):
+        setattr(plan, name, [k for k in getattr(plan, name) if k in only])
 
 
 def _mirror_left(ledger: Ledger, runs: dict[str, TrialRun], plan: Plan) -> None:

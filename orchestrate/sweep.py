@@ -35,6 +35,8 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Iterator
 
+from asr_core.config import Config
+from asr_core.evaluation_contract import EvaluationSpec, is_evaluation
 from asr_core.trial_contract import TrialFolder, write_config
 from orchestrate.trial import Trial
 
@@ -140,8 +142,15 @@ class SweepDir:
         left as it ran."""
         folder = TrialFolder(self.trial_dir(trial.key))
         folder.path.mkdir(parents=True, exist_ok=True)
-        if not folder.done.exists():
-            write_config(folder.path, trial.config)
+        if folder.done.exists():
+            return folder.path
+        config = trial.config
+        if folder.evaluated.exists() and folder.config.exists():  # its evaluation is done: keep the one it ran
+            ran = Config.from_stored(json.loads(folder.config.read_text()), source=str(folder.config))
+            config = replace(config, eval=ran.eval)
+        if trial.evaluation is not None and not is_evaluation(folder.path):
+            EvaluationSpec.from_dict(trial.evaluation).write(folder.path)
+        write_config(folder.path, config)
         return folder.path
 
     def cancel_trial(self, key: str, why: str) -> bool:

@@ -18,11 +18,22 @@ from asr_core.config import Config
 class Trial:
     """One unit of work: ``config`` (seed included as ``train.seed``) plus bookkeeping for the ledger."""
 
-    key: str  # Config.key() of ``config``: 12 hex digits
+    key: str  # Config.key() of ``config``: 12 hex digits (an evaluation job: its evaluation key)
     label: str  # human-readable run name, e.g. ctx82s-rope1.5M-6L768d6h-s2 (unique within a sweep)
     subgrids: tuple[str, ...]  # every sub-grid that produced this trial, in file order
     seed: int
     config: Config
+    # an evaluation job of a trained model (asr_core.evaluation_contract.EvaluationSpec.to_dict()); None: training
+    evaluation: dict[str, Any] | None = None
+
+    @property
+    def model(self) -> str:
+        """The key of the model this trial trains, or evaluates."""
+        return self.evaluation["model"] if self.evaluation else self.key
+
+    @property
+    def is_evaluation(self) -> bool:
+        return self.evaluation is not None
 
     @classmethod
     def make(cls, config: Config, seed: int, subgrid: str) -> "Trial":
@@ -31,13 +42,16 @@ class Trial:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON form used by ``plan --json``, ``tasks.json`` and the sweep manifest."""
-        return {"key": self.key, "label": self.label, "subgrids": list(self.subgrids), "seed": self.seed,
-                "config": self.config.to_dict()}
+        d = {"key": self.key, "label": self.label, "subgrids": list(self.subgrids), "seed": self.seed,
+             "config": self.config.to_dict()}
+        if self.evaluation is not None:
+            d["evaluation"] = self.evaluation
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Trial":
         return cls(key=d["key"], label=d["label"], subgrids=tuple(d["subgrids"]), seed=int(d["seed"]),
-                   config=Config.from_stored(d["config"], source=f"trial {d['key']}"))
+                   config=Config.from_stored(d["config"], source=f"trial {d['key']}"), evaluation=d.get("evaluation"))
 
 
 def _si(x: float) -> str:

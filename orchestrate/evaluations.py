@@ -1,0 +1,198 @@
+"""Evaluations of trained models as jobs of the sweep: what to evaluate, never what to train.
+
+A sweep's trials are of two kinds, kept in one list (``trials.json``) and run by one machinery (the same backends,
+lease, outbox, attempts, failure budget, ``max_parallel``, ``cancel`` and ``retry``):
+
+* a **model** (a training trial, keyed by its model key): trained once; at the end of training its own job runs
+  the sweep's default evaluation, the grid's ``eval:`` section as it stands then;
+* an **evaluation job** (:class:`~orchestrate.trial.Trial` with ``evaluation`` set, keyed by
+  :func:`asr_core.identity.evaluation_key`): one evaluation of a trained model, into the model's run, never
+  training it (:mod:`asr_core.evaluation_contract`).
+
+:func:`plan_default` runs at every ``submit``: a model whose own evaluation is done but whose grid now asks for
+more (another test set, another SNR) gets one evaluation job for exactly what it lacks; a grid that changes the
+fixed setting of a finished evaluation (stride, precision, noise) is refused, naming the field.
+:func:`plan_named` does the same for ``orchestrate evaluate SWEEP --spec FILE`` (a beam decoder, paper 004), under
+the spec's name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from asr_core.evaluation_contract import (DEFAULT_EVALUATION, Conditions, EvaluationSpec, conditions_json,
+                                          conditions_lacking, conditions_of, conditions_union, greedy_setting,
+                                          read_evaluated, setting_differences)
+from asr_core.identity import evaluation_key
+from asr_core.trial_contract import TrialFolder
+from orchestrate.sweep import SweepDir
+from orchestrate.trial import Trial
+
+
+class EvaluationError(ValueError):
+    """An evaluation cannot be planned as asked; the message names the field and what to do (exit 2)."""
+
+
+def _dataset_names(specs: Iterable[str]) -> dict[str, str]:
+    from asr_core.corpora import dataset_name
+
+    return {dataset_name(s): s for s in specs}
+
+
+def own_evaluation(sweep: SweepDir, model: Trial) -> tuple[Conditions, dict[str, Any] | None] | None:
+    """What the model's own job evaluated (conditions, fixed setting), once its evaluation is done; None while it
+    is not (its job then evaluates the grid's eval section as it stands at the end of training)."""
+    folder = TrialFolder(sweep.trial_dir(model.key))
+    if not (folder.evaluated.exists() or folder.done.exists()):
+        return None
+    rec = read_evaluated(folder.evaluated)
+    if rec is not None:
+        return rec
+    ev = _ran_eval(folder, model)  # an EVALUATED of an older version, or DONE without one: the config it ran
+    if not ev.datasets or not (folder.evaluated.exists() or folder.eval_dir.exists()):
+        return {}, None
+    return conditions_of(ev.datasets, ev.snrs, ev.noisy), greedy_setting(ev.stride, ev.precision, ev.noise)
+
+
+def _ran_eval(folder: TrialFolder, model: Trial) -> Any:
+    import json
+
+    from asr_core.config import Config
+
+    try:
+        return Config.from_stored(json.loads(folder.config.read_text()), source=str(folder.config)).eval
+    except (OSError, ValueError):
+        return model.config.eval
+
+
+def _jobs_by_model(trials: Iterable[Trial]) -> dict[tuple[str, str], list[EvaluationSpec]]:
+    out: dict[tuple[str, str], list[EvaluationSpec]] = {}
+    for t in trials:
+        if t.evaluation is not None:
+            spec = EvaluationSpec.from_dict(t.evaluation)
+            out.setdefault((spec.model, spec.name), []).append(spec)
+    return out
+
+
+def evaluation_trial(sweep: SweepDir, model: Trial, name: str, setting: Mapping[str, Any], lacking: Conditions,
+                     specs: Mapping[str, str], decoder: Mapping[str, Any] | None = None) -> Trial:
+    """The evaluation job bringing ``lacking`` (dataset name → conditions) to ``model`` under ``name``."""
+    key = evaluation_key(model.key, {"name": name, "setting": dict(setting), "conditions": conditions_json(lacking)})
+    spec = EvaluationSpec(key=key, model=model.key, model_dir=str(sweep.trial_dir(model.key)), name=name,
+                          setting=dict(setting), datasets=tuple(specs[n] for n in lacking), conditions=lacking,
+                          decoder=dict(decoder) if decoder is not None else None, created=time.time())
+    return dataclasses.replace(model, key=key, label=f"{model.label}.{name}-{key[-8:-2]}",
+                               evaluation=spec.to_dict())
+
+
+def plan_default(sweep: SweepDir, trials: list[Trial]) -> list[Trial]:
+    """``trials`` (the sweep's, after the grid's were merged in) with one evaluation job appended for each model
+    whose own evaluation is done and whose eval section (the grid's) asks for conditions no evaluation of it has
+    or holds in hand. Raises :class:`EvaluationError` when the eval section changes the fixed setting (stride,
+    precision, noise) of a model already evaluated."""
+    known = {t.key for t in trials}
+    jobs = _jobs_by_model(trials)
+    added: list[Trial] = []
+    for m in trials:
+        if m.is_evaluation:
+            continue
+        own = own_evaluation(sweep, m)
+        if own is None:
+            continue
+        ran, setting = own
+        ev = m.config.eval
+        wanted = conditions_of(ev.datasets, ev.snrs, ev.noisy)
+        now = greedy_setting(ev.stride, ev.precision, ev.noise)
+        if setting is not None and wanted and setting != now:
+            what = "; ".join(setting_differences(setting, now))
+            raise EvaluationError(
+                f"model {m.label} ({m.key}) was evaluated with another eval setting than the grid's now ({what}, "
+                f"in eval.{setting_differences(setting, now)[0].split(':')[0]}); one name means one setting and "
+                f"its results ({DEFAULT_EVALUATION}: wer/...) would mix. Set it back in the grid, and evaluate the "
+                "trained models the new way under a name of its own with `orchestrate evaluate SWEEP --spec FILE`")
+        have = conditions_union(ran, *(s.conditions for s in jobs.get((m.key, DEFAULT_EVALUATION), [])))
+        lacking = conditions_lacking(wanted, have)
+        if not lacking:
+            continue
+        t = evaluation_trial(sweep, m, DEFAULT_EVALUATION, now, lacking, _dataset_names(ev.datasets))
+        if t.key not in known:
+            known.add(t.key)
+            added.append(t)
+    return trials + added
+
+
+def plan_named(sweep: SweepDir, trials: list[Trial], models: Iterable[Trial], name: str,
+               setting: Mapping[str, Any], datasets: tuple[str, ...], snrs: tuple[float, ...],
+               decoder: Mapping[str, Any], have_metrics: Mapping[str, Conditions] | None = None
+               ) -> tuple[list[Trial], list[Trial], list[Trial]]:
+    """Evaluation jobs of ``name`` (a spec of ``orchestrate evaluate``) for ``models``: for each trained model, one
+    job for the conditions (``datasets`` or the model's eval.datasets, clean and each SNR) that no evaluation of
+    that name has or holds in hand. ``have_metrics``: {model key: conditions} found in the ledger (results of an
+    earlier version's decode jobs). Returns (every trial, the added jobs, the models left: not trained yet)."""
+    known = {t.key for t in trials}
+    jobs = _jobs_by_model(trials)
+    added: list[Trial] = []
+    untrained: list[Trial] = []
+    for m in models:
+        folder = TrialFolder(sweep.trial_dir(m.key))
+        if not (folder.trained.exists() or folder.done.exists()) or not folder.checkpoint.is_file():
+            untrained.append(m)
+            continue
+        specs = _dataset_names(datasets or m.config.eval.datasets)
+        if not specs:
+            raise EvaluationError(f"model {m.label} has no eval.datasets and the spec gives no 'datasets': list the "
+                                  "datasets to evaluate there (NAME=FORMAT:PATH)")
+        wanted = conditions_of(specs.values(), snrs)
+        have = conditions_union((have_metrics or {}).get(m.key, {}),
+                                *(s.conditions for s in jobs.get((m.key, name), [])))
+        lacking = conditions_lacking(wanted, have)
+        if not lacking:
+            continue
+        t = evaluation_trial(sweep, m, name, setting, lacking, specs, decoder)
+        if t.key not in known:
+            known.add(t.key)
+            added.append(t)
+    return trials + added, added, untrained
+
+
+def evaluation_runs(sweep: SweepDir, trials: Iterable[Trial], runs: Mapping[str, Any]) -> dict[str, Any]:
+    """The ledger as :func:`orchestrate.dispatch.classify` sees an evaluation job: its model's run, always
+    SCHEDULED (an evaluation job's state is its folder's alone: the model's run says how training went), once the
+    job has been prepared (a folder); none before (a new job)."""
+    from asr_core.trial_contract import SCHEDULED
+
+    out: dict[str, Any] = {}
+    for t in trials:
+        if t.evaluation is None:
+            continue
+        r = runs.get(t.model)
+        if r is not None and TrialFolder(sweep.trial_dir(t.key)).config.exists():
+            out[t.key] = dataclasses.replace(r, key=t.key, label=t.label, status=SCHEDULED, error="", job_id="")
+    return out
+
+
+def ship_evaluations(sweep: SweepDir, trials: Iterable[Trial], runs: Mapping[str, Any], uri: str,
+                     live: Iterable[str], deadline_s: float = 30.0) -> int:
+    """Ship the outboxes that evaluation jobs left (no live job will) to their models' runs; returns the records
+    shipped. Never raises: a ledger that does not answer is tried again by the next command."""
+    from asr_core.outbox import pending, ship_pending
+
+    live = set(live)
+    shipped = 0
+    t_end = time.monotonic() + deadline_s
+    for t in trials:
+        if t.evaluation is None or t.key in live or t.model not in runs:
+            continue
+        d = sweep.trial_dir(t.key)
+        try:
+            if not pending(d):
+                continue
+            r = ship_pending(d, uri, runs[t.model].run_id, max(1.0, t_end - time.monotonic()))
+            shipped += int(getattr(r, "shipped", 0))
+        except Exception:  # noqa: BLE001 - the next status or resume ships it
+            continue
+    return shipped
+

@@ -1,0 +1,127 @@
+"""Train once, evaluate many ways (issue 28): a change of a sweep's evaluation never retrains a model.
+
+A tiny real sweep (two models of the tiny preset, trained a few steps, evaluated greedily on a one-recording dev set)
+is finished on the ``local`` backend. Its grid then gains a test set and an SNR: ``submit`` runs one evaluation job
+per model and no training step (no new ``train/loss`` point, checkpoint bytes unchanged), the new WERs land in each
+model's run (which stays FINISHED), ``status`` lists the evaluations, model keys stay, and ``submit`` again adds
+nothing. A grid that changes the fixed setting of a finished evaluation (its stride) is refused with exit 2 before
+anything is written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import textwrap
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from asr_core.trial_contract import FINISHED
+from orchestrate.cli import main
+from orchestrate.ledger import Ledger
+from orchestrate.sweep import SweepDir
+from tests.test_backend import smoke_corpus
+
+__all__ = ["smoke_corpus"]
+
+pytestmark = pytest.mark.timeout(900)
+
+GRID = """
+name: evj
+seeds: [1]
+base:
+  preset: tiny
+  data: {train: "podcast:%(corpus)s/train", batch_audio_s: 20.48, seqlen_warmup: none, context_s: 5.12}
+  train: {max_steps: 2, warmup_steps: 2, checkpoint_every: 2, device: cpu, precision: fp32}
+  eval: {datasets: [%(datasets)s], snrs: [%(snrs)s], stride: %(stride)s}
+subgrids:
+  heads:
+    axes: {model.heads: [2, 4]}
+"""
+
+
+def _one_recording(corpus: Path, out: Path, which: int) -> Path:
+    """A podcast folder holding one of the corpus's short recordings."""
+    wavs = sorted(corpus.glob("train/*.wav"), key=lambda p: p.stat().st_size)
+    out.mkdir(parents=True, exist_ok=True)
+    for p in (wavs[which], wavs[which].with_suffix(".json")):
+        shutil.copy(p, out / p.name)
+    return out
+
+
+def _grid(tmp: Path, corpus: Path, datasets: dict[str, Path], snrs: str = "", stride: str = "1.0") -> Path:
+    g = tmp / f"grid-{len(list(tmp.glob('grid-*')))}.yaml"
+    g.write_text(textwrap.dedent(GRID % {"corpus": corpus, "snrs": snrs, "stride": stride,
+                                         "datasets": ", ".join(f'"{n}=podcast:{p}"' for n, p in datasets.items())}))
+    return g
+
+
+def _sha(p: Path) -> str:
+    return hashlib.sha256(p.read_bytes()).hexdigest()
+
+
+def _runs(sweep: SweepDir) -> dict[str, object]:
+    return Ledger(sweep.read_manifest().tracking_uri, sweep.name).trial_runs()
+
+
+def test_a_new_test_set_and_snr_evaluate_finished_models_without_training_them(tmp_path: Path, smoke_corpus: Path,
+                                                                                 capsys: pytest.CaptureFixture) -> None:
+    dev = _one_recording(smoke_corpus, tmp_path / "dev", 0)
+    other = _one_recording(smoke_corpus, tmp_path / "other", 1)
+    root = tmp_path / "runs"
+    first = _grid(tmp_path, smoke_corpus, {"dev": dev})
+    assert main(["submit", str(first), "--backend", "local", "--sweep-root", str(root)]) == 0
+    sweep = SweepDir(root, "evj")
+    uri = sweep.read_manifest().tracking_uri
+    client = MlflowClient(uri)
+    runs = _runs(sweep)
+    assert len(runs) == 2 and {r.status for r in runs.values()} == {FINISHED}
+    models = sorted(runs)
+    ckpt = {k: _sha(sweep.trial_dir(k) / "checkpoint.pt") for k in models}
+    loss = {k: len(client.get_metric_history(runs[k].run_id, "train/loss")) for k in models}
+    assert all(loss.values())
+
+    # the fixed setting of a finished evaluation cannot change under its name: exit 2, nothing written
+    before = (sweep.path / "trials.json").read_bytes(), (sweep.path / "sweep.json").read_bytes()
+    capsys.readouterr()
+    bad = _grid(tmp_path, smoke_corpus, {"dev": dev}, stride="0.5")
+    assert main(["submit", str(bad), "--backend", "local", "--sweep-root", str(root)]) == 2
+    err = capsys.readouterr().err
+    assert "eval.stride" in err and "1.0 there, 0.5 here" in err and "--spec" in err and "Traceback" not in err
+    assert ((sweep.path / "trials.json").read_bytes(), (sweep.path / "sweep.json").read_bytes()) == before
+
+    # one more test set, and music at 5 dB on both: evaluation jobs only
+    more = _grid(tmp_path, smoke_corpus, {"dev": dev, "other": other}, snrs="5")
+    assert main(["submit", str(more), "--backend", "local", "--sweep-root", str(root)]) == 0
+    trials = json.loads((sweep.path / "trials.json").read_text())
+    evals = [t for t in trials if t.get("evaluation")]
+    assert sorted(t["key"] for t in trials if not t.get("evaluation")) == models  # model keys unchanged
+    assert sorted(t["evaluation"]["model"] for t in evals) == models  # one evaluation job per model
+    for t in evals:
+        assert t["evaluation"]["conditions"] == {"dev": [5.0], "other": [None, 5.0]}  # only what is lacking
+        assert (sweep.trial_dir(t["key"]) / "DONE").exists()
+    after = _runs(sweep)
+    for k in models:
+        assert _sha(sweep.trial_dir(k) / "checkpoint.pt") == ckpt[k]  # never written
+        assert len(client.get_metric_history(runs[k].run_id, "train/loss")) == loss[k]  # no training step
+        assert after[k].status == FINISHED and after[k].run_id == runs[k].run_id
+        metrics = client.get_run(runs[k].run_id).data.metrics
+        assert {"wer/dev", "wer/dev/snr5", "wer/other", "wer/other/snr5"} <= set(metrics)
+        assert len(client.get_metric_history(runs[k].run_id, "wer/dev")) == 1  # not measured again
+        # the run's table holds every condition measured: the training job's clean rows and the new SNR
+        table = Path(client.download_artifacts(runs[k].run_id, "eval/dev.csv", str(tmp_path / f"dl-{k}")))
+        assert {ln.split(",")[1] for ln in table.read_text().splitlines()[1:]} == {"clean", "snr5"}
+
+    capsys.readouterr()
+    assert main(["status", "evj", "--sweep-root", str(root)]) == 0
+    out = capsys.readouterr().out
+    assert all(t["label"] in out for t in evals)
+
+    # submit again: nothing new
+    capsys.readouterr()
+    assert main(["submit", str(more), "--backend", "local", "--sweep-root", str(root)]) == 0
+    assert json.loads((sweep.path / "trials.json").read_text()) == trials
+    assert "0 new" in capsys.readouterr().out
