@@ -376,6 +376,9 @@ def check_owner(probe: LedgerProbe, manifest: Manifest, sweep: SweepDir) -> None
 def _ledger_line(sweep: SweepDir, manifest: Manifest, trials: Sequence[Any], states: Mapping[str, FolderState],
                  view: SchedulerView, *, reconcile: bool, deadline_s: float, max_failures: int) -> str:
     """The ledger line: in step, behind (and why nothing was done), or what reconciliation did."""
+    # evaluation jobs have no run of their own: the ledger line is the models' (their results ship with their outboxes)
+    trials = [t for t in trials if not getattr(t, "is_evaluation", False)]
+    states = {t.key: states[t.key] for t in trials if t.key in states}
     held = set(view.held) if view.known else {t.key for t in trials}  # unknown: treat every trial as possibly held
     lag = behind(states, read_sync(sweep), held, max_failures)
     pending = sum(fs.pending for fs in states.values())
@@ -446,7 +449,10 @@ def show_status(args: argparse.Namespace, sweep: SweepDir, manifest: Manifest,
     counts = {s: 0 for s in STATUS_STATES}
     for r in rows:
         counts[r.status] += 1
-    print(f"sweep {sweep.name} ({manifest.backend}, {len(trials)} trials, ledger {manifest.tracking_uri})")
+    is_eval = {t.key for t in trials if getattr(t, "is_evaluation", False)}
+    n_eval = len(is_eval)
+    print(f"sweep {sweep.name} ({manifest.backend}, {len(trials) - n_eval} models"
+          + (f" and {n_eval} evaluation jobs" if n_eval else "") + f", ledger {manifest.tracking_uri})")
     if len(manifest.code) > 1:
         print(f"  submitted and resumed from code {', '.join(manifest.code)}")
     gave_up = sum(r.gave_up for r in rows)
@@ -471,10 +477,38 @@ def show_status(args: argparse.Namespace, sweep: SweepDir, manifest: Manifest,
         print(f"\n{len(mixed)} trials ran different code in their segments (start and resumes):")
         _print_table(mixed, lambda r, lw: f"  {r.label:<{lw}}  {r.key}  {r.segments} segments  code "
                                           f"{' -> '.join(r.code)}")
+    if n_eval:
+        _print_evaluations(trials, rows)
     print()
     print(_ledger_line(sweep, manifest, trials, states, view, reconcile=reconcile, deadline_s=deadline_s,
                        max_failures=max_failures))
     return 0
+
+
+def _print_evaluations(trials: Sequence[Any], rows: list[TrialStatus]) -> None:
+    """Per model that has evaluation jobs: its own state (training and its default evaluation), then each
+    evaluation job's name, state and what it decodes."""
+    by_key = {r.key: r for r in rows}
+    models = {t.key: t for t in trials if not getattr(t, "is_evaluation", False)}
+    jobs: dict[str, list[Any]] = {}
+    for t in trials:
+        if getattr(t, "is_evaluation", False):
+            jobs.setdefault(t.model, []).append(t)
+    counts: dict[str, int] = {}
+    for js in jobs.values():
+        for j in js:
+            counts[by_key[j.key].status] = counts.get(by_key[j.key].status, 0) + 1
+    print("\nevaluation jobs: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
+    for model, js in sorted(jobs.items(), key=lambda kv: models[kv[0]].label if kv[0] in models else kv[0]):
+        m = by_key.get(model)
+        print(f"  {models[model].label if model in models else model}  {model}  "
+              f"{m.status if m is not None else '?'}" + (f" ({m.phase})" if m is not None and m.phase and
+                                                         m.status == RUNNING else ""))
+        for j in js:
+            r = by_key[j.key]
+            phase = f", {r.phase}" if r.status == RUNNING and r.phase else ""
+            why = f": {r.reason}" if r.status in (FAILED, KILLED, LOST) and r.reason else ""
+            print(f"    {j.evaluation:<12} {r.status:<9} {j.conditions}  ({j.label}{phase}){why}")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -186,6 +186,27 @@ class TrialRef:
 
     key: str
     label: str
+    model: str = ""  # an evaluation job: its model's key ("" for a model)
+    evaluation: str = ""  # an evaluation job: its name
+    conditions: str = ""  # an evaluation job: what it decodes, for people ("dev: snr5; other: clean, snr5")
+
+    @property
+    def is_evaluation(self) -> bool:
+        return bool(self.model)
+
+
+def _conditions_text(conds: Any) -> str:
+    try:
+        return "; ".join(f"{n}: {', '.join('clean' if c is None else f'snr{c:g}' for c in cs)}"
+                         for n, cs in conds.items())
+    except (AttributeError, TypeError, ValueError):
+        return ""
+
+
+def _ref(d: dict[str, Any]) -> TrialRef:
+    ev = d.get("evaluation") or {}
+    return TrialRef(key=str(d["key"]), label=str(d.get("label") or d["key"]), model=str(ev.get("model", "")),
+                    evaluation=str(ev.get("name", "")), conditions=_conditions_text(ev.get("conditions", {})))
 
 
 def read_trial_refs(sweep: "SweepDir") -> list[TrialRef]:
@@ -203,7 +224,7 @@ def read_trial_refs(sweep: "SweepDir") -> list[TrialRef]:
         raise SweepError(f"{path}: cannot read the sweep's trials ({e}); restore it from the submitting "
                          "machine or submit the grid again") from None
     try:
-        return [TrialRef(key=str(d["key"]), label=str(d.get("label") or d["key"])) for d in data]
+        return [_ref(d) for d in data]
     except (TypeError, KeyError) as e:
         raise SweepError(f"{path}: not a list of trials with a 'key' each ({type(e).__name__}: {e}); restore it "
                          "from the submitting machine or submit the grid again") from None
