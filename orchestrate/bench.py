@@ -8,7 +8,10 @@
 * the ledger query of that sweep (every trial run, one paged search; goal < 2 s);
 * ``python -m orchestrate status`` in a fresh process on a full-size sweep folder of 321 and of 3,000 trials
   (:func:`orchestrate.fake_sweep.make_fake_sweep`: a sweep half-way through, read from its folders; goals < 1 s
-  and < 3 s).
+  and < 3 s);
+* adding one test set to a finished 321-model paper sweep (every model trained and evaluated): ``plan_default``
+  on the sweep's trials merged with ``grids/paper.yaml`` given one more eval dataset plans one evaluation job per
+  model and no training (goal < 2 s).
 
 The server: ``MLFLOW_TRACKING_URI`` (or ``tracking_uri``) when it names an http(s) server, else one started for
 the bench with ``slurm/mlflow-server.sh`` under the bench's temporary folder and stopped afterwards (its start is
@@ -36,12 +39,15 @@ from orchestrate.grid import load_grid
 
 if TYPE_CHECKING:
     from orchestrate.mlflow_rest import MlflowRest
+    from orchestrate.sweep import SweepDir
 
 REPO = Path(__file__).resolve().parents[1]
 GRIDS = REPO / "grids"
 SERVER_SCRIPT = REPO / "slurm" / "mlflow-server.sh"
 CLI_TIMEOUT_S = 600
 STATUS_GOALS = ((321, 1.0), (3000, 3.0))  # (trials in the sweep folder, seconds ``status`` may take)
+NEW_TEST_SET = "spotify=podcast:data/spotify/test"  # the test set added to a finished sweep (its data need not exist)
+NEW_TEST_SET_GOAL = 2.0
 
 
 T = TypeVar("T")
@@ -100,6 +106,7 @@ def run_bench(skip_slurm: bool = False, tracking_uri: str | None = None,
         else:
             rows += _bench_submit(work, tracking_uri or os.environ.get("MLFLOW_TRACKING_URI"))
         rows += _bench_status(work, status_goals)
+        rows.append(bench_new_test_set(work).row)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
@@ -232,6 +239,68 @@ def _bench_status(work: Path, goals: tuple[tuple[int, float], ...]) -> list[Row]
             note = f"exit {p.returncode}: {(p.stderr or p.stdout).strip().splitlines()[-1:]}"
         rows.append(Row(f"status, {n}-trial sweep", t, goal, note))
     return rows
+
+
+# ---- one more test set ----------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class NewTestSet:
+    """What :func:`bench_new_test_set` measured: its row, and what the plan holds beyond the sweep's trials."""
+
+    row: Row
+    models: int  # trained and evaluated models in the sweep
+    evaluations: int  # evaluation jobs planned
+    trainings: int  # trials planned under keys the sweep did not have (models to train)
+
+
+def _finished_sweep(root: Path) -> "SweepDir":
+    """The fake paper sweep with every model finished, its folder as a finished trial leaves it: ``config.json``,
+    ``TRAINED``, ``eval/`` tables, ``EVALUATED`` (what its own evaluation decoded, and how) and ``DONE``."""
+    from asr_core.evaluation_contract import conditions_of, evaluated_record, greedy_setting
+    from asr_core.trial_contract import TrialFolder, write_config
+    from orchestrate.fake_sweep import make_fake_sweep
+
+    sweep = make_fake_sweep(root, 321, name="paper-finished", mix=(("finished", 1.0),))
+    for t in sweep.read_trials():
+        folder = TrialFolder(sweep.trial_dir(t.key))
+        ev = t.config.eval
+        write_config(folder.path, t.config)
+        folder.evaluated.write_text(evaluated_record(conditions_of(ev.datasets, ev.snrs, ev.noisy),
+                                                     greedy_setting(ev.stride, ev.precision, ev.noise)))
+        if not folder.done.exists():
+            folder.done.write_text("finished\n")
+    return sweep
+
+
+def bench_new_test_set(work: Path, new: str = NEW_TEST_SET) -> NewTestSet:
+    """Add the test set ``new`` (``NAME=FORMAT:PATH``) to a finished 321-model paper sweep: the paper grid with it
+    appended to ``eval.datasets`` (as ``--set`` does), merged into the sweep's trials as ``submit`` merges them,
+    then :func:`orchestrate.evaluations.plan_default` timed. Every model lacks the new set only: one evaluation job
+    each, no training."""
+    from orchestrate.cli import merge_trials
+    from orchestrate.evaluations import EvaluationError, plan_default
+
+    what = "add 1 test set, 321-model sweep (plan)"
+    _say("making a finished 321-model sweep folder (not timed)")
+    sweep = _finished_sweep(work / "finished321")
+    before = sweep.read_trials()
+    datasets: list[str] = []
+    for t in before:
+        datasets += [d for d in t.config.eval.datasets if d not in datasets]
+    t_grid, grid = _timed(lambda: load_grid(GRIDS / "paper.yaml",
+                                            overrides=[f"eval.datasets=[{', '.join([*datasets, new])}]"]))
+    t_merge, merged = _timed(lambda: merge_trials(before, list(grid.trials)))
+    try:
+        t, planned = _timed(lambda: plan_default(sweep, merged))
+    except EvaluationError as e:
+        return NewTestSet(Row(what, None, NEW_TEST_SET_GOAL, f"refused: {e}"), len(before), 0, 0)
+    known = {m.key for m in before}
+    evaluations = sum(1 for p in planned if p.is_evaluation and p.key not in known)
+    trainings = sum(1 for p in planned if not p.is_evaluation and p.key not in known)
+    note = (f"{evaluations} evaluation jobs, {trainings} trainings for {len(before)} models (grid "
+            f"{t_grid:.2f}s and merge {t_merge:.2f}s before it)")
+    if (evaluations, trainings) != (len(before), 0):
+        note = f"WRONG, expected {len(before)} evaluation jobs and 0 trainings: {note}"
+    return NewTestSet(Row(what, t, NEW_TEST_SET_GOAL, note), len(before), evaluations, trainings)
 
 
 def _print(rows: list[Row]) -> None:

@@ -104,6 +104,12 @@ def _parser() -> argparse.ArgumentParser:
 
             sp.add_argument("--json", action="store_true", help="one JSON object per trial")
             add_arguments(sp)
+        if name in ("resume", "retry", "cancel"):
+            sp.add_argument("--where", action="append", default=[], metavar="KEY=VALUE",
+                            help="only the models and evaluation jobs that match: a config field "
+                                 "(data.context_s=10.24), subgrid=NAME, key=KEY (a model with its evaluation jobs, "
+                                 "or one job) or evaluation=NAME (its jobs; none: the models); repeat a key for "
+                                 "alternatives, other keys must all hold")
         if name == "retry":
             sp.add_argument("--failed", action="store_true",
                             help="start FAILED trials again, also those past --max-failures (their count is reset)")
@@ -121,9 +127,14 @@ def _parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("evaluate", help="decode finished trials by beam search (with an LM or without) as jobs on "
                         "the sweep's backend; results go into each trial's run as wer_<name>/...")
     sp.add_argument("sweep")
-    sp.add_argument("--decode", required=True, metavar="FILE",
-                    help="decode file (YAML, e.g. grids/decode-lm.yaml): name, lm, alpha, beta, beam_width, "
-                         "lm_context, prompt, datasets, snrs, stride")
+    what = sp.add_mutually_exclusive_group(required=True)
+    what.add_argument("--spec", metavar="FILE",
+                      help="evaluation spec (YAML, e.g. grids/decode-lm.yaml): name, lm, alpha, beta, beam_width, "
+                           "lm_context, prompt, datasets, snrs, stride; run as evaluation jobs of the sweep (one "
+                           "per trained model lacking it: same backend, max_parallel, status, cancel and retry)")
+    what.add_argument("--decode", metavar="FILE",
+                      help="the same file run by the earlier decode jobs (their own arrays, outside the sweep's "
+                           "max_parallel and cancel); prefer --spec")
     sp.add_argument("--where", action="append", default=[], metavar="KEY=VALUE",
                     help="only trials whose config has this value (e.g. data.context_s=10.24, model.heads=6) or "
                          "sub-grid (subgrid=NAME); repeat a key for alternatives, other keys must all hold")
@@ -378,7 +389,8 @@ def cmd_resume(args: argparse.Namespace) -> int:
     if changed is not trials:
         manifest = dataclasses.replace(manifest, overrides=manifest.overrides + tuple(args.overrides))
     plan = run_sweep(sweep, manifest, changed, profile, include_failed=True, retry=retry, what=args.command,
-                     write=True, adopt=True, backend=backend, code=_code())
+                     write=True, adopt=True, backend=backend, code=_code(), expand=_evaluations_of(sweep),
+                     only=_selected(changed, args.where))
     print(f"sweep {sweep.name}: {plan.summary()}")
     return 0
 
@@ -386,16 +398,34 @@ def cmd_resume(args: argparse.Namespace) -> int:
 def cmd_cancel(args: argparse.Namespace) -> int:
     from orchestrate.dispatch import cancel_sweep
 
-    sweep, manifest, _ = _open(args)
-    job_ids = cancel_sweep(sweep, manifest, load_profile(manifest.profile or None))
-    print(f"sweep {sweep.name}: cancelled {len(job_ids)} jobs; unfinished trials end KILLED (retry --cancelled "
-          "starts them again)")
+    sweep, manifest, trials = _open(args)
+    only = _selected(trials, args.where)
+    if only is not None and not only:
+        raise UsageError(f"--where {' '.join(args.where)} matches none of the {len(trials)} models and evaluation "
+                         f"jobs of sweep {sweep.name!r}; nothing cancelled")
+    job_ids = cancel_sweep(sweep, manifest, load_profile(manifest.profile or None), only)
+    what = f"{len(only)} of {len(trials)} models and evaluation jobs" if only is not None else "the sweep"
+    print(f"sweep {sweep.name}: cancelled {what}: {len(job_ids)} jobs; unfinished ones end KILLED (retry "
+          "--cancelled starts them again)")
     return 0
 
 
+def _selected(trials: list[Trial], where: list[str]) -> set[str] | None:
+    """The keys ``--where`` selects (None without it: everything)."""
+    if not where:
+        return None
+    from orchestrate.decode_jobs import matches, parse_where
+
+    w = parse_where(where)
+    return {t.key for t in trials if matches(t, w)}
+
+
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    """Decode the sweep's finished trials with the decode file's setting (:mod:`orchestrate.decode_jobs`); the
-    trials' keys, folders and training state are never touched."""
+    """Decode the sweep's finished trials with the decode file's setting: ``--spec`` as evaluation jobs of the sweep
+    (:func:`_evaluate_spec`), ``--decode`` as decode jobs (:mod:`orchestrate.decode_jobs`); the trials' keys,
+    folders and training state are never touched."""
+    if args.spec:
+        return _evaluate_spec(args)
     from orchestrate.backends import make_backend
     from orchestrate.decode_file import load_decode_file
     from orchestrate.decode_jobs import (SLURM_BACKENDS, DecoderDir, check_trial_data, live_keys, parse_where,
@@ -446,6 +476,112 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     print(f"sweep {sweep.name}, decoder {spec.name}: {len(plan.items) - failed} decoded, {failed} failed"
           + (f" (logs in {decoder.path / 'logs'}; `orchestrate evaluate` again retries them)" if failed else ""))
     return 1 if failed else 0
+
+
+def _evaluate_spec(args: argparse.Namespace) -> int:
+    """``evaluate SWEEP --spec FILE``: one evaluation job per trained model (``--where``) that lacks the spec's
+    conditions under its name, submitted with the sweep's other jobs (:func:`orchestrate.dispatch.run_sweep`)."""
+    from orchestrate.backends import make_backend
+    from orchestrate.decode_file import load_decode_file
+    from orchestrate.decode_jobs import DecoderDir, matches, parse_where
+    from orchestrate.dispatch import run_sweep
+    from orchestrate.evaluations import plan_named
+
+    spec = load_decode_file(args.spec)
+    where = parse_where(args.where)
+    sweep, manifest, trials = _open(args)
+    profile = load_profile(manifest.profile or None)
+    backend = make_backend(manifest.backend, sweep, manifest.tracking_uri, profile)
+    check_shared_ledger(backend, manifest.tracking_uri, manifest.allow_sqlite, "the sweep's, in its sweep.json")
+    setting = spec.setting()
+    names = DecoderDir(sweep, spec.name)  # one name, one setting: the record the decode jobs keep too
+    names.check_setting(spec, setting)
+    decoder = {k: v for k, v in spec.to_dict().items() if k not in ("name", "datasets", "snrs", "source")}
+    models = [t for t in trials if not t.is_evaluation and matches(t, where)]
+    have = _decoded_before(manifest, spec.name, models)
+    if args.dry_run:
+        _, added, untrained = plan_named(sweep, trials, models, spec.name, setting, spec.datasets, spec.snrs,
+                                         decoder, have)
+        print(f"sweep {sweep.name}, evaluation {spec.name} (dry run, nothing submitted): {len(added)} evaluation "
+              f"jobs, {len(models) - len(added) - len(untrained)} models evaluated already, {len(untrained)} not "
+              f"trained yet, {len(trials) - len(models)} not matching --where or evaluation jobs")
+        for t in added:
+            print(f"  {t.label} ({t.key}): " + "; ".join(
+                f"{n}: {', '.join('clean' if c is None else f'snr{c:g}' for c in cs)}"
+                for n, cs in t.evaluation["conditions"].items()))
+        return 0
+    planned: dict[str, list[Trial]] = {}
+
+    def expand(ts: list[Trial]) -> list[Trial]:
+        if names.check_setting(spec, setting):  # again under the lock: another command may have claimed it
+            names.claim(spec, setting)
+        out, added, untrained = plan_named(sweep, ts, models, spec.name, setting, spec.datasets, spec.snrs,
+                                           decoder, have)
+        planned["added"], planned["untrained"] = added, untrained
+        planned["mine"] = [t for t in out if t.evaluation and t.evaluation["name"] == spec.name]
+        return out
+
+    only = _Keys(lambda: {t.key for t in planned.get("mine", [])})
+    plan = run_sweep(sweep, manifest, trials, profile, include_failed=False, what=f"evaluate {spec.name}",
+                     write=True, adopt=True, backend=backend, code=_code(), expand=expand, only=only)
+    print(f"sweep {sweep.name}, evaluation {spec.name}: {len(planned.get('added', []))} new evaluation jobs, "
+          f"{len(planned.get('untrained', []))} models not trained yet; {plan.summary()}")
+    print(f"  results: wer_{spec.name}/... in each model's run; status: orchestrate status {sweep.name} "
+          f"--sweep-root {args.sweep_root}")
+    return 0
+
+
+class _Keys:
+    """A set of keys computed when first asked (after ``run_sweep``'s ``expand`` planned them)."""
+
+    def __init__(self, make) -> None:  # noqa: ANN001
+        self._make = make
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._make()
+
+    def __iter__(self):  # noqa: ANN204
+        return iter(self._make())
+
+    def __len__(self) -> int:
+        return len(self._make())
+
+
+def _decoded_before(manifest: Manifest, name: str, models: list[Trial]) -> dict[str, dict[str, tuple]]:
+    """{model key: conditions} whose ``wer_<name>/...`` metrics its run already holds (decoded by earlier decode
+    jobs under this name): never decoded again."""
+    from mlflow.tracking import MlflowClient
+
+    from asr_core.trial_contract import ROLE_TRIAL, TAG_KEY, TAG_ROLE
+
+    ledger = Ledger(manifest.tracking_uri, manifest.name)
+    client = MlflowClient(tracking_uri=manifest.tracking_uri)
+    keys = {m.key for m in models}
+    prefix = f"wer_{name}/"
+    out: dict[str, dict[str, tuple]] = {}
+    token = None
+    while True:
+        page = client.search_runs([ledger.experiment_id], f"tags.`{TAG_ROLE}` = '{ROLE_TRIAL}'", max_results=1000,
+                                  page_token=token)
+        for r in page:
+            k = r.data.tags.get(TAG_KEY, "")
+            if k not in keys:
+                continue
+            conds: dict[str, set] = {}
+            for m in r.data.metrics:
+                if not m.startswith(prefix):
+                    continue
+                ds, _, snr = m[len(prefix):].partition("/snr")
+                if "/" in ds:
+                    continue
+                try:
+                    conds.setdefault(ds, set()).add(float(snr) if snr else None)
+                except ValueError:
+                    continue
+            out[k] = {d: tuple(c) for d, c in conds.items()}
+        token = page.token
+        if not token:
+            return out
 
 
 def cmd_bench(args: argparse.Namespace) -> int:

@@ -377,30 +377,32 @@ def _mirror_left(ledger: Ledger, runs: dict[str, TrialRun], plan: Plan) -> None:
         ledger.set_status(run_ids, state, tags={TAG_ERROR: why})
 
 
-def cancel_sweep(sweep: SweepDir, manifest: Manifest, profile: Profile) -> list[str]:
+def cancel_sweep(sweep: SweepDir, manifest: Manifest, profile: Profile, only: Collection[str] | None = None
+                 ) -> list[str]:
     """Cancel the sweep for good: under the lock, write ``CANCELLED`` into every unfinished trial folder, then
     cancel the live jobs, then mark the unfinished runs KILLED. ``submit`` and ``resume`` start none of them again;
-    ``retry --cancelled`` does. Returns the cancelled job ids.
+    ``retry --cancelled`` does. Returns the cancelled job ids. ``only``: the keys to cancel (``--where``: models
+    and evaluation jobs); the rest of the sweep runs on.
 
     A ledger that cannot be written at the end is reported, not raised: the folders already say KILLED, and the next
     ``status`` or ``resume`` mirrors them."""
     backend = make_backend(manifest.backend, sweep, manifest.tracking_uri, profile)
     ledger = Ledger(manifest.tracking_uri, manifest.name)
     try:
-        return _cancel_locked(sweep, manifest, backend, ledger)
+        return _cancel_locked(sweep, manifest, backend, ledger, only)
     except SweepBusy as busy:
         if manifest.backend != "local":
             raise
-        _cancel_while_run(sweep, busy.holder)
+        _cancel_while_run(sweep, busy.holder, only)
         return []
 
 
-def _cancel_while_run(sweep: SweepDir, holder: str) -> None:
+def _cancel_while_run(sweep: SweepDir, holder: str, only: Collection[str] | None = None) -> None:
     """Cancel a local sweep while the command that runs it (and holds its lock) goes on: ``CANCELLED`` in every
     unfinished trial folder (what the trial job and the Tune driver read: a trial not yet started is skipped), then
     SIGTERM to the trainers that hold a lease on this machine (each checkpoints and ends its run KILLED, exit 77).
     The running command then ends; ``status`` and ``resume`` mirror the runs that never started."""
-    keys = [t.key for t in sweep.read_trials()]
+    keys = [t.key for t in sweep.read_trials() if only is None or t.key in only]
     states = read_folder_states(sweep, keys)
     marked = sum(sweep.cancel_trial(k, "orchestrate cancel") for k in keys if not states[k].done)
     here, signalled = socket.gethostname(), 0
@@ -418,14 +420,15 @@ def _cancel_while_run(sweep: SweepDir, holder: str) -> None:
         "ends when they have")
 
 
-def _cancel_locked(sweep: SweepDir, manifest: Manifest, backend: Backend, ledger: Ledger) -> list[str]:
+def _cancel_locked(sweep: SweepDir, manifest: Manifest, backend: Backend, ledger: Ledger,
+                   only: Collection[str] | None = None) -> list[str]:
     with sweep.lock("cancel"):
         ledger.check_owner(manifest.sweep_id, str(sweep.path), adopt=True)
-        keys = [t.key for t in sweep.read_trials()]
+        keys = [t.key for t in sweep.read_trials() if only is None or t.key in only]
         states = read_folder_states(sweep, keys)
         unfinished = [k for k in keys if not states[k].done]
         marked = sum(sweep.cancel_trial(k, "orchestrate cancel") for k in unfinished)
-        live = backend.live_jobs()
+        live = {k: j for k, j in backend.live_jobs().items() if only is None or k in only}
         job_ids = sorted(set(live.values()))
         if job_ids:
             backend.cancel(job_ids)

@@ -50,9 +50,9 @@ def fake_trials(n: int) -> list[Trial]:
     return out
 
 
-def _states(n: int, rng: random.Random) -> list[str]:
+def _states(n: int, rng: random.Random, mix: tuple[tuple[str, float], ...] = MIX) -> list[str]:
     out: list[str] = []
-    for state, share in MIX:
+    for state, share in mix:
         out += [state] * round(share * n)
     out = (out + ["finished"] * n)[:n]
     rng.shuffle(out)
@@ -175,9 +175,11 @@ def _trial_folder(folder: TrialFolder, trial: Trial, state: str, rng: random.Ran
 
 
 def make_fake_sweep(root: Path | str, n_trials: int, *, name: str | None = None, backend: str = "slurm",
-                    tracking_uri: str | None = None, seed: int = 0) -> SweepDir:
-    """A sweep folder ``ROOT/NAME`` (default ``fake<N>``) of ``n_trials`` trials in the mix of :data:`MIX`;
-    ``tracking_uri`` defaults to a sqlite file under ``root`` that does not exist (no ledger is needed)."""
+                    tracking_uri: str | None = None, seed: int = 0,
+                    mix: tuple[tuple[str, float], ...] = MIX) -> SweepDir:
+    """A sweep folder ``ROOT/NAME`` (default ``fake<N>``) of ``n_trials`` trials in the mix of :data:`MIX` (or of
+    ``mix``: ``(("finished", 1.0),)`` is a finished sweep); ``tracking_uri`` defaults to a sqlite file under
+    ``root`` that does not exist (no ledger is needed)."""
     from orchestrate.trial_state import write_sync, ledger_targets, read_folder_states
 
     rng = random.Random(seed)
@@ -193,7 +195,7 @@ def make_fake_sweep(root: Path | str, n_trials: int, *, name: str | None = None,
                                {t.key: hashlib.md5(t.key.encode()).hexdigest() for t in trials})
     array = str(9000 + seed)
     sub.record_job(array)
-    for i, (t, state) in enumerate(zip(trials, _states(n_trials, rng))):
+    for i, (t, state) in enumerate(zip(trials, _states(n_trials, rng, mix))):
         _trial_folder(TrialFolder(sweep.trial_dir(t.key)), t, state, rng, f"{array}_{i}", now)
     # the ledger mirrors every orchestrator-side fact already: status reads the folders only
     states = read_folder_states(sweep, [t.key for t in trials])

@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -125,3 +128,73 @@ def test_a_new_test_set_and_snr_evaluate_finished_models_without_training_them(t
     assert main(["submit", str(more), "--backend", "local", "--sweep-root", str(root)]) == 0
     assert json.loads((sweep.path / "trials.json").read_text()) == trials
     assert "0 new" in capsys.readouterr().out
+
+
+SPEC = """
+name: %s
+lm: null
+beta: %s
+beam_width: 4
+stride: 1.0
+"""
+
+
+def test_a_spec_is_scheduled_as_evaluation_jobs_and_cancel_where_stops_only_its_subset(
+        tmp_path: Path, smoke_corpus: Path, capsys: pytest.CaptureFixture) -> None:
+    dev = _one_recording(smoke_corpus, tmp_path / "dev", 0)
+    root = tmp_path / "runs"
+    grid = _grid(tmp_path, smoke_corpus, {"dev": dev})
+    assert main(["submit", str(grid), "--backend", "local", "--sweep-root", str(root)]) == 0
+    sweep = SweepDir(root, "evj")
+    client = MlflowClient(sweep.read_manifest().tracking_uri)
+    runs = _runs(sweep)
+    models = sorted(runs)
+    spec = tmp_path / "b1.yaml"
+    spec.write_text(textwrap.dedent(SPEC % ("b1", "0.5")))
+
+    # bad input: an unknown field, a dataset that does not exist: exit 2, nothing written
+    before = (sweep.path / "trials.json").read_bytes()
+    for text, says in (("name: b1\nlm: null\nbeta: 1\nbeam: 4\n", "unknown key 'beam'"),
+                       ("name: b1\nlm: null\nbeta: 1\ndatasets: [x=podcast:nowhere]\n", "x=podcast:nowhere")):
+        bad = tmp_path / "bad.yaml"
+        bad.write_text(text)
+        capsys.readouterr()
+        assert main(["evaluate", "evj", "--spec", str(bad), "--sweep-root", str(root)]) == 2
+        err = capsys.readouterr().err
+        assert says in err and str(bad) in err and "Traceback" not in err
+    assert (sweep.path / "trials.json").read_bytes() == before
+
+    # the jobs are prepared and the submitter dies before running them; cancel --where stops one model's only
+    died = subprocess.run([sys.executable, "-m", "orchestrate", "evaluate", "evj", "--spec", str(spec),
+                           "--sweep-root", str(root)], env={**os.environ, "ORCHESTRATE_FAULT": "after-runs"},
+                          capture_output=True, text=True, timeout=300)
+    assert died.returncode == 137, died.stderr
+    jobs = {t["evaluation"]["model"]: t["key"] for t in json.loads((sweep.path / "trials.json").read_text())
+            if t.get("evaluation")}
+    assert sorted(jobs) == models
+    assert main(["cancel", "evj", "--where", f"key={jobs[models[0]]}", "--sweep-root", str(root)]) == 0
+    assert (sweep.trial_dir(jobs[models[0]]) / "CANCELLED").exists()
+    assert not (sweep.trial_dir(jobs[models[1]]) / "CANCELLED").exists()
+    assert not any((sweep.trial_dir(k) / "CANCELLED").exists() for k in models)
+    assert main(["resume", "evj", "--sweep-root", str(root)]) == 0
+    assert (sweep.trial_dir(jobs[models[1]]) / "DONE").exists()
+    assert not (sweep.trial_dir(jobs[models[0]]) / "DONE").exists()
+    m0, m1 = (client.get_run(runs[k].run_id).data.metrics for k in models)
+    assert "wer_b1/dev" in m1 and "wer_b1/dev" not in m0
+    assert {r.status for r in _runs(sweep).values()} == {FINISHED}  # the models' runs are the training's
+
+    # retry --cancelled --where runs the cancelled one; evaluate again adds nothing
+    assert main(["retry", "evj", "--cancelled", "--where", "evaluation=b1", "--sweep-root", str(root)]) == 0
+    assert "wer_b1/dev" in client.get_run(runs[models[0]].run_id).data.metrics
+    trials = (sweep.path / "trials.json").read_bytes()
+    capsys.readouterr()
+    assert main(["evaluate", "evj", "--spec", str(spec), "--sweep-root", str(root)]) == 0
+    assert "0 new evaluation jobs" in capsys.readouterr().out
+    assert (sweep.path / "trials.json").read_bytes() == trials
+
+    # one name, one setting
+    other = tmp_path / "b1-other.yaml"
+    other.write_text(textwrap.dedent(SPEC % ("b1", "0.9")))
+    capsys.readouterr()
+    assert main(["evaluate", "evj", "--spec", str(other), "--sweep-root", str(root)]) == 2
+    assert "beta" in capsys.readouterr().err
