@@ -7,6 +7,8 @@ tells the model's run only metrics, tags and tables (never its status).
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -22,6 +24,15 @@ if TYPE_CHECKING:
 
 class EvaluationInterrupted(Exception):
     """SIGUSR2/SIGTERM during evaluation: evaluation has no checkpoint, so it simply starts again on requeue."""
+
+
+def _fault(progress: "ProgressLog") -> None:
+    """``ASR_CORE_FAULT=sleep-in-eval:S`` (tests of the orchestration only, as the trainer's faults): the job
+    sleeps S seconds before decoding, with an ``eval`` progress record, so a test can kill it there."""
+    fault = os.environ.get("ASR_CORE_FAULT", "")
+    if fault.startswith("sleep-in-eval:"):
+        progress.write("eval", 0, 1, "fault")
+        time.sleep(float(fault.split(":", 1)[1]))
 
 
 def earlier_tables(spec: EvaluationSpec) -> list[Path]:
@@ -75,6 +86,7 @@ def run_evaluation(spec: EvaluationSpec, cfg: "Config", folder: TrialFolder, tra
                              tokenizer_of=checkpoint)
         stride = d.get("stride") or stride
     with signals.installed(), signals.raising(EvaluationInterrupted):
+        _fault(progress)
         evaluate(checkpoint, list(spec.datasets), [], stride=stride, batch_windows=cfg.eval.batch_windows,
                  noise=cfg.eval.noise, tracking_uri=tracking_uri, run_id=run_id, out_dir=folder.eval_dir,
                  progress=progress, outbox=outbox, log=outbox is not None, precision=cfg.eval.precision, beam=beam,

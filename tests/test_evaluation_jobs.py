@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
@@ -198,3 +199,51 @@ def test_a_spec_is_scheduled_as_evaluation_jobs_and_cancel_where_stops_only_its_
     capsys.readouterr()
     assert main(["evaluate", "evj", "--spec", str(other), "--sweep-root", str(root)]) == 2
     assert "beta" in capsys.readouterr().err
+
+
+def test_an_evaluation_job_killed_by_sigkill_is_retried_within_the_budget_and_never_writes_the_checkpoint(
+        tmp_path: Path, smoke_corpus: Path, capsys: pytest.CaptureFixture) -> None:
+    from asr_core.lease import read_lease
+    from asr_core.trial_contract import OUTCOME_KILLED, failures, read_attempts, read_progress
+    from tests.test_backend import wait_until
+
+    dev = _one_recording(smoke_corpus, tmp_path / "dev", 0)
+    other = _one_recording(smoke_corpus, tmp_path / "other", 1)
+    root = tmp_path / "runs"
+    assert main(["submit", str(_grid(tmp_path, smoke_corpus, {"dev": dev})), "--backend", "local",
+                 "--sweep-root", str(root)]) == 0
+    sweep = SweepDir(root, "evj")
+    client = MlflowClient(sweep.read_manifest().tracking_uri)
+    runs = _runs(sweep)
+    ckpt = {k: _sha(sweep.trial_dir(k) / "checkpoint.pt") for k in runs}
+    more = _grid(tmp_path, smoke_corpus, {"dev": dev, "other": other})
+    submit = subprocess.Popen([sys.executable, "-m", "orchestrate", "submit", str(more), "--backend", "local",
+                               "--sweep-root", str(root)], env={**os.environ, "ASR_CORE_FAULT": "sleep-in-eval:30"},
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        def sleeping() -> Path | None:
+            for d in (sweep.path / "trials").glob("*-*"):
+                p, lease = read_progress(d), read_lease(d)
+                if p is not None and p.dataset == "fault" and lease is not None and lease.alive():
+                    return d
+            return None
+
+        job = wait_until(sleeping, 300, "no evaluation job reached its sleep")
+        lease = read_lease(job)
+        os.kill(lease.pid, signal.SIGKILL)  # what the kernel's OOM killer does
+        out, _ = submit.communicate(timeout=600)
+    finally:
+        if submit.poll() is None:
+            submit.kill()
+    (killed,) = failures(read_attempts(job))
+    assert killed.outcome == OUTCOME_KILLED, (killed, out)
+    assert not (job / "DONE").exists()
+    capsys.readouterr()
+    assert main(["resume", "evj", "--sweep-root", str(root)]) == 0  # 1 failure of 3: run again, to the end
+    assert "failed/killed (resubmitted)" in capsys.readouterr().out
+    assert (job / "DONE").exists()
+    assert [a.outcome for a in failures(read_attempts(job))] == [OUTCOME_KILLED]  # counted once
+    for k, r in runs.items():
+        assert _sha(sweep.trial_dir(k) / "checkpoint.pt") == ckpt[k]
+        assert "wer/other" in client.get_run(r.run_id).data.metrics
+    assert {r.status for r in _runs(sweep).values()} == {FINISHED}
