@@ -54,9 +54,9 @@ from asr_core.beam import BeamConfig, beam_search
 from asr_core.corpora import CorpusError, Recording, load_corpus, parse_dataset_spec
 from asr_core.corpora.cues import planted
 from asr_core.corpora.fingerprint import fingerprint
-from asr_core.evaluation_contract import merge_tables
 from asr_core.decode import (WindowBatch, auto_batch_windows, greedy_ids, plan_windows, posteriors,
                               prepare_features, resolve_precision, window_frames)
+from asr_core.evaluation_contract import merge_tables
 from asr_core.noise import add_music
 from asr_core.outbox import Outbox, fail_fast_http
 from asr_core.score import Counts, corpus_wer, marked_counts, normalise, normalise_marked, score

@@ -84,6 +84,19 @@ def greedy_setting(stride: float, precision: str, noise: str) -> dict[str, Any]:
             "noise": identity_value("eval.noise", noise)}
 
 
+def default_evaluation(ev: Any) -> tuple[Conditions, dict[str, Any]]:
+    """(conditions, fixed setting) of an eval section (:class:`asr_core.config.EvalConfig`): what the default
+    evaluation of a model with it decodes, and how."""
+    return conditions_of(ev.datasets, ev.snrs, ev.noisy), greedy_setting(ev.stride, ev.precision, ev.noise)
+
+
+def describe_conditions(conditions: Mapping[str, Iterable[Condition]]) -> str:
+    """``dev: snr5; other: clean, snr5``: what an evaluation decodes, for people (conditions named as
+    :func:`asr_core.evaluate.condition_name` names them)."""
+    return "; ".join(f"{n}: {', '.join('clean' if c is None else f'snr{c:g}' for c in _sorted_conditions(cs))}"
+                     for n, cs in conditions.items())
+
+
 def setting_differences(before: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
     """``["stride: 0.125 there, 0.25 here", ...]`` for every field of a fixed setting that differs."""
     return [f"{k}: {before.get(k)!r} there, {now.get(k)!r} here" for k in sorted(set(before) | set(now))
@@ -113,10 +126,6 @@ class EvaluationSpec:
         from asr_core.trial_contract import CHECKPOINT_FILE
 
         return Path(self.model_dir) / CHECKPOINT_FILE
-
-    def table_stem(self, dataset: str) -> str:
-        """``<dataset>`` (greedy) or ``<dataset>.<name>``: the table's name in ``eval/`` (the evaluator's rule)."""
-        return dataset if self.decoder is None else f"{dataset}.{self.name}"
 
     def to_dict(self) -> dict[str, Any]:
         return {"key": self.key, "model": self.model, "model_dir": self.model_dir, "name": self.name,

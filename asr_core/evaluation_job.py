@@ -43,7 +43,7 @@ def earlier_tables(spec: EvaluationSpec) -> list[Path]:
     out = [model.eval_dir]
     siblings = []
     for d in model.path.parent.glob(f"{spec.model}-*"):
-        if d.name == spec.key or not (d / "DONE").exists():
+        if d.name == spec.key or not TrialFolder(d).done.exists():
             continue
         try:
             other = read_evaluation(d)

@@ -68,6 +68,9 @@ from typing import TYPE_CHECKING
 
 from asr_core import signals
 from asr_core.config import Config, ConfigError
+from asr_core.evaluation_contract import (EvaluationSpec, default_evaluation, describe_conditions, evaluated_record,
+                                          read_evaluation)
+from asr_core.evaluation_job import EvaluationInterrupted, run_evaluation
 from asr_core.outbox import FINAL_FLUSH_S, PREEMPT_FLUSH_S, Outbox, fail_fast_http
 from asr_core.provenance import CodeVersion, code_version
 from asr_core.trial_contract import (
@@ -108,11 +111,6 @@ from asr_core.trial_contract import (
 
 if TYPE_CHECKING:
     from asr_core.lease import Lease
-
-
-from asr_core.evaluation_contract import (EvaluationSpec, conditions_of, evaluated_record, greedy_setting,
-                                          read_evaluation)
-from asr_core.evaluation_job import EvaluationInterrupted, run_evaluation
 
 
 def _say(text: str) -> None:
@@ -241,46 +239,21 @@ def _segment(cfg: Config, folder: TrialFolder, lease: "Lease", job_id: str, trac
         if outbox is not None and evaluation is None:  # an evaluation job leaves its model's run state alone
             outbox.status(state, tags)
 
-    from asr_core.train import Fenced, Preempted, train
+    from asr_core.train import Fenced, Preempted
 
     try:
         segment = _start_segment(folder, version)
         outbox = _outbox(folder, segment, tracking_uri, run_id, lease)
-        if evaluation is not None:
+        if evaluation is not None:  # no training: the spec's evaluation of the model's checkpoint
             _say(f"evaluation {evaluation.name} of model {evaluation.model}: "
-                 + "; ".join(f"{n}: {', '.join('clean' if c is None else f'snr{c:g}' for c in cs)}"
-                             for n, cs in evaluation.conditions.items()))
+                 f"{describe_conditions(evaluation.conditions)}")
             run_evaluation(evaluation, cfg, folder, tracking_uri, run_id, progress, outbox)
             if outbox is not None:
                 outbox.sync()
-            raise _Evaluated()
-        if outbox is not None:
-            _record_segment(folder, segment, version, outbox)
-        if folder.trained.exists():
-            checkpoint = Path(json.loads(folder.trained.read_text())["checkpoint"])
-            _say(f"training already finished ({checkpoint}); evaluating")
         else:
-            result = train(cfg, folder.path, tracking_uri=tracking_uri, run_id=run_id, end_run=False,
-                           progress=progress, outbox=outbox, held=lease.held)
-            run_id = result.run_id or run_id
-            checkpoint = Path(result.checkpoint)
-            folder.trained.write_text(json.dumps({"checkpoint": str(checkpoint), "steps": result.steps}))
-        _drop_optimizer(checkpoint, lease)
-        if cfg.eval.datasets:
-            evaluated = folder.evaluated
-            if evaluated.exists():
-                _say("evaluation already finished")
-            else:
-                _evaluate_interruptibly(cfg, checkpoint, folder.path, tracking_uri, run_id, progress, outbox)
-                if outbox is not None:
-                    outbox.sync()  # the evaluation's records are on disk before the marker that skips it
-                evaluated.write_text(evaluated_record(
-                    conditions_of(cfg.eval.datasets, cfg.eval.snrs, cfg.eval.noisy),
-                    greedy_setting(cfg.eval.stride, cfg.eval.precision, cfg.eval.noise)))
-            if cfg.eval.head_diversity:
-                _measure_heads_interruptibly(cfg, checkpoint, folder, tracking_uri, run_id, progress, outbox)
-    except _Evaluated:
-        pass
+            if outbox is not None:
+                _record_segment(folder, segment, version, outbox)
+            _train_and_evaluate(cfg, folder, lease, tracking_uri, run_id, progress, outbox)
     except Fenced as e:  # another job has the trial now: leave the folder and the run to it
         _say(f"{e}; exit {EXIT_FENCED}")
         outcome(OUTCOME_FENCED, str(e))
@@ -320,8 +293,34 @@ def _segment(cfg: Config, folder: TrialFolder, lease: "Lease", job_id: str, trac
     return EXIT_OK
 
 
-class _Evaluated(Exception):
-    """An evaluation job's work is done: skip training, the trial's own evaluation and head measurement."""
+def _train_and_evaluate(cfg: Config, folder: TrialFolder, lease: "Lease", tracking_uri: str | None,
+                        run_id: str | None, progress: ProgressLog, outbox: Outbox | None) -> None:
+    """A model's stages, each skipped when its marker says it is done: training (``TRAINED``), the default
+    evaluation (``EVALUATED``: what it decoded, and how), head similarity."""
+    from asr_core.train import train
+
+    if folder.trained.exists():
+        checkpoint = Path(json.loads(folder.trained.read_text())["checkpoint"])
+        _say(f"training already finished ({checkpoint}); evaluating")
+    else:
+        result = train(cfg, folder.path, tracking_uri=tracking_uri, run_id=run_id, end_run=False,
+                       progress=progress, outbox=outbox, held=lease.held)
+        run_id = result.run_id or run_id
+        checkpoint = Path(result.checkpoint)
+        folder.trained.write_text(json.dumps({"checkpoint": str(checkpoint), "steps": result.steps}))
+    _drop_optimizer(checkpoint, lease)
+    if not cfg.eval.datasets:
+        return
+    evaluated = folder.evaluated
+    if evaluated.exists():
+        _say("evaluation already finished")
+    else:
+        _evaluate_interruptibly(cfg, checkpoint, folder.path, tracking_uri, run_id, progress, outbox)
+        if outbox is not None:
+            outbox.sync()  # the evaluation's records are on disk before the marker that skips it
+        evaluated.write_text(evaluated_record(*default_evaluation(cfg.eval)))
+    if cfg.eval.head_diversity:
+        _measure_heads_interruptibly(cfg, checkpoint, folder, tracking_uri, run_id, progress, outbox)
 
 
 def _drop_optimizer(checkpoint: Path, lease: "Lease") -> None:

@@ -255,17 +255,15 @@ class NewTestSet:
 def _finished_sweep(root: Path) -> "SweepDir":
     """The fake paper sweep with every model finished, its folder as a finished trial leaves it: ``config.json``,
     ``TRAINED``, ``eval/`` tables, ``EVALUATED`` (what its own evaluation decoded, and how) and ``DONE``."""
-    from asr_core.evaluation_contract import conditions_of, evaluated_record, greedy_setting
+    from asr_core.evaluation_contract import default_evaluation, evaluated_record
     from asr_core.trial_contract import TrialFolder, write_config
     from orchestrate.fake_sweep import make_fake_sweep
 
     sweep = make_fake_sweep(root, 321, name="paper-finished", mix=(("finished", 1.0),))
     for t in sweep.read_trials():
         folder = TrialFolder(sweep.trial_dir(t.key))
-        ev = t.config.eval
         write_config(folder.path, t.config)
-        folder.evaluated.write_text(evaluated_record(conditions_of(ev.datasets, ev.snrs, ev.noisy),
-                                                     greedy_setting(ev.stride, ev.precision, ev.noise)))
+        folder.evaluated.write_text(evaluated_record(*default_evaluation(t.config.eval)))
         if not folder.done.exists():
             folder.done.write_text("finished\n")
     return sweep
@@ -276,7 +274,7 @@ def bench_new_test_set(work: Path, new: str = NEW_TEST_SET) -> NewTestSet:
     appended to ``eval.datasets`` (as ``--set`` does), merged into the sweep's trials as ``submit`` merges them,
     then :func:`orchestrate.evaluations.plan_default` timed. Every model lacks the new set only: one evaluation job
     each, no training."""
-    from orchestrate.cli import merge_trials
+    from orchestrate.sweep import merge_trials
     from orchestrate.evaluations import EvaluationError, plan_default
 
     what = "add 1 test set, 321-model sweep (plan)"

@@ -19,7 +19,7 @@ import dataclasses
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from asr_core.trial_contract import EXIT_USAGE
 from orchestrate.backends.base import Backend, BackendError
@@ -29,7 +29,7 @@ from orchestrate.decode_jobs import DecodeError
 from orchestrate.evaluations import EvaluationError
 from orchestrate.grid import Grid, GridError, load_grid, plan_table
 from orchestrate.ledger import Ledger, LedgerError, check_tracking_uri, default_tracking_uri
-from orchestrate.sweep import DEFAULT_MAX_FAILURES, Manifest, SweepDir, SweepError, new_sweep_id
+from orchestrate.sweep import DEFAULT_MAX_FAILURES, Manifest, SweepDir, SweepError, merge_trials, new_sweep_id
 from orchestrate.trial import Trial
 
 if TYPE_CHECKING:
@@ -218,26 +218,6 @@ def _check_data(trials: list[Trial], workdir: Path) -> None:
                            "prepare`), or pass --no-check-data if only the compute nodes see it")
 
 
-def merge_trials(known: list[Trial], grid_trials: list[Trial]) -> list[Trial]:
-    """The sweep's trials after a later ``submit``: every trial it had, in order, then the grid's new ones.
-
-    A grid trial whose key the sweep already has is the same experiment: it takes the grid's config (its execution
-    settings and data locations may have changed) and keeps its key, label and run. A trial recorded under a key
-    of an older version of the project is matched by its science and keeps the old key, so its runs stay found."""
-    by_key = {t.key: t for t in known}
-    by_science = {t.config.key(): t for t in known}
-    merged: dict[str, Trial] = dict(by_key)
-    added: list[Trial] = []
-    for g in grid_trials:
-        old = by_key.get(g.key) or by_science.get(g.key)
-        if old is None:
-            added.append(g)
-            continue
-        subgrids = old.subgrids + tuple(s for s in g.subgrids if s not in old.subgrids)
-        merged[old.key] = dataclasses.replace(old, config=g.config, subgrids=subgrids)
-    return list(merged.values()) + added
-
-
 def execution_overrides(trials: list[Trial], overrides: list[str]) -> list[Trial]:
     """``trials`` with ``--set`` overrides applied, which may change how trials run and where their data lies, never
     what they are: an override that would change a trial's key raises :class:`UsageError` naming it."""
@@ -390,7 +370,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
         manifest = dataclasses.replace(manifest, overrides=manifest.overrides + tuple(args.overrides))
     plan = run_sweep(sweep, manifest, changed, profile, include_failed=True, retry=retry, what=args.command,
                      write=True, adopt=True, backend=backend, code=_code(), expand=_evaluations_of(sweep),
-                     only=_selected(changed, args.where))
+                     only=_selected(args.where))
     print(f"sweep {sweep.name}: {plan.summary()}")
     return 0
 
@@ -399,7 +379,8 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     from orchestrate.dispatch import cancel_sweep
 
     sweep, manifest, trials = _open(args)
-    only = _selected(trials, args.where)
+    selected = _selected(args.where)
+    only = None if selected is None else {t.key for t in trials if selected(t)}
     if only is not None and not only:
         raise UsageError(f"--where {' '.join(args.where)} matches none of the {len(trials)} models and evaluation "
                          f"jobs of sweep {sweep.name!r}; nothing cancelled")
@@ -410,14 +391,14 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     return 0
 
 
-def _selected(trials: list[Trial], where: list[str]) -> set[str] | None:
-    """The keys ``--where`` selects (None without it: everything)."""
+def _selected(where: list[str]) -> "Callable[[Trial], bool] | None":
+    """What ``--where`` selects, as a test of a trial (None without it: everything)."""
     if not where:
         return None
     from orchestrate.decode_jobs import matches, parse_where
 
     w = parse_where(where)
-    return {t.key for t in trials if matches(t, w)}
+    return lambda t: matches(t, w)
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
@@ -481,11 +462,12 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 def _evaluate_spec(args: argparse.Namespace) -> int:
     """``evaluate SWEEP --spec FILE``: one evaluation job per trained model (``--where``) that lacks the spec's
     conditions under its name, submitted with the sweep's other jobs (:func:`orchestrate.dispatch.run_sweep`)."""
+    from asr_core.evaluation_contract import describe_conditions
     from orchestrate.backends import make_backend
     from orchestrate.decode_file import load_decode_file
     from orchestrate.decode_jobs import DecoderDir, matches, parse_where
     from orchestrate.dispatch import run_sweep
-    from orchestrate.evaluations import plan_named
+    from orchestrate.evaluations import decoded_before, plan_named
 
     spec = load_decode_file(args.spec)
     where = parse_where(args.where)
@@ -498,90 +480,37 @@ def _evaluate_spec(args: argparse.Namespace) -> int:
     names.check_setting(spec, setting)
     decoder = {k: v for k, v in spec.to_dict().items() if k not in ("name", "datasets", "snrs", "source")}
     models = [t for t in trials if not t.is_evaluation and matches(t, where)]
-    have = _decoded_before(manifest, spec.name, models)
-    if args.dry_run:
-        _, added, untrained = plan_named(sweep, trials, models, spec.name, setting, spec.datasets, spec.snrs,
-                                         decoder, have)
-        print(f"sweep {sweep.name}, evaluation {spec.name} (dry run, nothing submitted): {len(added)} evaluation "
-              f"jobs, {len(models) - len(added) - len(untrained)} models evaluated already, {len(untrained)} not "
-              f"trained yet, {len(trials) - len(models)} not matching --where or evaluation jobs")
-        for t in added:
-            print(f"  {t.label} ({t.key}): " + "; ".join(
-                f"{n}: {', '.join('clean' if c is None else f'snr{c:g}' for c in cs)}"
-                for n, cs in t.evaluation["conditions"].items()))
-        return 0
+    have = decoded_before(manifest.tracking_uri, manifest.name, spec.name, models)
     planned: dict[str, list[Trial]] = {}
 
     def expand(ts: list[Trial]) -> list[Trial]:
-        if names.check_setting(spec, setting):  # again under the lock: another command may have claimed it
-            names.claim(spec, setting)
-        out, added, untrained = plan_named(sweep, ts, models, spec.name, setting, spec.datasets, spec.snrs,
-                                           decoder, have)
-        planned["added"], planned["untrained"] = added, untrained
-        planned["mine"] = [t for t in out if t.evaluation and t.evaluation["name"] == spec.name]
+        out, planned["added"], planned["untrained"] = plan_named(sweep, ts, models, spec.name, setting,
+                                                                 spec.datasets, spec.snrs, decoder, have)
         return out
 
-    only = _Keys(lambda: {t.key for t in planned.get("mine", [])})
+    if args.dry_run:
+        expand(trials)
+        print(f"sweep {sweep.name}, evaluation {spec.name} (dry run, nothing submitted): {len(planned['added'])} "
+              f"evaluation jobs, {len(models) - len(planned['added']) - len(planned['untrained'])} models "
+              f"evaluated already, {len(planned['untrained'])} not trained yet, {len(trials) - len(models)} not "
+              "matching --where or evaluation jobs")
+        for t in planned["added"]:
+            print(f"  {t.label} ({t.key}): {describe_conditions(t.evaluation['conditions'])}")
+        return 0
+
+    def claim_and_expand(ts: list[Trial]) -> list[Trial]:
+        if names.check_setting(spec, setting):  # again under the lock: another command may have claimed it
+            names.claim(spec, setting)
+        return expand(ts)
+
     plan = run_sweep(sweep, manifest, trials, profile, include_failed=False, what=f"evaluate {spec.name}",
-                     write=True, adopt=True, backend=backend, code=_code(), expand=expand, only=only)
+                     write=True, adopt=True, backend=backend, code=_code(), expand=claim_and_expand,
+                     only=lambda t: t.evaluation is not None and t.evaluation["name"] == spec.name)
     print(f"sweep {sweep.name}, evaluation {spec.name}: {len(planned.get('added', []))} new evaluation jobs, "
           f"{len(planned.get('untrained', []))} models not trained yet; {plan.summary()}")
     print(f"  results: wer_{spec.name}/... in each model's run; status: orchestrate status {sweep.name} "
           f"--sweep-root {args.sweep_root}")
     return 0
-
-
-class _Keys:
-    """A set of keys computed when first asked (after ``run_sweep``'s ``expand`` planned them)."""
-
-    def __init__(self, make) -> None:  # noqa: ANN001
-        self._make = make
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._make()
-
-    def __iter__(self):  # noqa: ANN204
-        return iter(self._make())
-
-    def __len__(self) -> int:
-        return len(self._make())
-
-
-def _decoded_before(manifest: Manifest, name: str, models: list[Trial]) -> dict[str, dict[str, tuple]]:
-    """{model key: conditions} whose ``wer_<name>/...`` metrics its run already holds (decoded by earlier decode
-    jobs under this name): never decoded again."""
-    from mlflow.tracking import MlflowClient
-
-    from asr_core.trial_contract import ROLE_TRIAL, TAG_KEY, TAG_ROLE
-
-    ledger = Ledger(manifest.tracking_uri, manifest.name)
-    client = MlflowClient(tracking_uri=manifest.tracking_uri)
-    keys = {m.key for m in models}
-    prefix = f"wer_{name}/"
-    out: dict[str, dict[str, tuple]] = {}
-    token = None
-    while True:
-        page = client.search_runs([ledger.experiment_id], f"tags.`{TAG_ROLE}` = '{ROLE_TRIAL}'", max_results=1000,
-                                  page_token=token)
-        for r in page:
-            k = r.data.tags.get(TAG_KEY, "")
-            if k not in keys:
-                continue
-            conds: dict[str, set] = {}
-            for m in r.data.metrics:
-                if not m.startswith(prefix):
-                    continue
-                ds, _, snr = m[len(prefix):].partition("/snr")
-                if "/" in ds:
-                    continue
-                try:
-                    conds.setdefault(ds, set()).add(float(snr) if snr else None)
-                except ValueError:
-                    continue
-            out[k] = {d: tuple(c) for d, c in conds.items()}
-        token = page.token
-        if not token:
-            return out
 
 
 def cmd_bench(args: argparse.Namespace) -> int:

@@ -271,7 +271,7 @@ def plan_decode(sweep: SweepDir, manifest: "Manifest", trials: list[Trial], spec
                           "(NAME=FORMAT:PATH)")
     ledger = Ledger(manifest.tracking_uri, manifest.name)
     runs = ledger.trial_runs()
-    have = _decoder_metrics(manifest.tracking_uri, ledger.experiment_id, spec.name)
+    have = decoder_metrics(manifest.tracking_uri, ledger.experiment_id, spec.name)
     for t in selected:
         run = runs.get(t.key)
         checkpoint = TrialFolder(sweep.trial_dir(t.key)).checkpoint
@@ -291,7 +291,7 @@ def plan_decode(sweep: SweepDir, manifest: "Manifest", trials: list[Trial], spec
     return plan
 
 
-def _decoder_metrics(uri: str, experiment_id: str, name: str) -> dict[str, set[str]]:
+def decoder_metrics(uri: str, experiment_id: str, name: str) -> dict[str, set[str]]:
     """{run id: the decoder's metric keys it holds} of every trial run of the experiment (paged searches)."""
     from mlflow.tracking import MlflowClient
 

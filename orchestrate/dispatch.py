@@ -241,8 +241,8 @@ def run_sweep(sweep: SweepDir, manifest: Manifest, trials: list[Trial], profile:
               include_failed: bool = True, retry: tuple[str, ...] = (), what: str = "submit",
               backend: Backend | None = None, write: bool = False, adopt: bool = False,
               code: "CodeVersion | None" = None,
-              expand: "Callable[[list[Trial]], list[Trial]] | None" = None, only: "Collection[str] | None" = None
-              ) -> Plan:
+              expand: "Callable[[list[Trial]], list[Trial]] | None" = None,
+              only: "Callable[[Trial], bool] | None" = None) -> Plan:
     """Reconcile folders, ledger and scheduler, then submit what needs to run. Holds the sweep lock throughout, and
     takes it before anything is written.
 
@@ -252,8 +252,8 @@ def run_sweep(sweep: SweepDir, manifest: Manifest, trials: list[Trial], profile:
     existed before this command, so it may claim an experiment made before sweeps had ids. ``include_failed`` and
     ``retry``: see :func:`classify`. ``expand``: called under the lock with ``trials`` before anything is written,
     returns them with the evaluation jobs they need (:func:`orchestrate.evaluations.plan_default`); its
-    :class:`~orchestrate.evaluations.EvaluationError` leaves everything unchanged. ``only``: keys of the trials that
-    may be (re)submitted (``--where``); the others are classified and left as they are.
+    :class:`~orchestrate.evaluations.EvaluationError` leaves everything unchanged. ``only``: which trials may be
+    (re)submitted (``--where``, or one evaluation's jobs); the others are classified and left as they are.
 
     Evaluation jobs (``Trial.evaluation``) are classified from their folders alone: their model's run is the
     ledger's view of training, never theirs to move, create or requeue."""
@@ -285,22 +285,19 @@ def run_sweep(sweep: SweepDir, manifest: Manifest, trials: list[Trial], profile:
         fresh, running = record_unreported_ends(sweep, backend, states, live)
         states.update(fresh)
         live.update(running)
-        rec = reconcile_ledger(ledger, sweep, models, states, held=set(held) | set(running),
+        rec = reconcile_ledger(ledger, sweep, trials, states, held=set(held) | set(running),
                                max_failures=manifest.max_failures)
         if rec.error or rec.shipped or rec.moved:
             log(f"ledger: {rec.describe()}")
         runs = rec.runs if rec.runs is not None else ledger.trial_runs()
         if evals:
-            from orchestrate.evaluations import evaluation_runs, ship_evaluations
+            from orchestrate.evaluations import evaluation_runs
 
-            n = ship_evaluations(sweep, evals, runs, manifest.tracking_uri, live)
-            if n:
-                log(f"ledger: shipped {n} records evaluation jobs had left")
             runs = {**runs, **evaluation_runs(sweep, evals, runs)}
         plan = classify(trials, runs, live, states, include_failed=include_failed, retry=retry,
                         max_failures=manifest.max_failures)
         if only is not None:
-            _restrict(plan, set(only))
+            _restrict(plan, {t.key for t in trials if only(t)})
         is_eval = {t.key for t in evals}
         log(f"sweep {sweep.name}: {len(trials)} trials: {plan.summary()}")
         for k, why in sorted(plan.gave_up.items()):

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from asr_core.evaluation_contract import (DEFAULT_EVALUATION, Conditions, EvaluationSpec, conditions_json,
@@ -158,6 +157,33 @@ def plan_named(sweep: SweepDir, trials: list[Trial], models: Iterable[Trial], na
     return trials + added, added, untrained
 
 
+def decoded_before(uri: str, sweep_name: str, name: str, models: Iterable[Trial]) -> dict[str, Conditions]:
+    """{model key: the conditions whose ``wer_<name>/<dataset>[/snr<DB>]`` its run already holds} (decoded by an
+    earlier version's decode jobs under this name): never decoded again. One search of the sweep's trial runs."""
+    from orchestrate.decode_jobs import decoder_metrics
+    from orchestrate.ledger import Ledger
+
+    ledger = Ledger(uri, sweep_name)
+    by_run = decoder_metrics(uri, ledger.experiment_id, name)
+    runs = ledger.trial_runs()
+    prefix = f"wer_{name}/"
+    out: dict[str, Conditions] = {}
+    for m in models:
+        run = runs.get(m.key)
+        conds: dict[str, set[Any]] = {}
+        for metric in by_run.get(run.run_id, ()) if run is not None else ():
+            dataset, _, snr = metric[len(prefix):].partition("/snr")
+            if "/" in dataset:  # no metric of a dataset and condition
+                continue
+            try:
+                conds.setdefault(dataset, set()).add(float(snr) if snr else None)
+            except ValueError:
+                continue
+        if conds:
+            out[m.key] = conditions_union(conds)
+    return out
+
+
 def evaluation_runs(sweep: SweepDir, trials: Iterable[Trial], runs: Mapping[str, Any]) -> dict[str, Any]:
     """The ledger as :func:`orchestrate.dispatch.classify` sees an evaluation job: its model's run, always
     SCHEDULED (an evaluation job's state is its folder's alone: the model's run says how training went), once the
@@ -172,27 +198,3 @@ def evaluation_runs(sweep: SweepDir, trials: Iterable[Trial], runs: Mapping[str,
         if r is not None and TrialFolder(sweep.trial_dir(t.key)).config.exists():
             out[t.key] = dataclasses.replace(r, key=t.key, label=t.label, status=SCHEDULED, error="", job_id="")
     return out
-
-
-def ship_evaluations(sweep: SweepDir, trials: Iterable[Trial], runs: Mapping[str, Any], uri: str,
-                     live: Iterable[str], deadline_s: float = 30.0) -> int:
-    """Ship the outboxes that evaluation jobs left (no live job will) to their models' runs; returns the records
-    shipped. Never raises: a ledger that does not answer is tried again by the next command."""
-    from asr_core.outbox import pending, ship_pending
-
-    live = set(live)
-    shipped = 0
-    t_end = time.monotonic() + deadline_s
-    for t in trials:
-        if t.evaluation is None or t.key in live or t.model not in runs:
-            continue
-        d = sweep.trial_dir(t.key)
-        try:
-            if not pending(d):
-                continue
-            r = ship_pending(d, uri, runs[t.model].run_id, max(1.0, t_end - time.monotonic()))
-            shipped += int(getattr(r, "shipped", 0))
-        except Exception:  # noqa: BLE001 - the next status or resume ships it
-            continue
-    return shipped
-

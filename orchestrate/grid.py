@@ -231,8 +231,8 @@ def load_grid(path: str | Path, overrides: Iterable[str] = ()) -> Grid:
                             "unique across a grid and its includes")
         names[name] = file
     overrides = tuple(overrides)
-    # Grid points grouped by the model they train and how they evaluate, apart from what they evaluate on
-    # (_model_key): one group is one trial. Groups keep the order of their first point, points the grid's order.
+    # Grid points grouped by the model they train (their model key; evaluation is not in it): one group is one
+    # trial. Groups keep the order of their first point, points the grid's order.
     groups: dict[str, list[tuple[Path, str, Trial]]] = {}
     counts: list[tuple[Path, str, dict[str, Any], set[str], set[str]]] = []
     base_cache: dict[tuple[int, str | None], Config] = {}
@@ -241,7 +241,7 @@ def load_grid(path: str | Path, overrides: Iterable[str] = ()) -> Grid:
         mine: set[str] = set()
         new: set[str] = set()
         for t in produced:
-            g = _model_key(t)
+            g = t.key
             if g not in groups:
                 groups[g] = []
                 new.add(g)
@@ -259,11 +259,6 @@ def load_grid(path: str | Path, overrides: Iterable[str] = ()) -> Grid:
 def _without_eval_sets(cfg: Config) -> Config:
     """``cfg`` without what it evaluates on (eval.datasets, eval.snrs, eval.noisy): merged across grid points."""
     return dataclasses.replace(cfg, eval=dataclasses.replace(cfg.eval, datasets=(), snrs=(), noisy=()))
-
-
-def _model_key(t: Trial) -> str:
-    """The model key of a grid point: equal for grid points that train one model (evaluation is not in it)."""
-    return t.key
 
 
 def _one_trial(points: list[tuple[Path, str, Trial]]) -> Trial:

@@ -376,11 +376,9 @@ def check_owner(probe: LedgerProbe, manifest: Manifest, sweep: SweepDir) -> None
 def _ledger_line(sweep: SweepDir, manifest: Manifest, trials: Sequence[Any], states: Mapping[str, FolderState],
                  view: SchedulerView, *, reconcile: bool, deadline_s: float, max_failures: int) -> str:
     """The ledger line: in step, behind (and why nothing was done), or what reconciliation did."""
-    # evaluation jobs have no run of their own: the ledger line is the models' (their results ship with their outboxes)
-    trials = [t for t in trials if not getattr(t, "is_evaluation", False)]
-    states = {t.key: states[t.key] for t in trials if t.key in states}
     held = set(view.held) if view.known else {t.key for t in trials}  # unknown: treat every trial as possibly held
-    lag = behind(states, read_sync(sweep), held, max_failures)
+    evaluations = {t.key for t in trials if getattr(t, "is_evaluation", False)}
+    lag = behind(states, read_sync(sweep), held, max_failures, evaluations)
     pending = sum(fs.pending for fs in states.values())
     outbox = sum(1 for fs in states.values() if fs.pending)
     head = (f"{outbox} trials hold {pending} outbox records not yet in MLflow" if outbox

@@ -291,3 +291,23 @@ def _check_name(name: str) -> None:
     if not ok:
         raise SweepError(f"invalid sweep name {name!r}; valid: letters, digits, '-' and '_' (it names a folder, an "
                          "MLflow experiment and SLURM jobs)")
+
+
+def merge_trials(known: list[Trial], grid_trials: list[Trial]) -> list[Trial]:
+    """The sweep's trials after a later ``submit``: every trial it had, in order, then the grid's new ones.
+
+    A grid trial whose key the sweep already has is the same experiment: it takes the grid's config (its execution
+    settings and data locations may have changed) and keeps its key, label and run. A trial recorded under a key
+    of an older version of the project is matched by its science and keeps the old key, so its runs stay found."""
+    by_key = {t.key: t for t in known}
+    by_science = {t.config.key(): t for t in known}
+    merged: dict[str, Trial] = dict(by_key)
+    added: list[Trial] = []
+    for g in grid_trials:
+        old = by_key.get(g.key) or by_science.get(g.key)
+        if old is None:
+            added.append(g)
+            continue
+        subgrids = old.subgrids + tuple(s for s in g.subgrids if s not in old.subgrids)
+        merged[old.key] = replace(old, config=g.config, subgrids=subgrids)
+    return list(merged.values()) + added

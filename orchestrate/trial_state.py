@@ -196,9 +196,10 @@ class TrialRef:
 
 
 def _conditions_text(conds: Any) -> str:
+    from asr_core.evaluation_contract import describe_conditions
+
     try:
-        return "; ".join(f"{n}: {', '.join('clean' if c is None else f'snr{c:g}' for c in cs)}"
-                         for n, cs in conds.items())
+        return describe_conditions(conds)
     except (AttributeError, TypeError, ValueError):
         return ""
 
@@ -329,16 +330,17 @@ def record_mirrored(sweep: "SweepDir", states: Mapping[str, FolderState], keys: 
 
 
 def behind(states: Mapping[str, FolderState], sync: Mapping[str, str], held: Collection[str] = (),
-           max_failures: int = DEFAULT_MAX_FAILURES) -> dict[str, str]:
+           max_failures: int = DEFAULT_MAX_FAILURES, evaluations: Collection[str] = ()) -> dict[str, str]:
     """{key: why} of the trials whose folders say the ledger is behind, from the folders and :data:`SYNC_FILE`
     alone: records in the outbox that no job will ship (no live lease, not ``held`` by the scheduler), or an
-    orchestrator-side fact (cancel, a failure the job could not record) not mirrored yet."""
+    orchestrator-side fact (cancel, a failure the job could not record) not mirrored yet. ``evaluations``: keys of
+    evaluation jobs, whose state is their folder's alone (only their outbox can lag)."""
     out: dict[str, str] = {}
     for k, fs in states.items():
         if fs.pending and not fs.live and k not in held:  # a running or queued job ships its own records
             out[k] = f"{fs.pending} outbox records"
             continue
-        if fs.live:
+        if fs.live or k in evaluations:
             continue  # its job writes its own states (a cancelled one marks itself KILLED)
         t = ledger_target(fs, held=k in held, max_failures=max_failures)
         if t is not None and t.orchestrator and sync.get(k) != t.fact:
@@ -412,7 +414,8 @@ def reconcile_ledger(ledger: "Ledger", sweep: "SweepDir", trials: Iterable[Any],
     """Bring the ledger in line with the trial folders, within ``deadline_s`` seconds; never raises on an unreachable
     MLflow (the result says how far behind the ledger stays and why).
 
-    Call it under the sweep's lock. ``trials``: the sweep's trials (anything with a ``key``); ``states``: their
+    Call it under the sweep's lock. ``trials``: the sweep's trials (anything with a ``key``; an evaluation job, one
+    with ``is_evaluation`` true, ships its outbox to its ``model``'s run and moves no run's state); ``states``: their
     :class:`FolderState`; ``held``: the keys the scheduler holds now (their jobs ship their own records and may be
     about to run: left alone except for FINISHED and KILLED, which are final); ``max_failures``: the sweep's
     budget (a trial past it is FAILED even when the ledger says SCHEDULED).
@@ -424,14 +427,16 @@ def reconcile_ledger(ledger: "Ledger", sweep: "SweepDir", trials: Iterable[Any],
     SCHEDULED means ``resume`` already queued it again)."""
     t0 = time.monotonic()
     deadline = t0 + max(0.0, deadline_s)
+    trials = list(trials)
     keys = [t.key for t in trials]
+    run_of = {t.key: t.model for t in trials if getattr(t, "is_evaluation", False)}  # evaluation job -> its model
     held = set(held)
-    targets = ledger_targets({k: states[k] for k in keys if k in states}, held, max_failures)
+    targets = ledger_targets({k: states[k] for k in keys if k in states and k not in run_of}, held, max_failures)
     sync = read_sync(sweep)
     try:
         runs = dict(ledger.trial_runs())
     except Exception as e:  # noqa: BLE001 - MLflow down, or any error of its client: report, never raise
-        lagging = tuple(behind({k: states[k] for k in keys if k in states}, sync, held, max_failures))
+        lagging = tuple(behind({k: states[k] for k in keys if k in states}, sync, held, max_failures, run_of))
         return ReconcileResult(behind=lagging, error=_error(e), seconds=time.monotonic() - t0)
 
     # 1. the outboxes of trials no job will ship: the job's own records, in its order (statuses included)
@@ -442,11 +447,11 @@ def reconcile_ledger(ledger: "Ledger", sweep: "SweepDir", trials: Iterable[Any],
     unshipped: list[str] = []
     workers = 1 if getattr(ledger, "uri", "").startswith("sqlite:") else 4
 
-    missing = tuple(k for k in dict.fromkeys([*ship, *targets]) if k not in runs)  # resume creates their runs
-    ship = [k for k in ship if k in runs]
+    missing = tuple(k for k in dict.fromkeys([*ship, *targets]) if run_of.get(k, k) not in runs)  # resume makes them
+    ship = [k for k in ship if run_of.get(k, k) in runs]
 
     def ship_one(k: str) -> tuple[str, int, int, str]:
-        run = runs[k]
+        run = runs[run_of.get(k, k)]
         left_s = deadline - time.monotonic()
         if left_s <= 0:
             return k, 0, states[k].pending, ""
