@@ -300,7 +300,7 @@ def merge_trials(known: list[Trial], grid_trials: list[Trial]) -> list[Trial]:
     settings and data locations may have changed) and keeps its key, label and run. A trial recorded under a key
     of an older version of the project is matched by its science and keeps the old key, so its runs stay found."""
     by_key = {t.key: t for t in known}
-    by_science = {t.config.key(): t for t in known}
+    by_science = {t.config.key(): t for t in known if not t.is_evaluation}  # a job carries its model's config
     merged: dict[str, Trial] = dict(by_key)
     added: list[Trial] = []
     for g in grid_trials:

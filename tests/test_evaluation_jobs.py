@@ -247,3 +247,28 @@ def test_an_evaluation_job_killed_by_sigkill_is_retried_within_the_budget_and_ne
         assert _sha(sweep.trial_dir(k) / "checkpoint.pt") == ckpt[k]
         assert "wer/other" in client.get_run(r.run_id).data.metrics
     assert {r.status for r in _runs(sweep).values()} == {FINISHED}
+
+
+def test_a_model_recorded_under_an_older_key_is_matched_by_science_not_by_its_evaluation_jobs(tmp_path: Path
+                                                                                               ) -> None:
+    """An evaluation job carries its model's config: matching a sweep's trials to a grid's by science must find the
+    model, never the job, or the job would take the grid's config and the model would be trained again."""
+    import dataclasses
+
+    from asr_core.config import resolve
+    from orchestrate.evaluations import evaluation_trial
+    from orchestrate.sweep import merge_trials
+    from orchestrate.trial import Trial
+
+    recorded = Trial.make(resolve({"preset": "tiny", "eval": {"datasets": ["dev=podcast:/d"]}}), 1, "x")
+    old = dataclasses.replace(recorded, key="0123456789ab")  # the key an older version gave it
+    job = evaluation_trial(SweepDir(tmp_path, "s"), old, "b1", {"decoder": "beam"}, {"dev": (None,)},
+                           {"dev": "dev=podcast:/d"})
+    # the grid now evaluates on one more test set: the same model
+    grid_trial = Trial.make(resolve({"preset": "tiny", "eval": {"datasets": ["dev=podcast:/d", "t=podcast:/t"]}}),
+                            1, "x")
+    assert grid_trial.key == recorded.key
+    merged = merge_trials([old, job], [grid_trial])
+    assert [t.key for t in merged] == [old.key, job.key]  # nothing new to train
+    assert merged[0].config == grid_trial.config  # the model takes the grid's eval section
+    assert merged[1] == job
