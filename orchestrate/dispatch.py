@@ -269,6 +269,7 @@ def run_sweep(sweep: SweepDir, manifest: Manifest, trials: list[Trial], profile:
             trials = expand(trials)
         models = [t for t in trials if not t.is_evaluation]
         evals = [t for t in trials if t.is_evaluation]
+        is_eval = {t.key for t in evals}
         parent = ledger.ensure_sweep(manifest.grid, manifest.backend, manifest.sweep_id, str(sweep.path),
                                      adopt=adopt, datasets=eval_dataset_names(models))
         if code is not None:
@@ -298,7 +299,6 @@ def run_sweep(sweep: SweepDir, manifest: Manifest, trials: list[Trial], profile:
                         max_failures=manifest.max_failures)
         if only is not None:
             _restrict(plan, {t.key for t in trials if only(t)})
-        is_eval = {t.key for t in evals}
         log(f"sweep {sweep.name}: {len(trials)} trials: {plan.summary()}")
         for k, why in sorted(plan.gave_up.items()):
             log(f"trial {k}: {why}; left FAILED (retry --failed starts it again)")

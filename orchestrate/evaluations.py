@@ -23,7 +23,7 @@ import time
 from typing import Any, Iterable, Mapping
 
 from asr_core.evaluation_contract import (DEFAULT_EVALUATION, Conditions, EvaluationSpec, conditions_json,
-                                          conditions_lacking, conditions_of, conditions_union, greedy_setting,
+                                          conditions_lacking, conditions_of, conditions_union, default_evaluation,
                                           read_evaluated, setting_differences)
 from asr_core.identity import evaluation_key
 from asr_core.trial_contract import TrialFolder
@@ -50,21 +50,15 @@ def own_evaluation(sweep: SweepDir, model: Trial) -> tuple[Conditions, dict[str,
     rec = read_evaluated(folder.evaluated)
     if rec is not None:
         return rec
-    ev = _ran_eval(folder, model)  # an EVALUATED of an older version, or DONE without one: the config it ran
+    from asr_core.config import Config, ConfigError
+
+    try:  # an EVALUATED of an older version, or DONE without one: the config it ran (config.json, left as it ran)
+        ev = Config.from_yaml(folder.config, stored=True).eval
+    except ConfigError:
+        ev = model.config.eval
     if not ev.datasets or not (folder.evaluated.exists() or folder.eval_dir.exists()):
         return {}, None
-    return conditions_of(ev.datasets, ev.snrs, ev.noisy), greedy_setting(ev.stride, ev.precision, ev.noise)
-
-
-def _ran_eval(folder: TrialFolder, model: Trial) -> Any:
-    import json
-
-    from asr_core.config import Config
-
-    try:
-        return Config.from_stored(json.loads(folder.config.read_text()), source=str(folder.config)).eval
-    except (OSError, ValueError):
-        return model.config.eval
+    return default_evaluation(ev)
 
 
 def _jobs_by_model(trials: Iterable[Trial]) -> dict[tuple[str, str], list[EvaluationSpec]]:
@@ -102,25 +96,32 @@ def plan_default(sweep: SweepDir, trials: list[Trial]) -> list[Trial]:
         if own is None:
             continue
         ran, setting = own
-        ev = m.config.eval
-        wanted = conditions_of(ev.datasets, ev.snrs, ev.noisy)
-        now = greedy_setting(ev.stride, ev.precision, ev.noise)
+        wanted, now = default_evaluation(m.config.eval)
         if setting is not None and wanted and setting != now:
-            what = "; ".join(setting_differences(setting, now))
+            what = "; ".join(f"eval.{d}" for d in setting_differences(setting, now))
             raise EvaluationError(
-                f"model {m.label} ({m.key}) was evaluated with another eval setting than the grid's now ({what}, "
-                f"in eval.{setting_differences(setting, now)[0].split(':')[0]}); one name means one setting and "
-                f"its results ({DEFAULT_EVALUATION}: wer/...) would mix. Set it back in the grid, and evaluate the "
-                "trained models the new way under a name of its own with `orchestrate evaluate SWEEP --spec FILE`")
-        have = conditions_union(ran, *(s.conditions for s in jobs.get((m.key, DEFAULT_EVALUATION), [])))
-        lacking = conditions_lacking(wanted, have)
-        if not lacking:
-            continue
-        t = evaluation_trial(sweep, m, DEFAULT_EVALUATION, now, lacking, _dataset_names(ev.datasets))
-        if t.key not in known:
-            known.add(t.key)
-            added.append(t)
+                f"model {m.label} ({m.key}) was evaluated with another eval setting than the grid's now ({what}); "
+                f"one name means one setting and its results ({DEFAULT_EVALUATION}: wer/...) would mix. Set it "
+                "back in the grid, and evaluate the trained models the new way under a name of its own with "
+                "`orchestrate evaluate SWEEP --spec FILE`")
+        _add_job(sweep, m, DEFAULT_EVALUATION, now, wanted, ran, jobs, _dataset_names(m.config.eval.datasets), None,
+                 known, added)
     return trials + added
+
+
+def _add_job(sweep: SweepDir, model: Trial, name: str, setting: Mapping[str, Any], wanted: Conditions,
+             have: Conditions, jobs: Mapping[tuple[str, str], list[EvaluationSpec]], specs: Mapping[str, str],
+             decoder: Mapping[str, Any] | None, known: set[str], added: list[Trial]) -> None:
+    """Append to ``added`` the job for what of ``wanted`` neither ``have`` nor a job of ``name`` already holds
+    (none when nothing lacks, or its job is in ``known``)."""
+    lacking = conditions_lacking(wanted, conditions_union(have, *(s.conditions for s in jobs.get((model.key, name),
+                                                                                                   []))))
+    if not lacking:
+        return
+    t = evaluation_trial(sweep, model, name, setting, lacking, specs, decoder)
+    if t.key not in known:
+        known.add(t.key)
+        added.append(t)
 
 
 def plan_named(sweep: SweepDir, trials: list[Trial], models: Iterable[Trial], name: str,
@@ -144,16 +145,8 @@ def plan_named(sweep: SweepDir, trials: list[Trial], models: Iterable[Trial], na
         if not specs:
             raise EvaluationError(f"model {m.label} has no eval.datasets and the spec gives no 'datasets': list the "
                                   "datasets to evaluate there (NAME=FORMAT:PATH)")
-        wanted = conditions_of(specs.values(), snrs)
-        have = conditions_union((have_metrics or {}).get(m.key, {}),
-                                *(s.conditions for s in jobs.get((m.key, name), [])))
-        lacking = conditions_lacking(wanted, have)
-        if not lacking:
-            continue
-        t = evaluation_trial(sweep, m, name, setting, lacking, specs, decoder)
-        if t.key not in known:
-            known.add(t.key)
-            added.append(t)
+        _add_job(sweep, m, name, setting, conditions_of(specs.values(), snrs), (have_metrics or {}).get(m.key, {}),
+                 jobs, specs, decoder, known, added)
     return trials + added, added, untrained
 
 

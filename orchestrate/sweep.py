@@ -146,8 +146,7 @@ class SweepDir:
             return folder.path
         config = trial.config
         if folder.evaluated.exists() and folder.config.exists():  # its evaluation is done: keep the one it ran
-            ran = Config.from_stored(json.loads(folder.config.read_text()), source=str(folder.config))
-            config = replace(config, eval=ran.eval)
+            config = replace(config, eval=Config.from_yaml(folder.config, stored=True).eval)
         if trial.evaluation is not None and not is_evaluation(folder.path):
             EvaluationSpec.from_dict(trial.evaluation).write(folder.path)
         write_config(folder.path, config)
