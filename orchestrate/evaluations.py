@@ -150,6 +150,18 @@ def plan_named(sweep: SweepDir, trials: list[Trial], models: Iterable[Trial], na
     return trials + added, added, untrained
 
 
+def evaluation_config(job: Trial) -> Any:
+    """The config of an evaluation job with an eval section that decodes what the job decodes (its datasets; every
+    SNR of its conditions on the datasets that have one): what :mod:`orchestrate.estimate` sizes. It may count a
+    clean condition the job leaves out: an estimate for a time limit errs long."""
+    spec = EvaluationSpec.from_dict(job.evaluation or {})
+    snrs = sorted({c for cs in spec.conditions.values() for c in cs if c is not None})
+    noisy = tuple(n for n, cs in spec.conditions.items() if any(c is not None for c in cs))
+    ev = dataclasses.replace(job.config.eval, datasets=spec.datasets, snrs=tuple(snrs),
+                             noisy=() if len(noisy) == len(spec.conditions) else noisy)
+    return dataclasses.replace(job.config, eval=ev)
+
+
 def decoded_before(uri: str, sweep_name: str, name: str, models: Iterable[Trial]) -> dict[str, Conditions]:
     """{model key: the conditions whose ``wer_<name>/<dataset>[/snr<DB>]`` its run already holds} (decoded by an
     earlier version's decode jobs under this name): never decoded again. One search of the sweep's trial runs."""

@@ -96,6 +96,28 @@ def test_rules_give_long_contexts_more_time_and_group_the_arrays(tmp_path: Path)
     assert [[j.run_id for j in g] for _, g in groups] == [["r2"], ["r1", "r3"]]  # shortest first, order kept
 
 
+def test_an_evaluation_job_asks_the_time_of_its_decoding_not_of_its_models_training(tmp_path: Path) -> None:
+    """Under ``time_limit: estimate`` an evaluation job of the 10 s main model asks for its greedy decoding of
+    TED-LIUM (2.6 h, known by name) at two conditions, not its model's 15 h of training; a beam decoder, or a test
+    set of unknown size, gets the cap; with no cap that is refused, naming the job."""
+    from orchestrate.evaluations import evaluation_trial
+
+    short = min(_grid(tmp_path).trials, key=lambda t: t.config.data.context_s)
+    sweep = SweepDir(tmp_path / "runs", "s")
+    ted = {"tedlium": f"tedlium=tedlium:{tmp_path / 'not-here'}"}
+    greedy = evaluation_trial(sweep, short, "greedy", {"decoder": "greedy"}, {"tedlium": (None, 5.0)}, ted)
+    beam = evaluation_trial(sweep, short, "b1", {"decoder": "beam"}, {"tedlium": (None,)}, ted, decoder={"beta": 1})
+    unknown = evaluation_trial(sweep, short, "greedy", {"decoder": "greedy"}, {"gone": (None,)},
+                               {"gone": f"gone=podcast:{tmp_path / 'gone'}"})
+    prof = Profile(time_limit="estimate", time_margin=1.25, time_max="40:00:00")
+    res = trial_resources([short, greedy, beam, unknown], prof)
+    assert res[greedy.key].time_min < res[short.key].time_min / 4, (res[greedy.key], res[short.key])
+    assert "evaluation estimate" in res[greedy.key].why
+    assert res[beam.key].time_min == res[unknown.key].time_min == 2400 and "the cap" in res[beam.key].why
+    with pytest.raises(Exception, match=f"evaluation job {re.escape(beam.label)}.*time_max"):
+        trial_resources([beam], Profile(time_limit="estimate"), cap_min=None)
+
+
 @pytest.mark.parametrize("body,names", [
     ("time_limit: soon\n", "time_limit"),
     ("time_limit: estimate\ntime_max: later\n", "time_max"),

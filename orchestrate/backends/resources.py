@@ -141,7 +141,10 @@ def trial_resources(trials: Sequence["Trial"], profile: "Profile", cap_min: int 
     for t in trials:
         fitted = profile.fit(t)
         why = []
-        if time_rule:
+        if time_rule and fitted.is_evaluation:
+            limit, note = _evaluation_limit(fitted, cal, profile, cap_min)
+            why.append(note)
+        elif time_rule:
             e = est.estimate_trial(fitted, cal, None, workdir=workdir)
             limit = time_limit_minutes(e.hours, profile.time_margin, cap_min, profile.signal_delay_s)
             capped = " (the cap)" if cap_min and limit == cap_min else ""
@@ -161,6 +164,26 @@ def trial_resources(trials: Sequence["Trial"], profile: "Profile", cap_min: int 
                        "threads)")
         out[t.key] = Resources(limit, start if 0 < start < limit else 0, mem, "; ".join(why))
     return out
+
+
+def _evaluation_limit(trial: "Trial", cal: Any, profile: "Profile", cap_min: int | None) -> tuple[int, str]:
+    """An evaluation job's time limit under ``time_limit: estimate``: a greedy evaluation's estimated decoding
+    (:func:`orchestrate.estimate.eval_seconds` of what it decodes) x ``time_margin``; a beam decoder, or a test set
+    of unknown size, gets the cap (``time_max`` or the partition's ``MaxTime``): an evaluation keeps no checkpoint,
+    so a limit too short would end it again at every requeue."""
+    from orchestrate import estimate as est
+    from orchestrate.evaluations import evaluation_config
+
+    secs = est.eval_seconds(evaluation_config(trial), cal) if not trial.evaluation.get("decoder") else None
+    if secs is None:
+        if cap_min is None:
+            raise est.EstimateError(f"evaluation job {trial.label}: a beam decoder or a test set of unknown size "
+                                    "has no estimate, and neither time_max nor the partition's MaxTime caps it; set "
+                                    "time_max in the profile")
+        return cap_min, f"evaluation: the cap {format_minutes(cap_min)} (no estimate of its decoding)"
+    hours = (secs + cal.startup_s) / 3600.0
+    limit = time_limit_minutes(hours, profile.time_margin, cap_min, profile.signal_delay_s)
+    return limit, f"evaluation estimate {hours:.2f} h x {profile.time_margin:g} -> {format_minutes(limit)}"
 
 
 def group_by_resources(items: Iterable[Any], resources: dict[str, Resources], key: Any = lambda j: j.trial.key
