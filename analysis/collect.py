@@ -251,28 +251,27 @@ def _seed(tags: Mapping[str, str], params: Mapping[str, str]) -> int | None:
 
 
 def _science_params(params: Mapping[str, str], *, named: bool = False) -> dict[str, str]:
-    """The params that name the experiment, as trial keys see them (asr_core.identity): execution settings dropped,
-    data locations replaced by the data's names, values at the identity baseline dropped. So seeds of one
-    configuration stay one configuration when they ran with other loader workers, from a moved corpus, or before
-    and after an option was added (logged by some runs at its default, absent from older ones).
+    """The params that name the experiment, as model keys see them (asr_core.identity): execution settings and the
+    evaluation (``eval.*``) dropped, data locations replaced by the data's names, values at the identity baseline
+    dropped. So seeds of one configuration stay one configuration when they ran with other loader workers, from a
+    moved corpus, evaluated on other test sets, or before and after an option was added (logged by some runs at its
+    default, absent from older ones).
 
     ``named``: for naming series instead, keep baseline values and fill every baseline field a run lacks, so that
     every run shows every field (``posenc=rotary`` beside ``posenc=sinusoidal``)."""
-    import ast
-
-    from asr_core.identity import EXECUTION, NAMED, baseline, identity_value
+    from asr_core.identity import EVALUATION_SECTION, EXECUTION, NAMED, baseline, identity_value
 
     def shown(x: Any) -> str:
         return str(list(x)) if isinstance(x, (list, tuple)) else str(x)
 
     out: dict[str, str] = {}
     for k, v in params.items():
-        if k in EXECUTION:
+        if k in EXECUTION or k.startswith(EVALUATION_SECTION):
             continue
-        if k in NAMED or k == "eval.snrs":
+        if k in NAMED:  # data.train, data.tokenizer: the data's name, not where it lies
             try:
-                v = shown(identity_value(k, ast.literal_eval(v) if k.startswith("eval.") and k != "eval.noise" else v))
-            except (ValueError, SyntaxError, TypeError):
+                v = shown(identity_value(k, v))
+            except (ValueError, TypeError):
                 pass  # not in the form the ledger logs: compare it as it is
         base = baseline(k)
         if base is not None and v == shown(base) and not named:
@@ -282,7 +281,8 @@ def _science_params(params: Mapping[str, str], *, named: bool = False) -> dict[s
         from asr_core.identity import BASELINE
 
         for k, base in BASELINE.items():
-            out.setdefault(k, shown(base))
+            if not k.startswith(EVALUATION_SECTION):
+                out.setdefault(k, shown(base))
     return out
 
 

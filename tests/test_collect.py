@@ -183,6 +183,16 @@ def test_execution_settings_and_data_locations_do_not_split_a_configuration() ->
     assert build_sweep("t", [*recs, other]).trials["config_id"].nunique() == 2
 
 
+def test_seeds_evaluated_on_other_test_sets_are_one_configuration() -> None:
+    """Evaluation is not in a model's identity (issue 28): a seed trained after the grid gained a test set, an SNR
+    or another stride logs other eval.* params, and is still a seed of the same configuration."""
+    recs = [_rec("a", seed=0, extra={"eval.datasets": str(["dev=podcast:/d/dev"]), "eval.snrs": "[]"}),
+            _rec("b", seed=1, extra={"eval.datasets": str(["dev=podcast:/d/dev", "t=podcast:/d/t"]),
+                                     "eval.snrs": "[5.0]", "eval.stride": "0.25"})]
+    sw = build_sweep("t", recs)
+    assert sw.trials["config_id"].nunique() == 1 and sw.trials["series_id"].nunique() == 1
+
+
 def test_no_trial_runs_is_an_error() -> None:
     with pytest.raises(CollectError, match="no trial runs"):
         build_sweep("t", [_rec("p", role="parent")])
