@@ -85,6 +85,9 @@ DECODER_SETTINGS = ("lm", "lm_context", "alpha", "beta", "beam_width", "lm_step"
 DECODER_COLUMNS = ["run_id", "decoder", *DECODER_SETTINGS, "settings"]
 HEAD_COLUMNS = ["run_id", "dataset", "representation", "statistic", "layer", "value"]
 LM_PPL_COLUMNS = ["lm_run", "lm_name", "dataset", "lm_context", "ppl"]
+# one row per finished run, evaluation that ran on it, dataset and condition (asr_core.evaluation_contract's tags);
+# ``job``: "own" (the trial's own evaluation at the end of training) or an evaluation job's id; ``setting``: JSON
+EVALUATION_COLUMNS = ["run_id", "evaluation", "job", "dataset", "condition", "setting"]
 
 
 class CollectError(RuntimeError):
@@ -194,7 +197,9 @@ class Sweep:
       (:data:`DECODER_COLUMNS`; ``settings`` the tag's JSON);
     * ``heads``: head similarity (:data:`HEAD_COLUMNS` and the trial columns), one row per finished run, dataset,
       representation (A, Q, K, V, Y) and statistic (``sum``, ``similarity``, ``layer`` with its ``layer``);
-    * ``lm_ppl``: LM perplexity per token (:data:`LM_PPL_COLUMNS`), one row per LM run, dataset and LM context.
+    * ``lm_ppl``: LM perplexity per token (:data:`LM_PPL_COLUMNS`), one row per LM run, dataset and LM context;
+    * ``evaluations``: which evaluation measured what on each finished run (:data:`EVALUATION_COLUMNS`), from the
+      runs' ``eval.evaluation.<id>`` tags (none on runs made before evaluations were recorded).
     """
 
     experiment: str
@@ -207,6 +212,7 @@ class Sweep:
     decoders: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=DECODER_COLUMNS))
     heads: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=HEAD_COLUMNS))
     lm_ppl: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=LM_PPL_COLUMNS))
+    evaluations: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=EVALUATION_COLUMNS))
 
     @property
     def families(self) -> list[str]:
@@ -377,9 +383,11 @@ def build_sweep(experiment: str, records: Iterable[RunRecord], *, ignore_params:
     rec_frames: list[pd.DataFrame] = []
     decoder_rows: list[dict[str, Any]] = []
     head_rows: list[dict[str, Any]] = []
+    evaluation_rows: list[dict[str, Any]] = []
     for rec in kept:
         label = by_run.loc[rec.run_id, "label"]
         head_rows.extend(_head_rows(rec))
+        evaluation_rows.extend(_evaluation_rows(rec))
         have: dict[tuple[str, str, str], tuple[float, float]] = {}  # (decoder, dataset, condition) -> (wer, snr)
         for key, value in rec.metrics.items():
             parsed = parse_decoder_metric_key(key)
@@ -462,7 +470,8 @@ def build_sweep(experiment: str, records: Iterable[RunRecord], *, ignore_params:
     lm_ppl = pd.DataFrame(lm_rows, columns=LM_PPL_COLUMNS).sort_values(["lm_name", "lm_run", "dataset",
                                                                         "lm_context"]).reset_index(drop=True)
     return Sweep(experiment, trials, wer, recs, prob, params, external,
-                 pd.DataFrame(decoder_rows, columns=DECODER_COLUMNS), heads, lm_ppl)
+                 pd.DataFrame(decoder_rows, columns=DECODER_COLUMNS), heads, lm_ppl,
+                 pd.DataFrame(evaluation_rows, columns=EVALUATION_COLUMNS))
 
 
 def _decoder_settings(rec: RunRecord, decoder: str) -> tuple[dict[str, Any], str]:
@@ -483,6 +492,21 @@ def _decoder_settings(rec: RunRecord, decoder: str) -> tuple[dict[str, Any], str
     row.update({k: str(value[k]) for k in DECODER_SETTINGS if value.get(k) is not None})
     row["settings"] = json.dumps(value, sort_keys=True)
     return row, ""
+
+
+def _evaluation_rows(rec: RunRecord) -> list[dict[str, Any]]:
+    from asr_core.evaluation_contract import parse_evaluation_tag
+
+    out = []
+    for key, value in sorted(rec.tags.items()):
+        parsed = parse_evaluation_tag(key, value)
+        if parsed is None:
+            continue
+        job, name, conditions, setting = parsed
+        for dataset, conds in conditions.items():
+            out += [{"run_id": rec.run_id, "evaluation": name, "job": job, "dataset": dataset,
+                     "condition": condition_name(c), "setting": json.dumps(setting, sort_keys=True)} for c in conds]
+    return out
 
 
 def _head_rows(rec: RunRecord) -> list[dict[str, Any]]:

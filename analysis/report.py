@@ -38,8 +38,8 @@ from . import stats
 from .collect import CLEAN, Sweep
 from .finding import Check, Gain, finding_checks, summary_sentence
 from .plots import Figure, Skipped, choose_main_family, draw_figures, draw_heads_figures, draw_ppl_figure
-from .werr import (DEFAULT_BASELINE_CONTEXT_S, baseline_notes, format_seconds, significance_table, snr_table,
-                   wer_table, werr_table)
+from .werr import (DEFAULT_BASELINE_CONTEXT_S, baseline_notes, evaluation_notes, format_seconds, significance_table,
+                   snr_table, wer_table, werr_table)
 
 log = logging.getLogger(__name__)
 
@@ -239,7 +239,7 @@ def build_report(sweep: Sweep, out_dir: Path | str, *, baseline_context: float =
     log.info("tables in %.1f s (%d comparisons)", time.perf_counter() - t0, len(sig))
     figures, skipped = draw_figures(sweep, werr, wer, out, baseline_context=baseline_context,
                                     main_family=main_family)
-    notes = baseline_notes(sweep, baseline_context)
+    notes = baseline_notes(sweep, baseline_context) + evaluation_notes(sweep)
     checks, gains = finding_checks(sweep, alpha=alpha, wer=wer)
 
     csvs = {"wer": wer, "werr": werr, "significance": sig, "snr": snr, "problems": sweep.problems,

@@ -10,6 +10,7 @@ SNR condition (the noisy 10 s model is the base for the noisy longer-context mod
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import re
 from typing import Iterable
@@ -361,3 +362,26 @@ def resolve_config(sweep: Sweep, spec: str, *, family: str | None = None, series
                         sorted(zip(configs["config"], configs["context_s"]), key=lambda t: (t[1], t[0])))
     raise SelectionError(f"{spec!r} names no configuration" + (f" in family {family!r}" if family else "")
                          + f"; configurations: {listing}")
+
+
+def evaluation_notes(sweep: Sweep) -> list[str]:
+    """Which evaluation the greedy tables read (every WER, WERR, significance and SNR table, and the figures): the
+    setting of evaluation ``greedy`` on the finished runs, and the conditions evaluation jobs added after training.
+    Nothing for runs that recorded no evaluation (made before evaluations were recorded)."""
+    ev = sweep.evaluations
+    greedy = ev[ev["evaluation"] == GREEDY] if len(ev) else ev
+    if greedy.empty:
+        return []
+    settings = []
+    for text in sorted(set(greedy["setting"])):
+        d = json.loads(text)
+        settings.append(", ".join(f"{k} {d[k]}" for k in ("stride", "precision", "noise") if k in d))
+    runs = greedy["run_id"].nunique()
+    line = (f"Every WER, WERR, significance and noise table and figure reads evaluation {GREEDY} "
+            f"({'; '.join(settings)}) of {runs} runs")
+    added = greedy[greedy["job"] != "own"]
+    if added.empty:
+        return [line + ", each measured at the end of its training."]
+    what = ", ".join(f"{d} {c}" for (d, c), _ in added.groupby(["dataset", "condition"], sort=True))
+    return [line + f"; evaluation jobs measured {what} on {added['run_id'].nunique()} of them after training "
+                   "(the model's run holds both, its tables merged)."]

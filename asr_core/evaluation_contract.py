@@ -32,6 +32,11 @@ from typing import Any, Iterable, Mapping
 
 EVALUATION_FILE = "evaluation.json"  # in an evaluation job's folder: its EvaluationSpec
 DEFAULT_EVALUATION = "greedy"  # the grid's eval section: greedy CTC, metrics wer/..., tables eval/<dataset>.csv
+# A tag on the model's run per evaluation that ran: <prefix><id> = JSON {name, conditions, setting}; id ``own`` for
+# the trial job's own (default) evaluation, the evaluation key's last 8 digits for a job. analysis reads them to say
+# which evaluation each of its tables uses.
+EVALUATION_TAG_PREFIX = "eval.evaluation."
+OWN_EVALUATION = "own"
 
 Condition = float | None  # None: clean audio; a number: music at that SNR in dB
 Conditions = dict[str, tuple[Condition, ...]]  # dataset name -> conditions, clean first then SNRs ascending
@@ -167,6 +172,25 @@ def read_evaluation(folder: Path | str) -> EvaluationSpec | None:
 
 def is_evaluation(folder: Path | str) -> bool:
     return (Path(folder) / EVALUATION_FILE).exists()
+
+
+def evaluation_tag(ident: str, name: str, conditions: Mapping[str, Iterable[Condition]],
+                   setting: Mapping[str, Any]) -> dict[str, str]:
+    """The tag (one item) recording one evaluation on its model's run (:data:`EVALUATION_TAG_PREFIX`)."""
+    return {f"{EVALUATION_TAG_PREFIX}{ident}": json.dumps({"name": name, "conditions": conditions_json(conditions),
+                                                           "setting": dict(setting)}, sort_keys=True)}
+
+
+def parse_evaluation_tag(key: str, value: str) -> tuple[str, str, Conditions, dict[str, Any]] | None:
+    """(id, name, conditions, setting) of an evaluation tag; None for another tag or one that does not parse."""
+    if not key.startswith(EVALUATION_TAG_PREFIX):
+        return None
+    try:
+        d = json.loads(value)
+        return (key[len(EVALUATION_TAG_PREFIX):], str(d["name"]),
+                {n: _sorted_conditions(v) for n, v in d["conditions"].items()}, dict(d["setting"]))
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
 
 
 # ---- what a finished default evaluation covered -----------------------------------------------------------------

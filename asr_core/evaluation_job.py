@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from asr_core import signals
-from asr_core.evaluation_contract import EvaluationSpec, read_evaluation
+from asr_core.evaluation_contract import EvaluationSpec, evaluation_tag, read_evaluation
 from asr_core.trial_contract import TrialFolder
 
 if TYPE_CHECKING:
@@ -91,3 +91,5 @@ def run_evaluation(spec: EvaluationSpec, cfg: "Config", folder: TrialFolder, tra
                  noise=cfg.eval.noise, tracking_uri=tracking_uri, run_id=run_id, out_dir=folder.eval_dir,
                  progress=progress, outbox=outbox, log=outbox is not None, precision=cfg.eval.precision, beam=beam,
                  conditions=spec.conditions, tables_from=earlier_tables(spec))
+    if outbox is not None:
+        outbox.tags(evaluation_tag(spec.key.rsplit("-", 1)[-1], spec.name, spec.conditions, spec.setting))

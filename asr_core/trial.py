@@ -68,8 +68,8 @@ from typing import TYPE_CHECKING
 
 from asr_core import signals
 from asr_core.config import Config, ConfigError
-from asr_core.evaluation_contract import (EvaluationSpec, default_evaluation, describe_conditions, evaluated_record,
-                                          read_evaluation)
+from asr_core.evaluation_contract import (DEFAULT_EVALUATION, OWN_EVALUATION, EvaluationSpec, default_evaluation,
+                                          describe_conditions, evaluated_record, evaluation_tag, read_evaluation)
 from asr_core.evaluation_job import EvaluationInterrupted, run_evaluation
 from asr_core.outbox import FINAL_FLUSH_S, PREEMPT_FLUSH_S, Outbox, fail_fast_http
 from asr_core.provenance import CodeVersion, code_version
@@ -316,9 +316,11 @@ def _train_and_evaluate(cfg: Config, folder: TrialFolder, lease: "Lease", tracki
         _say("evaluation already finished")
     else:
         _evaluate_interruptibly(cfg, checkpoint, folder.path, tracking_uri, run_id, progress, outbox)
+        own = default_evaluation(cfg.eval)
         if outbox is not None:
+            outbox.tags(evaluation_tag(OWN_EVALUATION, DEFAULT_EVALUATION, *own))
             outbox.sync()  # the evaluation's records are on disk before the marker that skips it
-        evaluated.write_text(evaluated_record(*default_evaluation(cfg.eval)))
+        evaluated.write_text(evaluated_record(*own))
     if cfg.eval.head_diversity:
         _measure_heads_interruptibly(cfg, checkpoint, folder, tracking_uri, run_id, progress, outbox)
 

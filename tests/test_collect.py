@@ -193,6 +193,28 @@ def test_seeds_evaluated_on_other_test_sets_are_one_configuration() -> None:
     assert sw.trials["config_id"].nunique() == 1 and sw.trials["series_id"].nunique() == 1
 
 
+def test_the_evaluations_a_run_records_are_read_and_named_in_the_report() -> None:
+    """A run's ``eval.evaluation.<id>`` tags (its own evaluation, then an evaluation job's) become
+    ``Sweep.evaluations``, and the report's note says which evaluation its greedy tables read and what jobs added;
+    runs without such tags get no note."""
+    from asr_core.evaluation_contract import evaluation_tag
+    from analysis.werr import evaluation_notes
+
+    setting = {"decoder": "greedy", "stride": 0.125, "precision": "auto", "noise": "synthetic"}
+    tags = {**evaluation_tag("own", "greedy", {"dev": (None,)}, setting),
+            **evaluation_tag("1a2b3c4d", "greedy", {"dev": (5.0,), "t": (None, 5.0)}, setting)}
+    rec = _rec("a", seed=0)
+    rec = RunRecord(rec.run_id, rec.status, {**rec.tags, **tags}, rec.params, rec.metrics, rec.tables)
+    sw = build_sweep("t", [rec, _rec("b", seed=1)])
+    ev = sw.evaluations
+    assert sorted(zip(ev["job"], ev["dataset"], ev["condition"])) == [
+        ("1a2b3c4d", "dev", "snr5"), ("1a2b3c4d", "t", "clean"), ("1a2b3c4d", "t", "snr5"), ("own", "dev", "clean")]
+    (note,) = evaluation_notes(sw)
+    assert "evaluation greedy (stride 0.125, precision auto, noise synthetic) of 1 runs" in note
+    assert "evaluation jobs measured dev snr5, t clean, t snr5 on 1 of them" in note
+    assert evaluation_notes(build_sweep("t", [_rec("b", seed=1)])) == []
+
+
 def test_no_trial_runs_is_an_error() -> None:
     with pytest.raises(CollectError, match="no trial runs"):
         build_sweep("t", [_rec("p", role="parent")])

@@ -119,6 +119,20 @@ def test_a_new_test_set_and_snr_evaluate_finished_models_without_training_them(t
         table = Path(client.download_artifacts(runs[k].run_id, "eval/dev.csv", str(tmp_path / f"dl-{k}")))
         assert {ln.split(",")[1] for ln in table.read_text().splitlines()[1:]} == {"clean", "snr5"}
 
+    # analysis reads every evaluation of each model and says which one its tables use
+    from analysis.collect import collect
+    from analysis.werr import evaluation_notes
+
+    sw = collect("evj", uri, progress=False)
+    greedy = sw.wer[sw.wer["decoder"] == "greedy"]
+    assert set(zip(greedy["dataset"], greedy["condition"])) == {("dev", "clean"), ("dev", "snr5"),
+                                                               ("other", "clean"), ("other", "snr5")}
+    # two-step models have learned nothing (a problem the report names), but no table lacks a condition
+    assert len(greedy) == 8 and not any("eval/" in p for p in sw.problems["problem"]), sw.problems["problem"]
+    assert set(sw.evaluations["job"]) == {"own", *(t["key"].rsplit("-", 1)[1] for t in evals)}
+    (note,) = evaluation_notes(sw)
+    assert "stride 1.0" in note and "evaluation jobs measured dev snr5, other clean, other snr5 on 2" in note
+
     capsys.readouterr()
     assert main(["status", "evj", "--sweep-root", str(root)]) == 0
     out = capsys.readouterr().out
