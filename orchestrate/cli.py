@@ -25,8 +25,8 @@ from asr_core.trial_contract import EXIT_USAGE
 from orchestrate.backends.base import Backend, BackendError
 from orchestrate.backends.profile import load_profile
 from orchestrate.decode_file import DecodeFileError
-from orchestrate.decode_jobs import DecodeError
 from orchestrate.evaluations import EvaluationError
+from orchestrate.where import WhereError
 from orchestrate.grid import Grid, GridError, load_grid, plan_table
 from orchestrate.ledger import Ledger, LedgerError, check_tracking_uri, default_tracking_uri
 from orchestrate.sweep import DEFAULT_MAX_FAILURES, Manifest, SweepDir, SweepError, merge_trials, new_sweep_id
@@ -132,9 +132,7 @@ def _parser() -> argparse.ArgumentParser:
                       help="evaluation spec (YAML, e.g. grids/decode-lm.yaml): name, lm, alpha, beta, beam_width, "
                            "lm_context, prompt, datasets, snrs, stride; run as evaluation jobs of the sweep (one "
                            "per trained model lacking it: same backend, max_parallel, status, cancel and retry)")
-    what.add_argument("--decode", metavar="FILE",
-                      help="the same file run by the earlier decode jobs (their own arrays, outside the sweep's "
-                           "max_parallel and cancel); prefer --spec")
+    what.add_argument("--decode", metavar="FILE", help="the same as --spec (its earlier name)")
     sp.add_argument("--where", action="append", default=[], metavar="KEY=VALUE",
                     help="only trials whose config has this value (e.g. data.context_s=10.24, model.heads=6) or "
                          "sub-grid (subgrid=NAME); repeat a key for alternatives, other keys must all hold")
@@ -395,97 +393,47 @@ def _selected(where: list[str]) -> "Callable[[Trial], bool] | None":
     """What ``--where`` selects, as a test of a trial (None without it: everything)."""
     if not where:
         return None
-    from orchestrate.decode_jobs import matches, parse_where
+    from orchestrate.where import matches, parse_where
 
     w = parse_where(where)
     return lambda t: matches(t, w)
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    """Decode the sweep's finished trials with the decode file's setting: ``--spec`` as evaluation jobs of the sweep
-    (:func:`_evaluate_spec`), ``--decode`` as decode jobs (:mod:`orchestrate.decode_jobs`); the trials' keys,
-    folders and training state are never touched."""
-    if args.spec:
-        return _evaluate_spec(args)
-    from orchestrate.backends import make_backend
-    from orchestrate.decode_file import load_decode_file
-    from orchestrate.decode_jobs import (SLURM_BACKENDS, DecoderDir, check_trial_data, live_keys, parse_where,
-                                         plan_decode, run_local, submit_slurm)
-
-    spec = load_decode_file(args.decode)
-    where = parse_where(args.where)
-    sweep, manifest, trials = _open(args)
-    if manifest.backend not in ("local", *SLURM_BACKENDS):
-        raise UsageError(f"sweep {sweep.name!r} runs on backend {manifest.backend!r}; evaluate decodes on local, "
-                         f"{', '.join(SLURM_BACKENDS)}")
-    profile = load_profile(manifest.profile or None)
-    backend = make_backend(manifest.backend, sweep, manifest.tracking_uri, profile)
-    check_shared_ledger(backend, manifest.tracking_uri, manifest.allow_sqlite, "the sweep's, in its sweep.json")
-    setting = spec.setting()
-    decoder = DecoderDir(sweep, spec.name)
-    decoder.check_setting(spec, setting)
-    workdir = Path(manifest.workdir or Path.cwd())
-    cluster = manifest.backend in SLURM_BACKENDS
-    if args.dry_run:
-        plan = plan_decode(sweep, manifest, trials, spec, where, live_keys(decoder) if cluster else ())
-        check_trial_data(plan.items, workdir)
-        print(f"sweep {sweep.name}, decoder {spec.name} (dry run, nothing submitted): {plan.summary()}")
-        for i in plan.items:
-            print(f"  {i.label} ({i.key}) run {i.run_id}: {', '.join(i.datasets)}; SNRs "
-                  f"{', '.join(f'{s:g}' for s in i.snrs) or 'none (clean only)'}")
-        return 0
-    if cluster:
-        from orchestrate.backends import slurm_commands
-
-        slurm_commands.check_cluster(profile)
-    with sweep.lock(f"evaluate {spec.name}"):
-        new = decoder.check_setting(spec, setting)  # again under the lock: another evaluate may have claimed it
-        plan = plan_decode(sweep, manifest, trials, spec, where, live_keys(decoder) if cluster else ())
-        check_trial_data(plan.items, workdir)
-        print(f"sweep {sweep.name}, decoder {spec.name}: {plan.summary()}", flush=True)
-        if not plan.items:
-            return 0
-        if new:
-            decoder.claim(spec, setting)
-        code = _code().label
-        if cluster:
-            submit_slurm(decoder, plan.items, profile, code, manifest.backend)
-            print(f"  results: wer_{spec.name}/... in each trial's run; again: orchestrate evaluate {sweep.name} "
-                  f"--decode {args.decode} --sweep-root {args.sweep_root}")
-            return 0
-        failed = run_local(decoder, decoder.new_submission(manifest.backend, plan.items, code), workdir)
-    print(f"sweep {sweep.name}, decoder {spec.name}: {len(plan.items) - failed} decoded, {failed} failed"
-          + (f" (logs in {decoder.path / 'logs'}; `orchestrate evaluate` again retries them)" if failed else ""))
-    return 1 if failed else 0
-
-
-def _evaluate_spec(args: argparse.Namespace) -> int:
-    """``evaluate SWEEP --spec FILE``: one evaluation job per trained model (``--where``) that lacks the spec's
-    conditions under its name, submitted with the sweep's other jobs (:func:`orchestrate.dispatch.run_sweep`)."""
+    """``evaluate SWEEP --spec FILE`` (``--decode FILE`` is the same): one evaluation job per trained model
+    (``--where``) that lacks the spec's conditions under its name, submitted with the sweep's other jobs
+    (:func:`orchestrate.dispatch.run_sweep`: the same backend, ``max_parallel``, ``status``, ``cancel`` and
+    ``retry``); the models' keys, folders and training state are never touched."""
     from asr_core.evaluation_contract import describe_conditions
     from orchestrate.backends import make_backend
     from orchestrate.decode_file import load_decode_file
-    from orchestrate.decode_jobs import DecoderDir, matches, parse_where
     from orchestrate.dispatch import run_sweep
-    from orchestrate.evaluations import decoded_before, plan_named
+    from orchestrate.evaluations import EvaluationName, decoded_before, missing_data, plan_named
+    from orchestrate.where import matches, parse_where
 
-    spec = load_decode_file(args.spec)
+    spec = load_decode_file(args.spec or args.decode)
     where = parse_where(args.where)
     sweep, manifest, trials = _open(args)
     profile = load_profile(manifest.profile or None)
     backend = make_backend(manifest.backend, sweep, manifest.tracking_uri, profile)
     check_shared_ledger(backend, manifest.tracking_uri, manifest.allow_sqlite, "the sweep's, in its sweep.json")
     setting = spec.setting()
-    names = DecoderDir(sweep, spec.name)  # one name, one setting: the record the decode jobs keep too
+    names = EvaluationName(sweep, spec.name)
     names.check_setting(spec, setting)
     decoder = {k: v for k, v in spec.to_dict().items() if k not in ("name", "datasets", "snrs", "source")}
     models = [t for t in trials if not t.is_evaluation and matches(t, where)]
     have = decoded_before(manifest.tracking_uri, manifest.name, spec.name, models)
+    workdir = Path(manifest.workdir or Path.cwd())
     planned: dict[str, list[Trial]] = {}
 
     def expand(ts: list[Trial]) -> list[Trial]:
         out, planned["added"], planned["untrained"] = plan_named(sweep, ts, models, spec.name, setting,
                                                                  spec.datasets, spec.snrs, decoder, have)
+        missing = missing_data(planned["added"], workdir)
+        if missing:
+            raise UsageError("data not found: " + ", ".join(f"{p} (evaluation job {k})" for p, k in
+                                                            sorted(missing.items()))
+                             + f"; give the datasets in {spec.source} ('datasets'), or move the data back")
         return out
 
     if args.dry_run:
@@ -499,9 +447,10 @@ def _evaluate_spec(args: argparse.Namespace) -> int:
         return 0
 
     def claim_and_expand(ts: list[Trial]) -> list[Trial]:
+        out = expand(ts)
         if names.check_setting(spec, setting):  # again under the lock: another command may have claimed it
             names.claim(spec, setting)
-        return expand(ts)
+        return out
 
     plan = run_sweep(sweep, manifest, trials, profile, include_failed=False, what=f"evaluate {spec.name}",
                      write=True, adopt=True, backend=backend, code=_code(), expand=claim_and_expand,
@@ -527,7 +476,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         return COMMANDS[args.command](args)
-    except (GridError, UsageError, BackendError, LedgerError, SweepError, DecodeFileError, DecodeError,
+    except (GridError, UsageError, BackendError, LedgerError, SweepError, DecodeFileError, WhereError,
             EvaluationError) as e:
         print(f"orchestrate {args.command}: {e}", file=sys.stderr)
         return EXIT_USAGE

@@ -19,16 +19,21 @@ the spec's name.
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
-from typing import Any, Iterable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 from asr_core.evaluation_contract import (DEFAULT_EVALUATION, Conditions, EvaluationSpec, conditions_json,
                                           conditions_lacking, conditions_of, conditions_union, default_evaluation,
                                           read_evaluated, setting_differences)
 from asr_core.identity import evaluation_key
 from asr_core.trial_contract import TrialFolder
-from orchestrate.sweep import SweepDir
+from orchestrate.sweep import SweepDir, atomic_write
 from orchestrate.trial import Trial
+
+if TYPE_CHECKING:
+    from orchestrate.decode_file import DecodeSpec
 
 
 class EvaluationError(ValueError):
@@ -165,7 +170,6 @@ def evaluation_config(job: Trial) -> Any:
 def decoded_before(uri: str, sweep_name: str, name: str, models: Iterable[Trial]) -> dict[str, Conditions]:
     """{model key: the conditions whose ``wer_<name>/<dataset>[/snr<DB>]`` its run already holds} (decoded by an
     earlier version's decode jobs under this name): never decoded again. One search of the sweep's trial runs."""
-    from orchestrate.decode_jobs import decoder_metrics
     from orchestrate.ledger import Ledger
 
     ledger = Ledger(uri, sweep_name)
@@ -202,4 +206,82 @@ def evaluation_runs(sweep: SweepDir, trials: Iterable[Trial], runs: Mapping[str,
         r = runs.get(t.model)
         if r is not None and TrialFolder(sweep.trial_dir(t.key)).config.exists():
             out[t.key] = dataclasses.replace(r, key=t.key, label=t.label, status=SCHEDULED, error="", job_id="")
+    return out
+
+
+# ---- one name, one setting ---------------------------------------------------------------------------------------
+NAMES_DIR = "decode"  # in the sweep folder: one folder per evaluation name of `orchestrate evaluate` (its setting)
+
+
+class EvaluationName:
+    """``<sweep>/decode/<name>/``: the setting that first took an evaluation ``name`` of ``orchestrate evaluate``
+    (``spec.json``, with a copy of its file, ``decode.yaml``). A later spec under the name must repeat it."""
+
+    def __init__(self, sweep: SweepDir, name: str) -> None:
+        self.sweep = sweep
+        self.name = name
+        self.path = sweep.path / NAMES_DIR / name
+
+    @property
+    def spec_path(self) -> Path:
+        return self.path / "spec.json"
+
+    def check_setting(self, spec: "DecodeSpec", setting: dict[str, Any]) -> bool:
+        """True when the name is new here; False when it holds ``setting`` already; :class:`EvaluationError` naming
+        both files and what differs when it holds another."""
+        if not self.spec_path.exists():
+            return True
+        recorded = json.loads(self.spec_path.read_text())
+        differ = setting_differences(recorded["setting"], setting)
+        if not differ:
+            return False
+        raise EvaluationError(f"evaluation name {self.name!r} of sweep {self.sweep.name!r} is the setting of "
+                              f"{recorded['spec']['source']} (copied to {self.path / 'decode.yaml'}), and "
+                              f"{spec.source} gives it another ({'; '.join(differ)}); one name means one setting: "
+                              "give this one another name")
+
+    def claim(self, spec: "DecodeSpec", setting: dict[str, Any]) -> None:
+        """Record the setting under this name (the caller holds the sweep's lock and checked it is new)."""
+        text = Path(spec.source).read_text()
+        self.path.mkdir(parents=True, exist_ok=True)
+        atomic_write(self.path / "decode.yaml", f"# copied from {spec.source} (relative paths are relative to its "
+                     f"folder) by `orchestrate evaluate` at {time.strftime('%Y-%m-%d %H:%M:%S')}\n{text}")
+        atomic_write(self.spec_path, json.dumps({"spec": spec.to_dict(), "setting": setting}, indent=1))
+
+
+def decoder_metrics(uri: str, experiment_id: str, name: str) -> dict[str, set[str]]:
+    """{run id: the metric keys ``wer_<name>/...`` it holds} of every trial run of the experiment (paged searches)."""
+    from mlflow.tracking import MlflowClient
+
+    from asr_core.trial_contract import ROLE_TRIAL, TAG_ROLE
+
+    client = MlflowClient(tracking_uri=uri)
+    prefix = f"wer_{name}/"
+    out: dict[str, set[str]] = {}
+    token = None
+    while True:
+        page = client.search_runs([experiment_id], f"tags.`{TAG_ROLE}` = '{ROLE_TRIAL}'", max_results=1000,
+                                  page_token=token)
+        for r in page:
+            out[r.info.run_id] = {k for k in r.data.metrics if k.startswith(prefix)}
+        token = page.token
+        if not token:
+            return out
+
+
+def missing_data(jobs: Iterable[Trial], workdir: Path) -> dict[str, str]:
+    """{path: the job's label} of every dataset the evaluation jobs would read that is not there (relative paths:
+    from ``workdir``, where the jobs run; a prepared corpus: once its manifest is written)."""
+    from asr_core.corpora import CorpusError, parse_dataset_spec, split_spec
+
+    out: dict[str, str] = {}
+    for j in jobs:
+        for d in (j.evaluation or {}).get("datasets", ()):
+            try:
+                fmt, p = split_spec(parse_dataset_spec(d)[1])
+            except CorpusError as e:
+                raise EvaluationError(f"evaluation job {j.label}: {e}") from None
+            full = workdir / p / "prepared.json" if fmt == "prepared" else workdir / p
+            if not full.exists():
+                out.setdefault(str(full), j.label)
     return out

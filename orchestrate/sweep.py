@@ -82,7 +82,7 @@ def new_sweep_id() -> str:
     return uuid.uuid4().hex
 
 
-def _atomic_write(path: Path, text: str) -> None:
+def atomic_write(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(text)
     os.replace(tmp, path)
@@ -121,7 +121,7 @@ class SweepDir:
 
     def write_manifest(self, m: Manifest) -> None:
         self.path.mkdir(parents=True, exist_ok=True)
-        _atomic_write(self.manifest_path, json.dumps(asdict(m), indent=1))
+        atomic_write(self.manifest_path, json.dumps(asdict(m), indent=1))
 
     def read_trials(self) -> list[Trial]:
         p = self.path / "trials.json"
@@ -131,7 +131,7 @@ class SweepDir:
 
     def write_trials(self, trials: list[Trial]) -> None:
         self.path.mkdir(parents=True, exist_ok=True)
-        _atomic_write(self.path / "trials.json", json.dumps([t.to_dict() for t in trials]))
+        atomic_write(self.path / "trials.json", json.dumps([t.to_dict() for t in trials]))
 
     def trial_dir(self, key: str) -> Path:
         return self.path / "trials" / key
@@ -159,7 +159,7 @@ class SweepDir:
         if folder.cancelled.exists():
             return False
         folder.path.mkdir(parents=True, exist_ok=True)
-        _atomic_write(folder.cancelled, json.dumps({"time": round(time.time(), 3), "by": why}) + "\n")
+        atomic_write(folder.cancelled, json.dumps({"time": round(time.time(), 3), "by": why}) + "\n")
         return True
 
     def uncancel_trial(self, key: str) -> bool:
@@ -176,7 +176,7 @@ class SweepDir:
         d = self.path / "code"
         d.mkdir(parents=True, exist_ok=True)
         out = d / f"{label.replace('+', '-')}.diff"
-        _atomic_write(out, diff)
+        atomic_write(out, diff)
         return out
 
     # ---- submissions ------------------------------------------------------------------------------------------------
@@ -278,7 +278,7 @@ class Submission:
 
     def save(self) -> None:
         self.sweep.submissions_dir.mkdir(parents=True, exist_ok=True)
-        _atomic_write(self.path, json.dumps(self.data, indent=1))
+        atomic_write(self.path, json.dumps(self.data, indent=1))
 
     def record_job(self, job_id: str) -> None:
         self.data["job_id"] = job_id

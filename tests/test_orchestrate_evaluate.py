@@ -1,11 +1,13 @@
-"""``orchestrate evaluate SWEEP --decode FILE``: beam-search decoding of a finished sweep's trials as jobs.
+"""``orchestrate evaluate SWEEP --decode FILE`` (the same as ``--spec``): beam-search decoding of a finished
+sweep's models as evaluation jobs of the sweep.
 
-A tiny real sweep (two trials of the tiny preset, trained a few steps and evaluated greedily on a one-recording dev
+A tiny real sweep (two models of the tiny preset, trained a few steps and evaluated greedily on a one-recording dev
 set) is finished once on the ``local`` backend. Invalid decode files exit 2 having written nothing; a decode without
-an LM logs ``wer_<name>/dev`` into the runs of the trials ``--where`` selects, a second call decodes only the rest,
-a third submits nothing; a name reused with another setting is refused naming both files; the trials' keys, folders
-and runs never change. On the SLURM test cluster the same decode goes out as a job array whose results land in the
-runs, and a call while it is queued or running submits nothing new.
+an LM logs ``wer_<name>/dev`` into the runs of the models ``--where`` selects, a second call decodes only the rest,
+a third submits nothing; a name reused with another setting is refused naming both files; the models' keys,
+folders and runs never change. On the SLURM test cluster the same decode goes out as the sweep's arrays (one per
+``MaxArraySize`` jobs, named as its training arrays) whose results land in the runs, and a call while they are
+queued or running submits nothing new.
 """
 
 from __future__ import annotations
@@ -24,13 +26,11 @@ from mlflow.tracking import MlflowClient
 
 from asr_core.trial_contract import FINISHED
 from orchestrate.backends import slurm_commands
-from orchestrate.backends.profile import Profile
 from orchestrate.cli import main
-from orchestrate.decode_jobs import decode_minutes, one_gpu
 from orchestrate.ledger import Ledger, wait_for
 from orchestrate.sweep import SweepDir
 from tests.folder_snapshot import snapshot
-from tests.test_backend import smoke_corpus, wait_until, write_profile
+from tests.test_backend import smoke_corpus, squeue_states, wait_until, write_profile
 
 __all__ = ["smoke_corpus"]  # the session fixture, shared with test_backend
 
@@ -104,9 +104,14 @@ def _metrics(sweep: SweepDir) -> dict[str, dict[str, float]]:
 
 
 def _trial_files(sweep: SweepDir) -> dict[str, Any]:
-    """Everything of the trials: their folders (files, bytes, times) and the sweep's trial list and manifest."""
-    return {"trials": snapshot(sweep.path / "trials"), "trials.json": (sweep.path / "trials.json").read_bytes(),
-            "sweep.json": (sweep.path / "sweep.json").read_bytes()}
+    """Everything of the models: their folders (files, bytes, times) and their entries in the sweep's trial list
+    (evaluation jobs are added beside them)."""
+    models = [t for t in json.loads((sweep.path / "trials.json").read_text()) if not t.get("evaluation")]
+    return {"folders": {t["key"]: snapshot(sweep.trial_dir(t["key"])) for t in models}, "trials.json": models}
+
+
+def _new_submissions(sweep: SweepDir, before: list[str]) -> list[Any]:
+    return [s for s in sweep.submissions() if s.id not in before]
 
 
 BAD = {
@@ -157,13 +162,13 @@ def test_local_decode_logs_into_selected_runs_then_the_rest_then_nothing_and_nev
     before = snapshot(sweep.path)
     assert _evaluate(root, sweep, decode, "--where", "model.heads=2", "--dry-run") == 0
     out = capsys.readouterr().out
-    assert "1 to decode" in out and trials[2].key in out and trials[4].key not in out, out
+    assert "1 evaluation jobs, 0 models evaluated already, 0 not trained yet, 1 not matching --where" in out
+    assert trials[2].key in out and trials[4].key not in out, out
     assert snapshot(sweep.path) == before
 
-    # --where: only the 2-head trial
+    # --where: only the 2-head model
     assert _evaluate(root, sweep, decode, "--where", "model.heads=2") == 0
-    assert "1 to decode, 0 decoded already (skipped), 0 queued or running (skipped), 0 not finished (skipped), " \
-           "1 not matching --where" in capsys.readouterr().out
+    assert "1 new evaluation jobs, 0 models not trained yet" in capsys.readouterr().out
     m = _metrics(sweep)
     assert "wer_beam0/dev" in m[trials[2].key] and "wer_beam0/dev" not in m[trials[4].key], m
     assert 0 <= m[trials[2].key]["wer_beam0/dev"]
@@ -172,20 +177,19 @@ def test_local_decode_logs_into_selected_runs_then_the_rest_then_nothing_and_nev
                                                                 "lm_context": "1024", "lm": "none"}
     assert "eval/dev.beam0.csv" in [a.path for a in MlflowClient(uri).list_artifacts(run2.info.run_id, "eval")]
 
-    # everything: the decoded trial is skipped, the other decoded
+    # everything: the decoded model is skipped, the other decoded
     assert _evaluate(root, sweep, decode) == 0
-    assert "1 to decode, 1 decoded already (skipped)" in capsys.readouterr().out
+    assert "1 new evaluation jobs" in capsys.readouterr().out
     m = _metrics(sweep)
     assert all("wer_beam0/dev" in m[t.key] for t in trials.values()), m
 
     # again: nothing new, no submission
-    decoder = sweep.path / "decode" / "beam0"
-    subs = sorted((decoder / "submissions").glob("*.json"))
-    assert len(subs) == 2
+    subs = [s.id for s in sweep.submissions()]
+    listed = (sweep.path / "trials.json").read_bytes()
     assert _evaluate(root, sweep, decode) == 0
-    assert "0 to decode, 2 decoded already (skipped)" in capsys.readouterr().out
-    assert sorted((decoder / "submissions").glob("*.json")) == subs
-    assert "name: beam0" in (decoder / "decode.yaml").read_text()
+    assert "0 new evaluation jobs" in capsys.readouterr().out
+    assert [s.id for s in sweep.submissions()] == subs and (sweep.path / "trials.json").read_bytes() == listed
+    assert "name: beam0" in (sweep.path / "decode" / "beam0" / "decode.yaml").read_text()
 
     # the same name with another setting is refused, naming both files, and changes nothing
     other = _decode_file(tmp_path, "beam0", (DECODE % "beam0").replace("beta: 0.5", "beta: 1.5"))
@@ -202,16 +206,6 @@ def test_local_decode_logs_into_selected_runs_then_the_rest_then_nothing_and_nev
            {k: (r.run_id, r.status) for k, r in runs_before.items()}
     assert {k: {n: v for n, v in ms.items() if n.startswith("wer/")} for k, ms in _metrics(sweep).items()} == \
            greedy_before
-
-
-@pytest.mark.parametrize("gpus, one", [("a100:4", "a100:1"), (2, 1), ("2", 1), (0, 0)])
-def test_a_decode_task_asks_one_gpu_of_the_profiles_kind(gpus: str | int, one: str | int) -> None:
-    assert one_gpu(Profile(gpus_per_node=gpus)) == one
-
-
-def test_a_decode_task_takes_the_profiles_fixed_time_or_its_cap_under_the_estimate_rule() -> None:
-    assert decode_minutes(Profile(time_limit="02:00:00")) == 120
-    assert decode_minutes(Profile(time_limit="estimate", time_max="1-00:00:00")) == 24 * 60
 
 
 @pytest.mark.slurm
@@ -232,27 +226,30 @@ def test_slurm_decode_is_a_job_array_whose_results_land_and_a_second_call_submit
     capsys.readouterr()
 
     decode = _decode_file(tmp_path, "beam0")
+    before = [s.id for s in sweep.submissions()]
     monkeypatch.setattr(slurm_commands, "max_array_size", lambda: 1)  # split as a cluster of MaxArraySize 1 would
     assert _evaluate(root, sweep, decode) == 0
-    assert "2 to decode" in capsys.readouterr().out
-    subs = sorted((sweep.path / "decode" / "beam0" / "submissions").glob("*.json"))
-    assert len(subs) == 2  # one array (here a lone job) per MaxArraySize tasks
-    records = [json.loads(p.read_text()) for p in subs]
-    assert all(r["backend"] == "slurm" and r["job_id"] and len(r["tasks"]) == 1 for r in records), records
-    assert {r["tasks"][0]["key"] for r in records} == set(keys)
+    assert "2 new evaluation jobs" in capsys.readouterr().out
+    subs = _new_submissions(sweep, before)
+    assert len(subs) == 2  # one array (here a lone job) per MaxArraySize jobs, as training's
+    assert all(s.data["backend"] == "slurm" and s.job_id and len(s.keys) == 1 for s in subs), [s.data for s in subs]
+    jobs = {t["key"]: t["evaluation"]["model"] for t in json.loads((sweep.path / "trials.json").read_text())
+            if t.get("evaluation")}
+    assert sorted(jobs[s.keys[0]] for s in subs) == sorted(keys)
 
     # at once again: queued, running or decoded by now; either way nothing new is submitted
     assert _evaluate(root, sweep, decode) == 0
-    assert "0 to decode" in capsys.readouterr().out
-    assert sorted((sweep.path / "decode" / "beam0" / "submissions").glob("*.json")) == subs
+    assert "0 new evaluation jobs" in capsys.readouterr().out
+    assert [s.id for s in _new_submissions(sweep, before)] == [s.id for s in subs]
 
     wait_until(lambda: all("wer_beam0/dev" in m for m in _metrics(sweep).values()), 300,
-               "the decode array's metrics never landed in the runs", poll=2)
-    wait_until(lambda: _evaluate(root, sweep, decode) == 0 and "0 to decode, 2 decoded already (skipped), 0 queued"
-               in capsys.readouterr().out, 120, "the decode tasks never left the queue", poll=2)
+               "the evaluation jobs' metrics never landed in the runs", poll=2)
+    wait_until(lambda: all((sweep.trial_dir(k) / "DONE").exists() for k in jobs), 120,
+               "the evaluation jobs never finished", poll=2)
+    wait_until(lambda: not squeue_states(f"orch.{name}."), 120, "the evaluation tasks never left the queue", poll=2)
     accounted = subprocess.run(["sacct", "-X", "-n", "-P", "-o", "JobID,JobName,State", "-j",
-                                ",".join(r["job_id"] for r in records)], capture_output=True, text=True, check=True)
+                                ",".join(str(s.job_id) for s in subs)], capture_output=True, text=True, check=True)
     rows = {ln.split("|")[0]: ln.split("|")[1:] for ln in accounted.stdout.split()}
-    assert rows == {r["job_id"]: [f"orch.{name}.decode.beam0.{r['id']}", "COMPLETED"] for r in records}, rows
+    assert rows == {str(s.job_id): [s.job_name(), "COMPLETED"] for s in subs}, rows
     assert _trial_files(sweep) == files_before
     assert {r.status for r in ledger.trial_runs().values()} == {FINISHED}

@@ -448,12 +448,11 @@ class SweepThrottle:
 
 
 def profile_executor(folder: Path, p: Profile, res: Resources, *, job_name: str, comment: str, parallelism: int,
-                     gpus: object = None, hold: bool = False, signal_delay_s: int | None = None) -> object:
+                     hold: bool = False, signal_delay_s: int | None = None) -> object:
     """The submitit executor of one job array under profile ``p`` with ``res`` (time, ``--time-min``, memory): the
     one place the profile's partition, account, QoS, GPUs, CPUs, setup lines and extra sbatch options become
-    parameters, for trials (:class:`SlurmBackend`) and decoding jobs (:mod:`orchestrate.decode_jobs`). ``gpus``
-    overrides the profile's ``gpus_per_node`` (0: none); ``signal_delay_s``: USR2 that long before the limit
-    (None: submitit's default); tasks are requeued on node failure (``--requeue``)."""
+    parameters (for the arrays of :class:`SlurmBackend`: trials and evaluation jobs alike). ``signal_delay_s``:
+    USR2 that long before the limit (None: submitit's default); tasks are requeued on node failure (``--requeue``)."""
     import submitit
 
     ex = submitit.SlurmExecutor(folder=folder)
@@ -470,9 +469,8 @@ def profile_executor(folder: Path, p: Profile, res: Resources, *, job_name: str,
     for k in ("partition", "account", "qos"):
         if getattr(p, k):
             params[k] = getattr(p, k)
-    gpus = p.gpus_per_node if gpus is None else gpus
-    if gpus:
-        params["gpus_per_node"] = gpus
+    if p.gpus_per_node:
+        params["gpus_per_node"] = p.gpus_per_node
     if res.mem_mb:
         params["mem"] = f"{res.mem_mb}MB"
     if p.setup:
