@@ -383,8 +383,8 @@ def cmd_cancel(args: argparse.Namespace) -> int:
         raise UsageError(f"--where {' '.join(args.where)} matches none of the {len(trials)} models and evaluation "
                          f"jobs of sweep {sweep.name!r}; nothing cancelled")
     job_ids = cancel_sweep(sweep, manifest, load_profile(manifest.profile or None), only)
-    what = f"{len(only)} of {len(trials)} models and evaluation jobs" if only is not None else "the sweep"
-    print(f"sweep {sweep.name}: cancelled {what}: {len(job_ids)} jobs; unfinished ones end KILLED (retry "
+    which = f" ({len(only)} of {len(trials)} models and evaluation jobs match --where)" if only is not None else ""
+    print(f"sweep {sweep.name}: cancelled {len(job_ids)} jobs{which}; unfinished trials end KILLED (retry "
           "--cancelled starts them again)")
     return 0
 
