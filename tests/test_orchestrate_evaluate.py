@@ -247,9 +247,13 @@ def test_slurm_decode_is_a_job_array_whose_results_land_and_a_second_call_submit
     wait_until(lambda: all((sweep.trial_dir(k) / "DONE").exists() for k in jobs), 120,
                "the evaluation jobs never finished", poll=2)
     wait_until(lambda: not squeue_states(f"orch.{name}."), 120, "the evaluation tasks never left the queue", poll=2)
-    accounted = subprocess.run(["sacct", "-X", "-n", "-P", "-o", "JobID,JobName,State", "-j",
-                                ",".join(str(s.job_id) for s in subs)], capture_output=True, text=True, check=True)
-    rows = {ln.split("|")[0]: ln.split("|")[1:] for ln in accounted.stdout.split()}
-    assert rows == {str(s.job_id): [s.job_name(), "COMPLETED"] for s in subs}, rows
+    def accounted() -> dict[str, list[str]]:
+        out = subprocess.run(["sacct", "-X", "-n", "-P", "-o", "JobID,JobName,State", "-j",
+                              ",".join(str(s.job_id) for s in subs)], capture_output=True, text=True, check=True)
+        return {ln.split("|")[0]: ln.split("|")[1:] for ln in out.stdout.split()}
+
+    expected = {str(s.job_id): [s.job_name(), "COMPLETED"] for s in subs}
+    # slurmdbd records a job's end a moment after it has left the queue
+    wait_until(lambda: accounted() == expected, 60, f"the accounting never said {expected}: {accounted()}", poll=1)
     assert _trial_files(sweep) == files_before
     assert {r.status for r in ledger.trial_runs().values()} == {FINISHED}
