@@ -17,7 +17,7 @@ Other systems scored on the same test sets by ``python -m asr_core score`` (runs
 ``external.system=NAME``, with the same metric keys) are not trials: their WERs are listed in :attr:`Sweep.external`.
 
 Decoders. ``wer/...`` and ``eval/<DATASET>.csv`` are the trial's greedy decoding (``decoder = "greedy"``); a beam
-decoder ``D`` (``asr_core.evaluate.BeamDecoding``, ``python -m orchestrate evaluate SWEEP --decode FILE``) adds
+decoder ``D`` (``asr_core.evaluation.evaluate.BeamDecoding``, ``python -m orchestrate evaluate SWEEP --decode FILE``) adds
 ``wer_<D>/<DATASET>[/snr<DB>]``, ``eval/<DATASET>.<D>.csv`` and the tag ``eval.decoder.<D>`` (JSON settings) to the
 same run. :attr:`Sweep.wer` and :attr:`Sweep.recordings` hold every decoder's rows, told apart by their ``decoder``
 column; whatever assumes one WER per trial, dataset and condition selects the greedy rows (:func:`greedy_rows`).
@@ -44,7 +44,7 @@ from typing import Any, Iterable, Mapping
 
 import pandas as pd
 
-from asr_core.trial_contract import (FINISHED, ROLE_EXTERNAL, ROLE_PARENT, ROLE_TRIAL, TAG_ERROR, TAG_LABEL,
+from asr_core.contract.trial import (FINISHED, ROLE_EXTERNAL, ROLE_PARENT, ROLE_TRIAL, TAG_ERROR, TAG_LABEL,
                                      TAG_ROLE, TAG_SEED, TAG_SUBGRIDS, TAG_SYSTEM)
 
 log = logging.getLogger(__name__)
@@ -54,16 +54,16 @@ CONTEXT_PARAM = "data.context_s"
 EVAL_CSV_COLUMNS = ("dataset", "condition", "snr_db", "recording", "ref_words", "substitutions", "deletions",
                     "insertions", "hyp_words", "wer")
 COUNT_COLUMNS = ("ref_words", "substitutions", "deletions", "insertions", "hyp_words")
-# optional: planted cue words and their errors (asr_core.evaluate); NaN where a table lacks them or leaves them empty
+# optional: planted cue words and their errors (asr_core.evaluation.evaluate); NaN where a table lacks them or leaves them empty
 CUE_COLUMNS = ("cue_words", "cue_errors")
 _SNR = r"(?:/snr(?P<snr>[-+]?[0-9.]+(?:e[-+]?[0-9]+)?))?"
 METRIC_RE = re.compile(rf"^wer/(?P<dataset>.+?){_SNR}$")
-# the names asr_core.evaluate writes (GREEDY, BeamDecoding.metric_key, the decoder tag): tests/test_report_decoders.py
+# the names asr_core.evaluation.evaluate writes (GREEDY, BeamDecoding.metric_key, the decoder tag): tests/test_report_decoders.py
 # checks them against it, so analysis needs no torch to read them
 GREEDY = "greedy"
 DECODER_METRIC_RE = re.compile(rf"^wer_(?P<decoder>[A-Za-z0-9._-]+)/(?P<dataset>.+?){_SNR}$")
 DECODER_TAG_PREFIX = "eval.decoder."
-# asr_core.heads_cli.HeadsSummary.metrics and asr_core.lm.ppl.metric_name
+# asr_core.probes.heads.HeadsSummary.metrics and asr_core.lm.ppl.metric_name
 HEADS_METRIC_RE = re.compile(r"^heads/(?P<dataset>.+)/(?P<repr>[AQKVY])/"
                              r"(?P<stat>sum|similarity|layer(?P<layer>[0-9]+))$")
 LM_PPL_RE = re.compile(r"^lm_ppl/(?P<dataset>.+)/ctx(?P<context>[0-9]+)$")
@@ -85,7 +85,7 @@ DECODER_SETTINGS = ("lm", "lm_context", "alpha", "beta", "beam_width", "lm_step"
 DECODER_COLUMNS = ["run_id", "decoder", *DECODER_SETTINGS, "settings"]
 HEAD_COLUMNS = ["run_id", "dataset", "representation", "statistic", "layer", "value"]
 LM_PPL_COLUMNS = ["lm_run", "lm_name", "dataset", "lm_context", "ppl"]
-# one row per finished run, evaluation that ran on it, dataset and condition (asr_core.evaluation_contract's tags);
+# one row per finished run, evaluation that ran on it, dataset and condition (asr_core.contract.evaluation's tags);
 # ``job``: "own" (the trial's own evaluation at the end of training) or an evaluation job's id; ``setting``: JSON
 EVALUATION_COLUMNS = ["run_id", "evaluation", "job", "dataset", "condition", "setting"]
 
@@ -495,7 +495,7 @@ def _decoder_settings(rec: RunRecord, decoder: str) -> tuple[dict[str, Any], str
 
 
 def _evaluation_rows(rec: RunRecord) -> list[dict[str, Any]]:
-    from asr_core.evaluation_contract import parse_evaluation_tag
+    from asr_core.contract.evaluation import parse_evaluation_tag
 
     out = []
     for key, value in sorted(rec.tags.items()):

@@ -14,7 +14,7 @@ What MLflow 3.17's UI does, and so what is written here:
   server can hold is a *saved view*: an experiment tag ``mlflow.sharedViewState.<id>`` whose value is
   ``{"name", "createdAt", "updatedAt", "state"}`` (``state``: the page's state as JSON text), listed in the page's
   Views menu and opened by ``#/experiments/<experiment>/runs?viewStateShareKey=<id>``. The view written here selects
-  the clean WER columns (``wer/<dataset>``, what ``asr_core.evaluate`` logs), leaves the parent run out and sorts by
+  the clean WER columns (``wer/<dataset>``, what ``asr_core.evaluation.evaluate`` logs), leaves the parent run out and sorts by
   run name: sorted by anything but the start time the table lists child runs flat instead of folded under their
   parent, so every trial's WER shows without a click.
 * **The way in.** The experiment's description (experiment tag ``mlflow.note.content``) is shown under the title of
@@ -30,9 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-from asr_core.sweep_view import (NOTE_TAG, VIEW_ID, VIEW_TAG_PREFIX, headline_metrics, note_line, saved_view_value,
+from asr_core.contract.ledger import (NOTE_TAG, VIEW_ID, VIEW_TAG_PREFIX, headline_metrics, note_line, saved_view_value,
                                  view_created_ms, view_link, with_note_line)
-from asr_core.trial_contract import ROLE_PARENT, TAG_ROLE
+from asr_core.contract.trial import ROLE_PARENT, TAG_ROLE
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +62,7 @@ class Published:
         return f"{link} (in an MLflow UI serving {tracking_uri})"
 
 
-# ---- pure: what the UI is given (the view itself: asr_core.sweep_view) -------------------------------------
+# ---- pure: what the UI is given (the view itself: asr_core.contract.ledger) -------------------------------------
 
 def report_link(experiment_id: str, run_id: str, artifact_dir: str = ARTIFACT_DIR) -> str:
     """The UI route of the report's ``index.html`` in the run's artifact viewer."""

@@ -32,7 +32,7 @@ from . import stats
 from .collect import CLEAN, Sweep, greedy_rows
 from .werr import _stable_seed, format_seconds, recording_index, verdict
 
-NO_LM = "none"  # the tag's lm when the beam search ran without an LM (asr_core.evaluate.beam_decoding)
+NO_LM = "none"  # the tag's lm when the beam search ran without an LM (asr_core.evaluation.evaluate.beam_decoding)
 
 COMPARISON_COLUMNS = [
     "series", "series_id", "config", "config_id", "context_s", "dataset", "condition", "snr_db", "decoder", "label",

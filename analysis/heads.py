@@ -4,7 +4,7 @@ Paper 000 §4.3 finds more heads help at short context and hurt at long context;
 layer's heads are. The trials log, per dataset and representation R (A, Q, K, V, Y), ``heads/<dataset>/<R>/sum``:
 003's eq. 6 (the "diversity loss": 0 for orthogonal heads, (N - 1)/N for identical ones, so *higher means heads
 more alike*) summed over layers, and ``.../similarity``, the mean cosine of two different heads
-(:mod:`asr_core.heads_cli`). Here, per configuration (one series of a family, one line per heads count or model
+(:mod:`asr_core.probes.heads`). Here, per configuration (one series of a family, one line per heads count or model
 size) and context length, the means over seeds of those beside the greedy clean WER on the same dataset.
 
 Whether similarity *tracks* WER across contexts is the rank correlation (Spearman's ρ) between the summed

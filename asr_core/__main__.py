@@ -4,7 +4,7 @@ Each command lives in the module named after what it does and exposes ``cli(argv
 dispatches, so importing it stays cheap and a command's heavy imports happen only when it runs.
 
 The commands a scheduler stops with SIGUSR2/SIGTERM (:data:`SIGNALLED`: ``trial``, ``train``) get the recording
-handlers of :mod:`asr_core.signals` before anything else is imported, so a signal that arrives while the job is
+handlers of :mod:`asr_core.runtime.signals` before anything else is imported, so a signal that arrives while the job is
 still importing torch or loading its corpus is honoured (checkpoint if there is anything to checkpoint, exit 75)
 instead of killing it. The other commands keep Python's default handling.
 """
@@ -15,23 +15,24 @@ import sys
 
 if __name__ == "__main__" and (sys.argv[1:2] in (["trial"], ["train"]) or sys.argv[1:3] == ["lm", "train"]):
     # the first thing the process does
-    from asr_core import signals as _signals
+    from asr_core.runtime import signals as _signals
 
     _signals.install()
 
 import importlib  # noqa: E402 - after the handlers, on purpose
 
 COMMANDS: dict[str, tuple[str, str]] = {
-    "train": ("asr_core.train", "train a model from a config: train CONFIG.yaml [--set k=v ...] [--out DIR]"),
-    "params": ("asr_core.params", "parameter counts per module and in total: params CONFIG.yaml [--set k=v ...]"),
-    "evaluate": ("asr_core.evaluate", "moving-window WER of a checkpoint: evaluate CKPT --data NAME=FORMAT:PATH ..."),
-    "heads": ("asr_core.heads_cli", "how alike the attention heads are (paper 003): heads CKPT --data NAME=FORMAT:PATH ..."),
-    "reach": ("asr_core.reach", "how far back a model's decoded output reaches: reach CKPT --data NAME=FORMAT:PATH ..."),
-    "score": ("asr_core.score_cli", "WER of another system's transcripts: score --ref NAME=FORMAT:PATH --hyp DIR --system S"),
-    "prepare": ("asr_core.prepare", "store a corpus once, memory-mapped, for every trial: prepare [NAME=]FORMAT:PATH OUT"),
-    "synth": ("asr_core.corpora.synth", "generate the synthetic long-form corpus: synth OUT --hours H --seed S"),
+    "train": ("asr_core.training.train", "train a model from a config: train CONFIG.yaml [--set k=v ...] [--out DIR]"),
+    "params": ("asr_core.model.size", "parameter counts per module and in total: params CONFIG.yaml [--set k=v ...]"),
+    "evaluate": ("asr_core.evaluation.evaluate", "moving-window WER of a checkpoint: evaluate CKPT --data NAME=FORMAT:PATH ..."),
+    "heads": ("asr_core.probes.heads", "how alike the attention heads are (paper 003): heads CKPT --data NAME=FORMAT:PATH ..."),
+    "reach": ("asr_core.probes.reach", "how far back a model's decoded output reaches: reach CKPT --data NAME=FORMAT:PATH ..."),
+    "score": ("asr_core.evaluation.external", "WER of another system's transcripts: score --ref NAME=FORMAT:PATH --hyp DIR --system S"),
+    "prepare": ("asr_core.data.prepare", "store a corpus once, memory-mapped, for every trial: prepare [NAME=]FORMAT:PATH OUT"),
+    "synth": ("asr_core.data.corpora.synth", "generate the synthetic long-form corpus: synth OUT --hours H --seed S"),
     "trial": ("asr_core.trial", "one grid trial (train, then evaluate) inside an MLflow run; used by orchestrate"),
     "bench": ("asr_core.bench", "benchmarks: bench train | bench decode | bench data | bench calibrate"),
+    "outbox": ("asr_core.runtime.outbox", "ship a trial's pending MLflow records by hand: outbox TRIAL_DIR --tracking-uri URI --run-id RUN"),
     "lm": ("asr_core.lm.cli", "the language model: lm text | lm train | lm ppl | lm tune"),
 }
 SIGNALLED = ("trial", "train")  # commands that checkpoint on SIGUSR2/SIGTERM (and `lm train`)
@@ -40,7 +41,7 @@ SIGNALLED = ("trial", "train")  # commands that checkpoint on SIGUSR2/SIGTERM (a
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and (argv[0] in SIGNALLED or argv[:2] == ["lm", "train"]):  # (done at import under ``python -m``)
-        from asr_core import signals
+        from asr_core.runtime import signals
 
         signals.install()
     if not argv or argv[0] in ("-h", "--help"):

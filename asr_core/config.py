@@ -25,7 +25,7 @@ from typing import Any, Mapping
 
 import yaml
 
-from asr_core.corpora import dataset_name
+from asr_core.data.corpora import dataset_name
 
 
 class ConfigError(ValueError):
@@ -43,7 +43,7 @@ SEQLEN_WARMUPS = ("paper", "code", "none")
 PRECISIONS = ("auto", "bf16", "fp32")
 OPTIMIZERS = ("madgrad", "adamw")  # madgrad: the paper's; adamw: AdamW with (momentum, 0.98) betas
 DEVICES = ("auto", "cpu", "cuda")
-HEAD_REPRESENTATIONS = ("A", "Q", "K", "V", "Y")  # paper 003 Table 1; asr_core.heads.REPRESENTATIONS
+HEAD_REPRESENTATIONS = ("A", "Q", "K", "V", "Y")  # paper 003 Table 1; asr_core.model.heads.REPRESENTATIONS
 
 
 def _require(cond: bool, key: str, value: Any, valid: str) -> None:
@@ -138,7 +138,7 @@ class FeatureConfig:
 class DataConfig:
     """Training data and how it is cut into windows and batches (paper 000 §2.3, §3.3)."""
 
-    # corpus spec "[NAME=]FORMAT:PATH" (podcast, manifest, ...) read by asr_core.corpora; the trial key holds the
+    # corpus spec "[NAME=]FORMAT:PATH" (podcast, manifest, ...) read by asr_core.data.corpora; the trial key holds the
     # NAME (default: the path's last folder), never the path, so the corpus may move between submit and resume
     train: str = ""
     tokenizer: str = ""  # path of a SentencePiece model; empty = train one from the training transcripts
@@ -149,7 +149,7 @@ class DataConfig:
     micro_batch_audio_s: float = 0.0
     # interleaved (code: exp/train.py with lcasr/utils/dataloading.py): a step holds window k of each of B = the
     # step's audio / window recordings of similar duration, B halving as the window doubles; consecutive: a step is
-    # the stream's next windows, one or two recordings at a time (asr_core.chunking)
+    # the stream's next windows, one or two recordings at a time (asr_core.data.chunking)
     batching: str = "interleaved"
     # code: s0*2^floor(r/n) from 512 frames (5.12 s); paper: s0 + s0*2^floor(r/n) ("from 5 s", i.e. 10 s at r=0);
     # none: start at context_s
@@ -201,11 +201,11 @@ class TrainConfig:
     checkpoint_every: int = 500  # optimiser steps between checkpoints (also on SIGUSR2/SIGTERM)
     log_every: int = 1
     # paper 003 eq. 7: the step's loss + head_diversity_weight x the diversity loss of head_diversity_repr (eq. 6
-    # summed over layers, asr_core.heads); 0 = off, training exactly as without it. paper: 003 tuned lambda on its
+    # summed over layers, asr_core.model.heads); 0 = off, training exactly as without it. paper: 003 tuned lambda on its
     # dev sets for an RNNT loss (§4.5 names 0.001 and 1.0); this project's CTC normalisation has another scale.
     head_diversity_weight: float = 0.0
     head_diversity_repr: str = "Y"  # one of HEAD_REPRESENTATIONS; Y: 003 Table 7's choice on its stronger model
-    head_diversity_rows: int = 64  # query rows of A sampled per window (A only; asr_core.heads.DEFAULT_SAMPLE_ROWS)
+    head_diversity_rows: int = 64  # query rows of A sampled per window (A only; asr_core.model.heads.DEFAULT_SAMPLE_ROWS)
 
     def __post_init__(self) -> None:
         _require(isinstance(self.seed, int) and self.seed >= 0, "train.seed", self.seed, "a non-negative integer")
@@ -235,7 +235,7 @@ class TrainConfig:
 class EvalConfig:
     """What is evaluated after training (paper 000 §2.2, §4): moving-window greedy CTC, clean and with music."""
 
-    datasets: tuple[str, ...] = ()  # "NAME=FORMAT:PATH" specs read by asr_core.corpora
+    datasets: tuple[str, ...] = ()  # "NAME=FORMAT:PATH" specs read by asr_core.data.corpora
     snrs: tuple[float, ...] = ()  # music SNRs in dB; clean audio is always evaluated too
     # names of the datasets that are also evaluated with music at eval.snrs; empty = every dataset. The paper added
     # music to Rev16 only, for the main (context) family.
@@ -245,11 +245,11 @@ class EvalConfig:
     # auto: bf16 autocast on CUDA (this project's choice, for speed; the code ran the model in fp32 with fp16 flash
     # attention, closer to fp32), fp32 on the CPU
     precision: str = "auto"
-    noise: str = "synthetic"  # "synthetic" (music made by asr_core.noise) or a path to an audio file
+    noise: str = "synthetic"  # "synthetic" (music made by asr_core.data.noise) or a path to an audio file
     # after evaluation, measure how alike the attention heads are (paper 003: A, Q, K, V, Y per layer) on the first
-    # of eval.datasets (asr_core.heads_cli; none without one); adds metrics heads/..., changes no other result
+    # of eval.datasets (asr_core.probes.heads; none without one); adds metrics heads/..., changes no other result
     head_diversity: bool = False
-    head_rows: int = 64  # query rows of A sampled per window (asr_core.heads.DEFAULT_SAMPLE_ROWS)
+    head_rows: int = 64  # query rows of A sampled per window (asr_core.model.heads.DEFAULT_SAMPLE_ROWS)
     # windows of the trained context measured (non-overlapping: the first of each recording, then the second, ...);
     # at 1 h context 32 windows are up to 32 h of audio, one forward pass each (paper.yaml decodes ~140 h there)
     head_windows: int = 32

@@ -15,7 +15,7 @@ digest of the *science* only:
   ``submit``/``resume`` may change it for trials that have not finished.
 * **names, not paths** — a corpus is identified by its name (:data:`NAMED`): ``NAME`` of ``NAME=FORMAT:PATH``; an
   unnamed training corpus is "the" corpus of its trials, so ``podcast:/a`` and ``podcast:/b`` are one corpus that
-  moved. Its content fingerprint (:mod:`asr_core.corpora.fingerprint`) is recorded on the checkpoint and run and
+  moved. Its content fingerprint (:mod:`asr_core.data.corpora.fingerprint`) is recorded on the checkpoint and run and
   checked on resume, so other content under the same name is refused rather than mixed. Corpora compared within one
   sweep need names (a grid that would give two corpora one key is an error).
 * **departures from a frozen baseline** — a field enters the key only where it differs from :data:`BASELINE`, the
@@ -166,7 +166,7 @@ def identity_value(field: str, value: Any) -> Any:
     """What of ``value`` names the experiment: a corpus's name instead of its spec, sorted evaluation sets."""
     if field not in _REWRITTEN:
         return value
-    from asr_core.corpora import dataset_name
+    from asr_core.data.corpora import dataset_name
 
     if field == "data.train":
         return dataset_name(value)

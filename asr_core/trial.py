@@ -1,10 +1,10 @@
 """One grid trial: train, then evaluate, inside one MLflow run.
 
-This is the command every backend runs for a trial (:func:`asr_core.trial_contract.trial_command`)::
+This is the command every backend runs for a trial (:func:`asr_core.contract.trial.trial_command`)::
 
     python -m asr_core trial --config TRIAL_DIR/config.json --out TRIAL_DIR --tracking-uri URI --run-id RUN_ID
 
-Exit codes are the contract with the schedulers (defined in :mod:`asr_core.trial_contract`):
+Exit codes are the contract with the schedulers (defined in :mod:`asr_core.contract.trial`):
 
 * ``0``  trained and evaluated; the run is FINISHED.
 * ``75`` (EX_TEMPFAIL) SIGUSR2 or SIGTERM arrived: training checkpointed (or evaluation, or the setup before
@@ -12,7 +12,7 @@ Exit codes are the contract with the schedulers (defined in :mod:`asr_core.trial
   folder's count of preempted attempts; run the same command again to continue.
 * ``77`` the trial is cancelled (``TRIAL_DIR/CANCELLED``, written by ``orchestrate cancel``): a job that starts exits
   at once; a running one that gets SIGUSR2/SIGTERM checkpoints first. The run is KILLED; never requeue it.
-* ``73`` another live job holds the trial's lease (:mod:`asr_core.lease`): this one exited having written nothing,
+* ``73`` another live job holds the trial's lease (:mod:`asr_core.runtime.lease`): this one exited having written nothing,
   or, having lost the lease while training, stopped without saving.
 * ``1``  failed; the run is FAILED with the error's last line in the tag ``trial.error``.
 * ``2``  the config file is invalid; nothing ran. The run (when ``--run-id`` is given) is FAILED with
@@ -24,20 +24,20 @@ remembered in ``TRIAL_DIR/TRAINED``, a finished evaluation in ``TRIAL_DIR/EVALUA
 ``TRIAL_DIR/DONE``, so nothing is trained or evaluated twice.
 
 With ``eval.head_diversity`` on, evaluation is followed by a stage measuring how alike the model's attention heads
-are (paper 003; :mod:`asr_core.heads_cli`) on the first evaluation dataset: metrics ``heads/…`` and files in
+are (paper 003; :mod:`asr_core.probes.heads`) on the first evaluation dataset: metrics ``heads/…`` and files in
 ``TRIAL_DIR/heads/`` (also the run's artifacts under ``heads/``). A segment stopped during it runs it again, and
 only it.
 
 The trial folder holds the truth, MLflow is its mirror. Order of a start: DONE or CANCELLED (read only) → the lease
-(:class:`asr_core.lease.Lease`, taken before the job touches the checkpoint, the outbox or the run; held → exit 73)
+(:class:`asr_core.runtime.lease.Lease`, taken before the job touches the checkpoint, the outbox or the run; held → exit 73)
 → the segment → training → evaluation → the outcome. Everything the job tells MLflow (params, tags, metrics,
-artifacts, the run's status) goes through the trial's outbox (:mod:`asr_core.outbox`), shipped by a background
+artifacts, the run's status) goes through the trial's outbox (:mod:`asr_core.runtime.outbox`), shipped by a background
 thread: nothing in the job waits for MLflow. At the end the job waits for the outbox at most
 ``ASR_CORE_FINAL_FLUSH_S`` (60 s) after finishing or failing and ``ASR_CORE_PREEMPT_FLUSH_S`` (5 s) after a stop
 signal, then exits anyway: what is left is shipped by the next segment or by ``orchestrate status``/``resume``
-(:func:`asr_core.outbox.ship_pending`).
+(:func:`asr_core.runtime.outbox.ship_pending`).
 
-SIGUSR2/SIGTERM are recorded from the first line of the process (:mod:`asr_core.signals`), so a signal that
+SIGUSR2/SIGTERM are recorded from the first line of the process (:mod:`asr_core.runtime.signals`), so a signal that
 arrives while the job imports, loads its corpus or learns its tokenizer still ends in exit 75 (or 77) and an
 outcome in the folder.
 
@@ -46,10 +46,10 @@ line to ``TRIAL_DIR/segments.jsonl`` (time, code version, host, scheduler job id
 ``trial.segments`` (how many) and ``trial.code`` (every code version that ran a segment, in order of first use,
 from ``segments.jsonl``), so a run resumed after a new commit names both commits. A segment run from a dirty work
 tree also leaves its diff in ``TRIAL_DIR/code-<segment>.diff``
-(:meth:`~asr_core.trial_contract.TrialFolder.segment_diff`) and in the run's artifacts under ``code/``
-(:data:`~asr_core.trial_contract.CODE_ARTIFACT_DIR`). ``TRIAL_DIR/progress.jsonl`` follows the job (``start``,
+(:meth:`~asr_core.contract.trial.TrialFolder.segment_diff`) and in the run's artifacts under ``code/``
+(:data:`~asr_core.contract.trial.CODE_ARTIFACT_DIR`). ``TRIAL_DIR/progress.jsonl`` follows the job (``start``,
 ``train``, ``eval``, then ``preempted``, ``failed``, ``cancelled`` or ``done``) for ``orchestrate``, and each
-segment's outcome is one line of ``TRIAL_DIR/attempts.jsonl`` (:func:`~asr_core.trial_contract.record_attempt`,
+segment's outcome is one line of ``TRIAL_DIR/attempts.jsonl`` (:func:`~asr_core.contract.trial.record_attempt`,
 ``by="job"``: ``finished``, ``preempted``, ``failed`` with the error's last line, ``cancelled``, ``fenced``), which
 the failure budget of ``orchestrate`` counts.
 """
@@ -66,14 +66,14 @@ import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from asr_core import signals
+from asr_core.runtime import signals
 from asr_core.config import Config, ConfigError
-from asr_core.evaluation_contract import (DEFAULT_EVALUATION, OWN_EVALUATION, EvaluationSpec, default_evaluation,
+from asr_core.contract.evaluation import (DEFAULT_EVALUATION, OWN_EVALUATION, EvaluationSpec, default_evaluation,
                                           describe_conditions, evaluated_record, evaluation_tag, read_evaluation)
-from asr_core.evaluation_job import EvaluationInterrupted, run_evaluation
-from asr_core.outbox import FINAL_FLUSH_S, PREEMPT_FLUSH_S, Outbox, fail_fast_http
-from asr_core.provenance import CodeVersion, code_version
-from asr_core.trial_contract import (
+from asr_core.evaluation.job import EvaluationInterrupted, run_evaluation
+from asr_core.runtime.outbox import FINAL_FLUSH_S, PREEMPT_FLUSH_S, Outbox, fail_fast_http
+from asr_core.runtime.provenance import CodeVersion, code_version
+from asr_core.contract.trial import (
     CODE_ARTIFACT_DIR,
     ENV_JOB_ID,
     EXIT_CANCELLED,
@@ -110,7 +110,7 @@ from asr_core.trial_contract import (
 )
 
 if TYPE_CHECKING:
-    from asr_core.lease import Lease
+    from asr_core.runtime.lease import Lease
 
 
 def _say(text: str) -> None:
@@ -120,7 +120,7 @@ def _say(text: str) -> None:
 # ---- the fence -----------------------------------------------------------------------------------------------------
 def _acquire(folder: TrialFolder, job_id: str) -> "Lease | None":
     """The trial's lease, or None (after saying who holds it) when another live job has it."""
-    from asr_core.lease import Lease, LeaseHeld
+    from asr_core.runtime.lease import Lease, LeaseHeld
 
     try:
         return Lease(folder.path, job_id).acquire()
@@ -239,7 +239,7 @@ def _segment(cfg: Config, folder: TrialFolder, lease: "Lease", job_id: str, trac
         if outbox is not None and evaluation is None:  # an evaluation job leaves its model's run state alone
             outbox.status(state, tags)
 
-    from asr_core.train import Fenced, Preempted
+    from asr_core.training.train import Fenced, Preempted
 
     try:
         segment = _start_segment(folder, version)
@@ -297,7 +297,7 @@ def _train_and_evaluate(cfg: Config, folder: TrialFolder, lease: "Lease", tracki
                         run_id: str | None, progress: ProgressLog, outbox: Outbox | None) -> None:
     """A model's stages, each skipped when its marker says it is done: training (``TRAINED``), the default
     evaluation (``EVALUATED``: what it decoded, and how), head similarity."""
-    from asr_core.train import train
+    from asr_core.training.train import train
 
     if folder.trained.exists():
         checkpoint = Path(json.loads(folder.trained.read_text())["checkpoint"])
@@ -328,7 +328,7 @@ def _train_and_evaluate(cfg: Config, folder: TrialFolder, lease: "Lease", tracki
 def _drop_optimizer(checkpoint: Path, lease: "Lease") -> None:
     """A trained model's checkpoint keeps no optimizer state (nothing will train it further); also done by the
     segment after one that stopped between TRAINED and the rewrite. Only while this job holds the trial."""
-    from asr_core.checkpoint import drop_optimizer_state
+    from asr_core.training.checkpoint import drop_optimizer_state
 
     if checkpoint.is_file() and lease.held():
         saved = drop_optimizer_state(checkpoint)
@@ -339,7 +339,7 @@ def _drop_optimizer(checkpoint: Path, lease: "Lease") -> None:
 def _evaluate_interruptibly(cfg: Config, checkpoint: Path, out_dir: Path, tracking_uri: str | None,
                             run_id: str | None, progress: ProgressLog, outbox: Outbox | None) -> None:
     """Evaluation has no checkpoint: a stop signal (also one that arrived before it began) interrupts it at once."""
-    from asr_core.evaluate import evaluate
+    from asr_core.evaluation.evaluate import evaluate
 
     with signals.installed(), signals.raising(EvaluationInterrupted):
         evaluate(checkpoint, list(cfg.eval.datasets), list(cfg.eval.snrs), stride=cfg.eval.stride,
@@ -351,10 +351,10 @@ def _evaluate_interruptibly(cfg: Config, checkpoint: Path, out_dir: Path, tracki
 def _measure_heads_interruptibly(cfg: Config, checkpoint: Path, folder: TrialFolder, tracking_uri: str | None,
                                  run_id: str | None, progress: ProgressLog, outbox: Outbox | None) -> None:
     """``eval.head_diversity``: paper 003's head similarity on the first evaluation dataset
-    (:func:`asr_core.heads_cli.measure`), into ``TRIAL_DIR/heads/`` and the run. Like evaluation it has no
+    (:func:`asr_core.probes.heads.measure`), into ``TRIAL_DIR/heads/`` and the run. Like evaluation it has no
     checkpoint: a stop signal interrupts it at once, and the next segment runs this stage again (only this one:
     ``EVALUATED`` says the evaluation is done). Progress records are ``eval`` records of dataset ``heads:NAME``."""
-    from asr_core.heads_cli import measure
+    from asr_core.probes.heads import measure
 
     def step(name: str, done: int, total: int) -> None:
         progress.write("eval", done, total, f"{HEADS_DIR}:{name}")

@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-from asr_core.trial_contract import EXIT_USAGE
+from asr_core.contract.trial import EXIT_USAGE
 from orchestrate.backends.base import Backend, BackendError
 from orchestrate.backends.profile import load_profile
 from orchestrate.decode_file import DecodeFileError
@@ -33,7 +33,7 @@ from orchestrate.sweep import DEFAULT_MAX_FAILURES, Manifest, SweepDir, SweepErr
 from orchestrate.trial import Trial
 
 if TYPE_CHECKING:
-    from asr_core.provenance import CodeVersion
+    from asr_core.runtime.provenance import CodeVersion
 
 SERVER_HINT = "slurm/mlflow-server.sh --dir /shared/mlflow --host 0.0.0.0 --detach"
 
@@ -170,8 +170,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def _plan_estimate(args: argparse.Namespace, grid: "Grid") -> int:
-    """``plan --estimate``: :mod:`orchestrate.estimate` printed as tables (or JSON)."""
-    from orchestrate.estimate import EstimateError, estimate_grid, estimate_json, estimate_table, load_calibration
+    """``plan --estimate``: :mod:`orchestrate.budget.estimate` printed as tables (or JSON)."""
+    from orchestrate.budget.estimate import EstimateError, estimate_grid, estimate_json, estimate_table, load_calibration
 
     if not args.estimate:
         raise UsageError("--calibration, --profile and --trials go with --estimate")
@@ -191,7 +191,7 @@ def _plan_estimate(args: argparse.Namespace, grid: "Grid") -> int:
 
 def _data_paths(trials: list[Trial]) -> dict[str, str]:
     """{path: 'trial field'} of every local data path the trials read."""
-    from asr_core.corpora import CorpusError, split_named_spec, split_spec
+    from asr_core.data.corpora import CorpusError, split_named_spec, split_spec
 
     out: dict[str, str] = {}
     for t in trials:
@@ -253,7 +253,7 @@ def check_shared_ledger(backend: Backend, uri: str, allow_sqlite: bool, source: 
 
 
 def _code() -> "CodeVersion":
-    from asr_core.provenance import code_version
+    from asr_core.runtime.provenance import code_version
 
     return code_version()
 
@@ -404,7 +404,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     (``--where``) that lacks the spec's conditions under its name, submitted with the sweep's other jobs
     (:func:`orchestrate.dispatch.run_sweep`: the same backend, ``max_parallel``, ``status``, ``cancel`` and
     ``retry``); the models' keys, folders and training state are never touched."""
-    from asr_core.evaluation_contract import describe_conditions
+    from asr_core.contract.evaluation import describe_conditions
     from orchestrate.backends import make_backend
     from orchestrate.decode_file import load_decode_file
     from orchestrate.dispatch import run_sweep
@@ -463,7 +463,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from orchestrate.bench import run_bench
+    from orchestrate.tools.bench import run_bench
 
     return run_bench(skip_slurm=args.skip_slurm)
 

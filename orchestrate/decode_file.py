@@ -7,7 +7,7 @@ A YAML mapping (example: ``grids/decode-lm.yaml``)::
     lm: lm/checkpoint.pt   # an LM checkpoint (python -m asr_core lm train), or null: beam search without an LM
     alpha: 0.42            # LM weight (required with an LM; not allowed without one: it would weigh nothing)
     beta: 1.95             # bonus per token (required)
-    beam_width: 25         # optional (default: asr_core.beam.BeamConfig's, paper 004 §3.4)
+    beam_width: 25         # optional (default: asr_core.decoding.beam.BeamConfig's, paper 004 §3.4)
     lm_context: 1024       # optional: tokens the LM remembers (default: BeamConfig's)
     prompt: prompt.txt     # optional, with an LM only: a text the LM reads before each recording (004 §3.4)
     datasets: [dev=podcast:data/dev]   # optional NAME=FORMAT:PATH list; default: each trial's own eval.datasets
@@ -74,9 +74,9 @@ class DecodeSpec:
         return cls(**{**d, "datasets": tuple(d.get("datasets", ())), "snrs": tuple(d.get("snrs", ()))})
 
     def metric_keys(self, dataset: str) -> list[str]:
-        """The metrics one decoded dataset gets: clean, then each SNR (``asr_core.evaluate``'s keys)."""
-        from asr_core.beam import BeamConfig
-        from asr_core.evaluate import BeamDecoding
+        """The metrics one decoded dataset gets: clean, then each SNR (``asr_core.evaluation.evaluate``'s keys)."""
+        from asr_core.decoding.beam import BeamConfig
+        from asr_core.evaluation.evaluate import BeamDecoding
 
         beam = BeamDecoding(BeamConfig(), name=self.name)
         return [beam.metric_key(dataset, snr) for snr in (None, *self.snrs)]
@@ -103,7 +103,7 @@ def load_decode_file(path: str | Path) -> DecodeSpec:
 
 def parse_decode(raw: Any, path: Path) -> DecodeSpec:
     """Validate the mapping ``raw`` read from ``path`` (relative paths resolve against ``path``'s folder)."""
-    from asr_core.beam import BeamConfig
+    from asr_core.decoding.beam import BeamConfig
 
     where = str(path)
     if not isinstance(raw, dict):
@@ -154,8 +154,8 @@ def parse_decode(raw: Any, path: Path) -> DecodeSpec:
 
 
 def _name(where: str, v: Any) -> str:
-    from asr_core.beam import BeamConfig
-    from asr_core.evaluate import BeamDecoding
+    from asr_core.decoding.beam import BeamConfig
+    from asr_core.evaluation.evaluate import BeamDecoding
 
     ok = isinstance(v, str) and v[:1].isalnum()
     if ok:
@@ -223,7 +223,7 @@ def _loadable(where: str, lm: str) -> None:
 
 def _datasets(where: str, items: list[Any], base: Path) -> tuple[str, ...]:
     """``NAME=FORMAT:PATH`` specs with PATH made absolute; each must exist and the names must be distinct."""
-    from asr_core.corpora import CorpusError, parse_dataset_spec, split_spec
+    from asr_core.data.corpora import CorpusError, parse_dataset_spec, split_spec
 
     out: list[str] = []
     names: list[str] = []

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Collection
 
-from asr_core.trial_contract import (FAILED, FINISHED, KILLED, OUTCOME_FAILED, OUTCOME_KILLED,
+from asr_core.contract.trial import (FAILED, FINISHED, KILLED, OUTCOME_FAILED, OUTCOME_KILLED,
                                      OUTCOME_LOST, OUTCOME_PREEMPTED, OUTCOME_RESET, SCHEDULED, TAG_BACKEND, TAG_ERROR,
                                      TAG_JOB_ID, record_attempt)
 from orchestrate.backends import make_backend
@@ -55,7 +55,7 @@ from orchestrate.trial_state import (FolderState, failure_reason, read_folder_st
                                      reconcile_ledger)
 
 if TYPE_CHECKING:
-    from asr_core.provenance import CodeVersion
+    from asr_core.runtime.provenance import CodeVersion
 
 CANCELLED_ERROR = "cancelled"  # trial.error of a run that `cancel` ended KILLED (as reconciliation writes it)
 RETRY_WHAT = ("failed", "cancelled")  # what `retry` may start again
@@ -97,7 +97,7 @@ class Plan:
 
 def eval_dataset_names(trials: list[Trial]) -> list[str]:
     """The names of every dataset the trials evaluate on (``eval.datasets``, NAME=FORMAT:PATH), first seen first."""
-    from asr_core.corpora import parse_dataset_spec
+    from asr_core.data.corpora import parse_dataset_spec
 
     names: dict[str, None] = {}
     for t in trials:

@@ -7,7 +7,7 @@ lease, outbox, attempts, failure budget, ``max_parallel``, ``cancel`` and ``retr
   the sweep's default evaluation, the grid's ``eval:`` section as it stands then;
 * an **evaluation job** (:class:`~orchestrate.trial.Trial` with ``evaluation`` set, keyed by
   :func:`asr_core.identity.evaluation_key`): one evaluation of a trained model, into the model's run, never
-  training it (:mod:`asr_core.evaluation_contract`).
+  training it (:mod:`asr_core.contract.evaluation`).
 
 :func:`plan_default` runs at every ``submit``: a model whose own evaluation is done but whose grid now asks for
 more (another test set, another SNR) gets one evaluation job for exactly what it lacks; a grid that changes the
@@ -24,11 +24,11 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
-from asr_core.evaluation_contract import (DEFAULT_EVALUATION, Conditions, EvaluationSpec, conditions_json,
+from asr_core.contract.evaluation import (DEFAULT_EVALUATION, Conditions, EvaluationSpec, conditions_json,
                                           conditions_lacking, conditions_of, conditions_union, default_evaluation,
                                           read_evaluated, setting_differences)
 from asr_core.identity import evaluation_key
-from asr_core.trial_contract import TrialFolder
+from asr_core.contract.trial import TrialFolder
 from orchestrate.sweep import SweepDir, atomic_write
 from orchestrate.trial import Trial
 
@@ -41,7 +41,7 @@ class EvaluationError(ValueError):
 
 
 def _dataset_names(specs: Iterable[str]) -> dict[str, str]:
-    from asr_core.corpora import dataset_name
+    from asr_core.data.corpora import dataset_name
 
     return {dataset_name(s): s for s in specs}
 
@@ -157,7 +157,7 @@ def plan_named(sweep: SweepDir, trials: list[Trial], models: Iterable[Trial], na
 
 def evaluation_config(job: Trial) -> Any:
     """The config of an evaluation job with an eval section that decodes what the job decodes (its datasets; every
-    SNR of its conditions on the datasets that have one): what :mod:`orchestrate.estimate` sizes. It may count a
+    SNR of its conditions on the datasets that have one): what :mod:`orchestrate.budget.estimate` sizes. It may count a
     clean condition the job leaves out: an estimate for a time limit errs long."""
     spec = EvaluationSpec.from_dict(job.evaluation or {})
     snrs = sorted({c for cs in spec.conditions.values() for c in cs if c is not None})
@@ -197,7 +197,7 @@ def evaluation_runs(sweep: SweepDir, trials: Iterable[Trial], runs: Mapping[str,
     """The ledger as :func:`orchestrate.dispatch.classify` sees an evaluation job: its model's run, always
     SCHEDULED (an evaluation job's state is its folder's alone: the model's run says how training went), once the
     job has been prepared (a folder); none before (a new job)."""
-    from asr_core.trial_contract import SCHEDULED
+    from asr_core.contract.trial import SCHEDULED
 
     out: dict[str, Any] = {}
     for t in trials:
@@ -253,7 +253,7 @@ def decoder_metrics(uri: str, experiment_id: str, name: str) -> dict[str, set[st
     """{run id: the metric keys ``wer_<name>/...`` it holds} of every trial run of the experiment (paged searches)."""
     from mlflow.tracking import MlflowClient
 
-    from asr_core.trial_contract import ROLE_TRIAL, TAG_ROLE
+    from asr_core.contract.trial import ROLE_TRIAL, TAG_ROLE
 
     client = MlflowClient(tracking_uri=uri)
     prefix = f"wer_{name}/"
@@ -272,7 +272,7 @@ def decoder_metrics(uri: str, experiment_id: str, name: str) -> dict[str, set[st
 def missing_data(jobs: Iterable[Trial], workdir: Path) -> dict[str, str]:
     """{path: the job's label} of every dataset the evaluation jobs would read that is not there (relative paths:
     from ``workdir``, where the jobs run; a prepared corpus: once its manifest is written)."""
-    from asr_core.corpora import CorpusError, parse_dataset_spec, split_spec
+    from asr_core.data.corpora import CorpusError, parse_dataset_spec, split_spec
 
     out: dict[str, str] = {}
     for j in jobs:

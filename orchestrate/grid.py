@@ -45,7 +45,7 @@ from typing import Any, Callable, Iterable, Mapping
 import yaml
 
 from asr_core.config import FIELD_TYPES, PRESETS, Config, ConfigError, EvalConfig, parse_field, resolve
-from asr_core.corpora import dataset_name
+from asr_core.data.corpora import dataset_name
 from orchestrate.trial import Trial
 
 
@@ -428,7 +428,7 @@ def eval_set_durations(spec: str) -> tuple[float, ...] | None:
     """Durations in seconds of the recordings of the dataset ``NAME=FORMAT:PATH`` when it is on disk here (its
     transcripts', read once per process: the one reading behind :func:`eval_set_hours` and the estimate's
     per-recording counts and windows), else None."""
-    from asr_core.corpora import CorpusError, load_corpus, split_named_spec, split_spec
+    from asr_core.data.corpora import CorpusError, load_corpus, split_named_spec, split_spec
 
     try:
         _, path = split_spec(split_named_spec(spec)[1])

@@ -10,7 +10,7 @@ that folder's path (``sweep.root``). Names are chosen by people and collide (two
 never takes the other's unfinished runs for lost and its ``cancel`` never kills them. An experiment made before
 sweeps had ids carries no owner; one that holds trial runs is adopted only by a caller that says the sweep folder is
 that sweep's own (``adopt=True``: the folder existed before the command), never by a brand-new folder that happens
-to reuse the name. Run states and tag names are the trial contract's (:mod:`asr_core.trial_contract`), shared with
+to reuse the name. Run states and tag names are the trial contract's (:mod:`asr_core.contract.trial`), shared with
 the trial job.
 """
 
@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, TypeVar
 from urllib.parse import urlparse
 
-from asr_core.trial_contract import (ENDED, FINISHED, ROLE_PARENT, ROLE_TRIAL, RUNNING, SCHEDULED, STATES,
+from asr_core.contract.trial import (ENDED, FINISHED, ROLE_PARENT, ROLE_TRIAL, RUNNING, SCHEDULED, STATES,
                                      TAG_BACKEND, TAG_CODE, TAG_ERROR, TAG_JOB_ID, TAG_KEY, TAG_LABEL,
                                      TAG_PARENT_RUN, TAG_PREEMPTIONS, TAG_ROLE, TAG_SEED, TAG_SEGMENTS, TAG_SUBGRIDS,
                                      TAG_SWEEP_BACKEND, TAG_SWEEP_GRID, TAG_SWEEP_ID, TAG_SWEEP_ROOT)
@@ -310,7 +310,7 @@ class Ledger:
         """Create (or claim) the sweep's experiment and its parent run; returns the parent run's id.
 
         With ``datasets`` (the names the trials evaluate on), an experiment without the saved view of the runs table
-        gets it (:mod:`asr_core.sweep_view`: the clean WER column of each dataset, every trial listed flat) and a
+        gets it (:mod:`asr_core.contract.ledger`: the clean WER column of each dataset, every trial listed flat) and a
         description line linking to it, so the MLflow UI shows the sweep's WERs from the first submission on; a view
         already there (a report's, or a person's edit of it) is left as it is.
 
@@ -330,7 +330,7 @@ class Ledger:
         return parent
 
     def _save_view(self, datasets: Iterable[str]) -> None:
-        from asr_core import sweep_view as sv
+        from asr_core.contract import ledger as sv
 
         metrics = sv.headline_metrics(datasets)
         exp = self.store.get_experiment_by_name(self.name) if metrics else None

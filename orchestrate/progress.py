@@ -1,7 +1,7 @@
 """One line of progress for trials running on this machine, read from their folders (no MLflow round trip).
 
-The trial job appends structured progress records to its folder (:class:`asr_core.trial_contract.ProgressLog`);
-:func:`trial_phase` reads the last one with :func:`asr_core.trial_contract.read_progress` and never parses the
+The trial job appends structured progress records to its folder (:class:`asr_core.contract.trial.ProgressLog`);
+:func:`trial_phase` reads the last one with :func:`asr_core.contract.trial.read_progress` and never parses the
 trainer's log text. A glance at the folders says how far each trial is:
 ``[orchestrate] 2/8 finished, 2 running, 4 waiting: ctx10s-…-s1 train 30/60, ctx10s-…-s2 eval test 4/12``;
 a trial whose job failed, or checkpointed and stopped when preempted, is counted as such, not as running:
@@ -15,14 +15,14 @@ import sys
 import time
 from pathlib import Path
 
-from asr_core.trial_contract import Progress, TrialFolder, read_progress
+from asr_core.contract.trial import Progress, TrialFolder, read_progress
 
 STOPPED = ("failed", "preempted", "cancelled")  # phases of a trial whose job is no longer running (and not finished)
 
 
 def trial_phase(trial_dir: Path) -> str | None:
     """``"done"``, ``"train 30/60"``, ``"eval test 1/4"``, ``"starting"`` (and the other
-    :meth:`~asr_core.trial_contract.Progress.describe` texts), or None if the trial has not started.
+    :meth:`~asr_core.contract.trial.Progress.describe` texts), or None if the trial has not started.
 
     ``DONE`` in the folder means done whatever the records say; a job that started (its log exists) but has not
     written a record yet is ``"starting"``."""

@@ -1,7 +1,7 @@
 """Run one trial's command as a child process, the same way on every backend.
 
 The trainer owns its signal handling (SIGUSR2/SIGTERM → checkpoint → exit ``EXIT_PREEMPTED``; the exit codes and
-the command are :mod:`asr_core.trial_contract`'s), so it always runs as a separate process. The child asks the
+the command are :mod:`asr_core.contract.trial`'s), so it always runs as a separate process. The child asks the
 kernel for SIGTERM when the process that started it dies (``PR_SET_PDEATHSIG``), so a killed driver or Ray worker
 never leaves an orphan trainer writing to the run; it checkpoints and exits instead.
 
@@ -11,7 +11,7 @@ holds every segment of a trial (first start and each resume) in order.
 When the trainer has ended, :func:`trainer_ended` reads its exit code the same way for every backend's runner (the
 SLURM task, the Ray Tune trainable) and records what the trainer itself could not in ``attempts.jsonl``: a trainer
 killed by a signal (SIGKILL: out of memory, or the system) or ending with a code the trial job never uses is
-``killed``, and its lease is freed at once (:func:`asr_core.lease.release_if_dead`) so the next start need not wait
+``killed``, and its lease is freed at once (:func:`asr_core.runtime.lease.release_if_dead`) so the next start need not wait
 for it to go stale; a trainer that found the lease held (``EXIT_FENCED``) is ``fenced`` (not a failure: it changed
 nothing). A cancelled trial (``EXIT_CANCELLED``, or its folder holds ``CANCELLED``) is never requeued.
 """
@@ -29,8 +29,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Callable
 
-from asr_core.lease import read_lease, release_if_dead
-from asr_core.trial_contract import (EXIT_CANCELLED, EXIT_FAILED, EXIT_FENCED, EXIT_OK, EXIT_PREEMPTED, EXIT_USAGE,
+from asr_core.runtime.lease import read_lease, release_if_dead
+from asr_core.contract.trial import (EXIT_CANCELLED, EXIT_FAILED, EXIT_FENCED, EXIT_OK, EXIT_PREEMPTED, EXIT_USAGE,
                                      OUTCOME_FAILED, OUTCOME_FENCED, OUTCOME_KILLED, TrialFolder, read_segments,
                                      record_attempt)
 

@@ -41,7 +41,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from asr_core.trial_contract import (FAILED, FINISHED, KILLED, OUTCOME_CANCELLED, OUTCOME_FENCED, OUTCOME_FINISHED,
+from asr_core.contract.trial import (FAILED, FINISHED, KILLED, OUTCOME_CANCELLED, OUTCOME_FENCED, OUTCOME_FINISHED,
                                      OUTCOME_PREEMPTED, OUTCOME_RESET, RUNNING, TAG_SWEEP_ID, TAG_SWEEP_ROOT)
 from orchestrate.mlflow_rest import LedgerError, auth_header
 from orchestrate.progress import phase_text

@@ -4,7 +4,7 @@
 
     sweep.json            name, id, grid, backend, profile, tracking URI, code versions (the manifest)
     trials.json           every trial of the sweep (key, label, sub-grids, seed, config)
-    trials/<key>/         one folder per trial (asr_core.trial_contract.TrialFolder): config.json, checkpoint.pt,
+    trials/<key>/         one folder per trial (asr_core.contract.trial.TrialFolder): config.json, checkpoint.pt,
                           trial.log, progress.jsonl, segments.jsonl, attempts.jsonl, lease/, outbox/, DONE, and
                           CANCELLED after `orchestrate cancel` (written here, before any job is stopped)
     code/<version>.diff   the uncommitted changes of a dirty code version that submitted or resumed the sweep
@@ -36,8 +36,8 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from asr_core.config import Config
-from asr_core.evaluation_contract import EvaluationSpec, is_evaluation
-from asr_core.trial_contract import TrialFolder, write_config
+from asr_core.contract.evaluation import EvaluationSpec, is_evaluation
+from asr_core.contract.trial import TrialFolder, write_config
 from orchestrate.trial import Trial
 
 
@@ -69,7 +69,7 @@ class Manifest:
     created: float = 0.0
     workdir: str = ""  # where `submit` ran: trials run there, so relative data paths mean the same thing
     sweep_id: str = ""  # written once when the folder is created; the MLflow experiment carries it (ownership)
-    code: tuple[str, ...] = ()  # code versions (asr_core.provenance labels) that submitted or resumed it, in order
+    code: tuple[str, ...] = ()  # code versions (asr_core.runtime.provenance labels) that submitted or resumed it, in order
     max_failures: int = DEFAULT_MAX_FAILURES  # failures (attempts.jsonl) after which a trial stays FAILED
     allow_sqlite: bool = False  # a cluster backend may use a sqlite ledger (`submit --allow-sqlite`): jobs share a host
 

@@ -23,7 +23,7 @@ class Trial:
     subgrids: tuple[str, ...]  # every sub-grid that produced this trial, in file order
     seed: int
     config: Config
-    # an evaluation job of a trained model (asr_core.evaluation_contract.EvaluationSpec.to_dict()); None: training
+    # an evaluation job of a trained model (asr_core.contract.evaluation.EvaluationSpec.to_dict()); None: training
     evaluation: dict[str, Any] | None = None
 
     @property

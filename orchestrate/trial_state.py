@@ -1,7 +1,7 @@
 """What the trial folders say, read cheaply, and the ledger brought in line with them.
 
-The trial folder (``<sweep>/trials/<key>/``, :class:`asr_core.trial_contract.TrialFolder`) holds the truth about a
-trial: ``DONE``, ``TRAINED``, ``CANCELLED``, its lease (``lease/``, :mod:`asr_core.lease`), its progress records,
+The trial folder (``<sweep>/trials/<key>/``, :class:`asr_core.contract.trial.TrialFolder`) holds the truth about a
+trial: ``DONE``, ``TRAINED``, ``CANCELLED``, its lease (``lease/``, :mod:`asr_core.runtime.lease`), its progress records,
 its segments and how each ended (``attempts.jsonl``), and what the job still has to tell MLflow (``outbox/``).
 MLflow is a mirror of it that may lag (the job ships its outbox in the background; a job killed by the system, or a
 ``cancel`` while MLflow was down, leaves facts that only the orchestrator mirrors).
@@ -33,8 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
-from asr_core.lease import read_lease
-from asr_core.trial_contract import (ATTEMPTS_FILE, CANCELLED_FILE, DONE_FILE, FAILED, FAILURE_OUTCOMES, FINISHED,
+from asr_core.runtime.lease import read_lease
+from asr_core.contract.trial import (ATTEMPTS_FILE, CANCELLED_FILE, DONE_FILE, FAILED, FAILURE_OUTCOMES, FINISHED,
                                      KILLED, LEASE_DIR, OUTBOX_DIR, PROGRESS_FILE, RUNNING, SCHEDULED, SEGMENTS_FILE,
                                      TAG_ERROR, TRAINED_FILE, Attempt, Progress, TrialFolder, attempt_recorded,
                                      failures, read_attempts, read_progress, read_segments)
@@ -42,7 +42,7 @@ from asr_core.trial_contract import (ATTEMPTS_FILE, CANCELLED_FILE, DONE_FILE, F
 from orchestrate.sweep import DEFAULT_MAX_FAILURES
 
 if TYPE_CHECKING:
-    from asr_core.lease import LeaseInfo
+    from asr_core.runtime.lease import LeaseInfo
     from orchestrate.ledger import Ledger, TrialRun
     from orchestrate.sweep import SweepDir
 
@@ -66,20 +66,20 @@ def _safe(fn: Callable[[], T], default: T) -> T:
         return default
 
 
-_OUTBOX: Any = None  # asr_core.outbox, imported on first use: only folders with an outbox need it
+_OUTBOX: Any = None  # asr_core.runtime.outbox, imported on first use: only folders with an outbox need it
 
 
 def _outbox() -> Any:
     global _OUTBOX
     if _OUTBOX is None:
-        import asr_core.outbox
+        import asr_core.runtime.outbox
 
-        _OUTBOX = asr_core.outbox
+        _OUTBOX = asr_core.runtime.outbox
     return _OUTBOX
 
 
 def _pending(trial_dir: Path) -> int:
-    """Outbox records of the trial not yet shipped to MLflow (:func:`asr_core.outbox.pending`)."""
+    """Outbox records of the trial not yet shipped to MLflow (:func:`asr_core.runtime.outbox.pending`)."""
     return _safe(lambda: int(_outbox().pending(trial_dir)), 0)
 
 
@@ -92,7 +92,7 @@ class FolderState:
     done: bool  # DONE exists
     trained: bool  # TRAINED exists
     cancelled: bool  # CANCELLED exists
-    lease: "LeaseInfo | None"  # the newest lease generation (asr_core.lease.read_lease)
+    lease: "LeaseInfo | None"  # the newest lease generation (asr_core.runtime.lease.read_lease)
     live: bool  # lease is not None and lease.alive()
     progress: Progress | None  # the last progress record
     attempts: tuple[Attempt, ...]  # every recorded outcome, oldest first
@@ -196,7 +196,7 @@ class TrialRef:
 
 
 def _conditions_text(conds: Any) -> str:
-    from asr_core.evaluation_contract import describe_conditions
+    from asr_core.contract.evaluation import describe_conditions
 
     try:
         return describe_conditions(conds)
@@ -395,7 +395,7 @@ class ReconcileResult:
 
 
 def _ship(trial_dir: Path, tracking_uri: str, run_id: str, deadline_s: float) -> tuple[int, int, str]:
-    """(shipped, left, error) of one trial's outbox, via asr_core.outbox.ship_pending."""
+    """(shipped, left, error) of one trial's outbox, via asr_core.runtime.outbox.ship_pending."""
     try:
         r = _outbox().ship_pending(trial_dir, tracking_uri, run_id, deadline_s)
     except Exception as e:  # noqa: BLE001 - an unreachable tracker must never stop status or resume
@@ -421,7 +421,7 @@ def reconcile_ledger(ledger: "Ledger", sweep: "SweepDir", trials: Iterable[Any],
     budget (a trial past it is FAILED even when the ledger says SCHEDULED).
 
     For trials with no live job (no live lease, not held): the outbox is shipped
-    (:func:`asr_core.outbox.ship_pending`), then the runs whose state lags the folder are moved: ``DONE`` →
+    (:func:`asr_core.runtime.outbox.ship_pending`), then the runs whose state lags the folder are moved: ``DONE`` →
     FINISHED; ``CANCELLED`` → KILLED; a failure as the last outcome → FAILED with its reason in ``trial.error``,
     from RUNNING (the job died, or could not say so), or from SCHEDULED once the budget is spent (otherwise
     SCHEDULED means ``resume`` already queued it again)."""

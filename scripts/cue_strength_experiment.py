@@ -54,9 +54,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from analysis.stats import sign_flip_test  # noqa: E402
-from asr_core.corpora import load_corpus  # noqa: E402
-from asr_core.corpora.cues import CueConfig, planted, planted_groups  # noqa: E402
-from asr_core.score import normalise_marked  # noqa: E402
+from asr_core.data.corpora import load_corpus  # noqa: E402
+from asr_core.data.corpora.cues import CueConfig, planted, planted_groups  # noqa: E402
+from asr_core.evaluation.score import normalise_marked  # noqa: E402
 
 DEMO_GRID = ROOT / "grids" / "demo.yaml"
 

@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"{demo}: no finished demo (runs/ missing); run ./scripts/demo.sh or pass --run / --demo")
 
     from asr_core.bench.calibrate import table
-    from orchestrate.estimate import calibration_from_dict, estimate_grid
+    from orchestrate.budget.estimate import calibration_from_dict, estimate_grid
     from orchestrate.grid import load_grid
 
     manifest = json.loads((demo / "runs" / "demo" / "sweep.json").read_text())

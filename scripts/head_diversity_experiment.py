@@ -44,7 +44,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
-REPRESENTATIONS = ("A", "Q", "K", "V", "Y")  # asr_core.heads.REPRESENTATIONS (not imported: torch is slow to load)
+REPRESENTATIONS = ("A", "Q", "K", "V", "Y")  # asr_core.model.heads.REPRESENTATIONS (not imported: torch is slow to load)
 FALL = 0.5  # the issue's bar: the targeted similarity at most half the baseline's ...
 WER_TOLERANCE = 1.0  # ... with WER at most this many points worse (means over seeds)
 TEST = "test"  # the dataset name of the in-domain test set in every run
@@ -261,11 +261,11 @@ def paired_step_cost(config: Path, overrides: list[str], weight: float, represen
     either way, is left out."""
     import torch
 
-    from asr_core.batching import MicroBatch
-    from asr_core.chunking import group_size
+    from asr_core.data.batching import MicroBatch
+    from asr_core.data.chunking import group_size
     from asr_core.config import Config
-    from asr_core.model import build_model
-    from asr_core.train import HeadDiversity, step_gradients
+    from asr_core.model.acoustic import build_model
+    from asr_core.training.train import HeadDiversity, step_gradients
 
     cfg = Config.from_yaml(config, overrides)
     torch.set_num_threads(THREADS)

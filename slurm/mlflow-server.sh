@@ -125,7 +125,7 @@ URI=http://$URI_HOST:$PORT
 export MLFLOW_SERVER_ENABLE_JOB_EXECUTION=${MLFLOW_SERVER_ENABLE_JOB_EXECUTION:-false}
 # Each worker serves up to 40 requests at once (anyio's thread limit) from a pool of 5+10 database connections; a
 # request that waits 30 s for one fails with HTTP 400, which clients do not retry (64 trainers on a busy machine got
-# 46 such failures in 120 s: python -m orchestrate.loadtest). With a connection for every thread, sqlite's own lock
+# 46 such failures in 120 s: python -m orchestrate.tools.loadtest). With a connection for every thread, sqlite's own lock
 # does the waiting and answers a contended write with 503, which MLflow's client retries. sqlite only: a database
 # server's connection limit is shared by all workers.
 if [[ $BACKEND == sqlite:* ]]; then

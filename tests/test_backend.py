@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from asr_core.trial_contract import progress_records
+from asr_core.contract.trial import progress_records
 from orchestrate.cli import main
 from orchestrate.grid import load_grid
 from orchestrate.ledger import Ledger, wait_for

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from asr_core.batching import BatchMaker, Step, StepLoader
-from asr_core.chunking import Position, WindowStream
-from asr_core.corpora.base import CorpusError, Recording
-from asr_core.features import FeatureExtractor
-from asr_core.tokenizer import Tokenizer
+from asr_core.data.batching import BatchMaker, Step, StepLoader
+from asr_core.data.chunking import Position, WindowStream
+from asr_core.data.corpora.base import CorpusError, Recording
+from asr_core.data.features import FeatureExtractor
+from asr_core.data.tokenizer import Tokenizer
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_train import make_corpus, tiny_cfg  # noqa: E402

@@ -10,8 +10,8 @@ import math
 import pytest
 import torch
 
-from asr_core.beam import BeamConfig, beam_search
-from asr_core.decode import greedy_ids
+from asr_core.decoding.beam import BeamConfig, beam_search
+from asr_core.decoding.decode import greedy_ids
 from asr_core.lm import TransformerLM, build_lm, preset
 
 torch.set_num_threads(1)

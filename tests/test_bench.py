@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrate.bench import bench_new_test_set, run_bench
+from orchestrate.tools.bench import bench_new_test_set, run_bench
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from asr_core.bench.data import PAPER_HOURS, PAPER_RECORDINGS, PAPER_WORDS, generate_index
-from asr_core.corpora import load_corpus
+from asr_core.data.corpora import load_corpus
 
 
 def test_the_generated_index_has_the_papers_shape_at_its_fraction(tmp_path: Path) -> None:

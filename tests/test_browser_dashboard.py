@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from analysis.__main__ import main
-from asr_core.sweep_view import VIEW_ID, metric_column
+from asr_core.contract.ledger import VIEW_ID, metric_column
 from tests.plugins.browser import mlflow_run_rows, open_link_in_new_page, open_mlflow_run_list, save_screenshot
 from tests.plugins.mlflow_server import MlflowServer
 

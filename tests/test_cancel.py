@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from asr_core.trial_contract import (FAILURE_OUTCOMES, FINISHED, KILLED, OUTCOME_CANCELLED, TrialFolder,
+from asr_core.contract.trial import (FAILURE_OUTCOMES, FINISHED, KILLED, OUTCOME_CANCELLED, TrialFolder,
                                      read_attempts, read_progress)
 from orchestrate.cli import main
 from orchestrate.ledger import Ledger, wait_for

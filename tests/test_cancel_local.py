@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from asr_core.trial_contract import KILLED, OUTCOME_CANCELLED, TrialFolder, read_attempts
+from asr_core.contract.trial import KILLED, OUTCOME_CANCELLED, TrialFolder, read_attempts
 from orchestrate.ledger import Ledger
 from orchestrate.sweep import SweepDir
 from orchestrate.trial_state import read_folder_states

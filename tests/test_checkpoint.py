@@ -5,12 +5,12 @@ import pickle
 import pytest
 import torch
 
-from asr_core.checkpoint import CheckpointError, drop_optimizer_state, load_checkpoint, load_for_eval, rng_state, \
+from asr_core.training.checkpoint import CheckpointError, drop_optimizer_state, load_checkpoint, load_for_eval, rng_state, \
     save_checkpoint, set_rng_state
-from asr_core.train import build_optimizer
+from asr_core.training.train import build_optimizer
 from asr_core.config import preset
-from asr_core.model import build_model
-from asr_core.tokenizer import Tokenizer
+from asr_core.model.acoustic import build_model
+from asr_core.data.tokenizer import Tokenizer
 
 
 def _state(cfg, model, tok):

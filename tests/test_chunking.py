@@ -5,10 +5,10 @@ from pathlib import Path
 
 import pytest
 
-from asr_core.chunking import (Position, Window, WindowStream, cut_windows, group_size, micro_batches,
+from asr_core.data.chunking import (Position, Window, WindowStream, cut_windows, group_size, micro_batches,
                                window_bounds)
 from asr_core.config import ConfigError, DataConfig, preset
-from asr_core.corpora.base import Recording, Word
+from asr_core.data.corpora.base import Recording, Word
 
 
 def _rec(i: int, dur: float, words: list[tuple[str, float, float]]) -> Recording:
@@ -162,7 +162,7 @@ def test_step_k_holds_window_k_of_each_of_the_groups_recordings() -> None:
 
 
 def test_groups_hold_recordings_of_similar_duration_and_every_recording_once_an_epoch(monkeypatch) -> None:
-    import asr_core.chunking as chunking
+    import asr_core.data.chunking as chunking
 
     monkeypatch.setattr(chunking, "SUBGROUP", 8)  # the code shuffles within runs of 2000 of ~105k recordings
     s = _interleaved(context_s=5.0)  # groups of 8 throughout

@@ -197,7 +197,7 @@ def test_the_evaluations_a_run_records_are_read_and_named_in_the_report() -> Non
     """A run's ``eval.evaluation.<id>`` tags (its own evaluation, then an evaluation job's) become
     ``Sweep.evaluations``, and the report's note says which evaluation its greedy tables read and what jobs added;
     runs without such tags get no note."""
-    from asr_core.evaluation_contract import evaluation_tag
+    from asr_core.contract.evaluation import evaluation_tag
     from analysis.werr import evaluation_notes
 
     setting = {"decoder": "greedy", "stride": 0.125, "precision": "auto", "noise": "synthetic"}

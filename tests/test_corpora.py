@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from asr_core.corpora import CorpusError, load_corpus, parse_dataset_spec, read_corpus
-from asr_core.corpora.tedlium import rejoin_clitics
-from asr_core.score import normalise
+from asr_core.data.corpora import CorpusError, load_corpus, parse_dataset_spec, read_corpus
+from asr_core.data.corpora.tedlium import rejoin_clitics
+from asr_core.evaluation.score import normalise
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -97,8 +97,8 @@ def test_manifest_reads_lines_and_reports_bad_ones_by_line(corpus) -> None:
 
 
 def test_manifest_round_trips_through_write(tmp_path: Path) -> None:
-    from asr_core.corpora import manifest
-    from asr_core.corpora.base import Recording, Word
+    from asr_core.data.corpora import manifest
+    from asr_core.data.corpora.base import Recording, Word
 
     _audio(tmp_path / "a.wav", 1.5)
     rec = Recording("a", tmp_path / "a.wav", 1.5, (Word("x", 0.1, 0.2), Word("y", 0.3, 0.5)), ((1.0, 1.2),),

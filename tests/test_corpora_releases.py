@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from asr_core.corpora import CorpusError, load_corpus, read_corpus
-from asr_core.corpora.earnings22 import audio_dirs_for, parse_nlp, recording_id
-from asr_core.corpora.rev16 import FILE_NUMBERS
+from asr_core.data.corpora import CorpusError, load_corpus, read_corpus
+from asr_core.data.corpora.earnings22 import audio_dirs_for, parse_nlp, recording_id
+from asr_core.data.corpora.rev16 import FILE_NUMBERS
 
 E22_HEADER = "token|speaker|ts|endTs|punctuation|prepunctuation|case|tags"
 ALIGNED_HEADER = E22_HEADER + "|oldTs|oldEndTs|ali_comment"

@@ -20,14 +20,14 @@ import pandas as pd
 import pytest
 import torch
 
-import asr_core.corpora.synth as synth
-from asr_core.corpora import load_corpus
-from asr_core.corpora.base import CorpusError, Recording, Word
-from asr_core.corpora.cues import (CueConfig, CueSite, containment, cue_topics, disambiguating, holds_before,
+import asr_core.data.corpora.synth as synth
+from asr_core.data.corpora import load_corpus
+from asr_core.data.corpora.base import CorpusError, Recording, Word
+from asr_core.data.corpora.cues import (CueConfig, CueSite, containment, cue_topics, disambiguating, holds_before,
                                    placed_share, planted, planted_groups, sound_of, topic_groups)
-from asr_core.corpora.synth import DOMAINS, Speaker, espeak, make_plans, render
-from asr_core.corpora.synth_text import CUE_GROUPS, TOPICS, SentenceMaker, vocabulary
-from asr_core.score import align_counts, marked_counts, normalise, normalise_marked
+from asr_core.data.corpora.synth import DOMAINS, Speaker, espeak, make_plans, render
+from asr_core.data.corpora.synth_text import CUE_GROUPS, TOPICS, SentenceMaker, vocabulary
+from asr_core.evaluation.score import align_counts, marked_counts, normalise, normalise_marked
 
 ROOT = Path(__file__).resolve().parents[1]
 # the newest commit that changed the synthetic corpus before the cue existed: its code is the reference for --cue 0
@@ -194,7 +194,7 @@ def _pre_cue_synth(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
             pytest.skip(f"commit {PRE_CUE_COMMIT[:7]} is not in this checkout's history: {r.stderr.strip()}")
         return r.stdout
 
-    text = types.ModuleType("asr_core.corpora.synth_text")
+    text = types.ModuleType("asr_core.data.corpora.synth_text")
     monkeypatch.setitem(sys.modules, text.__name__, text)
     exec(compile(show("asr_core/corpora/synth_text.py"), "pre-cue synth_text.py", "exec"), text.__dict__)
     old = types.ModuleType("pre_cue_synth")
@@ -252,7 +252,7 @@ def _pre_groups_modules(monkeypatch: pytest.MonkeyPatch) -> tuple[types.ModuleTy
 
     loaded = []
     for name in ("synth_text", "cues", "synth"):
-        module = types.ModuleType(f"asr_core.corpora.{name}")
+        module = types.ModuleType(f"asr_core.data.corpora.{name}")
         monkeypatch.setitem(sys.modules, module.__name__, module)  # the later ones import the earlier ones
         exec(compile(show(f"asr_core/corpora/{name}.py"), f"pre-groups {name}.py", "exec"), module.__dict__)
         loaded.append(module)
@@ -397,8 +397,8 @@ def test_planted_reads_the_metadata_and_refuses_metadata_of_other_words(cued_cor
 def test_evaluate_counts_exactly_the_planted_words(cued_corpus: dict, monkeypatch: pytest.MonkeyPatch) -> None:
     """evaluate's own scoring, fed hypotheses: the reference with one planted word swapped for its homophone and
     one other word changed counts one cue error; with a planted word deleted, one; unchanged, none."""
-    import asr_core.audio
-    from asr_core import evaluate
+    import asr_core.data.audio
+    from asr_core.evaluation import evaluate
 
     recs = list(load_corpus(f"podcast:{cued_corpus['out'] / 'test'}", audio=False))
     marks = planted(recs)
@@ -413,7 +413,7 @@ def test_evaluate_counts_exactly_the_planted_words(cued_corpus: dict, monkeypatc
         elif k % 3 == 1:
             del words[i]
         hyps[rec.id] = " ".join(words)
-    monkeypatch.setattr(asr_core.audio, "load_audio", lambda path: Path(path).stem)
+    monkeypatch.setattr(asr_core.data.audio, "load_audio", lambda path: Path(path).stem)
     monkeypatch.setattr(evaluate, "prepare_features", lambda extractor, wave, ignore, fps: SimpleNamespace(
         shape=(1,), id=wave))
     monkeypatch.setattr(evaluate, "plan_windows", lambda *a, **k: SimpleNamespace(starts=[0]))
@@ -430,12 +430,12 @@ def test_evaluate_counts_exactly_the_planted_words(cued_corpus: dict, monkeypatc
 
 
 def test_evaluate_logs_the_cue_word_error_rate_of_a_cued_dataset_only(cued_corpus: dict, tmp_path: Path) -> None:
-    from asr_core.checkpoint import save_checkpoint
+    from asr_core.training.checkpoint import save_checkpoint
     from asr_core.config import preset
-    from asr_core.evaluate import CSV_COLUMNS, cue_metric_key, evaluate
-    from asr_core.model import build_model
-    from asr_core.outbox import Outbox
-    from asr_core.tokenizer import Tokenizer
+    from asr_core.evaluation.evaluate import CSV_COLUMNS, cue_metric_key, evaluate
+    from asr_core.model.acoustic import build_model
+    from asr_core.runtime.outbox import Outbox
+    from asr_core.data.tokenizer import Tokenizer
 
     cfg = preset("tiny").with_overrides(["data.context_s=2.56", "data.batch_audio_s=10.24", "model.layers=1",
                                          "model.d_model=32", "model.heads=2", "model.subsampling_channels=16"])

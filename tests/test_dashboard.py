@@ -12,7 +12,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from analysis import dashboard
-from asr_core import sweep_view
+from asr_core.contract import ledger as sweep_view
 from analysis.__main__ import main
 from analysis.collect import CLEAN, RunRecord, parse_metric_key
 

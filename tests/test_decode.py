@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from asr_core.decode import (CPU_BATCH_WINDOWS, FREE_MEMORY_FRACTION, MAX_BATCH_WINDOWS, WindowBatch,
+from asr_core.decoding.decode import (CPU_BATCH_WINDOWS, FREE_MEMORY_FRACTION, MAX_BATCH_WINDOWS, WindowBatch,
                               _forward_windows, auto_batch_windows, decode_features, greedy_ids, plan_windows,
                               posteriors, resolve_precision, window_bytes, window_frames, windows_that_fit)
 
@@ -136,7 +136,7 @@ def test_differently_silence_padded_recordings_decode_the_same_text() -> None:
 def test_with_the_project_model() -> None:
     """The real FastConformer (tiny preset, random weights): batching and padding do not change posteriors."""
     from asr_core.config import preset
-    from asr_core.model import build_model
+    from asr_core.model.acoustic import build_model
 
     cfg = preset("tiny")
     torch.manual_seed(0)
@@ -180,8 +180,8 @@ def test_out_of_memory_halves_the_window_batch_mocked_oom(capsys) -> None:
 
 def test_untranscribed_regions_are_zeroed_after_whole_recording_normalisation() -> None:
     from asr_core.config import FeatureConfig
-    from asr_core.decode import prepare_features
-    from asr_core.features import FeatureExtractor
+    from asr_core.decoding.decode import prepare_features
+    from asr_core.data.features import FeatureExtractor
 
     extractor = FeatureExtractor(FeatureConfig())
     wave = torch.randn(16000 * 4) * 0.1

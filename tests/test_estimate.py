@@ -15,13 +15,13 @@ import pytest
 import torch
 
 from asr_core.bench.calibrate import FORMAT, cli as calibrate_cli, model_macs, model_params, synth_recording
-from asr_core.chunking import WindowStream
+from asr_core.data.chunking import WindowStream
 from asr_core.config import DataConfig, preset
-from asr_core.corpora import load_corpus
-from asr_core.corpora.base import Recording, Word
+from asr_core.data.corpora import load_corpus
+from asr_core.data.corpora.base import Recording, Word
 from orchestrate.backends.profile import Profile
 from orchestrate.cli import main
-from orchestrate.estimate import (BUILTIN, PAPER_SOURCE, EstimateError, calibration_from_dict,
+from orchestrate.budget.estimate import (BUILTIN, PAPER_SOURCE, EstimateError, calibration_from_dict,
                                   estimate_grid, estimate_trial, load_calibration, paper_fit, segments_needed,
                                   train_seconds, training_corpus, trial_steps, wall_hours)
 from orchestrate.grid import load_grid
@@ -97,7 +97,7 @@ def test_paper_check_with_profile_prints_requeues_and_wall_time(capsys) -> None:
 
 
 def test_the_builtin_calibration_is_the_derivation() -> None:
-    """The stored a and b are what paper_fit derives (python -m orchestrate.estimate --derive)."""
+    """The stored a and b are what paper_fit derives (python -m orchestrate.budget.estimate --derive)."""
     raw = json.loads(BUILTIN.read_text())
     fit = paper_fit()
     assert raw["train"]["fit"]["a"] == pytest.approx(fit["a"], rel=1e-3)
@@ -146,7 +146,7 @@ def test_step_lengths_replay_the_stream_exactly(batching: str) -> None:
 
 
 def _podcast_corpus(root: Path, n: int = 40) -> Path:
-    from asr_core.corpora import podcast
+    from asr_core.data.corpora import podcast
 
     rng = random.Random(1)
     for i in range(n):
@@ -194,8 +194,8 @@ def test_cost_model_adds_up_the_steps() -> None:
 
 def test_decoded_frames_are_the_decoders_windows() -> None:
     """The estimate counts the evaluation's windows without importing the decoder (torch); the same numbers."""
-    from asr_core.decode import plan_windows, window_frames
-    from orchestrate.estimate import decoded_frames
+    from asr_core.decoding.decode import plan_windows, window_frames
+    from orchestrate.budget.estimate import decoded_frames
 
     rng = random.Random(0)
     for _ in range(3000):
@@ -208,7 +208,7 @@ def test_decoded_frames_are_the_decoders_windows() -> None:
 
 # ---- the model's arithmetic ------------------------------------------------------------------------------------
 def test_model_params_are_the_built_models() -> None:
-    from asr_core.model import build_model
+    from asr_core.model.acoustic import build_model
 
     for name, over in [("tiny", []), ("main", []), ("6L-256-8H", []),
                        ("tiny", ["model.ff_bias=true", "model.decoder_norm=false", "model.self_conditioning=false",
@@ -223,7 +223,7 @@ def test_model_macs_agree_with_the_flop_counter(monkeypatch) -> None:
     import torch.nn.functional as F
     from torch.utils.flop_counter import FlopCounterMode
 
-    from asr_core.model import build_model
+    from asr_core.model.acoustic import build_model
 
     def math_sdpa(q, k, v, attn_mask=None):
         w = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])

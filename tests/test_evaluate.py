@@ -15,17 +15,17 @@ import pandas as pd
 import pytest
 import torch
 
-from asr_core.checkpoint import save_checkpoint
+from asr_core.training.checkpoint import save_checkpoint
 from asr_core.config import preset
-from asr_core.corpora import load_corpus
-from asr_core.corpora.synth import synthesise
-from asr_core.corpora.fingerprint import fingerprint
-from asr_core.corpora.synth_text import TOPICS, vocabulary
-from asr_core.evaluate import CSV_COLUMNS, evaluate, metric_key
-from asr_core.stage_run import EvalDataChanged
-from asr_core.model import build_model
-from asr_core.tokenizer import Tokenizer
-from asr_core.trial_contract import EVAL_DIR, ProgressLog, TrialFolder, eval_fingerprint_tag
+from asr_core.data.corpora import load_corpus
+from asr_core.data.corpora.synth import synthesise
+from asr_core.data.corpora.fingerprint import fingerprint
+from asr_core.data.corpora.synth_text import TOPICS, vocabulary
+from asr_core.evaluation.evaluate import CSV_COLUMNS, evaluate, metric_key
+from asr_core.evaluation.stage_run import EvalDataChanged
+from asr_core.model.acoustic import build_model
+from asr_core.data.tokenizer import Tokenizer
+from asr_core.contract.trial import EVAL_DIR, ProgressLog, TrialFolder, eval_fingerprint_tag
 
 ROOT = Path(__file__).resolve().parents[1]
 torch.set_num_threads(2)
@@ -206,13 +206,13 @@ def test_out_of_memory_halves_the_batch_once_for_the_whole_evaluation(setup: dic
     """A model that runs out of memory above 3 windows: the evaluation finds the size once (the first recording's 6
     windows fail, then 3 at a time) and every later recording, condition and dataset starts from 3, with the same
     results."""
-    import asr_core.checkpoint
+    import asr_core.training.checkpoint
 
     spec = [f"t=podcast:{setup['corpus'] / 'test'}", f"s=podcast:{setup['corpus'] / 'test-shifted'}"]
     want = evaluate(setup["ckpt"], spec, [0.0], stride=1.0, batch_windows=8, out_dir=setup["tmp"] / "oom0",
                     log=False)
     calls: list[int] = []
-    load = asr_core.checkpoint.load_for_eval
+    load = asr_core.training.checkpoint.load_for_eval
 
     def load_oom(path, device):
         model, cfg, tok = load(path, device)
@@ -224,7 +224,7 @@ def test_out_of_memory_halves_the_batch_once_for_the_whole_evaluation(setup: dic
             return model(features, lengths)
         return forward, cfg, tok
 
-    monkeypatch.setattr(asr_core.checkpoint, "load_for_eval", load_oom)
+    monkeypatch.setattr(asr_core.training.checkpoint, "load_for_eval", load_oom)
     got = evaluate(setup["ckpt"], spec, [0.0], stride=1.0, batch_windows=8, out_dir=setup["tmp"] / "oom1",
                    log=False)
     pd.testing.assert_frame_equal(got, want)
@@ -252,8 +252,8 @@ def test_cli_noisy_and_precision(setup: dict) -> None:
 
 # ---- beam search as a decoder (paper 004): from the same posteriors, logged beside the greedy figures --------------
 def test_beam_decoding_logs_its_own_metrics_and_table_beside_greedy(setup: dict, tmp_path: Path) -> None:
-    from asr_core.beam import BeamConfig
-    from asr_core.evaluate import BeamDecoding
+    from asr_core.decoding.beam import BeamConfig
+    from asr_core.evaluation.evaluate import BeamDecoding
     from asr_core.lm import TransformerLM, preset as lm_preset
 
     data = [f"beamset=podcast:{setup['corpus'] / 'test'}"]

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from asr_core.trial_contract import FINISHED, KILLED, read_progress, read_segments
+from asr_core.contract.trial import FINISHED, KILLED, read_progress, read_segments
 from orchestrate.cli import main
 from orchestrate.ledger import Ledger, wait_for
 from orchestrate.sweep import SweepDir

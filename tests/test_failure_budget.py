@@ -24,8 +24,8 @@ from pathlib import Path
 import pytest
 
 from asr_core.config import Config
-from asr_core.lease import Lease, read_lease
-from asr_core.trial_contract import (FAILED, FINISHED, OUTCOME_FAILED, OUTCOME_KILLED, OUTCOME_LOST,
+from asr_core.runtime.lease import Lease, read_lease
+from asr_core.contract.trial import (FAILED, FINISHED, OUTCOME_FAILED, OUTCOME_KILLED, OUTCOME_LOST,
                                      OUTCOME_PREEMPTED, OUTCOME_RESET, failures, read_attempts, read_progress,
                                      record_attempt)
 from orchestrate.backends import slurm_commands

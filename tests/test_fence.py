@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from asr_core.checkpoint import load_checkpoint
+from asr_core.training.checkpoint import load_checkpoint
 from asr_core.config import preset
-from asr_core.lease import read_lease
-from asr_core.trial_contract import (ENV_JOB_ID, EXIT_FENCED, EXIT_OK, FINISHED, SCHEDULED, TAG_ERROR, TAG_SEGMENTS,
+from asr_core.runtime.lease import read_lease
+from asr_core.contract.trial import (ENV_JOB_ID, EXIT_FENCED, EXIT_OK, FINISHED, SCHEDULED, TAG_ERROR, TAG_SEGMENTS,
                                      TrialFolder, failures, progress_records, read_attempts, read_segments,
                                      trial_command, write_config)
 from tests.plugins.mlflow_server import MlflowServer

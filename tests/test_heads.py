@@ -10,11 +10,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from asr_core.attention import SelfAttention
+from asr_core.model.attention import SelfAttention
 from asr_core.config import ModelConfig
-from asr_core.heads import (REPRESENTATIONS, HeadCapture, attention_rows, diversity_loss, head_diversity_loss,
+from asr_core.model.heads import (REPRESENTATIONS, HeadCapture, attention_rows, diversity_loss, head_diversity_loss,
                             head_similarity, head_similarity_matrix, offdiagonal_mean, sample_query_rows)
-from asr_core.model import build_model
+from asr_core.model.acoustic import build_model
 
 torch.set_num_threads(2)
 

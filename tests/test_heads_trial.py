@@ -17,7 +17,7 @@ import torch
 from mlflow.tracking import MlflowClient
 
 from asr_core.config import HEAD_REPRESENTATIONS, Config, ConfigError, preset
-from asr_core.heads import REPRESENTATIONS, HeadCapture, head_diversity_loss, head_similarity
+from asr_core.model.heads import REPRESENTATIONS, HeadCapture, head_diversity_loss, head_similarity
 from tests.test_train import make_corpus
 
 torch.set_num_threads(2)
@@ -68,7 +68,7 @@ def test_head_fields_refuse_bad_values_naming_the_field(override: str, needle: s
 def test_the_loss_enters_trial_keys_only_when_on_and_the_measurement_never() -> None:
     from orchestrate.grid import load_grid
 
-    assert HEAD_REPRESENTATIONS == REPRESENTATIONS  # config.py validates what asr_core.heads computes
+    assert HEAD_REPRESENTATIONS == REPRESENTATIONS  # config.py validates what asr_core.model.heads computes
     golden = json.loads((REPO / "tests/golden/keys.json").read_text())["grids/paper.yaml"]
     off = ["train.head_diversity_weight=0", "train.head_diversity_repr=Y", "train.head_diversity_rows=64"]
     keys = {t.key for t in load_grid(REPO / "grids/paper.yaml", off + ["eval.head_diversity=false",
@@ -92,11 +92,11 @@ def test_the_loss_enters_trial_keys_only_when_on_and_the_measurement_never() -> 
 
 # ---- the auxiliary loss in training -----------------------------------------------------------------------------------
 def _batch(corpus: dict[str, str], tmp_path: Path, windows: int = 4):
-    from asr_core.batching import BatchMaker
-    from asr_core.chunking import WindowStream
-    from asr_core.corpora import load_corpus
-    from asr_core.features import FeatureExtractor
-    from asr_core.tokenizer import Tokenizer
+    from asr_core.data.batching import BatchMaker
+    from asr_core.data.chunking import WindowStream
+    from asr_core.data.corpora import load_corpus
+    from asr_core.data.features import FeatureExtractor
+    from asr_core.data.tokenizer import Tokenizer
 
     cfg = preset("tiny").with_overrides(TINY + [f"data.batch_audio_s={2.0 * windows}", "data.batching=consecutive"])
     recs = load_corpus(corpus["train"])
@@ -108,10 +108,10 @@ def _batch(corpus: dict[str, str], tmp_path: Path, windows: int = 4):
 
 def test_the_step_gradient_adds_the_weighted_head_loss_and_nothing_when_off(corpus: dict[str, str],
                                                                              tmp_path: Path) -> None:
-    from asr_core.batchrenorm import MaskedBatchRenorm
-    from asr_core.loss import step_frames
-    from asr_core.model import build_model
-    from asr_core.train import HeadDiversity, accumulate_gradients, step_gradients
+    from asr_core.model.batchrenorm import MaskedBatchRenorm
+    from asr_core.training.loss import step_frames
+    from asr_core.model.acoustic import build_model
+    from asr_core.training.train import HeadDiversity, accumulate_gradients, step_gradients
 
     cfg, windows, maker = _batch(corpus, tmp_path)
     whole = [maker(windows)]
@@ -174,11 +174,11 @@ def test_a_tiny_run_with_the_loss_has_less_alike_heads_and_resumes_exactly(
     say about WER: nothing (both are still at the blank stage), so only the CTC loss is compared, loosely (seeds 0-2
     gave Y 0.058 -> 0.010, 0.042 -> 0.017, 0.051 -> 0.013, the loss no worse). The run with the loss on A, stopped
     after its checkpoint at step 2 and resumed, ends bit for bit where the uninterrupted run does."""
-    from asr_core.audio import load_audio
-    from asr_core.checkpoint import load_checkpoint, load_for_eval
-    from asr_core.corpora import load_corpus
-    from asr_core.features import FeatureExtractor
-    from asr_core.train import train
+    from asr_core.data.audio import load_audio
+    from asr_core.training.checkpoint import load_checkpoint, load_for_eval
+    from asr_core.data.corpora import load_corpus
+    from asr_core.data.features import FeatureExtractor
+    from asr_core.training.train import train
 
     recs = load_corpus(corpus["train"])
     held = load_corpus(corpus["test"])
@@ -215,7 +215,7 @@ def test_a_tiny_run_with_the_loss_has_less_alike_heads_and_resumes_exactly(
 
 # ---- the heads command --------------------------------------------------------------------------------------------------
 def test_plan_head_windows_takes_windows_in_turn_without_overlap() -> None:
-    from asr_core.heads_cli import plan_head_windows
+    from asr_core.probes.heads import plan_head_windows
 
     frames = [250, 40, 530, 100]  # window 100: 2 whole (+ tail), 1 short, 5 whole (+ tail), 1 exact
     assert plan_head_windows(frames, 100, 4) == [(0, 0, 100), (1, 0, 40), (2, 0, 100), (3, 0, 100)]
@@ -230,9 +230,9 @@ def test_plan_head_windows_takes_windows_in_turn_without_overlap() -> None:
 
 def test_heads_command_logs_metrics_and_artifacts_into_the_checkpoints_run(
         corpus: dict[str, str], mlflow_store: tuple[str, MlflowClient, str], tmp_path: Path) -> None:
-    from asr_core.corpora import load_corpus
-    from asr_core.heads_cli import cli, measure_dataset, plan_head_windows
-    from asr_core.train import train
+    from asr_core.data.corpora import load_corpus
+    from asr_core.probes.heads import cli, measure_dataset, plan_head_windows
+    from asr_core.training.train import train
 
     uri, client, _ = mlflow_store
     cfg = preset("tiny").with_overrides(TINY + ["train.max_steps=3"])
@@ -257,10 +257,10 @@ def test_heads_command_logs_metrics_and_artifacts_into_the_checkpoints_run(
     assert run.data.tags["eval.test.fingerprint"]  # the name now stands for this content in the run
 
     # the averages are those of each window measured on its own (Q, K, V, Y: no sampling), whatever the batching
-    from asr_core.audio import load_audio
-    from asr_core.checkpoint import load_for_eval
-    from asr_core.decode import WindowBatch, prepare_features
-    from asr_core.features import FeatureExtractor
+    from asr_core.data.audio import load_audio
+    from asr_core.training.checkpoint import load_for_eval
+    from asr_core.decoding.decode import WindowBatch, prepare_features
+    from asr_core.data.features import FeatureExtractor
 
     model, _, _ = load_for_eval(result.checkpoint)
     fx = FeatureExtractor(cfg.data.features)
@@ -284,11 +284,11 @@ def test_heads_command_logs_metrics_and_artifacts_into_the_checkpoints_run(
 def test_a_trial_measures_the_heads_after_evaluation_and_a_preempted_stage_reruns_alone(
         corpus: dict[str, str], mlflow_store: tuple[str, MlflowClient, str], tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
-    import asr_core.evaluate
-    import asr_core.heads_cli
+    import asr_core.evaluation.evaluate
+    import asr_core.probes.heads
     from asr_core.trial import run_trial
-    from asr_core.trial_contract import EVALUATED_FILE
-    from asr_core.trial_contract import TrialFolder
+    from asr_core.contract.trial import EVALUATED_FILE
+    from asr_core.contract.trial import TrialFolder
 
     uri, client, exp = mlflow_store
     run_id = client.create_run(exp, run_name="t").info.run_id
@@ -299,20 +299,20 @@ def test_a_trial_measures_the_heads_after_evaluation_and_a_preempted_stage_rerun
     folder = TrialFolder(tmp_path / "trial")
     monkeypatch.setenv("ORCHESTRATE_JOB_ID", "job-1")
     evaluations = []
-    real_evaluate, real_measure = asr_core.evaluate.evaluate, asr_core.heads_cli.measure_dataset
-    monkeypatch.setattr(asr_core.evaluate, "evaluate", lambda *a, **k: evaluations.append(1) or real_evaluate(*a, **k))
+    real_evaluate, real_measure = asr_core.evaluation.evaluate.evaluate, asr_core.probes.heads.measure_dataset
+    monkeypatch.setattr(asr_core.evaluation.evaluate, "evaluate", lambda *a, **k: evaluations.append(1) or real_evaluate(*a, **k))
 
     def preempted(*args, **kwargs):  # the scheduler's signal arrives while the heads are measured
         os.kill(os.getpid(), signal.SIGUSR2)
         time.sleep(5)
         raise AssertionError("the stop signal did not interrupt the stage")
 
-    monkeypatch.setattr(asr_core.heads_cli, "measure_dataset", preempted)
+    monkeypatch.setattr(asr_core.probes.heads, "measure_dataset", preempted)
     assert run_trial(cfg, folder.path, tracking_uri=uri, run_id=run_id) == 75
     assert evaluations == [1] and (folder.path / EVALUATED_FILE).exists() and not folder.done.exists()
     assert client.get_run(run_id).info.status == "SCHEDULED"
 
-    monkeypatch.setattr(asr_core.heads_cli, "measure_dataset", real_measure)
+    monkeypatch.setattr(asr_core.probes.heads, "measure_dataset", real_measure)
     monkeypatch.setenv("ORCHESTRATE_JOB_ID", "job-2")
     assert run_trial(cfg, folder.path, tracking_uri=uri, run_id=run_id) == 0
     assert evaluations == [1]  # the second segment measured the heads only

@@ -1,4 +1,4 @@
-"""The per-trial fence (``asr_core.lease``), with real processes where it matters.
+"""The per-trial fence (``asr_core.runtime.lease``), with real processes where it matters.
 
 A holder is a real process (``HOLDER`` below) that takes a lease and answers ``held``/``release`` on stdin, so
 liveness is judged from a real pid (running, stopped with SIGSTOP, killed, a zombie). Staleness is reached by
@@ -20,16 +20,16 @@ from pathlib import Path
 
 import pytest
 
-from asr_core import lease as lease_mod
-from asr_core.lease import (HOST, KEEP_GENERATIONS, Lease, LeaseDirError, LeaseHeld, LeaseInfo, read_lease,
+from asr_core.runtime import lease as lease_mod
+from asr_core.runtime.lease import (HOST, KEEP_GENERATIONS, Lease, LeaseDirError, LeaseHeld, LeaseInfo, read_lease,
                             release_if_dead)
-from asr_core.trial_contract import TrialFolder
+from asr_core.contract.trial import TrialFolder
 
 ROOT = Path(__file__).resolve().parents[1]
 
 HOLDER = r"""
 import sys
-from asr_core.lease import Lease
+from asr_core.runtime.lease import Lease
 trial, job, heartbeat_s, stale_s = sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4])
 lease = Lease(trial, job, heartbeat_s=heartbeat_s, stale_s=stale_s).acquire()
 print("ACQUIRED", lease.info.generation, flush=True)

@@ -10,7 +10,7 @@ import pytest
 
 from orchestrate.cli import main
 from orchestrate.grid import load_grid
-from asr_core import trial_contract as tc
+from asr_core.contract import trial as tc
 from orchestrate import ledger as ledger_module
 from orchestrate.ledger import Ledger, LedgerError, SweepOwnershipError, TrialRun, counts, default_tracking_uri
 
@@ -244,7 +244,7 @@ def test_the_first_submission_saves_the_view_of_every_wer_column_and_leaves_a_la
     line linking to it before any trial ran; a view written since (the report's) survives the next submission."""
     import json
 
-    from asr_core import sweep_view as sv
+    from asr_core.contract import ledger as sv
     from orchestrate.dispatch import eval_dataset_names
 
     trials = list(load_grid(ROOT / "grids" / "demo.yaml").trials)

@@ -15,14 +15,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from asr_core import signals
+from asr_core.runtime import signals
 from asr_core.lm.cli import cli
 from asr_core.lm.data import generate_documents, read_documents, write_documents
 from asr_core.lm.model import build_lm
 from asr_core.lm.ppl import score_documents
 from asr_core.lm.train import (LMTrainConfig, LMTrainError, Preempted, encode, load_lm, load_tokenizer, resolve_config,
                                 train_lm)
-from asr_core.tokenizer import Tokenizer
+from asr_core.data.tokenizer import Tokenizer
 
 # a micro model: every component of the tiny preset, a few milliseconds a step
 MICRO = ["batch=4", "chunk_len=16", "cache_len=32", "lm.d_model=32", "lm.heads=2", "lm.dpb_width=8",
@@ -267,7 +267,7 @@ def test_bad_input_is_named_before_training_starts(text: dict[str, Path], tmp_pa
 
 def test_the_tokenizer_comes_from_an_acoustic_checkpoint_or_a_model_file(text: dict[str, Path],
                                                                         tmp_path: Path) -> None:
-    from asr_core.checkpoint import save_checkpoint
+    from asr_core.training.checkpoint import save_checkpoint
 
     proto = text["tok"].read_bytes()
     save_checkpoint(tmp_path / "am.pt", {"config": {}, "model": {}, "tokenizer": proto, "format_version": 1})

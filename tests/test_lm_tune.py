@@ -7,11 +7,11 @@ from types import SimpleNamespace
 
 import torch
 
-from asr_core.beam import BeamConfig
+from asr_core.decoding.beam import BeamConfig
 from asr_core.bench.decode import peaked_posteriors
-from asr_core.decode import greedy_ids
+from asr_core.decoding.decode import greedy_ids
 from asr_core.lm import TransformerLM, preset
-from asr_core.score import normalise
+from asr_core.evaluation.score import normalise
 from asr_core.lm.tune import DevPosteriors, _floats, best, grid_search, wer_of
 
 V = 12

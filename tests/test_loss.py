@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from asr_core.chunking import Window, group_size
+from asr_core.data.chunking import Window, group_size
 from asr_core.config import DataConfig, preset
-from asr_core.loss import ctc_loss, pass_loss, step_frames
-from asr_core.model import build_model
-from asr_core.train import accumulate_gradients
-from asr_core.batching import MicroBatch
+from asr_core.training.loss import ctc_loss, pass_loss, step_frames
+from asr_core.model.acoustic import build_model
+from asr_core.training.train import accumulate_gradients
+from asr_core.data.batching import MicroBatch
 
 
 def _batch(seed: int = 0, n: int = 5, frames: int = 96) -> tuple[MicroBatch, list[Window]]:

@@ -1,7 +1,7 @@
 """Only a sweep's owner writes its ledger: slurm/mlflow-server.sh bound beyond loopback runs MLflow's basic-auth
 app with credentials it makes once (0600 files, never on a command line or in a log) and hands to clients through
 ~/.mlflow/credentials. Against the real server: a write without credentials from the network is refused, the
-owner's MlflowClient, a SLURM sweep's trial job and the load test (orchestrate.loadtest) get in.
+owner's MlflowClient, a SLURM sweep's trial job and the load test (orchestrate.tools.loadtest) get in.
 
 Every test runs with a temporary HOME, so the real ~/.mlflow is never touched."""
 
@@ -23,7 +23,7 @@ import pytest
 
 from orchestrate.cli import main
 from orchestrate.ledger import Ledger, wait_for
-from orchestrate.loadtest import METRICS, TrainerReport, check_history, run_load
+from orchestrate.tools.loadtest import METRICS, TrainerReport, check_history, run_load
 from tests.plugins.mlflow_server import (
     SCRIPT, MlflowServer, free_port, network_address, read_credentials, serving,
 )

@@ -25,7 +25,7 @@ from urllib.parse import urlparse
 
 import pytest
 
-from asr_core import trial_contract as tc
+from asr_core.contract import trial as tc
 from orchestrate.grid import load_grid
 from orchestrate.ledger import Ledger, LedgerError
 from orchestrate.mlflow_rest import MlflowRest, RestError, UncertainWrite, auth_header, credentials

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from asr_core.config import ModelConfig, preset
-from asr_core.model import build_model
-from asr_core.params import parameter_table
-from asr_core.posenc import RotaryEncoding
+from asr_core.model.acoustic import build_model
+from asr_core.model.size import parameter_table
+from asr_core.model.posenc import RotaryEncoding
 
 torch.set_num_threads(2)
 

@@ -1,4 +1,4 @@
-"""The authors' model recipe (asr_core.batchrenorm, conformer, ctc, model): batch renorm schedule, decoder norm,
+"""The authors' model recipe (asr_core.model.batchrenorm, conformer, ctc, model): batch renorm schedule, decoder norm,
 feed-forward activation and biases, and what they do to the parameter counts."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import pytest
 import torch
 from torch import nn
 
-from asr_core.batchrenorm import MaskedBatchRenorm, renorm_limits
+from asr_core.model.batchrenorm import MaskedBatchRenorm, renorm_limits
 from asr_core.config import ModelConfig, preset
-from asr_core.model import build_model, count_parameters
-from asr_core.params import parameter_table
+from asr_core.model.acoustic import build_model, count_parameters
+from asr_core.model.size import parameter_table
 from tests.test_model import _batch, _small
 
 torch.set_num_threads(2)

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from asr_core.audio import save_audio
-from asr_core.corpora.synth import Speaker, espeak
-from asr_core.noise import add_music, measure_snr, mix_at_snr, noise_for, recording_seed, synth_music
+from asr_core.data.audio import save_audio
+from asr_core.data.corpora.synth import Speaker, espeak
+from asr_core.data.noise import add_music, measure_snr, mix_at_snr, noise_for, recording_seed, synth_music
 
 
 @pytest.fixture(scope="module")

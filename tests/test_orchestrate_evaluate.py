@@ -24,7 +24,7 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
-from asr_core.trial_contract import FINISHED
+from asr_core.contract.trial import FINISHED
 from orchestrate.backends import slurm_commands
 from orchestrate.cli import main
 from orchestrate.ledger import Ledger, wait_for

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from asr_core.outbox import (MAX_METRICS, REJECTED_FILE, WATERMARK_FILE, Outbox, ShipResult, pending,
+from asr_core.runtime.outbox import (MAX_METRICS, REJECTED_FILE, WATERMARK_FILE, Outbox, ShipResult, pending,
                              ship_pending)
-from asr_core.trial_contract import TrialFolder
+from asr_core.contract.trial import TrialFolder
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -162,7 +162,7 @@ def test_refused_records_are_set_aside_and_clashing_params_keep_their_first_valu
 
 def test_an_unreachable_server_never_blocks_the_writer_and_flush_keeps_its_deadline(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from asr_core.outbox import HTTP_DEFAULTS
+    from asr_core.runtime.outbox import HTTP_DEFAULTS
     from tests.plugins.mlflow_server import free_port
 
     for k, v in HTTP_DEFAULTS.items():  # as the trial job sets them
@@ -190,7 +190,7 @@ def test_ship_pending_ships_what_a_killed_job_left(mlflow_server, run) -> None:
     uri, run_id, trial = run
     script = (
         "import os, sys\n"
-        "from asr_core.outbox import Outbox\n"
+        "from asr_core.runtime.outbox import Outbox\n"
         f"box = Outbox({str(trial)!r}, segment=1, tracking_uri={uri!r}, run_id={run_id!r})\n"
         "box.status('RUNNING', {'trial.segments': '1'})\n"
         "for s in range(1, 31): box.metrics(s, {'train/loss': s / 10})\n"
@@ -198,7 +198,7 @@ def test_ship_pending_ships_what_a_killed_job_left(mlflow_server, run) -> None:
         "os._exit(137)\n")
     done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 137, done.stderr
-    count = subprocess.run([sys.executable, "-c", "import sys; from asr_core.outbox import pending; "
+    count = subprocess.run([sys.executable, "-c", "import sys; from asr_core.runtime.outbox import pending; "
                             f"print(pending({str(trial)!r}), 'mlflow' in sys.modules)"], cwd=ROOT,
                            capture_output=True, text=True, timeout=60, check=True)
     assert count.stdout.split() == ["32", "False"]
@@ -245,7 +245,7 @@ def test_a_run_id_given_later_ships_what_waited(mlflow_server, run) -> None:
 
 
 def test_the_job_sets_mlflows_http_retries_low_unless_the_user_set_them(monkeypatch: pytest.MonkeyPatch) -> None:
-    from asr_core.outbox import HTTP_DEFAULTS, fail_fast_http
+    from asr_core.runtime.outbox import HTTP_DEFAULTS, fail_fast_http
 
     for k in HTTP_DEFAULTS:
         monkeypatch.delenv(k, raising=False)

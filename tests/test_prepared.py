@@ -14,13 +14,13 @@ import numpy as np
 import pytest
 import torch
 
-from asr_core.checkpoint import load_checkpoint
-from asr_core.chunking import duration_timed
+from asr_core.training.checkpoint import load_checkpoint
+from asr_core.data.chunking import duration_timed
 from asr_core.config import preset
-from asr_core.corpora import CorpusError, Recording, Word, load_corpus, read_corpus
-from asr_core.corpora.fingerprint import fingerprint
-from asr_core.corpora.prepared import PreparedCorpus, write_prepared
-from asr_core.train import train
+from asr_core.data.corpora import CorpusError, Recording, Word, load_corpus, read_corpus
+from asr_core.data.corpora.fingerprint import fingerprint
+from asr_core.data.corpora.prepared import PreparedCorpus, write_prepared
+from asr_core.training.train import train
 from tests.test_backend import smoke_corpus
 
 __all__ = ["smoke_corpus"]  # the session fixture, shared with test_backend

@@ -1,5 +1,5 @@
 """The progress line the local backend prints, read from trial folders as the trial job writes them: structured
-records (:class:`asr_core.trial_contract.ProgressLog`), never the text of the trainer's log."""
+records (:class:`asr_core.contract.trial.ProgressLog`), never the text of the trainer's log."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from asr_core.trial_contract import ProgressLog, TrialFolder
+from asr_core.contract.trial import ProgressLog, TrialFolder
 from orchestrate.progress import ProgressPrinter, trial_phase
 
 
@@ -120,7 +120,7 @@ def test_tick_prints_only_when_due_and_changed(tmp_path: Path, capsys: pytest.Ca
 def test_phase_text_is_trial_phase_from_what_was_already_read(tmp_path: Path) -> None:
     """``orchestrate status`` reads each folder once and asks :func:`phase_text` for the phase from what it read:
     the same answer as :func:`trial_phase` reading the folder itself."""
-    from asr_core.trial_contract import read_progress
+    from asr_core.contract.trial import read_progress
     from orchestrate.progress import phase_text
 
     folder = _started(tmp_path / "t")

@@ -21,8 +21,8 @@ from mlflow.tracking import MlflowClient
 
 import asr_core
 from asr_core.config import Config, preset
-from asr_core.provenance import DIFF_DIGITS, DIRTY_SUFFIX, UNKNOWN, code_version
-from asr_core.trial_contract import (
+from asr_core.runtime.provenance import DIFF_DIGITS, DIRTY_SUFFIX, UNKNOWN, code_version
+from asr_core.contract.trial import (
     CODE_ARTIFACT_DIR,
     ENV_JOB_ID,
     EXIT_FAILED,

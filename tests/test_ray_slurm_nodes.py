@@ -60,7 +60,7 @@ while len(seen()) < nodes and not any(folder.parent.glob("*/DONE")) and time.mon
 
 
 def probe_command(trial_dir: Path, tracking_uri: str, run_id: str, python: str | None = None) -> list[str]:
-    """Stands in for :func:`asr_core.trial_contract.trial_command` inside the allocation: the probe above."""
+    """Stands in for :func:`asr_core.contract.trial.trial_command` inside the allocation: the probe above."""
     return [python or sys.executable, "-c", PROBE, str(trial_dir), str(N_NODES), str(HOLD_S)]
 
 
@@ -100,7 +100,7 @@ def wait_for_end(cluster: SlurmCluster, job_id: str, log: Path, timeout: float) 
 @pytest.mark.timeout(300)
 def test_two_node_allocation_runs_trials_on_both_nodes(two_nodes: SlurmCluster, tmp_path: Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    from orchestrate.fake_sweep import fake_trials
+    from orchestrate.tools.fake_sweep import fake_trials
 
     nodes = cluster_nodes(two_nodes)
     assert len(nodes) == N_NODES, nodes

@@ -12,9 +12,9 @@ import pandas as pd
 import pytest
 import torch
 
-from asr_core.decode import posteriors, posteriors_at
-from asr_core.features import zero_regions
-from asr_core.reach import Decoding, distance_profile, summarise_cues, summarise_distances, total_variation
+from asr_core.decoding.decode import posteriors, posteriors_at
+from asr_core.data.features import zero_regions
+from asr_core.probes.reach import Decoding, distance_profile, summarise_cues, summarise_distances, total_variation
 
 torch.set_num_threads(2)
 
@@ -22,7 +22,7 @@ torch.set_num_threads(2)
 @pytest.fixture(scope="module")
 def model() -> torch.nn.Module:
     from asr_core.config import preset
-    from asr_core.model import build_model
+    from asr_core.model.acoustic import build_model
 
     torch.manual_seed(0)
     return build_model(preset("tiny").model, n_mels=80).eval()
@@ -102,7 +102,7 @@ def test_reach_command_on_the_quick_demo_models(quick_demo, tmp_path: Path, caps
     """The quick demo's 5.12 s and 81.92 s models on its cued test set (cue band 3-10 s, 30 s recordings): the
     disambiguating word moves the decoded cue word of the 81.92 s model every time, and never the 5.12 s model's
     where it lies more than a window away."""
-    from asr_core.reach import cli
+    from asr_core.probes.reach import cli
 
     assert quick_demo.first.returncode == 0, quick_demo.first.output[-3000:]
     ckpts = _checkpoints(quick_demo.root)

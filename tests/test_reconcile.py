@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 
 from asr_core.config import preset
-from asr_core.lease import Lease
-from asr_core.trial_contract import (FAILED, FINISHED, KILLED, OUTCOME_FAILED, OUTCOME_FINISHED,
+from asr_core.runtime.lease import Lease
+from asr_core.contract.trial import (FAILED, FINISHED, KILLED, OUTCOME_FAILED, OUTCOME_FINISHED,
                                      OUTCOME_KILLED, RUNNING, SCHEDULED, TAG_ERROR, TrialFolder, record_attempt)
-from orchestrate.fake_sweep import fake_trials
+from orchestrate.tools.fake_sweep import fake_trials
 from orchestrate.ledger import Ledger
 from orchestrate.sweep import Manifest, SweepDir
 from orchestrate.trial import Trial

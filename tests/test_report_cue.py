@@ -47,7 +47,7 @@ def cue_errors(ds: str, ctx: float, seed: int) -> np.ndarray:
 
 
 def _table(ds: str, ctx: float, seed: int, cue: str) -> tuple[str, float]:
-    """eval/<ds>.csv as asr_core.evaluate writes it; ``cue``: "counts", "empty" (the columns, no values) or "none"
+    """eval/<ds>.csv as asr_core.evaluation.evaluate writes it; ``cue``: "counts", "empty" (the columns, no values) or "none"
     (no columns)."""
     lines = [HEAD + ("" if cue == "none" else ",cue_words,cue_errors")]
     errs = cue_errors(ds, ctx, seed) + OTHER_ERRORS[seed]

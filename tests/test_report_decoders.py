@@ -86,10 +86,10 @@ def lm_record(run_id: str = LM_RUN, name: str = "lm-tiny") -> RunRecord:
 # ---- collect ---------------------------------------------------------------------------------------------------
 
 def test_decoder_metric_names_are_what_asr_core_writes() -> None:
-    """The names collect parses are the ones asr_core.evaluate, heads_cli and lm.ppl write."""
-    from asr_core.evaluate import GREEDY as EVAL_GREEDY
-    from asr_core.evaluate import beam_decoding, metric_key
-    from asr_core.heads_cli import HeadsSummary
+    """The names collect parses are the ones asr_core.evaluation.evaluate, heads_cli and lm.ppl write."""
+    from asr_core.evaluation.evaluate import GREEDY as EVAL_GREEDY
+    from asr_core.evaluation.evaluate import beam_decoding, metric_key
+    from asr_core.probes.heads import HeadsSummary
     from asr_core.lm.ppl import metric_name
 
     assert EVAL_GREEDY == GREEDY

@@ -14,7 +14,7 @@ import pytest
 
 from orchestrate.backends.base import BackendError, Job
 from orchestrate.backends.profile import Profile, load_profile
-from orchestrate.backends.resources import (Resources, format_minutes, group_by_resources, memory_gb,
+from orchestrate.budget.resources import (Resources, format_minutes, group_by_resources, memory_gb,
                                             parse_minutes, time_limit_minutes, trial_resources)
 from orchestrate.grid import load_grid
 from orchestrate.sweep import SweepDir

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from asr_core.checkpoint import load_checkpoint
+from asr_core.training.checkpoint import load_checkpoint
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_train import make_corpus, tiny_cfg  # noqa: E402
@@ -29,8 +29,8 @@ from pathlib import Path
 import torch
 torch.set_num_threads(1)
 from asr_core.config import Config
-from asr_core.corpora.base import Recording, Word
-from asr_core.train import Preempted, train
+from asr_core.data.corpora.base import Recording, Word
+from asr_core.training.train import Preempted, train
 spec = json.loads(Path(sys.argv[1]).read_text())
 recs = [Recording(r["id"], Path(r["audio"]), r["duration"], tuple(Word(*w) for w in r["words"]))
         for r in spec["recordings"]]
@@ -177,7 +177,7 @@ def test_sigusr2_checkpoints_exits_75_and_resumes_bitwise_exact(setup: dict) -> 
 @pytest.mark.parametrize("setup", ["whole"], indirect=True)
 def test_resume_refuses_a_different_config(setup: dict, tmp_path: Path) -> None:
     from asr_core.config import Config
-    from asr_core.train import TrainError, train
+    from asr_core.training.train import TrainError, train
 
     cfg = Config.from_dict(setup["spec"]["config"]).with_overrides(["train.lr=0.001"])
     with pytest.raises(TrainError, match=r"was written for trial .*train.lr: 0.003 -> 0.001"):
@@ -185,7 +185,7 @@ def test_resume_refuses_a_different_config(setup: dict, tmp_path: Path) -> None:
 
 
 def _recordings(setup: dict) -> list:
-    from asr_core.corpora.base import Recording, Word
+    from asr_core.data.corpora.base import Recording, Word
 
     return [Recording(r["id"], Path(r["audio"]), r["duration"], tuple(Word(*w) for w in r["words"]))
             for r in setup["spec"]["recordings"]]
@@ -197,8 +197,8 @@ def test_resume_takes_other_execution_settings_but_not_other_data_under_the_same
     import shutil
 
     from asr_core.config import Config
-    from asr_core.corpora.base import Word
-    from asr_core.train import TrainError, train
+    from asr_core.data.corpora.base import Word
+    from asr_core.training.train import TrainError, train
 
     out = tmp_path / "copy"
     shutil.copytree(setup["root"] / "straight", out)

@@ -12,10 +12,10 @@ import pandas as pd
 import pytest
 
 from asr_core.__main__ import main
-from asr_core.corpora import load_corpus
-from asr_core.evaluate import CSV_COLUMNS, metric_key
-from asr_core.score import Counts, corpus_wer, normalise, score
-from asr_core.trial_contract import ROLE_EXTERNAL, TAG_SYSTEM
+from asr_core.data.corpora import load_corpus
+from asr_core.evaluation.evaluate import CSV_COLUMNS, metric_key
+from asr_core.evaluation.score import Counts, corpus_wer, normalise, score
+from asr_core.contract.trial import ROLE_EXTERNAL, TAG_SYSTEM
 
 # reference, hypothesis, and the hand count (substitutions, deletions, insertions, reference words)
 CASES = {
@@ -51,13 +51,13 @@ def _no_ambient_tracking_uri(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
 
 def _evaluate_rows(spec: str, hyps: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> list[dict]:
-    """The rows ``asr_core.evaluate`` computes for recordings whose decoded text is ``hyps`` (its own scoring code,
+    """The rows ``asr_core.evaluation.evaluate`` computes for recordings whose decoded text is ``hyps`` (its own scoring code,
     with audio, features and the model replaced by the hypotheses)."""
-    import asr_core.audio
-    from asr_core import evaluate
+    import asr_core.data.audio
+    from asr_core.evaluation import evaluate
 
     recordings = load_corpus(spec, audio=False)
-    monkeypatch.setattr(asr_core.audio, "load_audio", lambda path: Path(path).stem)
+    monkeypatch.setattr(asr_core.data.audio, "load_audio", lambda path: Path(path).stem)
     monkeypatch.setattr(evaluate, "prepare_features", lambda extractor, wave, ignore, fps: SimpleNamespace(
         shape=(1,), id=wave))
     monkeypatch.setattr(evaluate, "plan_windows", lambda *a, **k: SimpleNamespace(starts=[0]))

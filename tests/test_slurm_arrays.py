@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pytest
 
-from asr_core.trial_contract import EXIT_OK
+from asr_core.contract.trial import EXIT_OK
 from orchestrate.backends.base import Job
 from orchestrate.backends.profile import Profile
 from orchestrate.backends.slurm import SlurmBackend, TrialTask
@@ -151,7 +151,7 @@ def wait_gone(cluster: SlurmCluster, job_ids: list[str], timeout: float = 30) ->
 @pytest.mark.timeout(240)
 def test_3000_trials_go_out_as_three_arrays_under_one_max_parallel(cluster_1001: SlurmCluster, on_cluster: object,
                                                                    tmp_path: Path) -> None:
-    from orchestrate.fake_sweep import fake_trials
+    from orchestrate.tools.fake_sweep import fake_trials
 
     on_cluster(cluster_1001)  # type: ignore[operator]
     sweep = SweepDir(tmp_path / "runs", "arrays3000")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from asr_core.trial_contract import FINISHED, TrialFolder, read_progress
+from asr_core.contract.trial import FINISHED, TrialFolder, read_progress
 from orchestrate.cli import main
 from orchestrate.ledger import Ledger
 from orchestrate.sweep import SweepDir

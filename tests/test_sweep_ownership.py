@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from asr_core import trial_contract as tc
+from asr_core.contract import trial as tc
 from orchestrate.ledger import Ledger
 from orchestrate.sweep import SweepDir
 from tests.folder_snapshot import snapshot

@@ -2,7 +2,7 @@
 
 import pytest
 
-from asr_core.tokenizer import Tokenizer, TokenizerError
+from asr_core.data.tokenizer import Tokenizer, TokenizerError
 
 TEXTS = ["the quick brown fox jumps over the lazy dog", "Hello World, hello again!", "one two three four five"]
 
@@ -50,7 +50,7 @@ def test_a_transcript_longer_than_sentencepieces_sentence_limit_is_learned_not_s
 
 
 def test_cutting_transcripts_between_words_learns_the_same_pieces() -> None:
-    from asr_core.tokenizer import sentences
+    from asr_core.data.tokenizer import sentences
 
     texts = ["alpha beta gamma delta epsilon " * 40, "zeta eta theta iota kappa lambda " * 30]
     pieces = list(sentences(texts, 64))

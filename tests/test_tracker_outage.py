@@ -22,10 +22,10 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from asr_core.checkpoint import load_checkpoint
+from asr_core.training.checkpoint import load_checkpoint
 from asr_core.config import preset
-from asr_core.outbox import pending, ship_pending
-from asr_core.trial_contract import (EXIT_PREEMPTED, TAG_PREEMPTIONS, TrialFolder, progress_records, read_attempts,
+from asr_core.runtime.outbox import pending, ship_pending
+from asr_core.contract.trial import (EXIT_PREEMPTED, TAG_PREEMPTIONS, TrialFolder, progress_records, read_attempts,
                                      read_segments)
 from tests.plugins.mlflow_server import free_port
 from tests.test_backend import smoke_corpus

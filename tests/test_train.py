@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 import torch
 
-from asr_core.audio import SAMPLE_RATE, load_audio, save_audio
-from asr_core.checkpoint import load_checkpoint, load_for_eval
+from asr_core.data.audio import SAMPLE_RATE, load_audio, save_audio
+from asr_core.training.checkpoint import load_checkpoint, load_for_eval
 from asr_core.config import preset
-from asr_core.corpora.base import Recording, Word
-from asr_core.features import FeatureExtractor
-from asr_core.train import train
+from asr_core.data.corpora.base import Recording, Word
+from asr_core.data.features import FeatureExtractor
+from asr_core.training.train import train
 
 WORDS = ("red green blue yellow black white cat dog bird fish one two three four five six seven eight nine ten "
          "up down left right stop go yes no").split()
@@ -115,12 +115,12 @@ def test_micro_batched_gradient_equals_the_whole_step_gradient(tmp_path: Path) -
     """
     import copy
 
-    from asr_core.batching import BatchMaker
-    from asr_core.batchrenorm import MaskedBatchRenorm
-    from asr_core.chunking import WindowStream, micro_batches
-    from asr_core.model import build_model
-    from asr_core.tokenizer import Tokenizer
-    from asr_core.train import accumulate_gradients
+    from asr_core.data.batching import BatchMaker
+    from asr_core.model.batchrenorm import MaskedBatchRenorm
+    from asr_core.data.chunking import WindowStream, micro_batches
+    from asr_core.model.acoustic import build_model
+    from asr_core.data.tokenizer import Tokenizer
+    from asr_core.training.train import accumulate_gradients
 
     torch.set_num_threads(2)
     # the per-token normalisation over consecutive windows: unequal passes, whose weights matter (the authors'
@@ -198,7 +198,7 @@ def test_optimizer_choice_builds_madgrad_by_default_and_adamw_on_request() -> No
     from madgrad import MADGRAD
 
     from asr_core.config import ConfigError
-    from asr_core.train import build_optimizer
+    from asr_core.training.train import build_optimizer
 
     model = torch.nn.Linear(3, 2)
     assert isinstance(build_optimizer(model, tiny_cfg().train), MADGRAD)

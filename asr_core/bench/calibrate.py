@@ -1,8 +1,8 @@
 """``python -m asr_core bench calibrate``: seconds per training step on the device at hand, written as a calibration
 file that ``python -m orchestrate plan GRID --estimate --calibration FILE`` turns into GPU-hours.
 
-Real training steps, not a model of them: the trainer's own :class:`~asr_core.chunking.WindowStream`,
-:class:`~asr_core.batching.StepLoader`, model, optimiser, loss and gradient clipping, on ``train.device`` (``auto``:
+Real training steps, not a model of them: the trainer's own :class:`~asr_core.data.chunking.WindowStream`,
+:class:`~asr_core.data.batching.StepLoader`, model, optimiser, loss and gradient clipping, on ``train.device`` (``auto``:
 CUDA when there is one) in the trainer's precision, at each ``--contexts`` length with the sequence-length warmup
 off (every step at that length) and ``data.batch_audio_s`` of audio per step (one hour unless ``--set``). After
 ``--warmup`` untimed steps, ``--steps`` steps are timed one by one: the step (data, forward/backward, clipping,
@@ -13,12 +13,12 @@ What a step costs is fitted as ``t(L) = a + b * L`` for a step of ``batch_audio_
 every pair of frames of a window (~L^2 per window, ~1/L windows per step: ``b * L``). A measured step that holds less
 audio (a small ``--data`` corpus, a group's last step) is scaled to ``batch_audio_s`` by its padded audio first.
 
-Also measured: decoding speed (:func:`asr_core.decode.posteriors` over a recording at each context, at the
+Also measured: decoding speed (:func:`asr_core.decoding.decode.posteriors` over a recording at each context, at the
 evaluation's stride: window-frames per second), feature extraction and music mixing per audio-second (evaluation
 and the loader), the per-recording statistics the interleaved loader computes once per recording, the time to save
 a checkpoint of this model with its optimiser state, and the start-up of a trial process (imports).
 
-Without ``--data`` the corpus is synthesised in a temporary folder (espeak-ng, :mod:`asr_core.corpora.synth`; about
+Without ``--data`` the corpus is synthesised in a temporary folder (espeak-ng, :mod:`asr_core.data.corpora.synth`; about
 a minute of speech), tiled into a recording as long as the longest context and listed as many times as the largest
 group needs (every step full). The loader's per-recording statistics are computed before the timed steps (once per
 audio file; a one-off cost per recording, reported on its own).
@@ -48,8 +48,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ..config import Config, ConfigError, FeatureConfig, ModelConfig, PRESETS, preset
-from ..corpora.base import Recording, Word
+from asr_core.config import Config, ConfigError, FeatureConfig, ModelConfig, PRESETS, preset
+from asr_core.data.corpora.base import Recording, Word
 
 FORMAT = "asr-calibration"
 VERSION = 1
@@ -81,7 +81,7 @@ def model_macs(m: ModelConfig, features: FeatureConfig | None = None) -> tuple[f
 
 
 def model_params(m: ModelConfig, n_mels: int = 80) -> int:
-    """Parameters of :func:`asr_core.model.build_model` (``m``), counted without building it (a learnt Fourier
+    """Parameters of :func:`asr_core.model.acoustic.build_model` (``m``), counted without building it (a learnt Fourier
     positional encoding's few are not counted). Checked against the built models in the tests."""
     c, d, v, e, k = m.subsampling_channels, m.d_model, m.vocab_size, m.ff_expansion, m.conv_kernel
     stages = int(math.log2(m.subsampling_factor))
@@ -110,9 +110,9 @@ def model_summary(cfg: Config, params: int | None = None) -> dict[str, Any]:
 
 # ---- the corpus ------------------------------------------------------------------------------------------------
 def synth_recording(folder: Path, seconds: float = 60.0, seed: int = 0) -> Recording:
-    """About ``seconds`` of espeak-ng speech with word times (:mod:`asr_core.corpora.synth`), in ``folder``."""
-    from ..corpora import load_corpus
-    from ..corpora import synth
+    """About ``seconds`` of espeak-ng speech with word times (:mod:`asr_core.data.corpora.synth`), in ``folder``."""
+    from asr_core.data.corpora import load_corpus
+    from asr_core.data.corpora import synth
 
     plans = synth.make_plans("train", seconds / 3600.0, seed, min_minutes=seconds / 60.0,
                              max_minutes=seconds / 60.0, voices=3, meeting_fraction=0.0)
@@ -125,7 +125,7 @@ def tiled(rec: Recording, seconds: float, out: Path) -> Recording:
     ``out``: windows of ``seconds`` (and of its divisors) are then all full."""
     import torch
 
-    from ..audio import load_audio, save_audio
+    from asr_core.data.audio import load_audio, save_audio
 
     wave = load_audio(rec.audio)
     dur = wave.numel() / 16000.0
@@ -141,7 +141,7 @@ def calibration_corpus(base: Recording, cfg: Config, contexts: Sequence[float], 
                        ) -> list[Recording]:
     """One recording as long as the longest context (``base`` tiled), listed as often as needed for ``steps``
     full steps at every context (B = ``group_size`` windows a step; ``steps`` groups at the longest)."""
-    from ..chunking import group_size
+    from asr_core.data.chunking import group_size
 
     rec = tiled(base, max(contexts), folder / "tiled.wav")
     copies = 1
@@ -176,7 +176,7 @@ def _prewarm_stats(maker: Any, recordings: Sequence[Recording], indices: set[int
     """The loader's per-recording statistics for ``indices``, computed once per audio file and shared by every
     index that lists the same file (a tiled calibration corpus lists one file many times). Returns (seconds,
     audio-seconds computed)."""
-    from ..batching import _Stats
+    from asr_core.data.batching import _Stats
 
     by_file: dict[str, _Stats] = {}
     took, audio = 0.0, 0.0
@@ -200,11 +200,11 @@ def time_steps(cfg: Config, recordings: Sequence[Recording], tok: Any, model: to
     ones' seconds and sizes."""
     import torch
 
-    from ..batching import BatchMaker, StepLoader
-    from ..chunking import Position, WindowStream
-    from ..features import FeatureExtractor
-    from ..loss import step_frames
-    from ..train import accumulate_gradients
+    from asr_core.data.batching import BatchMaker, StepLoader
+    from asr_core.data.chunking import Position, WindowStream
+    from asr_core.data.features import FeatureExtractor
+    from asr_core.training.loss import step_frames
+    from asr_core.training.train import accumulate_gradients
 
     t = cfg.train
     stream = WindowStream(recordings, cfg.data, seed, 1 << 30)
@@ -258,12 +258,12 @@ def fit_line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
 
 def time_decode(model: Any, cfg: Config, wave: torch.Tensor, ctx: float, device: torch.device, bf16: bool,
                 repeats: int = 2) -> dict[str, float]:
-    """Window-frames decoded per second by :func:`asr_core.decode.posteriors` at ``ctx`` over ``wave`` (at the
+    """Window-frames decoded per second by :func:`asr_core.decoding.decode.posteriors` at ``ctx`` over ``wave`` (at the
     evaluation's stride and window batch), the best of ``repeats`` after one warm-up."""
     import torch
 
-    from ..decode import plan_windows, posteriors, window_frames
-    from ..features import FeatureExtractor
+    from asr_core.decoding.decode import plan_windows, posteriors, window_frames
+    from asr_core.data.features import FeatureExtractor
 
     fx = FeatureExtractor(cfg.data.features)
     feats = fx(wave)
@@ -273,7 +273,7 @@ def time_decode(model: Any, cfg: Config, wave: torch.Tensor, ctx: float, device:
     frames = sum(e - s for s, e in plan.spans)
     batch = cfg.eval.batch_windows or 8
     if device.type == "cuda" and not cfg.eval.batch_windows:
-        from ..decode import auto_batch_windows
+        from asr_core.decoding.decode import auto_batch_windows
 
         m = cfg.model
         batch = auto_batch_windows(window, device, bf16=bf16, n_mels=cfg.data.features.n_mels,
@@ -298,9 +298,9 @@ def time_features(cfg: Config, rec: Recording) -> dict[str, float]:
     """Seconds per audio-second of reading + features (the evaluator's, per recording and condition), and of
     mixing synthetic music in (per noisy condition: composing the music loop is a fixed cost per call, measured
     apart from the per-second part on a 5 s and a whole recording)."""
-    from ..audio import load_audio
-    from ..features import FeatureExtractor
-    from ..noise import add_music
+    from asr_core.data.audio import load_audio
+    from asr_core.data.features import FeatureExtractor
+    from asr_core.data.noise import add_music
 
     fx = FeatureExtractor(cfg.data.features)
     t0 = time.perf_counter()
@@ -329,7 +329,7 @@ def time_checkpoint(cfg: Config, model: torch.nn.Module, opt: Any, folder: Path,
                     ) -> dict[str, float]:
     """Seconds to save the trainer's checkpoint (weights, optimiser state, config, RNG states), best of
     ``repeats``, and its size."""
-    from ..checkpoint import FORMAT_VERSION, rng_state, save_checkpoint
+    from asr_core.training.checkpoint import FORMAT_VERSION, rng_state, save_checkpoint
 
     path = folder / "checkpoint.pt"
     best = math.inf
@@ -346,7 +346,7 @@ def time_checkpoint(cfg: Config, model: torch.nn.Module, opt: Any, folder: Path,
 def time_startup() -> float:
     """Wall seconds of a fresh interpreter importing what a trial job imports (``asr_core.trial``, training and
     evaluation): the start-up every trial segment pays before its first step."""
-    code = "import asr_core.trial, asr_core.train, asr_core.evaluate, asr_core.corpora"
+    code = "import asr_core.trial, asr_core.training.train, asr_core.evaluation.evaluate, asr_core.data.corpora"
     t0 = time.perf_counter()
     subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
     return time.perf_counter() - t0
@@ -377,9 +377,9 @@ def calibrate(cfg: Config, contexts: Sequence[float], steps: int = 5, warmup: in
     corpus spec whose longest recording is tiled instead of synthesising one (for nodes without espeak-ng)."""
     import torch
 
-    from ..model import build_model
-    from ..tokenizer import Tokenizer
-    from ..train import _device, _use_bf16, build_optimizer
+    from asr_core.model.acoustic import build_model
+    from asr_core.data.tokenizer import Tokenizer
+    from asr_core.training.train import _device, _use_bf16, build_optimizer
 
     if steps < 1 or warmup < 0:
         raise ValueError(f"steps must be >= 1 and warm-up >= 0, got {steps} and {warmup}")
@@ -388,19 +388,19 @@ def calibrate(cfg: Config, contexts: Sequence[float], steps: int = 5, warmup: in
         raise ValueError(f"contexts must be positive seconds, got {contexts}")
     device = _device(cfg)
     bf16 = _use_bf16(cfg, device)
-    from ..attention import flash_available
+    from asr_core.model.attention import flash_available
 
     with tempfile.TemporaryDirectory(prefix="asr-calibrate-") as tmp:
         folder = Path(tmp)
         if data:
-            from ..corpora import load_corpus
+            from asr_core.data.corpora import load_corpus
 
             say(f"[calibrate] corpus {data}")
             recordings: Sequence[Recording] = sorted(load_corpus(data), key=lambda r: r.id)
             base = max(recordings, key=lambda r: r.duration)
         else:
             if speech:
-                from ..corpora import load_corpus
+                from asr_core.data.corpora import load_corpus
 
                 base = max(load_corpus(speech), key=lambda r: r.duration)
                 say(f"[calibrate] speech: {base.id} ({base.duration:.0f} s) of {speech}")
@@ -450,7 +450,7 @@ def calibrate(cfg: Config, contexts: Sequence[float], steps: int = 5, warmup: in
             pc["full_step_s"] = overhead + statistics.median(mine)
             pc["fit_step_s"] = overhead + intercept + slope * pc["context_s"]
         say("[calibrate] evaluation: decoding speed, features, music")
-        from ..audio import load_audio
+        from asr_core.data.audio import load_audio
 
         wave = load_audio(base.audio)
         feat = time_features(cfg, base)
@@ -539,7 +539,7 @@ def cli(argv: list[str]) -> int:
         torch.set_num_threads(args.threads)
     try:
         if args.config:
-            from ..params import load_config
+            from asr_core.model.size import load_config
 
             cfg, name = load_config(args.config, args.overrides), Path(args.config).stem
         elif args.preset in PRESETS:

@@ -46,7 +46,7 @@ BUILT = 200  # recordings the probe builds, as a loader would
 def generate_index(out: Path, fraction: float, seed: int = 0) -> dict[str, Any]:
     """A prepared corpus index shaped like the paper's podcasts at ``fraction`` of their size (arrays only; the audio
     paths name files that do not exist). Returns its manifest."""
-    from asr_core.corpora.prepared import write_arrays
+    from asr_core.data.corpora.prepared import write_arrays
 
     rng = np.random.default_rng(seed)
     n_rec = max(1, round(PAPER_RECORDINGS * fraction))
@@ -86,9 +86,9 @@ def _rss() -> dict[str, int]:
 def probe(path: Path) -> dict[str, Any]:
     """What a trial does with its data before step 0, timed and its memory measured (run in a fresh process)."""
     import numpy.lib.format  # noqa: F401 - everything imported before the baseline, as a trial has it
-    from asr_core.chunking import duration_timed, window_bounds
-    import asr_core.corpora.prepared  # noqa: F401
-    from asr_core.corpora import load_corpus
+    from asr_core.data.chunking import duration_timed, window_bounds
+    import asr_core.data.corpora.prepared  # noqa: F401
+    from asr_core.data.corpora import load_corpus
 
     before = _rss()
     t0 = time.perf_counter()
@@ -116,7 +116,7 @@ def probe(path: Path) -> dict[str, Any]:
 def reader_bytes_per_word(n: int = 200_000) -> float:
     """Bytes a word takes as the podcast reader holds it today: its text parsed from JSON, its times as floats, one
     frozen ``Word`` each (measured with tracemalloc)."""
-    from asr_core.corpora.base import Word
+    from asr_core.data.corpora.base import Word
 
     doc = json.dumps([{"word": f"w{i % 5000}", "startTime": f"{i * 0.4:.1f}s", "endTime": f"{i * 0.4 + 0.3:.1f}s"}
                       for i in range(n)])
@@ -134,9 +134,9 @@ def loader_rate(work: Path, seconds: float = 60.0) -> dict[str, float]:
     import soundfile as sf
     import torch
 
-    from asr_core.audio import load_audio
+    from asr_core.data.audio import load_audio
     from asr_core.config import preset
-    from asr_core.features import FeatureExtractor
+    from asr_core.data.features import FeatureExtractor
 
     torch.set_num_threads(1)
     extractor = FeatureExtractor(preset("main").data.features)
@@ -172,8 +172,8 @@ def loader_rate(work: Path, seconds: float = 60.0) -> dict[str, float]:
 def _windowed_time(path: Path, extractor: Any, window_s: float) -> float:
     """Seconds to deliver the whole file as the interleaved loader does (best of 3): one read for the recording's
     statistics, then every window read by seeking, its frames computed and normalised."""
-    from asr_core.audio import load_audio, read_segment
-    from asr_core.features import normalise, statistics
+    from asr_core.data.audio import load_audio, read_segment
+    from asr_core.data.features import normalise, statistics
 
     best = math.inf
     for _ in range(3):

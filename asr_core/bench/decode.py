@@ -6,7 +6,7 @@ passes (8 at 12.5%): that is the compute floor, and the batched implementation s
 Times are the best of ``--repeats`` runs after a warm-up, on normalised features of a synthetic recording (the
 one-off feature extraction is reported on its own row).
 
-Beam rows (``--beam-lm none,tiny,paper``): CTC prefix beam search (:mod:`asr_core.beam`, width ``--beam-width``)
+Beam rows (``--beam-lm none,tiny,paper``): CTC prefix beam search (:mod:`asr_core.decoding.beam`, width ``--beam-width``)
 over ``--beam-seconds`` of posteriors shaped like a trained model's (a token peak on about one output frame in four,
 blank elsewhere, both with noise), without an LM and with an untrained LM of each preset (:mod:`asr_core.lm`; an
 LM's speed does not depend on its weights) on the acoustic preset's vocabulary: seconds, real-time factor, batched
@@ -22,7 +22,7 @@ import time
 import torch
 
 from asr_core.config import PRESETS, preset
-from asr_core.decode import plan_windows, posteriors, window_frames
+from asr_core.decoding.decode import plan_windows, posteriors, window_frames
 
 
 def _best_time(fn, repeats: int) -> float:
@@ -38,8 +38,8 @@ def _best_time(fn, repeats: int) -> float:
 def run(preset_name: str = "tiny", context_s: float = 10.24, minutes: float = 3.0, stride: float = 0.125,
         batch_windows: int = 8, repeats: int = 2, device: str = "cpu", threads: int = 0) -> list[dict]:
     """Measure and return the table rows (also printed by :func:`cli`)."""
-    from asr_core.features import FeatureExtractor
-    from asr_core.model import build_model
+    from asr_core.data.features import FeatureExtractor
+    from asr_core.model.acoustic import build_model
 
     if threads:
         torch.set_num_threads(threads)
@@ -90,7 +90,7 @@ def peaked_posteriors(frames: int, vocab: int, token_rate: float = 0.25, seed: i
 def beam_rows(preset_name: str = "tiny", seconds: float = 30.0, lms: tuple[str, ...] = ("none", "tiny"),
               beam_width: int = 25, device: str = "cpu") -> list[dict]:
     """Beam search rows (see the module docstring): one per LM in ``lms`` (``none``, or an LM preset)."""
-    from asr_core.beam import BeamConfig, beam_search
+    from asr_core.decoding.beam import BeamConfig, beam_search
     from asr_core.lm import TransformerLM, preset as lm_preset
 
     cfg = preset(preset_name)

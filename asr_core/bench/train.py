@@ -22,9 +22,9 @@ from typing import Callable
 
 import torch
 
-from ..config import PRESETS, ModelConfig, preset
-from ..model import build_model
-from ..subsampling import time_mask
+from asr_core.config import PRESETS, ModelConfig, preset
+from asr_core.model.acoustic import build_model
+from asr_core.model.subsampling import time_mask
 
 PAPER_FRAMES_PER_S = 80_900
 PAPER_MAX_CONTEXT_MIN = 70
@@ -185,7 +185,7 @@ def gpu_rows(max_minutes: int, preset_name: str = "main") -> dict[str, float]:
 
 
 def _flash_on() -> bool:
-    from ..attention import flash_available
+    from asr_core.model.attention import flash_available
 
     return flash_available()
 

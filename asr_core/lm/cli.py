@@ -20,12 +20,12 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from asr_core.trial_contract import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, EXIT_USAGE
+from asr_core.contract.trial import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, EXIT_USAGE
 
 
 
 def text_cli(argv: list[str]) -> int:
-    from .data import TextError, generate_documents, ngram_overlap, read_documents, write_documents
+    from asr_core.lm.data import TextError, generate_documents, ngram_overlap, read_documents, write_documents
 
     ap = argparse.ArgumentParser(prog="python -m asr_core lm text",
                                  description="Write generated documents (JSON lines) for LM training.")
@@ -55,7 +55,7 @@ def text_cli(argv: list[str]) -> int:
 
 
 def train_cli(argv: list[str]) -> int:
-    from asr_core import signals
+    from asr_core.runtime import signals
 
     with signals.installed():  # before anything heavy: a stop signal during the imports or the setup is honoured
         return _train(argv)
@@ -63,11 +63,11 @@ def train_cli(argv: list[str]) -> int:
 
 def _train(argv: list[str]) -> int:
     from asr_core.config import ConfigError
-    from asr_core.checkpoint import CheckpointError
-    from asr_core.outbox import fail_fast_http
-    from asr_core.tokenizer import TokenizerError
+    from asr_core.training.checkpoint import CheckpointError
+    from asr_core.runtime.outbox import fail_fast_http
+    from asr_core.data.tokenizer import TokenizerError
 
-    from .train import DEFAULT_EXPERIMENT, LMTrainError, Preempted, load_tokenizer, resolve_config, train_lm
+    from asr_core.lm.train import DEFAULT_EXPERIMENT, LMTrainError, Preempted, load_tokenizer, resolve_config, train_lm
 
     ap = argparse.ArgumentParser(prog="python -m asr_core lm train",
                                  description="Train (or resume) the Transformer LM, Transformer-XL style.")
@@ -109,7 +109,7 @@ def _train(argv: list[str]) -> int:
 
 
 def ppl_cli(argv: list[str]) -> int:
-    from .ppl import cli
+    from asr_core.lm.ppl import cli
 
     return cli(argv)
 

@@ -5,7 +5,7 @@ bias, GEGLU feed-forward, 72M parameters, on the acoustic model's vocabulary. Wh
 is what the authors' LM code ran (``robflynnyh/language_modelling``: ``lming/models/transformer.py`` and
 ``projects/spotipile/exp/transformer/configs/512_1536.yaml``); each such field says ``# code:`` beside it.
 
-Vocabulary. The LM shares the acoustic model's tokenizer (:class:`asr_core.tokenizer.Tokenizer`), whose last id,
+Vocabulary. The LM shares the acoustic model's tokenizer (:class:`asr_core.data.tokenizer.Tokenizer`), whose last id,
 ``vocab_size - 1``, is the CTC blank. Text never encodes to the blank, so the LM reuses that id as its
 *beginning-of-document* token: it **reads** ids ``0 .. vocab_size - 1`` (the last one only as the first token of a
 document) and **predicts** the ``vocab_size - 1`` pieces, so its log-probabilities are normalised over real tokens

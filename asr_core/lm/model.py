@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import LMConfig
+from asr_core.lm.config import LMConfig
 
 
 @dataclass(frozen=True, eq=False)

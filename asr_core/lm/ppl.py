@@ -32,8 +32,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from .data import Document, TextError, chunk_batches, read_documents
-from .model import KVCache, TransformerLM
+from asr_core.lm.data import Document, TextError, chunk_batches, read_documents
+from asr_core.lm.model import KVCache, TransformerLM
 
 PPL_DIR = "ppl"
 
@@ -83,7 +83,7 @@ def score_documents(model: TransformerLM, docs: Sequence[Sequence[int]], context
 def dataset_of(spec: str) -> tuple[str, str]:
     """``[NAME=]SOURCE`` -> (name, source for :func:`asr_core.lm.data.read_documents`). Unnamed: the file's stem
     (``text:PATH``) or the folder's name (``FORMAT:PATH``)."""
-    from asr_core.corpora import dataset_name
+    from asr_core.data.corpora import dataset_name
 
     name = dataset_name(spec)
     if name:
@@ -149,7 +149,7 @@ def _write_csv(path: Path, rows: Sequence[PplRow]) -> None:
 def _log(out: Path, run_id: str, tracking_uri: str, step: int, rows: Sequence[PplRow],
          table: Path) -> bool:
     """Metrics and the table into the run through an outbox in ``out``; whether MLflow took everything in time."""
-    from asr_core import outbox as ob
+    from asr_core.runtime import outbox as ob
 
     box = ob.Outbox(out, tracking_uri=tracking_uri, run_id=run_id).start()
     try:
@@ -158,7 +158,7 @@ def _log(out: Path, run_id: str, tracking_uri: str, step: int, rows: Sequence[Pp
         ok = box.flush(ob.FINAL_FLUSH_S)
         if not ok:
             print(f"[lm] MLflow at {tracking_uri} has not taken the perplexities yet ({box.last_error or 'no answer'});"
-                  f" ship them later: python -m asr_core.outbox {out} --tracking-uri {tracking_uri} --run-id "
+                  f" ship them later: python -m asr_core outbox {out} --tracking-uri {tracking_uri} --run-id "
                   f"{run_id}", file=sys.stderr)
         return ok
     finally:
@@ -166,10 +166,10 @@ def _log(out: Path, run_id: str, tracking_uri: str, step: int, rows: Sequence[Pp
 
 
 def cli(argv: list[str]) -> int:
-    from asr_core.outbox import fail_fast_http
-    from asr_core.tokenizer import TokenizerError
+    from asr_core.runtime.outbox import fail_fast_http
+    from asr_core.data.tokenizer import TokenizerError
 
-    from .train import CheckpointError, LMTrainError, load_lm
+    from asr_core.lm.train import CheckpointError, LMTrainError, load_lm
 
     ap = argparse.ArgumentParser(prog="python -m asr_core lm ppl",
                                  description="Per-token perplexity of an LM checkpoint at several contexts.")

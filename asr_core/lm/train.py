@@ -10,13 +10,13 @@ targets. Documents are dealt to lanes in an order shuffled per epoch from the se
 weights. Madgrad, linear warmup then cosine to 0 over the run (:func:`asr_core.schedules.learning_rate`), gradient
 clipping, bf16 autocast on CUDA, no regularisation.
 
-Stopping is always safe, as in :mod:`asr_core.train`: ``OUT/checkpoint.pt`` is written atomically every
+Stopping is always safe, as in :mod:`asr_core.training.train`: ``OUT/checkpoint.pt`` is written atomically every
 ``checkpoint_every`` steps, at the end, and at the first step boundary after SIGUSR2 or SIGTERM (recorded by
-:mod:`asr_core.signals`; then :class:`Preempted`, exit 75). Calling again with the same ``OUT`` resumes exactly: the
+:mod:`asr_core.runtime.signals`; then :class:`Preempted`, exit 75). Calling again with the same ``OUT`` resumes exactly: the
 weights, optimiser, RNG states, data position (epoch, chunk) and the lanes' memories come back, so an interrupted
 and resumed run equals an uninterrupted one bit for bit on the CPU.
 
-MLflow through the outbox (:mod:`asr_core.outbox`, in ``OUT/outbox``), the acoustic trainer's standalone path: the
+MLflow through the outbox (:mod:`asr_core.runtime.outbox`, in ``OUT/outbox``), the acoustic trainer's standalone path: the
 records go to the folder first and a background thread ships them, so a tracker that is down or slow never stops
 or slows training, and steps re-trained after a resume are not logged twice. Creating the run is the one
 synchronous call; when it fails, training goes on, the records wait in the folder and the next segment that reaches
@@ -50,16 +50,16 @@ from typing import Any, Mapping
 import torch
 import torch.nn.functional as F
 
-from asr_core import signals
-from asr_core.checkpoint import CheckpointError, load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from asr_core.runtime import signals
+from asr_core.training.checkpoint import CheckpointError, load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from asr_core.config import ConfigError, _build, parse_override
 from asr_core.schedules import learning_rate
-from asr_core.tokenizer import Tokenizer, TokenizerError
+from asr_core.data.tokenizer import Tokenizer, TokenizerError
 
-from .config import PRESETS as LM_PRESETS
-from .config import LMConfig
-from .data import Document, TextError, chunk_batches, count_chunks, read_documents
-from .model import KVCache, TransformerLM, build_lm
+from asr_core.lm.config import PRESETS as LM_PRESETS
+from asr_core.lm.config import LMConfig
+from asr_core.lm.data import Document, TextError, chunk_batches, count_chunks, read_documents
+from asr_core.lm.model import KVCache, TransformerLM, build_lm
 
 __all__ = ["CheckpointError", "LMCheckpoint", "LMTrainConfig", "LMTrainError", "LMTrainResult", "Preempted",
            "load_lm", "load_tokenizer", "resolve_config", "train_lm"]
@@ -305,9 +305,9 @@ def _create_run(tracking_uri: str | None, experiment: str, cfg: LMTrainConfig) -
 
 def _open_outbox(out_dir: Path, tracking_uri: str | None, run_id: str | None, experiment: str,
                  cfg: LMTrainConfig, first: bool) -> tuple[Any, str | None]:
-    from asr_core.outbox import Outbox, outbox_dir
-    from asr_core.provenance import code_version
-    from asr_core.trial_contract import RUNNING, TAG_GIT_COMMIT
+    from asr_core.runtime.outbox import Outbox, outbox_dir
+    from asr_core.runtime.provenance import code_version
+    from asr_core.contract.trial import RUNNING, TAG_GIT_COMMIT
 
     if run_id is None:
         run_id = _create_run(tracking_uri, experiment, cfg)
@@ -338,8 +338,8 @@ def train_lm(cfg: LMTrainConfig, texts: Sequence[str], tokenizer: Tokenizer, out
 def _train(cfg: LMTrainConfig, texts: list[str], tok: Tokenizer, out_dir: Path, dev_texts: list[str],
            tracking_uri: str | None, run_id: str | None, experiment: str,
            progress: Callable[[int, float], None] | None) -> LMTrainResult:
-    from asr_core import outbox as ob
-    from asr_core.trial_contract import FAILED, FINISHED
+    from asr_core.runtime import outbox as ob
+    from asr_core.contract.trial import FAILED, FINISHED
     from madgrad import MADGRAD
 
     ckpt_path = out_dir / CHECKPOINT_FILE
@@ -392,7 +392,7 @@ def _train(cfg: LMTrainConfig, texts: list[str], tok: Tokenizer, out_dir: Path, 
     def dev_ppl() -> float | None:
         if not dev_ids:
             return None
-        from .ppl import score_documents
+        from asr_core.lm.ppl import score_documents
 
         return score_documents(model, dev_ids, cfg.cache_len, chunk=cfg.chunk_len, batch=cfg.batch, bf16=bf16).ppl
 

@@ -22,8 +22,8 @@ from typing import Any
 
 import torch
 
-from asr_core.beam import BeamConfig, beam_search
-from asr_core.score import Counts, corpus_wer, normalise, score
+from asr_core.decoding.beam import BeamConfig, beam_search
+from asr_core.evaluation.score import Counts, corpus_wer, normalise, score
 
 DEFAULT_ALPHAS = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
 DEFAULT_BETAS = (0.0, 0.5, 1.0, 1.5, 2.0, 2.5)
@@ -41,11 +41,11 @@ class DevPosteriors:
 def dev_posteriors(am_checkpoint: Path, spec: str, *, stride: float = 0.125, device: str = "cpu",
                    max_recordings: int = 0) -> tuple[list[DevPosteriors], Any]:
     """Posteriors of the dev set ``spec`` under the acoustic checkpoint, and its tokenizer."""
-    from asr_core.audio import load_audio
-    from asr_core.checkpoint import load_for_eval
-    from asr_core.corpora import load_corpus, parse_dataset_spec
-    from asr_core.decode import posteriors, prepare_features, window_frames
-    from asr_core.features import FeatureExtractor
+    from asr_core.data.audio import load_audio
+    from asr_core.training.checkpoint import load_for_eval
+    from asr_core.data.corpora import load_corpus, parse_dataset_spec
+    from asr_core.decoding.decode import posteriors, prepare_features, window_frames
+    from asr_core.data.features import FeatureExtractor
 
     model, cfg, tokenizer = load_for_eval(am_checkpoint, device)
     model.eval()
@@ -135,7 +135,7 @@ def cli(argv: list[str]) -> int:
     except (ValueError, FileNotFoundError, OSError) as e:
         print(f"lm tune: {e}", file=sys.stderr)
         return 2
-    from asr_core.decode import greedy_ids
+    from asr_core.decoding.decode import greedy_ids
 
     greedy = wer_of(dev, lambda p: greedy_ids(p, tokenizer.blank_id), tokenizer)
     rows = grid_search(dev, tokenizer, lm.model, base, alphas, betas)

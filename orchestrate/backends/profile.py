@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from orchestrate.backends.base import BackendError
-from orchestrate.backends.resources import ESTIMATE, parse_minutes
+from orchestrate.budget.resources import ESTIMATE, parse_minutes
 
 if TYPE_CHECKING:
     from orchestrate.trial import Trial

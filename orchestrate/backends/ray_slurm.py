@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from types import FrameType
 
-from asr_core.trial_contract import EXIT_OK, EXIT_PREEMPTED, TrialFolder
+from asr_core.contract.trial import EXIT_OK, EXIT_PREEMPTED, TrialFolder
 from orchestrate.backends import slurm_commands
 from orchestrate.backends.base import Backend, BackendError, Job, JobEnd, OnSubmitted
 from orchestrate.backends.tune_driver import drive, ray_auth_env

@@ -19,7 +19,7 @@ suspended or requeued task is never cancelled or lost, only held back. ``resume`
 too, so an array a crashed submitter left held gets its slots.
 
 Preemption and time limits: SLURM sends USR2 ``signal_delay_s`` before the limit (and on preemption). The trainer
-receives it, checkpoints at the next step and exits ``EXIT_PREEMPTED`` (see :mod:`asr_core.trial_contract`); the
+receives it, checkpoints at the next step and exits ``EXIT_PREEMPTED`` (see :mod:`asr_core.contract.trial`); the
 task then requeues itself (``scontrol requeue``) and, when it starts again, the trainer resumes from its checkpoint
 in the same MLflow run. A 65-hour trial therefore survives a 48-hour limit. SIGTERM (``scancel``, ``scontrol
 requeue``, a node going down) also makes the trainer checkpoint; SLURM itself decides whether the job comes back,
@@ -49,12 +49,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Collection, Iterator
 
-from asr_core.trial_contract import (ENV_JOB_ID, EXIT_OK, EXIT_PREEMPTED, FAILED, OUTCOME_FAILED, TAG_ERROR,
+from asr_core.contract.trial import (ENV_JOB_ID, EXIT_OK, EXIT_PREEMPTED, FAILED, OUTCOME_FAILED, TAG_ERROR,
                                      TrialFolder, error_line, mark_run, read_segments, record_attempt, trial_command)
 from orchestrate.backends import slurm_commands
 from orchestrate.backends.base import Backend, BackendError, Job, JobEnd, OnSubmitted
 from orchestrate.backends.profile import Profile
-from orchestrate.backends.resources import Resources, group_by_resources, trial_resources
+from orchestrate.budget.resources import Resources, group_by_resources, trial_resources
 from orchestrate.backends.slurm_commands import ArrayRow
 from orchestrate.runner import TrialProcess, install_forwarding, trainer_ended
 from orchestrate.sweep import Submission, SweepDir
@@ -528,10 +528,10 @@ class SlurmBackend(Backend):
             self._submit_arrays(subs, chunks, starts, kinds, on_submitted)
 
     def resources(self, jobs: list[Job]) -> dict[str, Resources]:
-        """{trial key: what its task asks for} under the profile (:mod:`orchestrate.backends.resources`): fixed
+        """{trial key: what its task asks for} under the profile (:mod:`orchestrate.budget.resources`): fixed
         values, or each trial's own from its estimate, capped at ``time_max`` or the partition's ``MaxTime``.
         BackendError (before anything is submitted) when the estimate cannot be made."""
-        from orchestrate.estimate import EstimateError
+        from orchestrate.budget.estimate import EstimateError
 
         p = self.profile
         cap = None

@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from asr_core.trial_contract import OUTCOME_FAILED, OUTCOME_KILLED, OUTCOME_LOST, OUTCOME_PREEMPTED
+from asr_core.contract.trial import OUTCOME_FAILED, OUTCOME_KILLED, OUTCOME_LOST, OUTCOME_PREEMPTED
 from orchestrate.backends.base import BackendError, JobEnd
 
 if TYPE_CHECKING:
@@ -138,7 +138,7 @@ _PARTITION_MAX: dict[tuple[str, str], int | None] = {}
 def partition_max_minutes(partition: str = "") -> int | None:
     """The ``MaxTime`` of ``partition`` (the cluster's default partition for "") in minutes, None when it is
     ``UNLIMITED``/``INFINITE`` (``scontrol show partition``; read once per process and ``SLURM_CONF``)."""
-    from orchestrate.backends.resources import parse_minutes
+    from orchestrate.budget.resources import parse_minutes
 
     key = (os.environ.get("SLURM_CONF", ""), partition)
     if key not in _PARTITION_MAX:

@@ -5,7 +5,7 @@ Both Ray backends use it: ``local`` starts it as a process of its own (:func:`dr
 ``<sweep>/tune/<submission id>``, so a later call with ``restore=True`` continues it with ``Tuner.restore``
 (finished Tune trials are not rerun).
 
-Each Tune trial runs the trial job's command (:func:`asr_core.trial_contract.trial_command`) as a child
+Each Tune trial runs the trial job's command (:func:`asr_core.contract.trial.trial_command`) as a child
 (:class:`orchestrate.runner.TrialProcess`), and reports how it ended (:func:`orchestrate.runner.trainer_ended`,
 which also records a trainer killed by the system): finished, cancelled or fenced end the Tune trial cleanly (a
 restored experiment never reruns them); preempted, failed or killed make it ERROR. The trial folders, not Tune,
@@ -28,7 +28,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from asr_core.trial_contract import (ENV_JOB_ID, EXIT_PREEMPTED, TrialFolder, failures, read_attempts,
+from asr_core.contract.trial import (ENV_JOB_ID, EXIT_PREEMPTED, TrialFolder, failures, read_attempts,
                                      read_segments, trial_command)
 from orchestrate.runner import TrialProcess, trainer_ended
 from orchestrate.sweep import SweepDir, SweepError

@@ -1,0 +1,3 @@
+"""Torch-free owners of every seam between the trainer and the packages around it: the trial job's contract
+(command, exit codes, folder files, progress, segments, attempts), the ledger's tags and saved view, evaluation jobs,
+metric and table names, the calibration file and the dataset-spec grammar. Both sides import them from here."""

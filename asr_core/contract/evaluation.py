@@ -1,0 +1,241 @@
+"""The contract of an evaluation job: a trained model decoded and scored again, without training it again.
+
+A sweep trains each model once. Its *default evaluation* is the grid's ``eval:`` section, run by the trial job at
+the end of training (``wer/<dataset>[/snr<DB>]``, tables ``eval/<dataset>.csv``). Every later evaluation (another
+test set, more SNRs, a beam decoder with an LM) is an **evaluation job**: a folder of its own in the sweep
+(``<sweep>/trials/<evaluation key>/``, the key :func:`asr_core.identity.evaluation_key`: the model key, a dash and
+8 hex digits), run by the same command as a trial (:func:`asr_core.contract.trial.trial_command`) with the same
+lease, outbox, attempts, progress and exit codes, and told apart by :data:`EVALUATION_FILE` in its folder.
+
+What an evaluation job must hold to (both sides import this module; neither re-derives it):
+
+* it reads the model's checkpoint and never writes it (no optimizer drop, no training);
+* it logs into the model's MLflow run (the run id of its command) metrics and tables only: never the run's status,
+  params or segment tags, which are the training's;
+* it decodes exactly :attr:`EvaluationSpec.conditions` (dataset name → clean and/or SNRs), so nothing already
+  measured is measured again, and logs each dataset's table merged with the tables the model already has
+  (:func:`merge_tables`), so ``eval/<dataset>.csv`` always holds every condition measured;
+* one name is one setting: the *fixed* setting (:func:`greedy_setting` for the default evaluation: stride,
+  precision, noise) may not change under a name that has results; datasets and SNRs may grow.
+
+This module imports neither torch nor mlflow: ``orchestrate`` reads it on every ``submit`` and ``status``.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+EVALUATION_FILE = "evaluation.json"  # in an evaluation job's folder: its EvaluationSpec
+DEFAULT_EVALUATION = "greedy"  # the grid's eval section: greedy CTC, metrics wer/..., tables eval/<dataset>.csv
+# A tag on the model's run per evaluation that ran: <prefix><id> = JSON {name, conditions, setting}; id ``own`` for
+# the trial job's own (default) evaluation, the evaluation key's last 8 digits for a job. analysis reads them to say
+# which evaluation each of its tables uses.
+EVALUATION_TAG_PREFIX = "eval.evaluation."
+OWN_EVALUATION = "own"
+
+Condition = float | None  # None: clean audio; a number: music at that SNR in dB
+Conditions = dict[str, tuple[Condition, ...]]  # dataset name -> conditions, clean first then SNRs ascending
+
+
+def _sorted_conditions(conds: Iterable[Condition]) -> tuple[Condition, ...]:
+    s = set(conds)
+    return ((None,) if None in s else ()) + tuple(sorted(float(c) for c in s if c is not None))
+
+
+def conditions_of(datasets: Iterable[str], snrs: Iterable[float], noisy: Iterable[str] = ()) -> Conditions:
+    """What an evaluation section decodes: every dataset clean, and at each SNR those named in ``noisy`` (none
+    named: every dataset) — the rule of :func:`asr_core.evaluation.evaluate.evaluate`. ``datasets``: names or specs."""
+    from asr_core.data.corpora import dataset_name
+
+    names = [dataset_name(d) for d in datasets]
+    noisy = set(noisy)
+    return {n: _sorted_conditions([None, *(snrs if not noisy or n in noisy else ())]) for n in names}
+
+
+def conditions_lacking(wanted: Mapping[str, Iterable[Condition]], have: Mapping[str, Iterable[Condition]]
+                       ) -> Conditions:
+    """The conditions of ``wanted`` that ``have`` lacks, datasets with none left out."""
+    out: Conditions = {}
+    for name, conds in wanted.items():
+        left = set(conds) - set(have.get(name, ()))
+        if left:
+            out[name] = _sorted_conditions(left)
+    return out
+
+
+def conditions_union(*parts: Mapping[str, Iterable[Condition]]) -> Conditions:
+    out: dict[str, set[Condition]] = {}
+    for p in parts:
+        for name, conds in p.items():
+            out.setdefault(name, set()).update(conds)
+    return {n: _sorted_conditions(c) for n, c in out.items()}
+
+
+def conditions_json(c: Mapping[str, Iterable[Condition]]) -> dict[str, list[float | None]]:
+    return {n: list(_sorted_conditions(v)) for n, v in sorted(c.items())}
+
+
+def greedy_setting(stride: float, precision: str, noise: str) -> dict[str, Any]:
+    """The fixed setting of a greedy evaluation: what must stay the same for its results to stay comparable (the
+    noise by name, as in keys: :func:`asr_core.identity.identity_value`)."""
+    from asr_core.identity import identity_value
+
+    return {"decoder": "greedy", "stride": float(stride), "precision": precision,
+            "noise": identity_value("eval.noise", noise)}
+
+
+def default_evaluation(ev: Any) -> tuple[Conditions, dict[str, Any]]:
+    """(conditions, fixed setting) of an eval section (:class:`asr_core.config.EvalConfig`): what the default
+    evaluation of a model with it decodes, and how."""
+    return conditions_of(ev.datasets, ev.snrs, ev.noisy), greedy_setting(ev.stride, ev.precision, ev.noise)
+
+
+def describe_conditions(conditions: Mapping[str, Iterable[Condition]]) -> str:
+    """``dev: snr5; other: clean, snr5``: what an evaluation decodes, for people (conditions named as
+    :func:`asr_core.evaluation.evaluate.condition_name` names them)."""
+    return "; ".join(f"{n}: {', '.join('clean' if c is None else f'snr{c:g}' for c in _sorted_conditions(cs))}"
+                     for n, cs in conditions.items())
+
+
+def setting_differences(before: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
+    """``["stride: 0.125 there, 0.25 here", ...]`` for every field of a fixed setting that differs."""
+    return [f"{k}: {before.get(k)!r} there, {now.get(k)!r} here" for k in sorted(set(before) | set(now))
+            if before.get(k) != now.get(k)]
+
+
+@dataclass(frozen=True)
+class EvaluationSpec:
+    """One evaluation job (``evaluation.json``): which model, under which name and setting, on what.
+
+    ``datasets``: the ``NAME=FORMAT:PATH`` specs to read; ``conditions``: what to decode of each (by name);
+    ``decoder``: None for greedy CTC, else the beam decoder's resolved setting (``lm``, ``alpha``, ``beta``,
+    ``beam_width``, ``lm_context``, ``prompt``, ``stride``: :class:`orchestrate.decode_file.DecodeSpec`)."""
+
+    key: str
+    model: str  # the model key
+    model_dir: str  # the model's trial folder (its checkpoint.pt is read, never written)
+    name: str  # DEFAULT_EVALUATION or a decoder's name
+    setting: dict[str, Any]
+    datasets: tuple[str, ...]
+    conditions: Conditions
+    decoder: dict[str, Any] | None = None
+    created: float = field(default=0.0, compare=False)
+
+    @property
+    def checkpoint(self) -> Path:
+        from asr_core.contract.trial import CHECKPOINT_FILE
+
+        return Path(self.model_dir) / CHECKPOINT_FILE
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"key": self.key, "model": self.model, "model_dir": self.model_dir, "name": self.name,
+                "setting": self.setting, "datasets": list(self.datasets),
+                "conditions": conditions_json(self.conditions), "decoder": self.decoder, "created": self.created}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "EvaluationSpec":
+        return cls(key=d["key"], model=d["model"], model_dir=d["model_dir"], name=d["name"],
+                   setting=dict(d["setting"]), datasets=tuple(d["datasets"]),
+                   conditions={n: _sorted_conditions(v) for n, v in d["conditions"].items()},
+                   decoder=d.get("decoder"), created=float(d.get("created", 0.0)))
+
+    def write(self, folder: Path) -> Path:
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / EVALUATION_FILE
+        tmp = path.with_name(f".{EVALUATION_FILE}.{os.getpid()}.tmp")
+        with open(tmp, "w") as fh:
+            fh.write(json.dumps(self.to_dict(), indent=1))
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+        return path
+
+
+def read_evaluation(folder: Path | str) -> EvaluationSpec | None:
+    """The folder's evaluation spec; None for a training trial's folder (no :data:`EVALUATION_FILE`)."""
+    path = Path(folder) / EVALUATION_FILE
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return None
+    try:
+        return EvaluationSpec.from_dict(json.loads(text))
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{path} is unreadable ({type(e).__name__}: {e}); it is written by `orchestrate submit` "
+                         "or `orchestrate evaluate`: remove the folder and run that again") from None
+
+
+def is_evaluation(folder: Path | str) -> bool:
+    return (Path(folder) / EVALUATION_FILE).exists()
+
+
+def evaluation_tag(ident: str, name: str, conditions: Mapping[str, Iterable[Condition]],
+                   setting: Mapping[str, Any]) -> dict[str, str]:
+    """The tag (one item) recording one evaluation on its model's run (:data:`EVALUATION_TAG_PREFIX`)."""
+    return {f"{EVALUATION_TAG_PREFIX}{ident}": json.dumps({"name": name, "conditions": conditions_json(conditions),
+                                                           "setting": dict(setting)}, sort_keys=True)}
+
+
+def parse_evaluation_tag(key: str, value: str) -> tuple[str, str, Conditions, dict[str, Any]] | None:
+    """(id, name, conditions, setting) of an evaluation tag; None for another tag or one that does not parse."""
+    if not key.startswith(EVALUATION_TAG_PREFIX):
+        return None
+    try:
+        d = json.loads(value)
+        return (key[len(EVALUATION_TAG_PREFIX):], str(d["name"]),
+                {n: _sorted_conditions(v) for n, v in d["conditions"].items()}, dict(d["setting"]))
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+# ---- what a finished default evaluation covered -----------------------------------------------------------------
+def evaluated_record(conditions: Mapping[str, Iterable[Condition]], setting: Mapping[str, Any]) -> str:
+    """The text of a trial's ``EVALUATED`` marker: what its own evaluation decoded, and how."""
+    return json.dumps({"datasets": sorted(conditions), "conditions": conditions_json(conditions),
+                       "setting": dict(setting)})
+
+
+def read_evaluated(path: Path) -> tuple[Conditions, dict[str, Any]] | None:
+    """(conditions, setting) of an ``EVALUATED`` marker; None when absent, or written before it recorded them."""
+    try:
+        d = json.loads(path.read_text())
+        return {n: _sorted_conditions(v) for n, v in d["conditions"].items()}, dict(d["setting"])
+    except (FileNotFoundError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+# ---- tables ---------------------------------------------------------------------------------------------------------
+def merge_tables(new: Path, older: Iterable[Path]) -> int:
+    """Rewrite the per-recording table ``new`` so that it also holds the rows of the ``older`` tables of the same
+    dataset and decoder that it does not measure itself (one row per recording and condition; ``new``'s rows win).
+    Returns the number of rows taken over. Tables that are missing or unreadable are skipped."""
+    with open(new, newline="") as fh:
+        reader = csv.DictReader(fh)
+        columns = list(reader.fieldnames or [])
+        rows = list(reader)
+    seen = {(r.get("condition"), r.get("recording")) for r in rows}
+    taken: list[dict[str, str]] = []
+    for p in older:
+        try:
+            with open(p, newline="") as fh:
+                old = list(csv.DictReader(fh))
+        except (OSError, csv.Error):
+            continue
+        for r in old:
+            k = (r.get("condition"), r.get("recording"))
+            if k not in seen:
+                seen.add(k)
+                taken.append({c: r.get(c, "") for c in columns})
+    if taken:
+        tmp = new.with_name(f".{new.name}.{os.getpid()}.tmp")
+        with open(tmp, "w", newline="") as fh:
+            w = csv.DictWriter(fh, columns)
+            w.writeheader()
+            w.writerows(taken + rows)
+        os.replace(tmp, new)
+    return len(taken)

@@ -1,0 +1,96 @@
+"""The sweep's saved view of the MLflow runs table, and the experiment description line linking to it: the contract
+between the ledger, which saves the view when a sweep is first submitted (so the dashboard shows every trial's WER
+columns before any report), and ``python -m analysis report``, which rewrites it with the datasets the runs logged and
+adds the link to the report (:mod:`analysis.dashboard`, whose docstring says what MLflow's UI does with these).
+
+A saved view is an experiment tag ``mlflow.sharedViewState.<id>`` whose value is ``{"name", "createdAt", "updatedAt",
+"state"}`` (``state``: the runs page's state as JSON text), opened by
+``#/experiments/<experiment>/runs?viewStateShareKey=<id>``. All pure.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any, Iterable, Sequence
+
+from asr_core.contract.trial import ROLE_PARENT, TAG_ROLE
+
+log = logging.getLogger(__name__)
+
+VIEW_ID = "sweep-wer"  # the saved view's id: one per experiment, rewritten by every report
+VIEW_NAME = "WER per run (analysis report)"
+VIEW_TAG_PREFIX = "mlflow.sharedViewState."  # the UI's prefix of saved-view tags
+VIEW_URL_PARAM = "viewStateShareKey"  # the URL parameter that opens a saved view
+NOTE_TAG = "mlflow.note.content"  # the experiment's description, Markdown
+NOTE_START = "**Sweep report**"  # the description line this module owns starts with this
+RUN_NAME_SORT_KEY = "tags.`mlflow.runName`"  # the UI's sort key of the Run Name column
+NOT_PARENT_FILTER = f"tags.`{TAG_ROLE}` != '{ROLE_PARENT}'"
+
+
+def headline_metrics(datasets: Iterable[str]) -> list[str]:
+    """The clean WER metrics of ``datasets`` as the trials log them, ``wer/<dataset>``, sorted by dataset. A name with
+    a backtick cannot be written as a column of the UI and is left out (with a warning)."""
+    out = []
+    for ds in sorted(set(datasets)):
+        if "`" in ds:
+            log.warning("dataset %r has a backtick in its name; the MLflow view cannot show its column", ds)
+            continue
+        out.append(f"wer/{ds}")
+    return out
+
+
+def metric_column(metric: str) -> str:
+    """The UI's column id of a metric: ``metrics.`wer/dev```."""
+    return f"metrics.`{metric}`"
+
+
+def view_state(metrics: Sequence[str]) -> dict[str, Any]:
+    """The runs page's state of the saved view: ``metrics`` as the visible columns, every run but the parent,
+    listed flat by run name. Fields left out keep the UI's defaults."""
+    return {
+        "selectedColumns": [metric_column(m) for m in metrics],
+        "searchFilter": NOT_PARENT_FILTER,
+        "orderByKey": RUN_NAME_SORT_KEY,
+        "orderByAsc": True,
+        "runsHiddenMode": "SHOW_ALL",  # charts of this view draw every run, not the UI's first ten
+    }
+
+
+def saved_view_value(metrics: Sequence[str], *, created_ms: int, now_ms: int) -> str:
+    """The experiment tag's value of the saved view (the UI's envelope, its state as plain JSON text)."""
+    return json.dumps({"name": VIEW_NAME, "createdAt": created_ms, "updatedAt": now_ms,
+                       "state": json.dumps(view_state(metrics), separators=(",", ":"))}, separators=(",", ":"))
+
+
+def view_created_ms(existing: str | None, default: int) -> int:
+    """``createdAt`` of an existing saved-view tag value, or ``default`` when there is none or it is unreadable."""
+    try:
+        value = json.loads(existing) if existing else None
+    except ValueError:
+        return default
+    created = value.get("createdAt") if isinstance(value, dict) else None
+    return created if isinstance(created, int) else default
+
+
+def view_link(experiment_id: str) -> str:
+    """The UI route of the saved view."""
+    return f"#/experiments/{experiment_id}/runs?{VIEW_URL_PARAM}={VIEW_ID}"
+
+
+def note_line(view: str | None, report: str | None, when: str, source: str = "python -m analysis report") -> str:
+    """The description line: links to the saved view and the report (routes relative to the UI's own address),
+    with when and by which command it was written."""
+    parts = []
+    if report:
+        parts.append(f"[the report]({report})")
+    if view:
+        parts.append(f"[every run with its WER columns]({view})")
+    return f"{NOTE_START} ({when}, `{source}`): " + " · ".join(parts)
+
+
+def with_note_line(description: str, line: str) -> str:
+    """``line`` first (the UI shows a description folded to its first line), then ``description`` without its
+    earlier :data:`NOTE_START` lines: everything else people wrote is kept."""
+    kept = "\n".join(ln for ln in description.splitlines() if not ln.startswith(NOTE_START)).strip("\n")
+    return f"{line}\n\n{kept}" if kept.strip() else line

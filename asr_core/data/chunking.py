@@ -1,0 +1,503 @@
+"""Recordings -> windows of the current sequence length -> optimiser steps of about one hour (paper 000 §3.3).
+
+A recording is cut into consecutive windows ``[k L, (k+1) L)`` of the sequence length ``L`` it is given when the
+stream reaches it (the sequence-length warmup is a function of how many recordings came before). A word belongs to
+a window only if it lies wholly inside it; words straddling a cut are dropped from both sides, their audio stays. A
+trailing piece shorter than ``MIN_TAIL_S`` is dropped unless it is the whole recording.
+
+Every step holds about ``batch_audio_s`` of audio whatever the context: ``B = group_size(L)`` windows of length L
+(B = 704 at 5.12 s, 352 at 10.24 s, ... 1 at 1 h; B halves as the warmup doubles L). Two make-ups
+(``data.batching``):
+
+* ``interleaved`` (default; the authors' ``exp/train.py`` with ``lcasr/utils/dataloading.py``): the recordings
+  are taken B at a time, and step ``k`` of a group holds window ``k`` of each of its B recordings (a recording that
+  has ended drops out, so a group's last steps are smaller). Each step mixes B different recordings. The epoch's
+  order sorts recordings by duration, shuffles within runs of ``SUBGROUP`` (2000), cuts the result into blocks of
+  the first group size and shuffles the blocks, so a group holds recordings of similar length (few steps of
+  stragglers) in a random place of the epoch. The code rebuilds that order with the new B each time B halves; here
+  the blocks keep the first B and later, smaller groups take consecutive parts of them (the same neighbourhoods,
+  without making the order depend on when the warmup doubled).
+* ``consecutive``: windows are taken in stream order (one recording after another) until the next would take the
+  step past ``batch_audio_s``, so a step at 10 s holds one or two recordings.
+
+With gradient accumulation (``data.micro_batch_audio_s``), :func:`micro_batches` splits one step's windows, in
+order, into the passes that are run forward/backward one at a time.
+
+The stream is a pure function of (recordings, data config, seed): epoch ``e`` orders the recordings with
+``numpy.random.default_rng([seed, e])``, and a :class:`Position` (epoch, recording, window) is all a resumed run
+needs to continue exactly where it stopped (interleaved: the group's first recording and the next window index).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from asr_core.config import DataConfig
+from asr_core.data.corpora.base import Recording
+from asr_core.schedules import sequence_length
+
+MIN_TAIL_S = 0.5
+SUBGROUP = 2000  # lcasr SimpleDataset(subgroup_shuffle_size=2000): recordings shuffled within runs of this many
+
+
+def group_size(seq_len: float, data: DataConfig) -> int:
+    """B, the windows a step is made for at window length ``seq_len``: ``B0 = ceil(batch_audio_s / s0)`` at the
+    warmup's first length ``s0`` (704 at 5.12 s for one hour), halved as the window doubles:
+    ``floor(B0 * s0 / seq_len)``, at least 1 (the code's ``int(B * 0.5)`` each doubling; 352 at 10.24 s, 2 at
+    1310.72 s, 1 at 3600 s). Without warmup ``s0`` is the context."""
+    s0 = data.context_s if data.seqlen_warmup == "none" else min(data.seqlen_warmup_start_s, data.context_s)
+    b0 = max(1, math.ceil(data.batch_audio_s / s0 - 1e-9))
+    return max(1, math.floor(b0 * s0 / seq_len + 1e-9))
+
+
+@dataclass(frozen=True)
+class Window:
+    """Seconds ``[start, end)`` of ``recordings[recording]`` and the words wholly inside; ``seq`` is the window
+    length it was cut at (the last window of a recording may be shorter)."""
+
+    recording: int
+    start: float
+    end: float
+    text: str
+    seq: float = 0.0
+
+    @property
+    def duration(self) -> float:
+        return self.end - self.start
+
+
+@dataclass(frozen=True)
+class Position:
+    """Where the stream continues: the ``window``-th window of the ``index``-th recording of ``epoch``'s order."""
+
+    epoch: int = 0
+    index: int = 0
+    window: int = 0
+
+    def to_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "index": self.index, "window": self.window}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, int]) -> "Position":
+        return cls(int(d["epoch"]), int(d["index"]), int(d["window"]))
+
+
+def window_bounds(duration: float, seq_len: float) -> list[tuple[float, float]]:
+    """[(start, end), ...] seconds covering ``duration`` in steps of ``seq_len``."""
+    n = max(1, math.ceil(duration / seq_len - 1e-9))
+    out = []
+    for k in range(n):
+        start, end = k * seq_len, min((k + 1) * seq_len, duration)
+        if k > 0 and end - start < MIN_TAIL_S:
+            break
+        out.append((start, end))
+    return out
+
+
+def duration_timed(recordings: Sequence[Recording], i: int) -> tuple[float, bool]:
+    """(duration, every word timed) of ``recordings[i]``; a prepared corpus answers from its arrays."""
+    ask = getattr(recordings, "duration_timed", None)
+    if ask is not None:
+        return ask(i)
+    rec = recordings[i]
+    return rec.duration, rec.timed
+
+
+def micro_batches(windows: Sequence[Window], max_audio_s: float) -> list[list[Window]]:
+    """One step's windows as the fewest contiguous micro-batches of at most ``max_audio_s`` padded audio.
+
+    Padded audio is what a forward pass costs: windows x the step's longest window (a batch is padded to its
+    longest member). Sizes differ by at most one window, so no pass is a small remainder with noisy batch
+    statistics. ``max_audio_s = 0`` (no accumulation) gives the whole step as one micro-batch; a window longer
+    than ``max_audio_s`` still gets a pass of its own.
+    """
+    if max_audio_s < 0:
+        raise ValueError(f"max_audio_s must be 0 (one pass) or positive, got {max_audio_s!r}")
+    if max_audio_s == 0 or not windows:
+        return [list(windows)]
+    longest = max(w.duration for w in windows)
+    per_pass = max(1, math.floor(max_audio_s / longest + 1e-9))
+    passes = math.ceil(len(windows) / per_pass)
+    size, extra = divmod(len(windows), passes)
+    out, i = [], 0
+    for j in range(passes):
+        n = size + (1 if j < extra else 0)
+        out.append(list(windows[i : i + n]))
+        i += n
+    return out
+
+
+def cut_windows(rec: Recording, index: int, seq_len: float) -> list[Window]:
+    """The windows of one recording. Untimed recordings are one window if they fit, else none."""
+    if not rec.timed:
+        if rec.duration <= seq_len + 1e-6:
+            return [Window(index, 0.0, rec.duration, rec.text, seq_len)]
+        return []
+    out = []
+    words = rec.words
+    w0 = 0
+    for start, end in window_bounds(rec.duration, seq_len):
+        while w0 < len(words) and words[w0].start < start - 1e-9:  # type: ignore[operator]
+            w0 += 1
+        inside = []
+        j = w0
+        while j < len(words) and words[j].start < end:  # type: ignore[operator]
+            w = words[j]
+            if w.start >= start - 1e-9 and w.end <= end + 1e-9:  # type: ignore[operator]
+                inside.append(w.text)
+            j += 1
+        out.append(Window(index, start, end, " ".join(inside), seq_len))
+    return out
+
+
+class WindowStream:
+    """Deterministic optimiser steps of windows over ``epochs`` passes of ``recordings`` (see the module
+    docstring for the two make-ups, ``data.batching``)."""
+
+    def __init__(self, recordings: Sequence[Recording], data: DataConfig, seed: int, epochs: int = 1) -> None:
+        if not recordings:
+            raise ValueError("no training recordings: the corpus is empty")
+        self.recordings = recordings
+        self.data = data
+        self.seed = seed
+        self.epochs = epochs
+        self.interleaved = data.batching == "interleaved"
+        self._orders: dict[int, np.ndarray] = {}
+        self._by_duration: np.ndarray | None = None
+        self.skipped_untimed = 0
+
+    def order(self, epoch: int) -> np.ndarray:
+        """The recordings (indices) in the order epoch ``epoch`` visits them."""
+        if epoch not in self._orders:
+            rng = np.random.default_rng([self.seed, epoch])
+            if not self.interleaved:
+                self._orders[epoch] = rng.permutation(len(self.recordings))
+            else:
+                self._orders[epoch] = self._duration_blocks(rng)
+        return self._orders[epoch]
+
+    def _duration_blocks(self, rng: np.random.Generator) -> np.ndarray:
+        """Sorted by duration, shuffled within runs of SUBGROUP, cut into blocks of the first group size, blocks
+        shuffled (lcasr ``SimpleDataset.create_batches``)."""
+        if self._by_duration is None:
+            durations = np.array([duration_timed(self.recordings, i)[0] for i in range(len(self.recordings))])
+            self._by_duration = np.argsort(durations, kind="stable")
+        idx = self._by_duration
+        runs = [rng.permutation(idx[i:i + SUBGROUP]) for i in range(0, len(idx), SUBGROUP)]
+        mixed = np.concatenate(runs)
+        b0 = group_size(self.seq_len(0, 0), self.data)
+        blocks = [mixed[i:i + b0] for i in range(0, len(mixed), b0)]
+        return np.concatenate([blocks[j] for j in rng.permutation(len(blocks))])
+
+    def seq_len(self, epoch: int, index: int) -> float:
+        """Sequence length given to the ``index``-th recording of ``epoch``."""
+        d = self.data
+        r = epoch * len(self.recordings) + index
+        return sequence_length(r, d.context_s, d.seqlen_warmup_start_s, d.seqlen_warmup_every, d.seqlen_warmup)
+
+    def windows_at(self, epoch: int, index: int) -> list[Window]:
+        rec_idx = int(self.order(epoch)[index])
+        return cut_windows(self.recordings[rec_idx], rec_idx, self.seq_len(epoch, index))
+
+    def group(self, epoch: int, index: int) -> list[int]:
+        """Interleaved: the recordings (indices) of the group that starts at the ``index``-th of ``epoch``."""
+        if epoch >= self.epochs or index >= len(self.recordings):
+            return []
+        size = group_size(self.seq_len(epoch, index), self.data)
+        return [int(i) for i in self.order(epoch)[index:index + size]]
+
+    def batches(self, pos: Position = Position()) -> Iterator[tuple[list[Window], Position]]:
+        """(windows of one optimiser step, position of the next step), until the data is used up."""
+        return self._groups(pos) if self.interleaved else self._consecutive(pos)
+
+    # ---- interleaved: step k of a group = window k of each of its B recordings -----------------------------
+    def _groups(self, pos: Position) -> Iterator[tuple[list[Window], Position]]:
+        epoch, index, k = pos.epoch, pos.index, pos.window
+        n = len(self.recordings)
+        while epoch < self.epochs:
+            produced = False
+            order = self.order(epoch)
+            while index < n:
+                seq = self.seq_len(epoch, index)
+                members = order[index:index + group_size(seq, self.data)]
+                wins = [cut_windows(self.recordings[int(m)], int(m), seq) for m in members]
+                depth = max(len(w) for w in wins)
+                nxt = index + len(members)
+                for kk in range(k, depth):
+                    produced = True
+                    step = [w[kk] for w in wins if kk < len(w)]
+                    yield step, (Position(epoch, index, kk + 1) if kk + 1 < depth else Position(epoch, nxt, 0))
+                index, k = nxt, 0
+            if not produced and pos.epoch < epoch:  # a whole epoch without windows: no more will come
+                return
+            epoch, index = epoch + 1, 0
+
+    # ---- consecutive: windows in stream order up to batch_audio_s -----------------------------------------
+    def _walk(self, pos: Position) -> Iterator[tuple[Window, Position]]:
+        """Every window from ``pos`` on, with its own position."""
+        epoch, index, wi = pos.epoch, pos.index, pos.window
+        n = len(self.recordings)
+        while epoch < self.epochs:
+            produced = False
+            while index < n:
+                wins = self.windows_at(epoch, index)
+                for k in range(wi, len(wins)):
+                    produced = True
+                    yield wins[k], Position(epoch, index, k)
+                index, wi = index + 1, 0
+            if not produced and pos.epoch < epoch:  # a whole epoch without windows: no more will come
+                return
+            epoch, index = epoch + 1, 0
+
+    def _consecutive(self, pos: Position) -> Iterator[tuple[list[Window], Position]]:
+        batch: list[Window] = []
+        total = 0.0
+        for win, wpos in self._walk(pos):
+            if batch and total + win.duration > self.data.batch_audio_s + 1e-6:
+                yield batch, wpos
+                batch, total = [], 0.0
+            batch.append(win)
+            total += win.duration
+        if batch:
+            yield batch, Position(self.epochs, 0, 0)
+
+    def _window_durations(self, epoch: int, index: int, seq: float) -> list[float]:
+        """Durations of the windows of the ``index``-th recording of ``epoch`` (durations only; no words read)."""
+        rec_idx = int(self.order(epoch)[index])
+        duration, timed = duration_timed(self.recordings, rec_idx)
+        if timed:
+            return [e - s for s, e in window_bounds(duration, seq)]
+        if duration <= seq + 1e-6:
+            return [duration]
+        self.skipped_untimed += 1
+        return []
+
+    def step_lengths(self, max_steps: int = 0) -> dict[float, "StepLengths"]:
+        """What the stream's optimiser steps hold, per window length they are cut at (durations only, no audio or
+        words read; vectorised over groups, so a 100k-recording corpus takes a fraction of a second): steps,
+        windows, audio and padded audio (:class:`StepLengths`). ``max_steps`` > 0 stops after that many steps, as
+        the trainer does with ``train.max_steps`` (give the stream enough epochs). The steps add up to
+        :meth:`count_steps`."""
+        return _stream_step_lengths(self, max_steps)
+
+    def count_steps(self) -> int:
+        """Optimiser steps in the whole stream (durations only; no audio is read)."""
+        self.skipped_untimed = 0
+        steps = 0
+        n = len(self.recordings)
+        if self.interleaved:
+            for epoch in range(self.epochs):
+                index = 0
+                while index < n:
+                    seq = self.seq_len(epoch, index)
+                    end = min(n, index + group_size(seq, self.data))
+                    steps += max(len(self._window_durations(epoch, i, seq)) for i in range(index, end))
+                    index = end
+        else:
+            total, any_in_batch = 0.0, False
+            for epoch in range(self.epochs):
+                for index in range(n):
+                    for dur in self._window_durations(epoch, index, self.seq_len(epoch, index)):
+                        if any_in_batch and total + dur > self.data.batch_audio_s + 1e-6:
+                            steps, total = steps + 1, 0.0
+                        total += dur
+                        any_in_batch = True
+            steps += 1 if any_in_batch else 0
+        if self.skipped_untimed:
+            print(f"chunking: {self.skipped_untimed} recording visits without word times were longer than their "
+                  "window and are skipped (cannot cut text without timestamps)", file=sys.stderr)
+        return steps
+
+
+# ---- the plan in numbers (durations only): what a trial's steps will hold, for cost estimates ---------------------
+@dataclass
+class StepLengths:
+    """Totals of the optimiser steps cut at one window length: ``steps``, ``windows``, ``audio_s`` (the windows'
+    audio), ``padded_s`` (sum over steps of windows x the step's longest window: what a padded forward pass
+    computes on), ``padded_s2`` (sum over steps of windows x longest window squared: what attention over padded
+    windows computes on, ~L^2 per window) and ``audio_s2`` (sum of each window's duration squared: attention
+    without padding, flash-attn's variable-length kernel)."""
+
+    steps: int = 0
+    windows: int = 0
+    audio_s: float = 0.0
+    padded_s: float = 0.0
+    padded_s2: float = 0.0
+    audio_s2: float = 0.0
+
+    def add(self, other: "StepLengths") -> None:
+        self.steps += other.steps
+        self.windows += other.windows
+        self.audio_s += other.audio_s
+        self.padded_s += other.padded_s
+        self.padded_s2 += other.padded_s2
+        self.audio_s2 += other.audio_s2
+
+
+def _plan_add(out: dict[float, StepLengths], seq: float, steps: int, windows: int, audio: float, pad1: float,
+              pad2: float, audio2: float) -> None:
+    cur = out.setdefault(float(seq), StepLengths())
+    cur.add(StepLengths(int(steps), int(windows), float(audio), float(pad1), float(pad2), float(audio2)))
+
+
+def _step_sizes(windows: Sequence[float]) -> tuple[int, float, float, float, float]:
+    """(windows, audio, padded, padded^2, sum of squares) of one step from its window durations."""
+    longest = max(windows)
+    return (len(windows), sum(windows), len(windows) * longest, len(windows) * longest * longest,
+            sum(w * w for w in windows))
+
+
+def _member_windows(dur: np.ndarray, timed: np.ndarray, seq: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Vectorised :func:`window_bounds` / the untimed rule of :meth:`WindowStream._window_durations`: per recording
+    (windows kept, duration of the last kept window, recordings skipped as untimed and too long)."""
+    n = np.maximum(1, np.ceil(dur / seq - 1e-9)).astype(np.int64)
+    start = (n - 1) * seq
+    last = np.minimum(n * seq, dur) - start
+    drop = (n > 1) & (last < MIN_TAIL_S)
+    n_w = np.where(drop, n - 1, n)
+    tail = np.where(drop, np.minimum((n - 1) * seq, dur) - (n - 2) * seq, last)
+    fits = dur <= seq + 1e-6
+    skipped = ~timed & ~fits
+    n_w = np.where(timed, n_w, np.where(fits, 1, 0))
+    tail = np.where(timed, tail, np.where(fits, dur, 0.0))
+    return n_w, tail, skipped
+
+
+def _window_list(duration: float, timed: bool, seq: float) -> list[float]:
+    if timed:
+        return [e - s for s, e in window_bounds(duration, seq)]
+    return [duration] if duration <= seq + 1e-6 else []
+
+
+def _stream_step_lengths(stream: "WindowStream", max_steps: int = 0) -> dict[float, StepLengths]:
+    """:meth:`WindowStream.step_lengths`."""
+    bulk = getattr(stream.recordings, "durations_timed", None)  # a durations-only corpus answers at once
+    if bulk is not None:
+        dur, timed = (np.asarray(x) for x in bulk())
+    else:
+        pairs = [duration_timed(stream.recordings, i) for i in range(len(stream.recordings))]
+        dur = np.array([p[0] for p in pairs], dtype=np.float64)
+        timed = np.array([p[1] for p in pairs], dtype=bool)
+    if stream.interleaved and stream._by_duration is None:  # what _duration_blocks would compute, one by one
+        stream._by_duration = np.argsort(dur, kind="stable")
+    out: dict[float, StepLengths] = {}
+    stream.skipped_untimed = 0
+    total = 0
+    pending: list[float] = []  # consecutive: the windows of the step still open (it continues into the next epoch)
+    seq_of_pending = [0.0]
+    for epoch in range(stream.epochs):
+        before = total
+        order = stream.order(epoch)
+        if stream.interleaved:
+            total = _interleaved_epoch(stream, epoch, order, dur, timed, out, total, max_steps)
+        else:
+            total = _consecutive_epoch(stream, epoch, order, dur, timed, out, total, max_steps, pending,
+                                       seq_of_pending)
+        if max_steps and total >= max_steps:
+            return out
+        if total == before and not pending and (max_steps or epoch > 0):  # an epoch without windows: no more come
+            break
+    if pending:
+        _plan_add(out, seq_of_pending[0], 1, *_step_sizes(pending))
+    return out
+
+
+def _interleaved_epoch(stream: "WindowStream", epoch: int, order: np.ndarray, dur: np.ndarray, timed: np.ndarray,
+                       out: dict[float, StepLengths], total: int, max_steps: int) -> int:
+    n = len(order)
+    # group starts: a group takes the window length of its first recording, which changes only where the
+    # recording counter crosses a multiple of seqlen_warmup_every; between two such points groups are regular
+    every = stream.data.seqlen_warmup_every
+    runs_start, runs_seq, runs_b = [], [], []
+    index = 0
+    while index < n:
+        seq = stream.seq_len(epoch, index)
+        b = group_size(seq, stream.data)
+        r = epoch * n + index
+        change = (r // every + 1) * every - epoch * n  # first index whose window length may differ
+        count = max(1, math.ceil((min(change, n) - index) / b))
+        runs_start.append(np.arange(index, index + count * b, b))
+        runs_seq.append(np.full(count, seq))
+        runs_b.append(np.full(count, b))
+        index += count * b
+    st_all = np.concatenate(runs_start)
+    starts = st_all.tolist()
+    sizes = np.minimum(np.concatenate(runs_b), n - st_all).tolist()
+    seqs = np.concatenate(runs_seq).tolist()
+    g = len(starts)
+    steps_g = np.zeros(g, dtype=np.int64)
+    win_g = np.zeros(g, dtype=np.int64)
+    audio_g = np.zeros(g)
+    pad1_g = np.zeros(g)
+    pad2_g = np.zeros(g)
+    sq2_g = np.zeros(g)
+    st, sz, sq = np.array(starts), np.array(sizes), np.array(seqs)
+    for seq in np.unique(sq):
+        for b in np.unique(sz[sq == seq]):
+            which = np.nonzero((sq == seq) & (sz == b))[0]
+            idx = order[st[which][:, None] + np.arange(b)[None, :]]
+            n_w, tail, skipped = _member_windows(dur[idx], timed[idx], float(seq))
+            stream.skipped_untimed += int(skipped.sum())
+            full = np.where(tail >= seq - 1e-9, n_w, np.maximum(n_w - 1, 0))
+            f = full.max(axis=1)
+            partial_last = (n_w == f[:, None] + 1) & (n_w > 0)
+            c_f = partial_last.sum(axis=1)
+            t_max = np.where(partial_last, tail, 0.0).max(axis=1)
+            windows = n_w.sum(axis=1)
+            steps_g[which] = n_w.max(axis=1)
+            win_g[which] = windows
+            audio_g[which] = np.where(n_w > 0, (n_w - 1) * seq + tail, 0.0).sum(axis=1)
+            pad1_g[which] = seq * (windows - c_f) + c_f * t_max
+            pad2_g[which] = seq * seq * (windows - c_f) + c_f * t_max * t_max
+            sq2_g[which] = np.where(n_w > 0, (n_w - 1) * seq * seq + tail * tail, 0.0).sum(axis=1)
+    cut = g
+    if max_steps:
+        cum = np.cumsum(steps_g) + total
+        over = np.nonzero(cum >= max_steps)[0]
+        if len(over):
+            cut = int(over[0])
+    for seq in np.unique(sq[:cut]):
+        m = np.nonzero(sq[:cut] == seq)[0]
+        _plan_add(out, float(seq), steps_g[m].sum(), win_g[m].sum(), audio_g[m].sum(), pad1_g[m].sum(),
+                  pad2_g[m].sum(), sq2_g[m].sum())
+    total += int(steps_g[:cut].sum())
+    if cut < g:  # the group in which max_steps falls: its first steps, one by one
+        seq, members = seqs[cut], order[starts[cut]:starts[cut] + sizes[cut]]
+        wins = [_window_list(float(dur[m]), bool(timed[m]), seq) for m in members]
+        depth = max(len(w) for w in wins)
+        for k in range(min(depth, max_steps - total)):
+            _plan_add(out, seq, 1, *_step_sizes([w[k] for w in wins if k < len(w)]))
+            total += 1
+    return total
+
+
+def _consecutive_epoch(stream: "WindowStream", epoch: int, order: np.ndarray, dur: np.ndarray, timed: np.ndarray,
+                       out: dict[float, StepLengths], total: int, max_steps: int, pending: list[float],
+                       seq_of_pending: list[float]) -> int:
+    """Windows in stream order packed up to ``batch_audio_s`` (one Python pass over the windows), as
+    :meth:`WindowStream._consecutive`; ``pending`` (the open step) carries over to the next epoch."""
+    limit = stream.data.batch_audio_s + 1e-6
+    audio = sum(pending)
+    for index in range(len(order)):
+        seq = stream.seq_len(epoch, index)
+        m = int(order[index])
+        wins = _window_list(float(dur[m]), bool(timed[m]), seq)
+        if not wins and not timed[m]:
+            stream.skipped_untimed += 1
+        for d in wins:
+            if pending and audio + d > limit:
+                _plan_add(out, seq_of_pending[0], 1, *_step_sizes(pending))
+                total += 1
+                pending.clear()
+                audio = 0.0
+                if max_steps and total >= max_steps:
+                    return total
+            seq_of_pending[0] = seq if not pending else max(seq_of_pending[0], seq)
+            pending.append(d)
+            audio += d
+    return total

@@ -1,0 +1,518 @@
+"""A synthetic long-form corpus spoken by espeak-ng: ``python -m asr_core synth OUT --hours H --seed S``.
+
+Output layout (every split loads with the podcast reader, e.g. ``load_corpus("podcast:OUT/train")``)::
+
+    OUT/synth.json              the arguments and a summary per split (re-running with the same ones resumes)
+    OUT/recordings.jsonl        one line per recording: split, kind, topic, key terms, voices, acoustic condition
+    OUT/train/<id>.wav|.json    16 kHz mono PCM WAV + speech-API JSON with word times (``--hours`` of audio)
+    OUT/dev/                    in-domain, ``--eval-hours`` (default max(0.1, hours/10))
+    OUT/test/                   in-domain: the training voices and conditions, new recordings
+    OUT/test-shifted/           shifted domain: unseen accents and voice variants, speaking rates and pitches
+                                outside the training ranges, a narrower (telephone-like) channel, more reverberation
+                                and background noise (``--shift far``, the default); with ``--shift near``
+                                the training voices themselves, at rates and pitches just outside the training
+                                ranges, in the shifted rooms
+    OUT/meta/<id>.json          per-recording metadata (gathered into recordings.jsonl); with ``--cue``, the
+                                planted words (``cues``: index, word, distances; see :mod:`asr_core.data.corpora.cues`)
+
+Recordings last ``--min-minutes`` to ``--max-minutes`` (default 1-5); ``--eval-max-minutes`` shortens those of
+dev, test and test-shifted, so that a small evaluation set still has enough recordings for a paired test. Each is
+a "podcast" (one voice) or, with probability ``--meeting-fraction``, a "meeting" (two voices alternating turns).
+Structure that rewards long context, as real long-form audio does: one espeak-ng voice, rate and pitch per speaker
+and one acoustic condition (channel colouring, reverberation, background noise level) per recording, held for the
+whole recording; one topic per recording whose key terms recur minutes apart (see
+:mod:`asr_core.data.corpora.synth_text`). Topics are dealt from shuffled decks, so a split of 12 recordings covers all
+12, and each recording drops in an occasional word of another topic, so that a small training split has heard
+every word.
+
+``--cue RATE[,NEAR-FAR][,gK]`` plants a long-range cue in every split (:mod:`asr_core.data.corpora.cues`): words that
+sound the same but are spelt by the recording's topic, RATE a minute, each with the nearest word that gives the topic
+away NEAR to FAR seconds before it (default 20-60) and none within NEAR seconds after it; ``gK`` plants only the
+first K cue groups and deals every recording a topic that owns one of their spellings (a concentrated plant: many
+examples of few spellings). ``--cue 0`` (the default) makes the corpus as it was before the cue existed, byte for
+byte; a spec without ``gK`` makes the corpus it made before ``gK`` existed. ``--cue-report`` prints, per split, how often a window of
+5, 10, 20, 40 and 80 s holds a disambiguating word with the cue word.
+
+Word times are exact by construction: every word is synthesised on its own, its leading and trailing silence
+trimmed, and placed at a known sample offset with short pauses between words; the reported start and end are the
+first and last sample of the trimmed word. Everything is a pure function of ``--seed``: each recording has its own
+seed derived from (seed, split, index), so the number of parallel ``--jobs`` does not change the output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import io
+import json
+import random
+import subprocess
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import soundfile as sf
+from scipy import signal
+
+from asr_core.data.audio import SAMPLE_RATE, save_audio
+from asr_core.data.corpora import podcast
+from asr_core.data.corpora.base import Word
+from asr_core.data.corpora.cues import (WINDOWS_S, CueConfig, CuePlanter, containment, corpus_sites, cue_sites,
+                                  cue_topics, format_containment, sound_of)
+from asr_core.data.corpora.synth_text import CUE_GROUPS, TOPICS, SentenceMaker
+
+FORMAT_VERSION = 1
+SPLITS = ("train", "dev", "test", "test-shifted")
+
+
+@dataclass(frozen=True)
+class Domain:
+    """Ranges each recording's voice and acoustic condition are drawn from."""
+
+    accents: tuple[str, ...]  # espeak-ng language voices
+    variants: tuple[str, ...]  # espeak-ng voice variants (+m1, +f2, ...)
+    rates: tuple[tuple[int, int], ...]  # words per minute, one of these ranges
+    pitches: tuple[tuple[int, int], ...]  # espeak-ng pitch 0-99
+    highpass_hz: tuple[float, float]
+    lowpass_hz: tuple[float, float]
+    peak_db: tuple[float, float]  # a resonance somewhere in 400-3000 Hz
+    reverb_s: tuple[float, float]  # decay time of the synthetic room
+    reverb_mix: tuple[float, float]
+    noise_snr_db: tuple[float, float]  # stationary background, relative to the speech
+
+
+DOMAINS: dict[str, Domain] = {
+    "in": Domain(accents=("en-us", "en", "en-gb-x-rp"), variants=("m1", "m2", "m3", "m4", "f1", "f2", "f3"),
+                 rates=((145, 185),), pitches=((35, 65),), highpass_hz=(60, 180), lowpass_hz=(4500, 7500),
+                 peak_db=(-5, 5), reverb_s=(0.05, 0.25), reverb_mix=(0.0, 0.25), noise_snr_db=(20, 35)),
+    # shifted, but not so far that a small model trained on "in" cannot recognise anything
+    "shifted": Domain(accents=("en-gb-scotland", "en-029", "en-us-nyc", "en-gb-x-gbclan"),
+                      variants=("m5", "m6", "m7", "f4", "f5"), rates=((120, 138), (192, 208)),
+                      pitches=((18, 30), (70, 82)), highpass_hz=(200, 350), lowpass_hz=(3000, 4000),
+                      peak_db=(-9, 9), reverb_s=(0.25, 0.45), reverb_mix=(0.2, 0.4), noise_snr_db=(12, 20)),
+    # a milder shift for models trained on a few voices (--shift near): the training voices, speaking faster or
+    # slower and higher or lower than in training, through a narrower channel in more reverberant, noisier rooms
+    "near": Domain(accents=("en-us", "en", "en-gb-x-rp"), variants=("m1", "m2", "m3", "m4", "f1", "f2", "f3"),
+                   rates=((128, 142), (188, 198)), pitches=((24, 33), (67, 76)), highpass_hz=(150, 280),
+                   lowpass_hz=(3600, 4500), peak_db=(-8, 8), reverb_s=(0.2, 0.4), reverb_mix=(0.15, 0.35),
+                   noise_snr_db=(14, 22)),
+}
+SHIFTS = ("far", "near")  # --shift: which domain test-shifted is drawn from ("far" = DOMAINS["shifted"])
+SPLIT_DOMAIN = {"train": "in", "dev": "in", "test": "in", "test-shifted": "shifted"}
+
+
+@dataclass(frozen=True)
+class Speaker:
+    voice: str  # e.g. "en-us+m3"
+    rate: int
+    pitch: int
+
+
+@dataclass(frozen=True)
+class Room:
+    highpass_hz: float
+    lowpass_hz: float
+    peak_hz: float
+    peak_db: float
+    reverb_s: float
+    reverb_mix: float
+    noise_snr_db: float
+    noise_slope: float  # 0 white, 1 pink, 2 brown
+    word_gap_s: float  # mean pause between words: part of a speaker's style, held for the recording
+
+
+@dataclass(frozen=True)
+class Plan:
+    id: str
+    split: str
+    kind: str  # "podcast" or "meeting"
+    topic: str
+    speakers: tuple[Speaker, ...]
+    room: Room
+    target_s: float
+    seed: int
+    cue: CueConfig | None = None  # the planted cue (None: none)
+
+
+def _u(rng: random.Random, lo_hi: tuple[float, float]) -> float:
+    return rng.uniform(*lo_hi)
+
+
+def domain_voices(dom: Domain, voices: int = 0) -> tuple[str, ...]:
+    """The domain's espeak-ng voices ("accent+variant"), or only the first ``voices`` of them (0 = all).
+
+    The order deals accents round-robin over variants (en-us+m1, en+m2, en-gb-x-rp+m3, en-us+m4, ...), so a
+    short list still mixes accents and sexes.
+    """
+    combos = [f"{a}+{v}" for a in dom.accents for v in dom.variants]
+    diagonal = [f"{dom.accents[i % len(dom.accents)]}+{dom.variants[i % len(dom.variants)]}"
+                for i in range(len(combos))]
+    ordered = list(dict.fromkeys(diagonal + combos))  # the diagonal first, then any combinations it missed
+    return tuple(ordered[:voices] if voices else ordered)
+
+
+def draw_speaker(rng: random.Random, dom: Domain, voices: int = 0) -> Speaker:
+    rate = rng.randint(*rng.choice(dom.rates))
+    pitch = rng.randint(*rng.choice(dom.pitches))
+    if voices:
+        return Speaker(rng.choice(domain_voices(dom, voices)), rate, pitch)
+    return Speaker(f"{rng.choice(dom.accents)}+{rng.choice(dom.variants)}", rate, pitch)
+
+
+def draw_room(rng: random.Random, dom: Domain) -> Room:
+    return Room(highpass_hz=round(_u(rng, dom.highpass_hz), 1), lowpass_hz=round(_u(rng, dom.lowpass_hz), 1),
+                peak_hz=round(rng.uniform(400, 3000), 1), peak_db=round(_u(rng, dom.peak_db), 2),
+                reverb_s=round(_u(rng, dom.reverb_s), 3), reverb_mix=round(_u(rng, dom.reverb_mix), 3),
+                noise_snr_db=round(_u(rng, dom.noise_snr_db), 2), noise_slope=round(rng.uniform(0.0, 2.0), 2),
+                word_gap_s=round(rng.uniform(0.04, 0.12), 3))
+
+
+def recording_seed(seed: int, split: str, index: int) -> int:
+    return int.from_bytes(hashlib.sha256(f"synth/{seed}/{split}/{index}".encode()).digest()[:8], "little")
+
+
+def make_plans(split: str, hours: float, seed: int, *, min_minutes: float = 1.0, max_minutes: float = 5.0,
+               meeting_fraction: float = 0.3, voices: int = 0, shift: str = "far",
+               cue: CueConfig | None = None) -> list[Plan]:
+    """The recordings of one split: durations drawn until ``hours`` are used up (at least one recording).
+    ``cue`` (when active) is carried by every plan; it draws nothing from the plans' random stream. With
+    ``cue.groups`` set, topics are dealt only from :func:`~asr_core.data.corpora.cues.cue_topics` (the same draws from
+    a shorter deck), so every recording carries cue words.
+
+    ``voices`` > 0 limits the in-domain splits (train, dev, test) to that many espeak-ng voices (see
+    :func:`domain_voices`): a narrower, easier training domain. With ``shift="far"`` the shifted split keeps all of
+    its own voices; with ``shift="near"`` it speaks with the training voices (the same ``voices`` limit) at rates,
+    pitches and in rooms outside the training ranges."""
+    if shift not in SHIFTS:
+        raise ValueError(f"shift must be one of {', '.join(SHIFTS)}, got {shift!r}")
+    rng = random.Random(f"plans/{seed}/{split}")
+    domain = SPLIT_DOMAIN[split]
+    if domain == "shifted" and shift == "near":
+        domain = "near"
+    dom = DOMAINS[domain]
+    if domain == "shifted":
+        voices = 0
+    if voices == 1:
+        meeting_fraction = 0.0  # a meeting needs two different voices
+    budget, total, plans = hours * 3600.0, 0.0, []
+    min_s, max_s = min_minutes * 60.0, max_minutes * 60.0
+    cued = cue is not None and cue.active
+    deck = cue_topics(cue) if cued else tuple(sorted(TOPICS))
+    topics: list[str] = []  # topics dealt from shuffled decks, so even a small split covers them evenly
+    while total < budget or not plans:
+        if not topics:
+            topics = list(deck)
+            rng.shuffle(topics)
+        remaining = budget - total
+        if plans and remaining < 0.5 * min_s:
+            break
+        target = min(rng.uniform(min_s, max_s), max(remaining, min_s))
+        kind = "meeting" if rng.random() < meeting_fraction else "podcast"
+        speakers = [draw_speaker(rng, dom, voices)]
+        while kind == "meeting" and len(speakers) < 2:
+            other = draw_speaker(rng, dom, voices)
+            if other.voice != speakers[0].voice:
+                speakers.append(other)
+        i = len(plans)
+        plans.append(Plan(f"{split}-{i:04d}", split, kind, topics.pop(), tuple(speakers),
+                          draw_room(rng, dom), round(target, 2), recording_seed(seed, split, i),
+                          cue if cued else None))
+        total += target
+    return plans
+
+
+# ---- rendering -------------------------------------------------------------------------------------------------
+
+def espeak(text: str, speaker: Speaker) -> np.ndarray:
+    """``text`` spoken by ``speaker`` as float32 at 16 kHz, leading/trailing silence trimmed. Shape (N,)."""
+    cmd = ["espeak-ng", "-v", speaker.voice, "-s", str(speaker.rate), "-p", str(speaker.pitch), "--stdout", text]
+    try:
+        out = subprocess.run(cmd, capture_output=True, check=True, timeout=60).stdout
+    except FileNotFoundError:
+        raise RuntimeError("espeak-ng is not installed (Debian package espeak-ng); the synthetic corpus needs it") \
+            from None
+    except subprocess.CalledProcessError as e:
+        raise RuntimeError(f"espeak-ng failed for voice {speaker.voice!r}: {e.stderr.decode(errors='replace')}") \
+            from None
+    data, sr = sf.read(io.BytesIO(out), dtype="float32")
+    if sr != SAMPLE_RATE:
+        g = np.gcd(sr, SAMPLE_RATE)
+        data = signal.resample_poly(data, SAMPLE_RATE // g, sr // g).astype(np.float32)
+    return trim(data)
+
+
+def trim(x: np.ndarray, rel_db: float = -45.0, margin_s: float = 0.01) -> np.ndarray:
+    """Cut leading and trailing samples quieter than ``rel_db`` below the loudest 5 ms frame."""
+    hop = int(0.005 * SAMPLE_RATE)
+    n = len(x) // hop
+    if n == 0:
+        return x
+    energy = (x[: n * hop].reshape(n, hop) ** 2).mean(axis=1)
+    loud = np.nonzero(energy > energy.max() * 10 ** (rel_db / 10))[0]
+    margin = int(margin_s * SAMPLE_RATE)
+    start = max(0, loud[0] * hop - margin)
+    end = min(len(x), (loud[-1] + 1) * hop + margin)
+    return x[start:end]
+
+
+def render(plan: Plan, *, dry: bool = False) -> tuple[np.ndarray, list[Word], list[int], dict]:
+    """Synthesise one recording. Returns (waveform (N,) float32 16 kHz, words with times, speaker index per
+    word, metadata). ``dry`` skips the room (channel, reverberation, noise), for tests of the word times.
+
+    With ``plan.cue`` a :class:`~asr_core.data.corpora.cues.CuePlanter` chooses the sentences around the cue words and
+    the metadata lists them (``cues``); without one, nothing else is drawn and the recording is as it always was."""
+    rng = random.Random(plan.seed)
+    maker = SentenceMaker(rng, plan.topic)
+    planter = CuePlanter(plan.cue, plan.topic, plan.seed, plan.target_s) if plan.cue is not None else None
+    cache: dict[tuple[int, str, int], np.ndarray] = {}
+    pieces: list[tuple[int, np.ndarray]] = []
+    words: list[Word] = []
+    speakers: list[int] = []
+    sentence_starts: list[int] = []
+    cursor = int(rng.uniform(0.3, 1.0) * SAMPLE_RATE)
+    turn_left, who = rng.randint(1, 3), 0
+    while cursor < plan.target_s * SAMPLE_RATE:
+        if plan.kind == "meeting" and turn_left == 0:
+            who, turn_left = 1 - who, rng.randint(1, 3)
+            cursor += int(rng.uniform(0.3, 0.9) * SAMPLE_RATE)
+        spk = plan.speakers[who]
+        sentence_starts.append(len(words))
+        sentence = maker.sentence() if planter is None else planter.sentence(maker, cursor / SAMPLE_RATE)[0]
+        for j, w in enumerate(sentence):
+            variant = rng.randrange(2)  # two renditions per word (rate +-5%) so repeats are not sample-identical
+            said = w if planter is None else planter.spoken(j, w)  # a cue word: its group's one sound
+            key = (who, said, variant)
+            if key not in cache:
+                rate = round(spk.rate * (0.95 if variant == 0 else 1.05))
+                cache[key] = espeak(said, Speaker(spk.voice, rate, spk.pitch))
+            audio = cache[key] * 10 ** (rng.uniform(-2, 2) / 20)
+            pieces.append((cursor, audio))
+            words.append(Word(w, round(cursor / SAMPLE_RATE, 3), round((cursor + len(audio)) / SAMPLE_RATE, 3)))
+            speakers.append(who)
+            if planter is not None:
+                planter.heard(len(words) - 1, j, words[-1])
+            gap = plan.room.word_gap_s * rng.uniform(0.6, 1.4)
+            cursor += len(audio) + int(gap * SAMPLE_RATE)
+        cursor += int(rng.uniform(0.25, 0.7) * SAMPLE_RATE)
+        turn_left -= 1
+    total = cursor + int(0.5 * SAMPLE_RATE)
+    wave = np.zeros(total, dtype=np.float32)
+    for off, audio in pieces:
+        wave[off: off + len(audio)] += audio
+    if not dry:
+        wave = apply_room(wave, plan.room, np.random.default_rng(plan.seed % 2**32))
+    meta = {"id": plan.id, "split": plan.split, "kind": plan.kind, "topic": plan.topic,
+            "key_terms": maker.key_terms, "speakers": [asdict(s) for s in plan.speakers], "room": asdict(plan.room),
+            "duration": round(total / SAMPLE_RATE, 3), "words": len(words), "sentence_starts": sentence_starts}
+    if planter is not None and plan.cue is not None:
+        sites = cue_sites(words, planter.planted, plan.topic)
+        meta["cue"] = plan.cue.spec()
+        meta["cues"] = [{"index": i, "word": words[i].text, "sound": sound_of(words[i].text),
+                         "before_s": site.before_s, "after_s": site.after_s}
+                        for i, site in zip(planter.planted, sites)]
+    return wave, words, speakers, meta
+
+
+def apply_room(x: np.ndarray, room: Room, rng: np.random.Generator) -> np.ndarray:
+    """Reverberation, channel colouring and stationary background noise, then a fixed peak level. (N,) -> (N,)"""
+    sr = SAMPLE_RATE
+    # a room: exponentially decaying noise (decay reaches -60 dB at reverb_s), mixed behind the direct sound
+    n_ir = max(1, int(room.reverb_s * sr))
+    ir = rng.standard_normal(n_ir) * np.exp(-6.9 * np.arange(n_ir) / n_ir)
+    ir /= np.sqrt((ir ** 2).sum())
+    y = x + room.reverb_mix * signal.fftconvolve(x, ir)[: len(x)]
+    sos = [signal.butter(2, room.highpass_hz, "highpass", fs=sr, output="sos"),
+           signal.butter(4, min(room.lowpass_hz, 0.45 * sr), "lowpass", fs=sr, output="sos"),
+           _peaking(room.peak_hz, room.peak_db, q=1.2)]
+    y = signal.sosfilt(np.concatenate(sos), y)
+    speech_power = float(np.mean(y[np.abs(x) > 1e-4] ** 2)) if np.any(np.abs(x) > 1e-4) else 1e-6
+    noise = coloured_noise(len(y), room.noise_slope, rng)
+    y = y + noise * np.sqrt(speech_power / 10 ** (room.noise_snr_db / 10))
+    return (y * (0.7 / max(1e-6, float(np.abs(y).max())))).astype(np.float32)
+
+
+def _peaking(f0: float, gain_db: float, q: float) -> np.ndarray:
+    """RBJ peaking-EQ biquad as one second-order section."""
+    a = 10 ** (gain_db / 40)
+    w0 = 2 * np.pi * f0 / SAMPLE_RATE
+    alpha = np.sin(w0) / (2 * q)
+    b = np.array([1 + alpha * a, -2 * np.cos(w0), 1 - alpha * a])
+    den = np.array([1 + alpha / a, -2 * np.cos(w0), 1 - alpha / a])
+    return np.concatenate([b / den[0], den / den[0]])[None, :]
+
+
+def coloured_noise(n: int, slope: float, rng: np.random.Generator) -> np.ndarray:
+    """Unit-power noise with a 1/f^slope power spectrum. Shape (n,)."""
+    spec = np.fft.rfft(rng.standard_normal(n))
+    f = np.fft.rfftfreq(n, 1 / SAMPLE_RATE)
+    spec *= 1.0 / np.maximum(f, 20.0) ** (slope / 2)
+    out = np.fft.irfft(spec, n)
+    return out / max(1e-12, float(np.sqrt(np.mean(out ** 2))))
+
+
+def write_recording(plan: Plan, out: Path) -> dict:
+    """Render ``plan`` into ``out/<split>/<id>.wav|.json`` and ``out/meta/<id>.json``; returns the metadata.
+    The transcript is written last, so a recording whose JSON exists is complete (used to resume)."""
+    t0 = time.perf_counter()
+    wave, words, speakers, meta = render(plan)
+    split_dir = out / plan.split
+    save_audio(split_dir / f"{plan.id}.wav", wave)
+    meta["render_s"] = round(time.perf_counter() - t0, 2)
+    (out / "meta").mkdir(parents=True, exist_ok=True)
+    (out / "meta" / f"{plan.id}.json").write_text(json.dumps(meta))
+    podcast.write(split_dir / f"{plan.id}.json", words, starts=meta["sentence_starts"],
+                  speakers=[s + 1 for s in speakers])
+    return meta
+
+
+# ---- command line ----------------------------------------------------------------------------------------------
+
+def synthesise(out: Path, hours: float, seed: int, *, eval_hours: float | None = None, min_minutes: float = 1.0,
+               max_minutes: float = 5.0, meeting_fraction: float = 0.3, jobs: int = 2,
+               splits: tuple[str, ...] = SPLITS, voices: int = 0, shift: str = "far",
+               eval_max_minutes: float | None = None, cue: CueConfig | None = None) -> dict:
+    """Generate (or finish generating) the corpus in ``out``; returns the summary written to synth.json.
+
+    ``eval_max_minutes`` (default ``max_minutes``) caps the recordings of dev, test and test-shifted, whose
+    shortest stay ``min(min_minutes, eval_max_minutes)``. ``cue``: the planted cue of every split (None or a rate
+    of 0: none); the summary then counts each split's planted words (``cue_words``)."""
+    cue = cue if cue is not None and cue.active else None
+    if eval_hours is None:
+        eval_hours = max(0.1, hours / 10)
+    args = {"format_version": FORMAT_VERSION, "hours": hours, "eval_hours": eval_hours, "seed": seed,
+            "min_minutes": min_minutes, "max_minutes": max_minutes, "meeting_fraction": meeting_fraction,
+            "splits": list(splits)}
+    # the newer options enter the stamp only when set, so corpora made before they existed still resume
+    if voices:
+        args["voices"] = voices
+    if shift != "far":
+        args["shift"] = shift
+    if eval_max_minutes is not None:
+        args["eval_max_minutes"] = eval_max_minutes
+    if cue is not None:
+        args["cue"] = cue.spec()
+
+    def lengths(split: str) -> tuple[float, float]:
+        if split == "train" or eval_max_minutes is None:
+            return min_minutes, max_minutes
+        return min(min_minutes, eval_max_minutes), eval_max_minutes
+
+    out.mkdir(parents=True, exist_ok=True)
+    stamp = out / "synth.json"
+    if stamp.exists():
+        old = json.loads(stamp.read_text()).get("args")
+        if old != args:
+            raise SystemExit(f"synth: {out} already holds a corpus made with different arguments {old}; "
+                             f"choose another OUT or delete it")
+    stamp.write_text(json.dumps({"args": args, "complete": False}, indent=1))
+    plans = [p for s in splits for p in make_plans(s, hours if s == "train" else eval_hours, seed,
+                                                   min_minutes=lengths(s)[0], max_minutes=lengths(s)[1],
+                                                   meeting_fraction=meeting_fraction, voices=voices, shift=shift,
+                                                   cue=cue)]
+    todo = [p for p in plans if not (out / p.split / f"{p.id}.json").exists()]
+    print(f"synth: {len(plans)} recordings ({len(plans) - len(todo)} already done) -> {out}", file=sys.stderr)
+    t0 = time.perf_counter()
+    done = 0
+    with ProcessPoolExecutor(max_workers=max(1, jobs)) as pool:
+        futures = {pool.submit(write_recording, p, out): p for p in todo}
+        for fut in as_completed(futures):
+            meta = fut.result()
+            done += 1
+            print(f"synth: [{done}/{len(todo)}] {meta['id']} {meta['kind']} {meta['duration']:.0f} s, "
+                  f"{meta['words']} words ({time.perf_counter() - t0:.0f} s elapsed)", file=sys.stderr)
+    metas = [json.loads((out / "meta" / f"{p.id}.json").read_text()) for p in plans]
+    with (out / "recordings.jsonl").open("w") as fh:
+        for m in metas:
+            fh.write(json.dumps({k: v for k, v in m.items() if k != "sentence_starts"}) + "\n")
+    summary = {s: {"recordings": sum(m["split"] == s for m in metas),
+                   "hours": round(sum(m["duration"] for m in metas if m["split"] == s) / 3600, 4),
+                   "words": sum(m["words"] for m in metas if m["split"] == s), "spec": f"podcast:{out / s}"}
+               for s in splits}
+    if cue is not None:
+        for s in splits:
+            summary[s]["cue_words"] = sum(len(m.get("cues", ())) for m in metas if m["split"] == s)
+    stamp.write_text(json.dumps({"args": args, "complete": True, "splits": summary}, indent=1))
+    return summary
+
+
+def cli(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="python -m asr_core synth", description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("out", type=Path, help="output folder (see the layout below)")
+    ap.add_argument("--hours", type=float, required=True, help="hours of training audio (fractions allowed)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--eval-hours", type=float, default=None,
+                    help="hours in each of dev, test, test-shifted (default max(0.1, hours/10))")
+    ap.add_argument("--min-minutes", type=float, default=1.0)
+    ap.add_argument("--max-minutes", type=float, default=5.0)
+    ap.add_argument("--eval-max-minutes", type=float, default=None,
+                    help="cap on the length of dev/test/test-shifted recordings (default --max-minutes): shorter "
+                         "evaluation recordings give a paired test more of them")
+    ap.add_argument("--shift", choices=SHIFTS, default="far",
+                    help="test-shifted domain: far = unseen accents and voices (default); near = the training "
+                         "voices at unseen rates and pitches, in unseen rooms (for corpora made with --voices)")
+    ap.add_argument("--meeting-fraction", type=float, default=0.3, help="share of two-voice meetings")
+    ap.add_argument("--voices", type=int, default=0,
+                    help="limit train/dev/test to this many espeak-ng voices (0 = all 21); test-shifted is unchanged")
+    ap.add_argument("--cue", default="0", metavar="RATE[,NEAR-FAR][,gK]",
+                    help="plant a long-range cue: RATE homophones a minute spelt by the recording's topic, the "
+                         "nearest word giving the topic away NEAR-FAR seconds before each (default 20-60) and none "
+                         f"within NEAR seconds after; gK: only the first K of the {len(CUE_GROUPS)} homophone "
+                         "groups, every recording's topic one that owns a spelling in them (e.g. 10,2-6,g2: a "
+                         "concentrated plant); 0 (default) = none, the corpus as without this option")
+    ap.add_argument("--cue-report", action="store_true",
+                    help="print, per split, how often a window of 5/10/20/40/80 s holds a disambiguating word with "
+                         "each cue word")
+    ap.add_argument("--jobs", type=int, default=2, help="parallel processes (output does not depend on it)")
+    ap.add_argument("--splits", default=",".join(SPLITS), help=f"comma-separated subset of {','.join(SPLITS)}")
+    a = ap.parse_args(argv)
+    splits = tuple(s for s in a.splits.split(",") if s)
+    bad = [s for s in splits if s not in SPLITS]
+    if bad:
+        ap.error(f"--splits: unknown split {bad[0]!r}; valid: {', '.join(SPLITS)}")
+    if not a.hours > 0 or (a.eval_hours is not None and not a.eval_hours > 0):
+        ap.error("--hours and --eval-hours must be positive")
+    if not 0 < a.min_minutes <= a.max_minutes:
+        ap.error("--min-minutes must be positive and at most --max-minutes")
+    if a.eval_max_minutes is not None and not a.eval_max_minutes > 0:
+        ap.error(f"--eval-max-minutes must be positive, got {a.eval_max_minutes}")
+    if not 0 <= a.meeting_fraction <= 1:
+        ap.error("--meeting-fraction must be in [0, 1]")
+    n_voices = len(domain_voices(DOMAINS["in"]))
+    if not 0 <= a.voices <= n_voices:
+        ap.error(f"--voices must be 0 (all) or 1..{n_voices}, got {a.voices}")
+    try:
+        cue = CueConfig.parse(a.cue)
+    except ValueError as e:
+        ap.error(f"--cue: {e}")
+    summary = synthesise(a.out, a.hours, a.seed, eval_hours=a.eval_hours, min_minutes=a.min_minutes,
+                         max_minutes=a.max_minutes, meeting_fraction=a.meeting_fraction, jobs=a.jobs, splits=splits,
+                         voices=a.voices, shift=a.shift, eval_max_minutes=a.eval_max_minutes, cue=cue)
+    cued = cue.active
+    print(f"{'split':14s} {'recordings':>10s} {'hours':>7s} {'words':>7s}{' cue words  a minute' if cued else ''}"
+          "  spec")
+    for s, d in summary.items():
+        planted = f"{d['cue_words']:10d} {d['cue_words'] / max(d['hours'] * 60, 1e-9):9.2f}" if cued else ""
+        print(f"{s:14s} {d['recordings']:10d} {d['hours']:7.3f} {d['words']:7d}{planted}  {d['spec']}")
+    if a.cue_report:
+        print()
+        print(cue_report(a.out, splits))
+    return 0
+
+
+def cue_report(out: Path, splits: tuple[str, ...] = SPLITS, windows_s: tuple[float, ...] = WINDOWS_S) -> str:
+    """For each split of the corpus in ``out``: how often a window of each length holds a disambiguating word with
+    the cue word (:func:`asr_core.data.corpora.cues.containment`); ``before``: the window ends at the cue word,
+    ``placed``: the mean over the window's placements around the cue word, as moving-window decoding averages them."""
+    parts = ["planted cue: share of cue words whose disambiguating word a window holds (before: a window ending at "
+             "the cue word; placed: the mean over the window's placements around it)"]
+    for s in splits:
+        rows = containment(corpus_sites(out / s), windows_s)
+        if not rows or rows[0]["cue_words"] == 0:
+            parts.append(f"{s}: no planted words")
+            continue
+        parts.append(format_containment(rows, title=f"{s}:"))
+    return "\n\n".join(parts)

@@ -1,0 +1,1 @@
+"""Decoding long recordings: moving-window posteriors and CTC beam search with an optional language model."""

@@ -1,0 +1,277 @@
+"""Score another system's transcripts (Whisper, a vendor) exactly as ``evaluate`` scores a model.
+
+``python -m asr_core score --ref NAME=FORMAT:PATH --hyp [NAME=]FOLDER --system SYSTEM [--ref ... --hyp ...]
+[--out DIR] [--tracking-uri URI --experiment SWEEP] [--strict] [--verbose]``
+
+References are read with the corpus readers (:func:`asr_core.data.corpora.read_corpus`, ``audio=False``: no audio is
+needed). Hypotheses are a folder with one file per recording, named by its recording id: ``<id>.txt`` (plain text)
+or ``<id>.nlp`` (Rev's token format: the ``token`` column, ``<...>`` tags stripped as in the references); an id with
+a ``/`` (podcast episodes) is a sub-folder. ``--hyp NAME=FOLDER`` pairs a folder with the ``--ref`` of that name;
+unnamed ``--hyp`` folders pair with the ``--ref`` options in order.
+
+Scoring is ``evaluate``'s (:mod:`asr_core.evaluation.score`): Whisper's English normaliser on both sides, per-recording S/D/I
+counts, corpus WER = all errors / all reference words, in percent. A recording without a hypothesis file counts as
+empty output (all its words deleted) and is named on stderr; a hypothesis file without a reference recording is an
+error (exit 2) naming it, as are a bad ``--ref`` spec, a missing ``--hyp`` folder and an unreadable file.
+
+Prints the corpus WER per dataset (``--verbose``: and per recording); ``--out DIR`` writes ``DIR/<NAME>.csv`` with
+``evaluate``'s columns. With ``--tracking-uri`` (or ``MLFLOW_TRACKING_URI``) the result is recorded in MLflow in the
+form ``python -m analysis report`` lists beside the sweep's models: one run per system in experiment ``--experiment``
+(or ``MLFLOW_EXPERIMENT_NAME``; give the sweep's), tags ``sweep.role=external`` (:data:`ROLE_EXTERNAL`) and
+``external.system=SYSTEM`` (:data:`TAG_SYSTEM`), ``evaluate``'s metric keys (``wer/<NAME>``) and per-recording tables
+(artifact ``eval/<NAME>.csv``). Scoring the same system again updates its run (one run per system; the newest values
+are the ones shown).
+
+Exit codes: 0 done; 1 MLflow did not take the result (the scores were printed, and written with ``--out``); 2 bad
+arguments or data.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from asr_core.data.corpora import CorpusError, parse_dataset_spec, read_corpus
+from asr_core.contract.trial import EVAL_DIR, ROLE_EXTERNAL, TAG_ROLE, TAG_SYSTEM
+
+TAG_REF = "external.ref.{}"  # the reference spec a dataset name stood for
+TAG_HYP = "external.hyp.{}"  # the hypothesis folder
+TAG_MISSING = "external.missing.{}"  # recordings without a hypothesis file (scored as empty output)
+HYP_SUFFIXES = (".txt", ".nlp")
+EXIT_OK, EXIT_TRACKING, EXIT_USAGE = 0, 1, 2
+
+
+class ScoreError(ValueError):
+    """Bad arguments or data; the message names the file, folder or option."""
+
+
+@dataclass
+class Scored:
+    """One dataset's result: per-recording rows (``evaluate``'s columns), its corpus WER and the recordings that had
+    no hypothesis file."""
+
+    name: str
+    spec: str
+    hyp_dir: Path
+    rows: list[dict[str, Any]]
+    wer: float
+    missing: list[str]
+
+
+def read_hypotheses(folder: Path) -> dict[str, tuple[Path, str]]:
+    """``{recording id: (file, text)}`` for every ``<id>.txt`` / ``<id>.nlp`` below ``folder``."""
+    from asr_core.data.corpora.earnings22 import NlpError, parse_nlp
+
+    if not folder.exists():
+        raise ScoreError(f"hypothesis folder {folder} does not exist")
+    if not folder.is_dir():
+        raise ScoreError(f"--hyp {folder} is not a folder (give a folder of <recording id>.txt or .nlp files)")
+    out: dict[str, tuple[Path, str]] = {}
+    files = sorted(p for p in folder.rglob("*") if p.suffix in HYP_SUFFIXES and p.is_file())
+    for f in files:
+        rec_id = f.relative_to(folder).with_suffix("").as_posix()
+        if rec_id in out:
+            raise ScoreError(f"two hypotheses for recording {rec_id!r}: {out[rec_id][0]} and {f}; keep one")
+        try:
+            text = f.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise ScoreError(f"hypothesis {f} cannot be read: {e}") from None
+        if f.suffix == ".nlp":
+            try:
+                text = " ".join(w.text for w in parse_nlp(text).words)
+            except NlpError as e:
+                raise ScoreError(f"hypothesis {f}: {e}") from None
+        out[rec_id] = (f, text)
+    if not out:
+        raise ScoreError(f"hypothesis folder {folder} holds no <recording id>.txt or .nlp files")
+    return out
+
+
+def score_dataset(name: str, spec: str, hyp_dir: Path, *, strict: bool = False) -> Scored:
+    """Score the hypotheses in ``hyp_dir`` against the references of ``spec``, as ``evaluate`` scores a model."""
+    from asr_core.evaluation.evaluate import condition_name
+    from asr_core.evaluation.score import Counts, corpus_wer, normalise, score
+
+    hyps = read_hypotheses(hyp_dir)
+    report = read_corpus(spec, strict=strict, audio=False)
+    ids = {r.id for r in report.recordings}
+    stray = sorted(set(hyps) - ids)
+    if stray:
+        more = f" and {len(stray) - 5} more" if len(stray) > 5 else ""
+        files = ", ".join(str(hyps[i][0]) for i in stray[:5]) + more
+        names = {Path(i).name for i in stray}
+        why = "; ".join(f"{f}: {reason}" for f, reason in report.skipped if Path(f).stem in names)
+        raise ScoreError(f"{len(stray)} hypotheses have no reference recording in {name} ({spec}): {files}"
+                         + (f" (the reader skipped {why})" if why else "")
+                         + f"; its recordings are e.g. {', '.join(sorted(ids)[:3])}")
+    rows, missing = [], []
+    for rec in report.recordings:
+        if rec.id in hyps:
+            text = hyps[rec.id][1]
+        else:
+            text = ""
+            missing.append(rec.id)
+        c = score(normalise(rec.text), normalise(text), normalised=True)
+        rows.append({"dataset": name, "condition": condition_name(None), "snr_db": None, "recording": rec.id,
+                     "ref_words": c.ref_words, "substitutions": c.substitutions, "deletions": c.deletions,
+                     "insertions": c.insertions, "hyp_words": c.hyp_words, "wer": c.wer})
+    if missing:
+        print(f"score: {name}: {len(missing)} of {len(rows)} recordings have no hypothesis in {hyp_dir} and count as "
+              f"empty output: {', '.join(missing[:10])}{', ...' if len(missing) > 10 else ''}", file=sys.stderr)
+    wer = corpus_wer(Counts(r["ref_words"], r["substitutions"], r["deletions"], r["insertions"], r["hyp_words"])
+                     for r in rows)
+    return Scored(name, spec, hyp_dir, rows, wer, missing)
+
+
+def pair_hypotheses(refs: list[tuple[str, str]], hyps: list[str]) -> list[tuple[str, str, Path]]:
+    """``(name, spec, hypothesis folder)`` per ``--ref``: ``--hyp NAME=FOLDER`` by name, unnamed ones in order."""
+    names = [n for n, _ in refs]
+    named: dict[str, Path] = {}
+    unnamed: list[Path] = []
+    for h in hyps:
+        head, sep, rest = h.partition("=")
+        if sep and head in names:
+            if head in named:
+                raise ScoreError(f"--hyp {h}: dataset {head!r} already has hypotheses {named[head]}")
+            named[head] = Path(rest)
+        else:
+            unnamed.append(Path(h))
+    if named and unnamed:
+        raise ScoreError(f"--hyp: name every folder (NAME=FOLDER, NAME one of {', '.join(names)}) or none; "
+                         f"unnamed: {', '.join(map(str, unnamed))}")
+    if unnamed:
+        if len(unnamed) != len(refs):
+            raise ScoreError(f"{len(refs)} --ref but {len(unnamed)} --hyp: give one hypothesis folder per reference, "
+                             f"in the same order, or name them (--hyp NAME=FOLDER)")
+        return [(n, s, h) for (n, s), h in zip(refs, unnamed)]
+    lacking = [n for n in names if n not in named]
+    if lacking:
+        raise ScoreError(f"no --hyp for {', '.join(lacking)} (give --hyp NAME=FOLDER)")
+    return [(n, s, named[n]) for n, s in refs]
+
+
+def write_table(scored: Scored, out: Path) -> Path:
+    import pandas as pd
+
+    from asr_core.evaluation.evaluate import CSV_COLUMNS
+
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{scored.name}.csv"
+    pd.DataFrame(scored.rows, columns=CSV_COLUMNS).to_csv(path, index=False)
+    return path
+
+
+def record(results: list[Scored], tables: dict[str, Path], system: str, tracking_uri: str, experiment: str) -> str:
+    """Record ``results`` in the run of ``system`` in ``experiment`` (created when missing); returns its id."""
+    from mlflow.entities import Metric, RunTag
+    from mlflow.tracking import MlflowClient
+
+    from asr_core.evaluation.evaluate import metric_key
+
+    client = MlflowClient(tracking_uri)
+    exp = client.get_experiment_by_name(experiment)
+    exp_id = exp.experiment_id if exp is not None else client.create_experiment(experiment)
+    found = client.search_runs([exp_id], f"tags.`{TAG_ROLE}` = '{ROLE_EXTERNAL}' and tags.`{TAG_SYSTEM}` = '{system}'",
+                               order_by=["attributes.start_time DESC"], max_results=1)
+    if found:
+        run_id = found[0].info.run_id
+    else:
+        run_id = client.create_run(exp_id, tags={TAG_ROLE: ROLE_EXTERNAL, TAG_SYSTEM: system},
+                                   run_name=f"external-{system}").info.run_id
+    now = int(time.time() * 1000)
+    metrics = [Metric(metric_key(s.name), s.wer, now, 0) for s in results if not math.isnan(s.wer)]
+    tags = [RunTag(TAG_ROLE, ROLE_EXTERNAL), RunTag(TAG_SYSTEM, system)]
+    for s in results:
+        tags += [RunTag(TAG_REF.format(s.name), s.spec), RunTag(TAG_HYP.format(s.name), str(s.hyp_dir.resolve())),
+                 RunTag(TAG_MISSING.format(s.name), str(len(s.missing)))]
+    client.log_batch(run_id, metrics=metrics, tags=tags)
+    for path in tables.values():
+        client.log_artifact(run_id, str(path), EVAL_DIR)
+    client.set_terminated(run_id, "FINISHED")
+    return run_id
+
+
+def _summary(results: list[Scored], system: str, verbose: bool) -> str:
+    import pandas as pd
+
+    from asr_core.evaluation.evaluate import CSV_COLUMNS
+
+    lines = []
+    if verbose:
+        for s in results:
+            table = pd.DataFrame(s.rows, columns=CSV_COLUMNS).drop(columns=["condition", "snr_db"])
+            lines += [table.round(2).to_string(index=False), ""]
+    rows = []
+    for s in results:
+        t = pd.DataFrame(s.rows, columns=CSV_COLUMNS)
+        rows.append({"system": system, "dataset": s.name, "recordings": len(t), "missing": len(s.missing),
+                     "ref_words": int(t.ref_words.sum()), "substitutions": int(t.substitutions.sum()),
+                     "deletions": int(t.deletions.sum()), "insertions": int(t.insertions.sum()), "wer": s.wer})
+    lines.append(pd.DataFrame(rows).round(2).to_string(index=False))
+    return "\n".join(lines)
+
+
+def cli(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="python -m asr_core score", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--ref", action="append", required=True, metavar="NAME=FORMAT:PATH",
+                    help="a reference test set (repeatable), read without audio")
+    ap.add_argument("--hyp", action="append", required=True, metavar="[NAME=]FOLDER",
+                    help="a folder of <recording id>.txt or .nlp hypotheses (one per --ref, in order, or named)")
+    ap.add_argument("--system", required=True, help="the system's name, e.g. whisper-large-v3")
+    ap.add_argument("--out", type=Path, default=None, help="write OUT/<NAME>.csv (evaluate's columns)")
+    ap.add_argument("--tracking-uri", default=None, help="record the result in MLflow (default: MLFLOW_TRACKING_URI)")
+    ap.add_argument("--experiment", default=None, help="the sweep's MLflow experiment (default: "
+                    "MLFLOW_EXPERIMENT_NAME); the run is listed by python -m analysis report --experiment")
+    ap.add_argument("--strict", action="store_true", help="a bad reference file is fatal instead of skipped")
+    ap.add_argument("--verbose", action="store_true", help="also print the per-recording table")
+    a = ap.parse_args(argv)
+    tracking_uri = a.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or None
+    experiment = a.experiment or os.environ.get("MLFLOW_EXPERIMENT_NAME") or None
+    try:
+        system = a.system.strip()
+        if not system or any(c in system for c in "'\"\\\n"):
+            raise ScoreError(f"--system {a.system!r}: give a name without quotes or backslashes")
+        if tracking_uri and not experiment:
+            raise ScoreError(f"recording in MLflow at {tracking_uri} needs --experiment (the sweep's experiment, so "
+                             f"that python -m analysis report lists the system beside its models)")
+        try:
+            refs = [parse_dataset_spec(r) for r in a.ref]
+        except CorpusError as e:
+            raise ScoreError(f"--ref: {e}") from None
+        names = [n for n, _ in refs]
+        if len(set(names)) != len(names):
+            raise ScoreError(f"--ref names must be unique, got {names}")
+        pairs = pair_hypotheses(refs, a.hyp)
+        for _, _, folder in pairs:  # every folder checked before any reading
+            if not folder.is_dir():
+                raise ScoreError(f"hypothesis folder {folder} "
+                                 f"{'is not a folder' if folder.exists() else 'does not exist'}")
+        results = [score_dataset(n, s, h, strict=a.strict) for n, s, h in pairs]
+    except (ScoreError, CorpusError) as e:
+        print(f"score: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    print(_summary(results, system, a.verbose))
+    out = a.out if a.out is not None else (Path(tempfile.mkdtemp(prefix="asr-score-")) if tracking_uri else None)
+    tables = {s.name: write_table(s, out) for s in results} if out is not None else {}
+    if a.out is not None:
+        print(f"score: tables in {a.out}", file=sys.stderr)
+    if tracking_uri:
+        from asr_core.runtime.outbox import fail_fast_http
+
+        fail_fast_http()
+        try:
+            run_id = record(results, tables, system, tracking_uri, experiment or "")
+        except Exception as e:  # any MLflow or network failure: the scores are printed already
+            print(f"score: MLflow at {tracking_uri} did not take the result: {type(e).__name__}: {e}",
+                  file=sys.stderr)
+            return EXIT_TRACKING
+        print(f"score: recorded {system} in MLflow run {run_id} (experiment {experiment!r} at {tracking_uri})",
+              file=sys.stderr)
+    return EXIT_OK

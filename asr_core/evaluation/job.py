@@ -1,0 +1,95 @@
+"""The stage an evaluation job runs in place of training (:mod:`asr_core.contract.evaluation`).
+
+``python -m asr_core trial`` runs it when its folder holds ``evaluation.json``: the trial job's lease, segments,
+attempts, progress, signals and outbox all apply, but it trains nothing, writes nothing into the model's folder, and
+tells the model's run only metrics, tags and tables (never its status).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from asr_core.runtime import signals
+from asr_core.contract.evaluation import EvaluationSpec, evaluation_tag, read_evaluation
+from asr_core.contract.trial import TrialFolder
+
+if TYPE_CHECKING:
+    from asr_core.config import Config
+    from asr_core.runtime.outbox import Outbox
+    from asr_core.contract.trial import ProgressLog
+
+
+class EvaluationInterrupted(Exception):
+    """SIGUSR2/SIGTERM during evaluation: evaluation has no checkpoint, so it simply starts again on requeue."""
+
+
+def _fault(progress: "ProgressLog") -> None:
+    """``ASR_CORE_FAULT=sleep-in-eval:S`` (tests of the orchestration only, as the trainer's faults): the job
+    sleeps S seconds before decoding, with an ``eval`` progress record, so a test can kill it there."""
+    fault = os.environ.get("ASR_CORE_FAULT", "")
+    if fault.startswith("sleep-in-eval:"):
+        progress.write("eval", 0, 1, "fault")
+        time.sleep(float(fault.split(":", 1)[1]))
+
+
+def earlier_tables(spec: EvaluationSpec) -> list[Path]:
+    """The folders whose tables the job merges into its own: the model's own evaluation (``eval/``), then every
+    finished evaluation job of the same model and name, oldest first (:func:`asr_core.evaluation.evaluate.evaluate`'s
+    ``tables_from``)."""
+    model = TrialFolder(Path(spec.model_dir))
+    out = [model.eval_dir]
+    siblings = []
+    for d in model.path.parent.glob(f"{spec.model}-*"):
+        if d.name == spec.key or not TrialFolder(d).done.exists():
+            continue
+        try:
+            other = read_evaluation(d)
+        except ValueError:
+            continue
+        if other is not None and other.name == spec.name and other.model == spec.model:
+            siblings.append((other.created, d))
+    out += [TrialFolder(d).eval_dir for _, d in sorted(siblings)]
+    return out
+
+
+def check_model(spec: EvaluationSpec) -> Path:
+    """The model's checkpoint, once its training is finished; an error saying what to do otherwise."""
+    model = TrialFolder(Path(spec.model_dir))
+    if not (model.trained.exists() or model.done.exists()):
+        raise RuntimeError(f"evaluation {spec.key}: model {spec.model} has not finished training ({model.path} has "
+                           "no TRAINED marker); its own job evaluates it at the end of training")
+    if not spec.checkpoint.is_file():
+        raise FileNotFoundError(f"evaluation {spec.key}: the checkpoint of model {spec.model} is missing "
+                                f"({spec.checkpoint})")
+    return spec.checkpoint
+
+
+def run_evaluation(spec: EvaluationSpec, cfg: "Config", folder: TrialFolder, tracking_uri: str | None,
+                   run_id: str | None, progress: "ProgressLog", outbox: "Outbox | None") -> None:
+    """Decode ``spec.conditions`` of ``spec.datasets`` with the model's checkpoint (greedy, or the spec's beam
+    decoder) into ``folder/eval`` and the model's run; a stop signal interrupts it at once
+    (:class:`EvaluationInterrupted`)."""
+    from asr_core.evaluation.evaluate import beam_decoding, evaluate
+
+    checkpoint = check_model(spec)
+    beam = None
+    stride = cfg.eval.stride
+    if spec.decoder is not None:
+        d = spec.decoder
+        beam = beam_decoding("beam", lm_path=Path(d["lm"]) if d.get("lm") else None,
+                             alpha=d.get("alpha") if d.get("lm") else None, beta=d.get("beta"),
+                             beam_width=d.get("beam_width"), lm_context=d.get("lm_context"),
+                             prompt=Path(d["prompt"]) if d.get("prompt") else None, name=spec.name,
+                             tokenizer_of=checkpoint)
+        stride = d.get("stride") or stride
+    with signals.installed(), signals.raising(EvaluationInterrupted):
+        _fault(progress)
+        evaluate(checkpoint, list(spec.datasets), [], stride=stride, batch_windows=cfg.eval.batch_windows,
+                 noise=cfg.eval.noise, tracking_uri=tracking_uri, run_id=run_id, out_dir=folder.eval_dir,
+                 progress=progress, outbox=outbox, log=outbox is not None, precision=cfg.eval.precision, beam=beam,
+                 conditions=spec.conditions, tables_from=earlier_tables(spec))
+    if outbox is not None:
+        outbox.tags(evaluation_tag(spec.key.rsplit("-", 1)[-1], spec.name, spec.conditions, spec.setting))

@@ -1,0 +1,1 @@
+"""Training: the loop, the objective and checkpoints (one reader for every checkpoint)."""

@@ -1,0 +1,116 @@
+"""Checkpoints: atomic, self-describing, loaded without unpickling code (``weights_only=True``).
+
+The dict (docs/ARCHITECTURE.md): ``config`` (``Config.to_dict()``), ``model``, ``optimizer`` (dropped once a trial's
+training is finished: :func:`drop_optimizer_state`), ``step``,
+``schedule``, ``rng``, ``data_position``, ``mlflow_run_id``, ``tracking_uri``, ``tokenizer`` (SentencePiece model
+bytes), ``format_version``. Everything in it is a tensor, a number, a string, bytes or a container of those, so
+the restricted unpickler accepts it.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from asr_core.config import Config
+from asr_core.model.acoustic import AcousticModel, build_model
+from asr_core.data.tokenizer import Tokenizer
+
+FORMAT_VERSION = 1
+REQUIRED = ("config", "model", "tokenizer", "format_version")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file is missing, unreadable or not one of ours; the message names the file."""
+
+
+def save_checkpoint(path: str | Path, state: dict[str, Any]) -> Path:
+    """Write ``state`` to ``path`` atomically: a temporary file in the same folder, fsync, ``os.replace``.
+    A crash at any moment leaves either the old checkpoint or the new one, never half of one."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def load_checkpoint(path: str | Path) -> dict[str, Any]:
+    """Read a checkpoint on the CPU with the restricted (``weights_only``) unpickler."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint not found: {path}")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise CheckpointError(f"{path}: not a readable checkpoint ({type(e).__name__}: {e})") from None
+    if not isinstance(state, dict) or any(k not in state for k in REQUIRED):
+        raise CheckpointError(f"{path}: not an asr_core checkpoint (needs keys {', '.join(REQUIRED)})")
+    if state["format_version"] > FORMAT_VERSION:
+        raise CheckpointError(f"{path}: format_version {state['format_version']} is newer than this code "
+                              f"({FORMAT_VERSION}); update asr_core")
+    return state
+
+
+def drop_optimizer_state(path: str | Path) -> int:
+    """Rewrite the checkpoint at ``path`` without its optimizer state, atomically; the bytes saved (0 when it has
+    none). For a model whose training is finished: the optimizer state is 2-3x the weights (Madgrad keeps three
+    tensors per parameter), 1.4-5 GB a checkpoint for the paper's models, and only a resumed training reads it."""
+    path = Path(path)
+    state = load_checkpoint(path)
+    if state.get("optimizer") is None:
+        return 0
+    before = path.stat().st_size
+    del state["optimizer"]
+    save_checkpoint(path, state)
+    return before - path.stat().st_size
+
+
+def load_for_eval(path: str | Path, device: str | torch.device = "cpu") -> tuple[AcousticModel, Config, Tokenizer]:
+    """(model in eval mode on ``device``, its config, its tokenizer) from a training checkpoint."""
+    state = load_checkpoint(path)
+    cfg = Config.from_stored(state["config"], source=str(path))
+    model = build_model(cfg.model, cfg.data.features.n_mels)
+    model.load_state_dict(state["model"])
+    tok = Tokenizer.from_bytes(state["tokenizer"])
+    if tok.vocab_size != cfg.model.vocab_size:
+        raise CheckpointError(f"{path}: tokenizer has {tok.vocab_size} outputs, model {cfg.model.vocab_size}")
+    return model.to(device).eval(), cfg, tok
+
+
+# ---- random number generator state ----------------------------------------------------------------------------
+def rng_state() -> dict[str, Any]:
+    """Python, numpy, torch (and CUDA) generator states in weights_only-safe types."""
+    np_state = np.random.get_state()
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": {"name": np_state[0], "keys": torch.from_numpy(np_state[1].astype(np.int64)),
+                  "pos": int(np_state[2]), "has_gauss": int(np_state[3]), "cached": float(np_state[4])},
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    py = state["python"]
+    random.setstate((py[0], tuple(py[1]), py[2]))
+    n = state["numpy"]
+    np.random.set_state((n["name"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached"]))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
