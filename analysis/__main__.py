@@ -28,12 +28,14 @@ import logging
 import sys
 from typing import TYPE_CHECKING
 
-from . import stats
-from .collect import CLEAN, CollectError, Sweep, collect, condition_name, greedy_rows
-from .werr import DEFAULT_BASELINE_CONTEXT_S, SelectionError, compare_configs, format_seconds, resolve_config
+from analysis import stats
+from analysis.collect import Sweep, collect, greedy_rows
+from analysis.fetch import CollectError
+from analysis.werr import DEFAULT_BASELINE_CONTEXT_S, SelectionError, compare_configs, format_seconds, resolve_config
+from asr_core.contract.metrics import CLEAN, condition_name
 
 if TYPE_CHECKING:
-    from .report import Report
+    from analysis.report import Report
 
 EXIT_USAGE = 2
 EXIT_DATA = 3
@@ -82,7 +84,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from .report import build_report
+    from analysis.report import build_report
 
     if not 0 < args.alpha < 1 or not 0 < args.level < 1 or args.bootstrap < 100 or args.baseline_context <= 0:
         print("error: --alpha and --level must lie in (0, 1), --bootstrap be at least 100 and --baseline-context "
@@ -109,7 +111,7 @@ def _log_report(args: argparse.Namespace, rep: Report, sweep: Sweep) -> int:
     import mlflow
     from mlflow.exceptions import MlflowException
 
-    from .dashboard import ARTIFACT_DIR, DashboardError, publish
+    from analysis.dashboard import ARTIFACT_DIR, DashboardError, publish
 
     uri = args.tracking_uri or mlflow.get_tracking_uri()
     files = [rep.html, rep.markdown, *(f.path for f in rep.figures), *rep.csvs.values()]

@@ -2,8 +2,9 @@
 
 A synthetic corpus made with ``synth --cue`` plants homophones whose spelling only a word far back decides
 (docs/ARCHITECTURE.md, "Planted cue"); evaluation counts, per recording, the planted words (``cue_words``) and those
-substituted or deleted (``cue_errors``) in ``eval/<DATASET>.csv`` (:data:`analysis.collect.CUE_COLUMNS`). A model that
-uses long context should get them right more often as its context grows; one whose long context is broken cannot.
+substituted or deleted (``cue_errors``) in ``eval/<DATASET>.csv`` (:data:`asr_core.contract.metrics.CUE_COLUMNS`).
+A model that uses long context should get them right more often as its context grows; one whose long context is
+broken cannot.
 
 Here, per family, series, dataset and condition (greedy decoding) and per context length:
 
@@ -31,10 +32,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from . import stats
-from .collect import CLEAN, Sweep, greedy_rows
-from .plots import MAX_PANELS, Figure, _context_axis, _panels, _save, series_labels
-from .werr import _stable_seed, family_rows, find_baseline, format_seconds
+from analysis import stats
+from analysis.collect import Sweep, greedy_rows
+from analysis.plots import MAX_PANELS, Figure, context_axis, panels, save, series_labels
+from analysis.werr import family_rows, find_baseline, format_seconds, stable_seed
+from asr_core.contract.metrics import CLEAN
 
 MEASURES = ("cue", "wer", "noncue")  # cue words; all words; the other (not planted) words
 MEASURE_NAMES = {"cue": "cue-word error rate", "wer": "WER", "noncue": "WER on the other words"}
@@ -137,7 +139,7 @@ def paired_pvalues(index: CueIndex, config_a: str, config_b: str, dataset: str, 
     for name, table in zip(names, (a, b)):
         if not table:
             raise stats.PairingError(f"configuration {name} has no per-recording cue counts{where}")
-    seed = _stable_seed(config_a, config_b, dataset, condition, "cue")
+    seed = stable_seed(config_a, config_b, dataset, condition, "cue")
     out = {}
     for m in MEASURES:
         pc = stats.pair_counts(_measure(a, m), _measure(b, m), name_a=names[0] + where, name_b=names[1] + where)
@@ -293,7 +295,7 @@ def draw_cue_figures(sweep: Sweep, table: pd.DataFrame, out_dir: Path) -> list[F
         labels = series_labels(sweep, sorted(grp["series_id"].unique()))
         several = len(labels) > 1
         title = f"Planted cue: cue-word error rate and WER vs context, family {fam}"
-        fig, axes = _panels(len(datasets), title)
+        fig, axes = panels(len(datasets), title)
         for ax, ds in zip(axes, datasets):
             part = grp[grp["dataset"] == ds]
             for sid, g in part.groupby("series_id", sort=True):
@@ -303,12 +305,12 @@ def draw_cue_figures(sweep: Sweep, table: pd.DataFrame, out_dir: Path) -> list[F
                 _band(ax, g["context_s"], g["wer"], g["wer_min"], g["wer_max"], f"WER{tail}", "--", c)
                 ax.plot(g["context_s"].sort_values(), g.sort_values("context_s")["noncue_wer"], ":", color=c,
                         label=f"WER, other words{tail}")
-            _context_axis(ax, part["context_s"].tolist())
+            context_axis(ax, part["context_s"].tolist())
             ax.set_ylabel("error rate (%), greedy, clean")
             ax.set_title(ds)
             ax.legend(fontsize="small")
         key = f"cue_vs_context_{fam}"
         figs.append(Figure(key, title, f"Family {fam}: the planted words' error rate (substituted or deleted, pooled "
                                        "over recordings) and WER, mean over seeds; dotted: WER on the words that are "
-                                       "not planted. Shaded: min–max over seeds.", _save(fig, out_dir, key)))
+                                       "not planted. Shaded: min–max over seeds.", save(fig, out_dir, key)))
     return figs

@@ -28,9 +28,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from . import stats
-from .collect import CLEAN, Sweep, greedy_rows
-from .werr import _stable_seed, format_seconds, recording_index, verdict
+from analysis import stats
+from analysis.collect import Sweep, greedy_rows
+from analysis.werr import format_seconds, recording_index, stable_seed, verdict
+from asr_core.contract.metrics import CLEAN
 
 NO_LM = "none"  # the tag's lm when the beam search ran without an LM (asr_core.evaluation.evaluate.beam_decoding)
 
@@ -151,7 +152,7 @@ def decoder_table(sweep: Sweep, *, alpha: float = 0.05, level: float = 0.95,
                     pc = stats.pair_counts(a, b, name_a=f"{first['config']} greedy on {ds}/{cond}",
                                            name_b=f"{first['config']} {dec['decoder']} on {ds}/{cond}")
                     res = stats.compare(pc, level=level, bootstrap_resamples=bootstrap_resamples,
-                                        seed=_stable_seed(cid, dec["decoder"], ds, cond), shared_seeds=True)
+                                        seed=stable_seed(cid, dec["decoder"], ds, cond), shared_seeds=True)
                 except stats.PairingError as e:
                     notes.append(f"not tested: {e}")
                 else:

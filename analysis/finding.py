@@ -22,9 +22,10 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pandas as pd
 
-from . import stats
-from .collect import CLEAN, Sweep
-from .werr import compare_configs, in_family, recording_index, wer_table
+from analysis import stats
+from analysis.collect import Sweep
+from analysis.werr import compare_configs, in_family, recording_index, wer_table
+from asr_core.contract.metrics import CLEAN
 
 
 UNTRAINED_WER = 99.0  # clean WER at or above which a model counts as not yet trained (blank or garbage output)

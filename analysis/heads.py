@@ -21,9 +21,10 @@ import math
 import numpy as np
 import pandas as pd
 
-from . import stats
-from .collect import CLEAN, Sweep
-from .werr import _stable_seed, format_seconds, in_family, varying_params, wer_table
+from analysis import stats
+from analysis.collect import Sweep
+from analysis.werr import format_seconds, in_family, stable_seed, varying_params, wer_table
+from asr_core.contract.metrics import CLEAN
 
 REPRESENTATIONS = ("A", "Q", "K", "V", "Y")
 HEAD_KEYS = ("model.heads",)
@@ -87,7 +88,7 @@ def tracking_table(table: pd.DataFrame, representation: str, *, alpha: float = 0
         n = len(grp)
         best, longest = grp.loc[grp["wer_mean"].idxmin()], grp.iloc[-1]
         if n >= MIN_CONTEXTS:
-            rc = stats.rank_correlation(grp["sum_mean"], grp["wer_mean"], seed=_stable_seed(fam, sid, ds))
+            rc = stats.rank_correlation(grp["sum_mean"], grp["wer_mean"], seed=stable_seed(fam, sid, ds))
         else:
             rc = stats.RankCorrelation(math.nan, math.nan, n, True)
         rows.append({"family": fam, "series": grp["series"].iloc[0], "series_id": sid, "dataset": ds,

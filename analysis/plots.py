@@ -23,9 +23,11 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.ticker import FixedLocator, NullLocator  # noqa: E402
 
-from .collect import CLEAN, Sweep, describe_params, greedy_rows  # noqa: E402
-from .heads import HEAD_KEYS, SIZE_KEYS  # noqa: E402
-from .werr import format_seconds, in_family, varying_params  # noqa: E402
+from analysis.collect import Sweep, greedy_rows  # noqa: E402
+from analysis.heads import HEAD_KEYS, SIZE_KEYS  # noqa: E402
+from analysis.naming import describe_params  # noqa: E402
+from analysis.werr import format_seconds, in_family, varying_params  # noqa: E402
+from asr_core.contract.metrics import CLEAN  # noqa: E402
 
 MAX_PANELS = 4  # datasets per figure; more would be unreadable at report width
 POSENC_KEYS = ("model.posenc", "model.rotary_theta")
@@ -89,7 +91,7 @@ def series_labels(sweep: Sweep, series_ids: list[str], always: tuple[str, ...] =
     return out
 
 
-def _context_axis(ax: plt.Axes, contexts: list[float]) -> None:
+def context_axis(ax: plt.Axes, contexts: list[float]) -> None:
     """Log-scale context axis, ticked at the lengths the sweep trained, labelled in seconds/minutes/hours."""
     ax.set_xscale("log")
     ticks = sorted(set(round(c, 6) for c in contexts))
@@ -108,14 +110,16 @@ def _line(ax: plt.Axes, x: pd.Series, mean: pd.Series, lo: pd.Series, hi: pd.Ser
     ax.fill_between(xs, ls, hs, color=line.get_color(), alpha=0.2, linewidth=0)
 
 
-def _panels(n: int, title: str) -> tuple[plt.Figure, list[plt.Axes]]:
+def panels(n: int, title: str) -> tuple[plt.Figure, list[plt.Axes]]:
+    """A figure of ``n`` side-by-side panels (at most :data:`MAX_PANELS`) under ``title``, wrapped to fit."""
     n = max(1, min(n, MAX_PANELS))
     fig, axes = plt.subplots(1, n, figsize=(5.2 * n, 4.2), squeeze=False)
     fig.suptitle("\n".join(textwrap.wrap(title, width=48 * n)), fontsize=11)
     return fig, list(axes[0])
 
 
-def _save(fig: plt.Figure, out_dir: Path, key: str) -> Path:
+def save(fig: plt.Figure, out_dir: Path, key: str) -> Path:
+    """Write ``fig`` to ``OUT/<key>.png`` and close it."""
     path = out_dir / f"{key}.png"
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -140,16 +144,16 @@ def draw_figures(sweep: Sweep, werr: pd.DataFrame, wer: pd.DataFrame, out_dir: P
     if rows.empty or rows["context_s"].nunique() < 2:
         skipped.append(Skipped("fig1", title1, "no family has WERR at two or more context lengths on clean data"))
     else:
-        fig, (ax,) = _panels(1, f"{title1} ({main})")
+        fig, (ax,) = panels(1, f"{title1} ({main})")
         for ds, grp in rows.groupby("dataset"):
             _line(ax, grp["context_s"], grp["werr"], grp["werr_min"], grp["werr_max"], ds)
-        _context_axis(ax, rows["context_s"].tolist())
+        context_axis(ax, rows["context_s"].tolist())
         ax.axhline(0, color="grey", lw=0.8)
         ax.set_ylabel(f"WERR vs {base_txt} (%)")
         ax.legend()
         key = f"fig1_werr_vs_context_{main}"
         figs.append(Figure(key, title1, f"Family {main}, series {rows['series'].iloc[0]}. {spread}",
-                           _save(fig, out_dir, key)))
+                           save(fig, out_dir, key)))
 
     # Figure 2: WERR vs SNR per context
     title2 = f"Fig. 2: WERR from the {base_txt} model vs SNR of added music, per context"
@@ -161,7 +165,7 @@ def draw_figures(sweep: Sweep, werr: pd.DataFrame, wer: pd.DataFrame, out_dir: P
                                                "metrics) in a family with a baseline"))
     else:
         datasets = sorted(rows["dataset"].unique())
-        fig, axes = _panels(len(datasets), title2)
+        fig, axes = panels(len(datasets), title2)
         for ax, ds in zip(axes, datasets):
             for ctx, grp in rows[rows["dataset"] == ds].groupby("context_s"):
                 _line(ax, grp["snr_db"], grp["werr"], grp["werr_min"], grp["werr_max"], format_seconds(ctx))
@@ -173,7 +177,7 @@ def draw_figures(sweep: Sweep, werr: pd.DataFrame, wer: pd.DataFrame, out_dir: P
             ax.legend(title="context", fontsize="small")
         key = f"fig2_werr_vs_snr_{main}"
         figs.append(Figure(key, title2, f"Family {main}; the baseline at each SNR is the {base_txt} model at that "
-                                        f"SNR. {spread}" + _cut(datasets), _save(fig, out_dir, key)))
+                                        f"SNR. {spread}" + _cut(datasets), save(fig, out_dir, key)))
 
     # Figures 3-5: one line per series of a family that varies the encoding, the size or the heads
     specs = [  # (tag, title, y, params whose variation calls for it, params that must not vary, legend params)
@@ -196,21 +200,21 @@ def draw_figures(sweep: Sweep, werr: pd.DataFrame, wer: pd.DataFrame, out_dir: P
                 continue
             labels = series_labels(sweep, sorted(rows["series_id"].unique()), legend)
             datasets = sorted(rows["dataset"].unique())
-            fig, axes = _panels(len(datasets), f"{title} ({fam})")
+            fig, axes = panels(len(datasets), f"{title} ({fam})")
             for ax, ds in zip(axes, datasets):
                 for sid, grp in rows[rows["dataset"] == ds].groupby("series_id"):
                     if what == "wer":
                         _line(ax, grp["context_s"], grp["wer_mean"], grp["wer_min"], grp["wer_max"], labels[sid])
                     else:
                         _line(ax, grp["context_s"], grp["werr"], grp["werr_min"], grp["werr_max"], labels[sid])
-                _context_axis(ax, rows["context_s"].tolist())
+                context_axis(ax, rows["context_s"].tolist())
                 ax.set_title(ds)
                 ax.set_ylabel("WER (%)" if what == "wer" else f"WERR vs {base_txt} (%)")
                 if what == "werr":
                     ax.axhline(0, color="grey", lw=0.8)
                 ax.legend(fontsize="small")
             key = f"{tag}_{what}_vs_context_{fam}"
-            figs.append(Figure(key, title, f"Family {fam}. {spread}" + _cut(datasets), _save(fig, out_dir, key)))
+            figs.append(Figure(key, title, f"Family {fam}. {spread}" + _cut(datasets), save(fig, out_dir, key)))
             drawn = True
         if not drawn:
             skipped.append(Skipped(tag, title, why if not fams else
@@ -242,14 +246,14 @@ def draw_heads_figures(sweep: Sweep, table: pd.DataFrame, out_dir: Path, represe
                                    "head metrics at fewer than two context lengths"))
             continue
         labels = series_labels(sweep, sorted(grp["series_id"].unique()), HEAD_KEYS + SIZE_KEYS)
-        fig, (left, right) = _panels(2, f"{title}, family {fam}, {ds}")
+        fig, (left, right) = panels(2, f"{title}, family {fam}, {ds}")
         for sid, g in grp.groupby("series_id"):
             _line(left, g["context_s"], g["sum_mean"], g["sum_min"], g["sum_max"], labels[sid])
             w = g[g["wer_mean"].notna()]
             if len(w):
                 _line(right, w["context_s"], w["wer_mean"], w["wer_min"], w["wer_max"], labels[sid])
         for ax in (left, right):
-            _context_axis(ax, grp["context_s"].tolist())
+            context_axis(ax, grp["context_s"].tolist())
             ax.legend(fontsize="small")
         left.set_ylabel(f"summed {representation} similarity (003 eq. 6 over layers)")
         left.set_title("head similarity (higher: heads more alike)")
@@ -258,7 +262,7 @@ def draw_heads_figures(sweep: Sweep, table: pd.DataFrame, out_dir: Path, represe
         key = f"heads_{representation}_vs_context_{fam}_{ds}"
         figs.append(Figure(key, f"{title} ({fam})", f"Family {fam}, dataset {ds}: 003's eq. 6 summed over layers "
                                                     f"for {representation}, mean over seeds. Shaded: min–max over "
-                                                    f"seeds.", _save(fig, out_dir, key)))
+                                                    f"seeds.", save(fig, out_dir, key)))
     return figs, skipped
 
 
@@ -269,7 +273,7 @@ def draw_ppl_figure(ppl: pd.DataFrame, out_dir: Path) -> Figure | None:
         return None
     out_dir.mkdir(parents=True, exist_ok=True)
     title = "LM perplexity vs LM context"
-    fig, (ax,) = _panels(1, title)
+    fig, (ax,) = panels(1, title)
     several = ppl["lm_run"].nunique() > 1
     for (name, run, ds), g in ppl.groupby(["lm_name", "lm_run", "dataset"], sort=True):
         g = g.sort_values("lm_context")
@@ -287,4 +291,4 @@ def draw_ppl_figure(ppl: pd.DataFrame, out_dir: Path) -> Figure | None:
     ax.legend(fontsize="small")
     key = "lm_ppl_vs_context"
     return Figure(key, title, "Per-token perplexity (python -m asr_core lm ppl) of each LM at each context it was "
-                              "measured at.", _save(fig, out_dir, key))
+                              "measured at.", save(fig, out_dir, key))

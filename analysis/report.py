@@ -20,26 +20,27 @@ Sections that only a sweep with the data gets (a sweep without it gets the repor
 
 from __future__ import annotations
 
-import base64
-import html
 import logging
 import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
 
 import pandas as pd
 
-from . import cue
-from . import decoders as dec
-from . import heads as hd
-from . import stats
-from .collect import CLEAN, Sweep
-from .finding import Check, Gain, finding_checks, summary_sentence
-from .plots import Figure, Skipped, choose_main_family, draw_figures, draw_heads_figures, draw_ppl_figure
-from .werr import (DEFAULT_BASELINE_CONTEXT_S, baseline_notes, evaluation_notes, format_seconds, significance_table,
-                   snr_table, wer_table, werr_table)
+from analysis import cue
+from analysis import decoders as dec
+from analysis import heads as hd
+from analysis import stats
+from analysis.collect import Sweep
+from analysis.finding import Check, Gain, finding_checks, summary_sentence
+from analysis.plots import Figure, Skipped, choose_main_family, draw_figures, draw_heads_figures, draw_ppl_figure
+from analysis.render import (Section, decoder_display, external_pivot, fmt_num, fmt_p, heads_display, render_html,
+                             render_markdown, settings_display, significance_display, snr_pivots, wer_pivot,
+                             werr_pivot)
+from analysis.werr import (DEFAULT_BASELINE_CONTEXT_S, baseline_notes, evaluation_notes, format_seconds,
+                           significance_table, snr_table, wer_table, werr_table)
+from asr_core.contract.metrics import CLEAN
 
 log = logging.getLogger(__name__)
 
@@ -55,19 +56,7 @@ class Report:
     significance: pd.DataFrame
 
 
-# ---- formatting ----------------------------------------------------------------------------------------------
-
-def fmt_p(p: float) -> str:
-    if p is None or not math.isfinite(p):
-        return "–"
-    return f"{p:.2g}" if p < 0.001 else f"{p:.3f}"
-
-
-def fmt_num(x: float, digits: int = 2, sign: bool = False) -> str:
-    if x is None or not math.isfinite(x):
-        return "–"
-    return f"{x:+.{digits}f}" if sign else f"{x:.{digits}f}"
-
+# ---- what the report says ------------------------------------------------------------------------------------
 
 def sentence(row: pd.Series, level: float, alpha: float) -> str:
     """One comparison with its baseline in plain words."""
@@ -95,85 +84,6 @@ def sentence(row: pd.Series, level: float, alpha: float) -> str:
     if row.get("note"):
         text += f" Note: {row['note']}."
     return text
-
-
-def md_table(df: pd.DataFrame) -> str:
-    if df.empty:
-        return "_(none)_\n"
-    cols = [str(c) for c in df.columns]
-    lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
-    for _, r in df.iterrows():
-        lines.append("| " + " | ".join(str(v).replace("|", "\\|") for v in r.values) + " |")
-    return "\n".join(lines) + "\n"
-
-
-def html_table(df: pd.DataFrame) -> str:
-    if df.empty:
-        return "<p><em>(none)</em></p>"
-    return df.to_html(index=False, escape=True, border=0, classes="t", na_rep="–")
-
-
-def _wer_pivot(wer: pd.DataFrame) -> pd.DataFrame:
-    """Configurations × dataset/condition, 'mean ± sd (n)'."""
-    if wer.empty:
-        return pd.DataFrame()
-    cell = wer.assign(
-        col=[ds if c == CLEAN else f"{ds} {c}" for ds, c in zip(wer["dataset"], wer["condition"])],
-        val=[f"{m:.2f} ± {s:.2f} ({n})" if math.isfinite(s) else f"{m:.2f} ({n})"
-             for m, s, n in zip(wer["wer_mean"], wer["wer_sd"], wer["n_seeds"])])
-    order = list(dict.fromkeys(cell.sort_values(["dataset", "snr_db"], na_position="first")["col"]))
-    out = cell.pivot_table(index=["series", "context_s", "config"], columns="col", values="val", aggfunc="first")
-    out = out[order].reset_index().sort_values(["series", "context_s"])
-    out["context_s"] = out["context_s"].map(format_seconds)
-    return out.rename(columns={"context_s": "context"})
-
-
-def _external_pivot(external: pd.DataFrame) -> pd.DataFrame:
-    """Systems × dataset/condition, WER in percent."""
-    cell = external.assign(col=[ds if c == CLEAN else f"{ds} {c}"
-                                for ds, c in zip(external["dataset"], external["condition"])])
-    order = list(dict.fromkeys(cell.sort_values(["dataset", "snr_db"], na_position="first")["col"]))
-    out = cell.pivot_table(index="system", columns="col", values="wer", aggfunc="first")
-    return out[order].round(2).reset_index()
-
-
-def _werr_pivot(werr: pd.DataFrame, family: str) -> pd.DataFrame:
-    part = werr[(werr["family"] == family) & (werr["condition"] == CLEAN)]
-    if part.empty:
-        return pd.DataFrame()
-    part = part.assign(val=[f"{w:+.1f} [{lo:+.1f}, {hi:+.1f}]" for w, lo, hi in
-                            zip(part["werr"], part["werr_min"], part["werr_max"])])
-    out = part.pivot_table(index=["series", "context_s"], columns="dataset", values="val", aggfunc="first")
-    out = out.reset_index().sort_values(["series", "context_s"])
-    out["context_s"] = out["context_s"].map(format_seconds)
-    return out.rename(columns={"context_s": "context"})
-
-
-def _snr_pivots(snr: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
-    out = []
-    for (fam, series, ds), grp in snr.groupby(["family", "series", "dataset"], sort=True):
-        g = grp.assign(col=["clean" if c == CLEAN else f"{s:g} dB" for c, s in zip(grp["condition"], grp["snr_db"])])
-        order = ["clean"] + [f"{s:g} dB" for s in sorted(grp["snr_db"].dropna().unique(), reverse=True)]
-        pv = g.pivot_table(index="context_s", columns="col", values="werr", aggfunc="first")
-        pv = pv[[c for c in order if c in pv.columns]].round(2).reset_index()
-        pv["context_s"] = pv["context_s"].map(format_seconds)
-        out.append((f"{fam} / {series} / {ds}", pv.rename(columns={"context_s": "context"})))
-    return out
-
-
-def _sig_display(sig: pd.DataFrame) -> pd.DataFrame:
-    if sig.empty:
-        return sig
-    return pd.DataFrame({
-        "family": sig["family"], "series": sig["series"], "dataset": sig["dataset"], "condition": sig["condition"],
-        "context": sig["context_s"].map(format_seconds), "vs": sig["baseline_context_s"].map(format_seconds),
-        "WERR %": [fmt_num(x, 1, True) for x in sig["werr"]],
-        "WERR CI": [f"[{fmt_num(a, 1, True)}, {fmt_num(b, 1, True)}]" for a, b in zip(sig["werr_lo"], sig["werr_hi"])],
-        "ΔWER": [fmt_num(x, 2, True) for x in sig["delta_wer"]],
-        "ΔWER CI": [f"[{fmt_num(a, 2, True)}, {fmt_num(b, 2, True)}]" for a, b in zip(sig["delta_lo"], sig["delta_hi"])],
-        "p perm": sig["p_permutation"].map(fmt_p), "p Holm": sig["p_holm"].map(fmt_p),
-        "p Wilcoxon": sig["p_wilcoxon"].map(fmt_p), "p sign": sig["p_sign"].map(fmt_p),
-        "p Welch": sig["p_welch"].map(fmt_p), "verdict": sig["verdict"]})
 
 
 def _headline(sig: pd.DataFrame) -> pd.DataFrame:
@@ -244,7 +154,7 @@ def build_report(sweep: Sweep, out_dir: Path | str, *, baseline_context: float =
 
     csvs = {"wer": wer, "werr": werr, "significance": sig, "snr": snr, "problems": sweep.problems,
             "trials": sweep.trials, "finding": _finding_frame(checks, gains), "external": sweep.external}
-    extra: list[_Section] = []
+    extra: list[Section] = []
     if sweep.beam_decoders:
         section, tables = _decoder_section(sweep, wer, alpha, level, bootstrap_resamples)
         extra.append(section)
@@ -274,39 +184,16 @@ def build_report(sweep: Sweep, out_dir: Path | str, *, baseline_context: float =
     sections[at:at] = extra
     figures = figures + [f for s in extra for f in s.figures]
     md_path, html_path = out / "report.md", out / "index.html"
-    md_path.write_text(_markdown(sweep, sections), encoding="utf-8")
-    html_path.write_text(_html(sweep, sections), encoding="utf-8")
+    md_path.write_text(render_markdown(sweep, sections), encoding="utf-8")
+    html_path.write_text(render_html(sweep, sections), encoding="utf-8")
     log.info("report written to %s in %.1f s", out, time.perf_counter() - t0)
     return Report(out, html_path, md_path, paths, figures, skipped, sig)
 
 
-# ---- sections a sweep has only with the data: decoders, LM perplexity, head similarity ------------------------
-
-def _decoder_display(table: pd.DataFrame) -> pd.DataFrame:
-    """Every decoder comparison with its p-values and intervals."""
-    return pd.DataFrame({
-        "dataset": table["dataset"], "condition": table["condition"], "config": table["config"],
-        "decoder": table["label"], "seeds": table["seeds"], "WER greedy": table["wer_greedy"].map(fmt_num),
-        "WER": table["wer"].map(fmt_num), "WERR %": [fmt_num(x, 1, True) for x in table["werr"]],
-        "WERR CI": [f"[{fmt_num(a, 1, True)}, {fmt_num(b, 1, True)}]" for a, b in zip(table["werr_lo"],
-                                                                                       table["werr_hi"])],
-        "ΔWER": [fmt_num(x, 2, True) for x in table["delta_wer"]],
-        "p perm": table["p_permutation"].map(fmt_p), "p Holm": table["p_holm"].map(fmt_p),
-        "verdict": table["verdict"], "note": table["note"]})
-
-
-def _settings_display(settings: pd.DataFrame) -> pd.DataFrame:
-    return pd.DataFrame({
-        "decoder": settings["decoder"], "column": settings["label"],
-        "LM": [n or (Path(lm).parent.name + "/" + Path(lm).name if lm and lm != dec.NO_LM else lm or "?")
-               for n, lm in zip(settings["lm_name"], settings["lm"])],
-        "LM context": [f"{int(c)}" if math.isfinite(c) else "–" for c in settings["lm_context"]],
-        "alpha": settings["alpha"], "beta": settings["beta"], "beam width": settings["beam_width"],
-        "prompt": [Path(p).name if p else "–" for p in settings["prompt"]], "runs": settings["runs"]})
-
+# ---- sections a sweep has only with the data: decoders, LM perplexity, head similarity -----------------------
 
 def _decoder_section(sweep: Sweep, wer: pd.DataFrame, alpha: float, level: float, resamples: int
-                     ) -> tuple["_Section", dict[str, pd.DataFrame]]:
+                     ) -> tuple[Section, dict[str, pd.DataFrame]]:
     settings = dec.decoder_settings(sweep)
     table = dec.decoder_table(sweep, alpha=alpha, level=level, bootstrap_resamples=resamples)
     compared = table[table["wer_greedy"].notna()]
@@ -327,45 +214,27 @@ def _decoder_section(sweep: Sweep, wer: pd.DataFrame, alpha: float, level: float
         if s["differs"]:
             paras.append(f"**Decoder {s['decoder']} ran with other settings on some runs** ({s['differs']} differ "
                          f"between their tags eval.decoder.{s['decoder']}); its column mixes them.")
-    tables = [("Decoders (settings from each run's tag eval.decoder.<name>)", _settings_display(settings))]
+    tables = [("Decoders (settings from each run's tag eval.decoder.<name>)", settings_display(settings))]
     tables += [(f"WER (%) by decoder: {title}", pv) for title, pv in dec.table6_pivots(table, settings, wer)]
-    tables.append(("Every comparison with greedy decoding", _decoder_display(table)))
+    tables.append(("Every comparison with greedy decoding", decoder_display(table)))
     gains = dec.context_gains(table)
     bullets = [("Short against long acoustic context with the LM", gains)] if gains else []
-    section = _Section("Beam search and LM decoding against greedy (paper 004 Table 6)", paras, tables, [], bullets)
+    section = Section("Beam search and LM decoding against greedy (paper 004 Table 6)", paras, tables, [], bullets)
     return section, {"decoders": table, "decoder_settings": settings}
 
 
-def _ppl_section(sweep: Sweep, out: Path) -> "_Section":
+def _ppl_section(sweep: Sweep, out: Path) -> Section:
     fig = draw_ppl_figure(sweep.lm_ppl, out)
     paras = ["Per-token perplexity of each LM (python -m asr_core lm ppl: metrics lm_ppl/<dataset>/ctx<N> of its "
              "run), found among the sweep's runs, the LM runs its decoders name and the experiments given with "
              "--lm-experiment. Columns: LM context in tokens."]
     sentences = dec.ppl_sentences(sweep)
-    return _Section("LM perplexity against LM context (paper 004 Table 5)", paras,
+    return Section("LM perplexity against LM context (paper 004 Table 5)", paras,
                     [("", dec.ppl_table(sweep))], [fig] if fig else [], [("", sentences)] if sentences else [])
 
 
-def _heads_display(table: pd.DataFrame, representation: str) -> list[tuple[str, pd.DataFrame]]:
-    out = []
-    for (fam, ds), grp in table.groupby(["family", "dataset"], sort=True):
-        sums = grp.pivot_table(index=["series", "context_s", "config"], columns="representation", values="sum_mean",
-                               aggfunc="first")
-        sums = sums[[r for r in hd.REPRESENTATIONS if r in sums.columns]].map(lambda x: fmt_num(x, 3))
-        sums.columns = [f"Σ {r}" for r in sums.columns]
-        chosen = grp[grp["representation"] == representation].set_index(["series", "context_s", "config"])
-        sums[f"mean cos {representation}"] = chosen["similarity_mean"].map(lambda x: fmt_num(x, 3))
-        sums.insert(0, f"WER {ds} %", chosen["wer_mean"].map(fmt_num))
-        sums.insert(1, "seeds", chosen["n_seeds"])
-        view = sums.reset_index().sort_values(["series", "context_s"])
-        view["context_s"] = view["context_s"].map(format_seconds)
-        out.append((f"Family {fam}, {ds}: greedy clean WER and summed head similarity (003 eq. 6 over layers; "
-                    f"higher = heads more alike), means over seeds", view.rename(columns={"context_s": "context"})))
-    return out
-
-
 def _heads_section(sweep: Sweep, out: Path, representation: str, main_family: str | None, alpha: float
-                   ) -> tuple["_Section", dict[str, pd.DataFrame]]:
+                   ) -> tuple[Section, dict[str, pd.DataFrame]]:
     families = hd.head_families(sweep, main_family)
     table = hd.heads_table(sweep, families)
     tracking = hd.tracking_table(table, representation, alpha=alpha)
@@ -377,7 +246,7 @@ def _heads_section(sweep: Sweep, out: Path, representation: str, main_family: st
         f"differ in heads or model size, else the main family). {representation} is drawn and correlated with WER; "
         f"every representation is in the tables and heads.csv.",
         hd.tracking_summary(tracking, representation, alpha)]
-    tables = _heads_display(table, representation)
+    tables = heads_display(table, representation)
     if not tracking.empty:
         tables.append((f"Does summed {representation} similarity track WER across context?", pd.DataFrame({
             "family": tracking["family"], "configuration": tracking["series"], "dataset": tracking["dataset"],
@@ -387,12 +256,12 @@ def _heads_section(sweep: Sweep, out: Path, representation: str, main_family: st
     bullets = [("", list(tracking["sentence"]))] if not tracking.empty else []
     if skipped:
         bullets.append(("", [f"{s.title} — not drawn: {s.reason}." for s in skipped]))
-    section = _Section("Head similarity (paper 003) against context length", paras, tables, figs, bullets)
+    section = Section("Head similarity (paper 003) against context length", paras, tables, figs, bullets)
     return section, {"heads": table, "heads_tracking": tracking}
 
 
 def _cue_section(sweep: Sweep, out: Path, baseline_context: float, alpha: float
-                 ) -> tuple["_Section", pd.DataFrame]:
+                 ) -> tuple[Section, pd.DataFrame]:
     table = cue.cue_table(sweep, baseline_context)
     paras = [
         "The synthetic corpus plants homophones whose spelling only a word far back decides (20–60 s by default; "
@@ -407,7 +276,7 @@ def _cue_section(sweep: Sweep, out: Path, baseline_context: float, alpha: float
         f"words, on per-recording error counts. Each measure's p-values are Holm-corrected across every comparison "
         f"of this section; significant: adjusted p < {alpha:g}."]
     figs = cue.draw_cue_figures(sweep, table, out)
-    section = _Section("Planted cue (positive control)", paras, cue.display(table, baseline_context), figs,
+    section = Section("Planted cue (positive control)", paras, cue.display(table, baseline_context), figs,
                        [("Shortest against longest context", cue.verdicts(table, alpha))])
     return section, table
 
@@ -419,26 +288,17 @@ def _finding_frame(checks: list[Check], gains: list[Gain]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _finding_section(checks: list[Check]) -> "_Section":
-    return _Section("The paper's finding in this sweep", [summary_sentence(checks)], [], [],
+def _finding_section(checks: list[Check]) -> Section:
+    return Section("The paper's finding in this sweep", [summary_sentence(checks)], [], [],
                     [("", [f"**{c.verdict.capitalize()}**: {c.claim}. {c.detail}." for c in checks])])
 
 
 RUNS_LEFT_OUT = "Runs left out"
 
 
-@dataclass
-class _Section:
-    title: str
-    paragraphs: list[str]
-    tables: list[tuple[str, pd.DataFrame]]
-    figures: list[Figure]
-    bullets: list[tuple[str, list[str]]]  # (sub-heading or "", items)
-
-
 def _sections(sweep: Sweep, wer: pd.DataFrame, werr: pd.DataFrame, snr: pd.DataFrame, sig: pd.DataFrame,
               figures: list[Figure], skipped: list[Skipped], notes: list[str], baseline_context: float,
-              alpha: float, level: float, resamples: int) -> list[_Section]:
+              alpha: float, level: float, resamples: int) -> list[Section]:
     status = sweep.trials["status"].value_counts().to_dict()
     n_cfg = sweep.trials["config_id"].nunique()
     overview = [
@@ -449,7 +309,7 @@ def _sections(sweep: Sweep, wer: pd.DataFrame, werr: pd.DataFrame, snr: pd.DataF
     if not sweep.problems.empty:
         overview.append(f"**{len(sweep.problems)} runs or results were left out or look wrong**; they are listed "
                         f"under \"Runs left out\" and in problems.csv.")
-    secs = [_Section("Overview", overview, [], [], [])]
+    secs = [Section("Overview", overview, [], [], [])]
 
     findings: list[str] = []
     if not sig.empty:
@@ -465,84 +325,30 @@ def _sections(sweep: Sweep, wer: pd.DataFrame, werr: pd.DataFrame, snr: pd.DataF
     if not bullets:
         findings.append("No comparison with a baseline could be made: no family has finished models at the "
                         "baseline context and at another context length.")
-    secs.append(_Section("Figures", [], [], figures,
+    secs.append(Section("Figures", [], [], figures,
                          [("", [f"{s.title} — not drawn: {s.reason}." for s in skipped])] if skipped else []))
     summary = [("Summary per family and dataset (clean audio; Holm-corrected permutation tests)", headline)] \
         if not headline.empty else []
-    secs.append(_Section("Findings: each context length against the baseline", findings, summary, [], bullets))
-    tables = [("WER (%) per configuration: mean ± sd over seeds (number of seeds)", _wer_pivot(wer))]
+    secs.append(Section("Findings: each context length against the baseline", findings, summary, [], bullets))
+    tables = [("WER (%) per configuration: mean ± sd over seeds (number of seeds)", wer_pivot(wer))]
     if not sweep.external.empty:
         tables.append(("WER (%) of other systems on the same test sets (python -m asr_core score: the same "
-                       "references and normaliser)", _external_pivot(sweep.external)))
+                       "references and normaliser)", external_pivot(sweep.external)))
     for fam in sweep.families:
-        pv = _werr_pivot(werr, fam)
+        pv = werr_pivot(werr, fam)
         if not pv.empty:
             tables.append((f"WERR (%) from {format_seconds(baseline_context)}, family {fam}, clean: mean "
                            f"[min, max over seeds]", pv))
-    secs.append(_Section("WER and WERR", [], tables, [], [("", notes)] if notes else []))
+    secs.append(Section("WER and WERR", [], tables, [], [("", notes)] if notes else []))
     if not snr.empty:
-        secs.append(_Section("Noise robustness: WERR (%) from the baseline at each SNR", [], _snr_pivots(snr), [],
+        secs.append(Section("Noise robustness: WERR (%) from the baseline at each SNR", [], snr_pivots(snr), [],
                              []))
-    secs.append(_Section("Significance table", [], [("", _sig_display(sig))], [], []))
-    secs.append(_Section(RUNS_LEFT_OUT, [] if not sweep.problems.empty else ["None: every trial run finished "
+    secs.append(Section("Significance table", [], [("", significance_display(sig))], [], []))
+    secs.append(Section(RUNS_LEFT_OUT, [] if not sweep.problems.empty else ["None: every trial run finished "
                                                                               "with all its metrics and tables."],
                          [("", sweep.problems[["label", "status", "problem"]])] if not sweep.problems.empty else [],
                          [], []))
-    secs.append(_Section("Methods", [_methods(alpha, level, resamples, baseline_context)], [], [], []))
+    secs.append(Section("Methods", [_methods(alpha, level, resamples, baseline_context)], [], [], []))
     return secs
 
 
-def _markdown(sweep: Sweep, sections: Iterable[_Section]) -> str:
-    parts = [f"# Sweep `{sweep.experiment}`: WER against context length\n"]
-    for s in sections:
-        parts.append(f"\n## {s.title}\n")
-        parts.extend(p + "\n" for p in s.paragraphs)
-        for title, df in s.tables:
-            if title:
-                parts.append(f"\n**{title}**\n")
-            parts.append("\n" + md_table(df))
-        for f in s.figures:
-            parts.append(f"\n![{f.title}]({f.path.name})\n\n*{f.title}.* {f.caption}\n")
-        for sub, items in s.bullets:
-            if sub:
-                parts.append(f"\n### {sub}\n")
-            parts.append("\n" + "\n".join(f"- {b}" for b in items) + "\n")
-    return "".join(parts)
-
-
-_CSS = """body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;color:#222}
-table.t{border-collapse:collapse;font-size:0.85em;margin:0.5em 0 1.5em}
-table.t th,table.t td{border-bottom:1px solid #ddd;padding:3px 8px;text-align:left}
-figure{margin:1em 0}img{max-width:100%}li{margin:0.3em 0}code{background:#f4f4f4}"""
-
-
-def _inline_md(text: str) -> str:
-    """The little Markdown the sentences use (**bold**, `code`) as HTML, everything else escaped."""
-    out = html.escape(text)
-    while "**" in out:
-        out = out.replace("**", "<strong>", 1).replace("**", "</strong>", 1)
-    while "`" in out:
-        out = out.replace("`", "<code>", 1).replace("`", "</code>", 1)
-    return out
-
-
-def _html(sweep: Sweep, sections: Iterable[_Section]) -> str:
-    body = [f"<h1>Sweep <code>{html.escape(sweep.experiment)}</code>: WER against context length</h1>"]
-    for s in sections:
-        body.append(f"<h2>{html.escape(s.title)}</h2>")
-        body.extend(f"<p>{_inline_md(p)}</p>" for p in s.paragraphs)
-        for title, df in s.tables:
-            if title:
-                body.append(f"<h3>{html.escape(title)}</h3>")
-            body.append(html_table(df))
-        for f in s.figures:
-            data = base64.b64encode(f.path.read_bytes()).decode("ascii")
-            body.append(f'<figure><img alt="{html.escape(f.title)}" src="data:image/png;base64,{data}">'
-                        f"<figcaption><strong>{html.escape(f.title)}.</strong> {html.escape(f.caption)}"
-                        f"</figcaption></figure>")
-        for sub, items in s.bullets:
-            if sub:
-                body.append(f"<h3>{html.escape(sub)}</h3>")
-            body.append("<ul>" + "".join(f"<li>{_inline_md(b)}</li>" for b in items) + "</ul>")
-    return (f"<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>{html.escape(sweep.experiment)}</title>"
-            f"<style>{_CSS}</style></head><body>{''.join(body)}</body></html>\n")

@@ -18,8 +18,9 @@ from typing import Iterable
 import numpy as np
 import pandas as pd
 
-from . import stats
-from .collect import CLEAN, GREEDY, Sweep, greedy_rows
+from analysis import stats
+from analysis.collect import Sweep, greedy_rows
+from asr_core.contract.metrics import CLEAN, GREEDY
 
 DEFAULT_BASELINE_CONTEXT_S = 10.24
 CONTEXT_REL_TOL = 0.01  # contexts within 1% are the same length (10 s vs 10.24 s is not; 10.24 vs 10.3 is)
@@ -201,10 +202,10 @@ def compare_configs(sweep: Sweep, config_a: str, config_b: str, dataset: str, co
                                      f"(see the problems table)")
     pc = stats.pair_counts(a, b, name_a=name_a + where, name_b=name_b + where)
     return stats.compare(pc, level=level, bootstrap_resamples=bootstrap_resamples,
-                         seed=_stable_seed(config_a, config_b, dataset, condition))
+                         seed=stable_seed(config_a, config_b, dataset, condition))
 
 
-def _stable_seed(*parts: str) -> int:
+def stable_seed(*parts: str) -> int:
     """A seed fixed by what is compared, so a comparison's Monte Carlo results do not depend on report order."""
     return int(hashlib.sha1("|".join(parts).encode()).hexdigest()[:8], 16)
 

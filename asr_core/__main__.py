@@ -32,7 +32,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "synth": ("asr_core.data.corpora.synth", "generate the synthetic long-form corpus: synth OUT --hours H --seed S"),
     "trial": ("asr_core.trial", "one grid trial (train, then evaluate) inside an MLflow run; used by orchestrate"),
     "bench": ("asr_core.bench", "benchmarks: bench train | bench decode | bench data | bench calibrate"),
-    "outbox": ("asr_core.runtime.outbox", "ship a trial's pending MLflow records by hand: outbox TRIAL_DIR --tracking-uri URI --run-id RUN"),
+    "outbox": ("asr_core.runtime.shipper", "ship a trial's pending MLflow records by hand: outbox TRIAL_DIR --tracking-uri URI --run-id RUN"),
     "lm": ("asr_core.lm.cli", "the language model: lm text | lm train | lm ppl | lm tune"),
 }
 SIGNALLED = ("trial", "train")  # commands that checkpoint on SIGUSR2/SIGTERM (and `lm train`)

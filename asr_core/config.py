@@ -2,8 +2,8 @@
 
 A run is fully described by a :class:`Config`: the model, the data it is trained on, the optimiser and the
 evaluation that follows training. Configs load from YAML and take ``--set section.field=value`` overrides; every value,
-wherever it is written (a config file, a grid, ``--set``), is checked by the one parser here (:func:`parse_field`).
-:meth:`Config.key` names the experiment (:mod:`asr_core.identity`).
+wherever it is written (a config file, a grid, ``--set``), is checked by the one parser (:func:`parse_field`,
+:mod:`asr_core.config_parse`). :meth:`Config.key` names the experiment (:mod:`asr_core.identity`).
 
 Defaults are the paper's main model (paper 000 §3, ``../shared/REFERENCE.md``): 6 layers, d=768, 6 heads, rotary
 θ=1.5M, 4095 BPE pieces + blank, Madgrad at 3e-3, one hour of audio per step. Where the paper is silent or
@@ -16,21 +16,16 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
 import yaml
 
-from asr_core.data.corpora import dataset_name
-
-
-class ConfigError(ValueError):
-    """A configuration key or value is invalid; the message names it and says what is valid."""
-
+from asr_core.config_parse import (ConfigError, build_dataclass, coerce_value, deep_copy, field_types, merge,
+                                   parse_override, set_path)
+from asr_core.contract.specs import dataset_name
+from asr_core.identity import BASELINE, NAMED, field_defaults, trial_key
 
 POSITIONAL_ENCODINGS = ("rotary", "sinusoidal", "fourier", "none")
 ATTENTION_BACKENDS = ("auto", "sdpa", "flash")
@@ -306,14 +301,12 @@ class Config:
 
         Equal for configs that differ only in how they run (workers, intervals, device), in where their data lies,
         or in options left at their defaults."""
-        from asr_core.identity import trial_key
-
         return trial_key(self)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any] | None, *, source: str = "config") -> "Config":
         """Build from a nested dict; unknown keys and bad types raise :class:`ConfigError` naming them."""
-        return _build(cls, dict(d or {}), "", source)
+        return build_dataclass(cls, dict(d or {}), "", source)
 
     @classmethod
     def from_stored(cls, d: Mapping[str, Any], *, source: str = "config") -> "Config":
@@ -321,7 +314,7 @@ class Config:
         possibly by an older version: a science field it lacks did not exist then, so it takes the value that does
         what the project did before the field existed (:data:`asr_core.identity.BASELINE`), not today's default.
         A half-trained model so continues, and a finished one is evaluated, as it began; its key stays its own."""
-        return _build(cls, _with_baseline(d), "", source)
+        return build_dataclass(cls, _with_baseline(d), "", source)
 
     @classmethod
     def from_yaml(cls, path: str | Path, overrides: list[str] | tuple[str, ...] = (), *, stored: bool = False
@@ -388,46 +381,18 @@ def resolve(raw: Mapping[str, Any], overrides: list[str] | tuple[str, ...] = (),
     if name is not None:
         if name not in PRESETS:
             raise ConfigError(f"{source}: unknown preset {name!r}; valid: {', '.join(sorted(PRESETS))}")
-        base = _deepcopy(PRESETS[name])
-    merged = _merge(base, raw)
+        base = deep_copy(PRESETS[name])
+    merged = merge(base, raw)
     for item in overrides:
         key, value = parse_override(item)
-        _set_path(merged, key, value)
+        set_path(merged, key, value)
     return Config.from_dict(merged, source=source)
-
-
-def parse_override(item: str) -> tuple[str, Any]:
-    """``"model.layers=9"`` -> ``("model.layers", 9)``; the value is parsed as YAML (numbers, lists, bools)."""
-    if "=" not in item:
-        raise ConfigError(f"override {item!r} must look like section.field=value, e.g. model.layers=9")
-    key, text = item.split("=", 1)
-    key = key.strip()
-    if not key or key.startswith(".") or key.endswith("."):
-        raise ConfigError(f"override {item!r}: the key must be a dotted path such as train.lr")
-    try:
-        value = yaml.safe_load(text) if text.strip() else ""
-    except yaml.YAMLError:
-        value = text
-    return key, value
-
-
-def _set_path(d: dict[str, Any], dotted: str, value: Any) -> None:
-    parts = dotted.split(".")
-    cur = d
-    for p in parts[:-1]:
-        nxt = cur.setdefault(p, {})
-        if not isinstance(nxt, dict):
-            raise ConfigError(f"override {dotted!r}: {p!r} is a value, not a section")
-        cur = nxt
-    cur[parts[-1]] = value
 
 
 def _with_baseline(d: Mapping[str, Any]) -> dict[str, Any]:
     """A copy of the nested dict ``d`` with every science field it lacks set to its
     :data:`asr_core.identity.BASELINE` value (what the project did before the field existed)."""
-    from asr_core.identity import BASELINE, NAMED
-
-    raw = _deepcopy(dict(d))
+    raw = deep_copy(dict(d))
     for dotted, value in BASELINE.items():
         if dotted in NAMED:
             continue
@@ -440,55 +405,11 @@ def _with_baseline(d: Mapping[str, Any]) -> dict[str, Any]:
     return raw
 
 
-def _merge(a: dict[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
-    out = _deepcopy(a)
-    for k, v in b.items():
-        if isinstance(v, Mapping) and isinstance(out.get(k), dict):
-            out[k] = _merge(out[k], v)
-        else:
-            out[k] = _deepcopy(v)
-    return out
-
-
-def _deepcopy(x: Any) -> Any:
-    if isinstance(x, Mapping):
-        return {k: _deepcopy(v) for k, v in x.items()}
-    if isinstance(x, list):
-        return [_deepcopy(v) for v in x]
-    return x
-
-
-def _build(cls: type, d: dict[str, Any], prefix: str, source: str) -> Any:
-    hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(d) - set(fields))
-    if unknown:
-        where = prefix.rstrip(".") or "top level"
-        raise ConfigError(f"{source}: unknown key '{prefix}{unknown[0]}' in {where}; valid keys: "
-                          + ", ".join(f"{prefix}{k}" for k in fields))
-    kwargs: dict[str, Any] = {}
-    for name, value in d.items():
-        kwargs[name] = _coerce(hints[name], value, f"{prefix}{name}", source)
-    try:
-        return cls(**kwargs)
-    except ConfigError as e:
-        raise ConfigError(f"{source}: {e}") from None
-
-
-def _field_types(cls: type, prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
-        tp = hints[f.name]
-        if dataclasses.is_dataclass(tp):
-            out.update(_field_types(tp, f"{prefix}{f.name}."))
-        else:
-            out[f"{prefix}{f.name}"] = tp
-    return out
-
-
 # Every leaf field of Config by dotted name ("data.features.n_mels") -> its type.
-FIELD_TYPES: dict[str, Any] = _field_types(Config)
+FIELD_TYPES: dict[str, Any] = field_types(Config)
+# Every leaf field of Config by dotted name -> its default: the baseline of a science field added after
+# asr_core.identity.BASELINE was frozen (asr_core.identity.baseline).
+FIELD_DEFAULTS: dict[str, Any] = field_defaults(Config())
 
 
 def parse_field(dotted: str, value: Any, *, source: str = "config") -> Any:
@@ -496,45 +417,6 @@ def parse_field(dotted: str, value: Any, *, source: str = "config") -> Any:
     grids, ``--set`` and config files all use it). Raises :class:`ConfigError` naming the key and what is valid."""
     if dotted not in FIELD_TYPES:
         raise ConfigError(f"{source}: unknown key {dotted!r}; valid keys: {', '.join(FIELD_TYPES)}")
-    return _coerce(FIELD_TYPES[dotted], value, dotted, source)
+    return coerce_value(FIELD_TYPES[dotted], value, dotted, source)
 
 
-def _coerce(tp: Any, value: Any, key: str, source: str) -> Any:
-    if dataclasses.is_dataclass(tp):
-        if not isinstance(value, Mapping):
-            raise ConfigError(f"{source}: '{key}' must be a mapping of its fields, got {value!r}")
-        return _build(tp, dict(value), key + ".", source)
-    origin = typing.get_origin(tp)
-    if origin is tuple:
-        (inner, *_rest) = typing.get_args(tp)
-        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
-            value = [value]
-        if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{source}: invalid value for '{key}': {value!r}; valid: a list")
-        return tuple(_coerce(inner, v, key, source) for v in value)
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(f"{source}: invalid value for '{key}': {value!r}; valid: true or false")
-        return value
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            if isinstance(value, float) and value.is_integer():
-                return int(value)
-            raise ConfigError(f"{source}: invalid value for '{key}': {value!r}; valid: an integer")
-        return value
-    if tp is float:
-        if isinstance(value, str):  # YAML 1.1 reads 3e-3 (no dot) as a string
-            try:
-                value = float(value)
-            except ValueError:
-                pass
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise ConfigError(f"{source}: invalid value for '{key}': {value!r}; valid: a finite number")
-        return float(value)
-    if tp is str:
-        if not isinstance(value, str):
-            raise ConfigError(f"{source}: invalid value for '{key}': {value!r}; valid: a string")
-        return value
-    if isinstance(tp, types.UnionType):  # pragma: no cover - no union fields today
-        return value
-    return value

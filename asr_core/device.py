@@ -40,7 +40,7 @@ def resolve_precision(precision: str, device: torch.device | str, *, setting: st
         raise DeviceError(f"{setting}='bf16' needs CUDA (bf16 autocast is used on the GPU only); use "
                           f"{setting}=auto or fp32 on the CPU")
     if precision not in PRECISIONS:
-        raise DeviceError(f"unknown {setting} {precision!r}; valid: {', '.join(PRECISIONS)}")
+        raise DeviceError(f"unknown precision {precision!r}; valid: {', '.join(PRECISIONS)}")
     return precision
 
 

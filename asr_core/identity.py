@@ -33,7 +33,9 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from typing import Any
+from typing import Any, Mapping
+
+from asr_core.contract.specs import dataset_name
 
 KEY_DIGITS = 12
 EVAL_KEY_DIGITS = 8  # the digest of an evaluation's setting appended to its model's key
@@ -139,14 +141,14 @@ def _flat_values(obj: Any, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def _defaults(obj: Any, prefix: str = "") -> dict[str, Any]:
+def field_defaults(obj: Any, prefix: str = "") -> dict[str, Any]:
     """Dataclass defaults by dotted name, read from the types of ``obj``'s own sections (a field added after
     :data:`BASELINE` was frozen uses its own default as its baseline)."""
     out: dict[str, Any] = {}
     for f in dataclasses.fields(obj):
         v = getattr(obj, f.name)
         if dataclasses.is_dataclass(v):
-            out.update(_defaults(v, f"{prefix}{f.name}."))
+            out.update(field_defaults(v, f"{prefix}{f.name}."))
         elif f.default is not dataclasses.MISSING:
             out[f"{prefix}{f.name}"] = f.default
         elif f.default_factory is not dataclasses.MISSING:
@@ -166,8 +168,6 @@ def identity_value(field: str, value: Any) -> Any:
     """What of ``value`` names the experiment: a corpus's name instead of its spec, sorted evaluation sets."""
     if field not in _REWRITTEN:
         return value
-    from asr_core.data.corpora import dataset_name
-
     if field == "data.train":
         return dataset_name(value)
     if field == "eval.datasets":
@@ -190,22 +190,12 @@ def _same(a: Any, b: Any) -> bool:
     return isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)) and list(a) == list(b)
 
 
-_CONFIG_DEFAULTS: dict[str, Any] | None = None
-
-
-def baseline(field: str, defaults: dict[str, Any] | None = None) -> Any:
+def baseline(field: str, defaults: Mapping[str, Any]) -> Any:
     """The identity value of ``field`` that does not enter keys: :data:`BASELINE`'s, else (a field added since it
-    was frozen) the field's own default, from ``defaults`` (:func:`_defaults` of a config) or
-    :class:`~asr_core.config.Config`'s; None for a name that is no field."""
-    global _CONFIG_DEFAULTS
+    was frozen) the field's own default, from ``defaults`` (:func:`field_defaults` of a config, e.g.
+    :data:`asr_core.config.FIELD_DEFAULTS`); None for a name that is no field."""
     if field in BASELINE:
         return BASELINE[field]
-    if defaults is None:
-        if _CONFIG_DEFAULTS is None:
-            from asr_core.config import Config
-
-            _CONFIG_DEFAULTS = _defaults(Config())
-        defaults = _CONFIG_DEFAULTS
     return identity_value(field, defaults[field]) if field in defaults else None
 
 
@@ -213,14 +203,14 @@ def science(cfg: Any) -> dict[str, Any]:
     """The fields of ``cfg`` that name its experiment and differ from the baseline: ``{"data.context_s": 81.92}``.
 
     ``cfg`` is a :class:`~asr_core.config.Config` (or any dataclass of the same shape with extra fields)."""
-    defaults = None  # read from cfg's own section types, only when a field is newer than the baseline
+    defaults: dict[str, Any] = {}  # read from cfg's own section types, only when a field is newer than the baseline
     out: dict[str, Any] = {}
     for field, value in _flat_values(cfg).items():
         if field in EXECUTION or field.startswith(EVALUATION_SECTION):
             continue
         ident = identity_value(field, value)
-        if field not in BASELINE and defaults is None:
-            defaults = _defaults(cfg)
+        if field not in BASELINE and not defaults:
+            defaults = field_defaults(cfg)
         if not _same(ident, baseline(field, defaults)):
             out[field] = list(ident) if isinstance(ident, tuple) else ident
     return out

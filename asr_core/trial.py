@@ -35,7 +35,7 @@ artifacts, the run's status) goes through the trial's outbox (:mod:`asr_core.run
 thread: nothing in the job waits for MLflow. At the end the job waits for the outbox at most
 ``ASR_CORE_FINAL_FLUSH_S`` (60 s) after finishing or failing and ``ASR_CORE_PREEMPT_FLUSH_S`` (5 s) after a stop
 signal, then exits anyway: what is left is shipped by the next segment or by ``orchestrate status``/``resume``
-(:func:`asr_core.runtime.outbox.ship_pending`).
+(:func:`asr_core.runtime.shipper.ship_pending`).
 
 SIGUSR2/SIGTERM are recorded from the first line of the process (:mod:`asr_core.runtime.signals`), so a signal that
 arrives while the job imports, loads its corpus or learns its tokenizer still ends in exit 75 (or 77) and an
@@ -57,7 +57,6 @@ the failure budget of ``orchestrate`` counts.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import socket
 import sys
@@ -67,7 +66,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from asr_core.runtime import signals
-from asr_core.config import Config, ConfigError
+from asr_core.config import Config
+from asr_core.config_parse import ConfigError
 from asr_core.contract.evaluation import (DEFAULT_EVALUATION, OWN_EVALUATION, EvaluationSpec, default_evaluation,
                                           describe_conditions, evaluated_record, evaluation_tag, read_evaluation)
 from asr_core.evaluation.job import EvaluationInterrupted, run_evaluation
@@ -101,13 +101,15 @@ from asr_core.contract.trial import (
     TAG_SEGMENTS,
     ProgressLog,
     TrialFolder,
-    append_json_line,
     error_line,
+    mark_done,
+    mark_trained,
     preemptions,
     read_attempts,
-    read_segments,
     record_attempt,
+    trained_checkpoint,
 )
+from asr_core.contract.segments import Segment, append_segment, code_labels, read_segments
 
 if TYPE_CHECKING:
     from asr_core.runtime.lease import Lease
@@ -154,12 +156,12 @@ def _flush(outbox: Outbox | None, deadline_s: float) -> None:
 def _start_segment(folder: TrialFolder, version: CodeVersion) -> int:
     """Append this start's record to ``segments.jsonl``; returns its number (1 for the first start)."""
     n = len(read_segments(folder.path)) + 1
-    rec = {"segment": n, "time": round(time.time(), 3), **version.to_dict(), "host": socket.gethostname(),
-           "job_id": os.environ.get(ENV_JOB_ID)}
-    append_json_line(folder.segments, rec)
-    where = f" (job {rec['job_id']})" if rec["job_id"] else ""
+    seg = Segment(number=n, time=round(time.time(), 3), code=version.label, commit=version.commit,
+                  dirty=version.dirty, host=socket.gethostname(), job_id=os.environ.get(ENV_JOB_ID))
+    append_segment(folder.path, seg)
+    where = f" (job {seg.job_id})" if seg.job_id else ""
     why = f" ({version.why})" if not version.known else ""
-    _say(f"segment {n}: code {version.label}{why} on {rec['host']}{where}")
+    _say(f"segment {n}: code {version.label}{why} on {seg.host}{where}")
     if version.dirty:
         folder.segment_diff(n).write_text(version.diff, errors="surrogateescape")
     return n
@@ -169,13 +171,12 @@ def _record_segment(folder: TrialFolder, segment: int, version: CodeVersion, out
     """The run is RUNNING, tagged with the segment count and the code versions so far (both from
     ``segments.jsonl``, never read back from MLflow); a dirty tree's diff goes to its artifacts."""
     segs = read_segments(folder.path)
-    labels = list(dict.fromkeys(str(s["code"]) for s in segs if s.get("code")))
-    tags = {TAG_SEGMENTS: str(segment), TAG_CODE: ",".join(labels)}
-    first_commit = next((s["commit"] for s in segs if s.get("commit")), None)
+    tags = {TAG_SEGMENTS: str(segment), TAG_CODE: ",".join(code_labels(segs))}
+    first_commit = next((s.commit for s in segs if s.commit), None)
     if first_commit:  # MLflow's own tag names the first segment's commit
         tags[TAG_GIT_COMMIT] = first_commit
-    if segs and segs[-1].get("job_id"):  # the scheduler's job running this segment (submission does not tag it)
-        tags[TAG_JOB_ID] = str(segs[-1]["job_id"])
+    if segs and segs[-1].job:  # the scheduler's job running this segment (submission does not tag it)
+        tags[TAG_JOB_ID] = segs[-1].job
     outbox.status(RUNNING, tags)
     diff = folder.segment_diff(segment)
     if version.dirty and diff.exists():
@@ -239,7 +240,7 @@ def _segment(cfg: Config, folder: TrialFolder, lease: "Lease", job_id: str, trac
         if outbox is not None and evaluation is None:  # an evaluation job leaves its model's run state alone
             outbox.status(state, tags)
 
-    from asr_core.training.train import Fenced, Preempted
+    from asr_core.training.loop import Fenced, Preempted
 
     try:
         segment = _start_segment(folder, version)
@@ -284,7 +285,7 @@ def _segment(cfg: Config, folder: TrialFolder, lease: "Lease", job_id: str, trac
         status(FAILED, {TAG_ERROR: last})
         _flush(outbox, FINAL_FLUSH_S)
         return EXIT_FAILED
-    folder.done.write_text("finished\n")
+    mark_done(folder.path)
     outcome(OUTCOME_FINISHED)
     progress.write("done")
     status(FINISHED)
@@ -300,14 +301,14 @@ def _train_and_evaluate(cfg: Config, folder: TrialFolder, lease: "Lease", tracki
     from asr_core.training.train import train
 
     if folder.trained.exists():
-        checkpoint = Path(json.loads(folder.trained.read_text())["checkpoint"])
+        checkpoint = trained_checkpoint(folder.path)
         _say(f"training already finished ({checkpoint}); evaluating")
     else:
         result = train(cfg, folder.path, tracking_uri=tracking_uri, run_id=run_id, end_run=False,
                        progress=progress, outbox=outbox, held=lease.held)
         run_id = result.run_id or run_id
         checkpoint = Path(result.checkpoint)
-        folder.trained.write_text(json.dumps({"checkpoint": str(checkpoint), "steps": result.steps}))
+        mark_trained(folder.path, checkpoint, result.steps)
     _drop_optimizer(checkpoint, lease)
     if not cfg.eval.datasets:
         return
@@ -339,13 +340,12 @@ def _drop_optimizer(checkpoint: Path, lease: "Lease") -> None:
 def _evaluate_interruptibly(cfg: Config, checkpoint: Path, out_dir: Path, tracking_uri: str | None,
                             run_id: str | None, progress: ProgressLog, outbox: Outbox | None) -> None:
     """Evaluation has no checkpoint: a stop signal (also one that arrived before it began) interrupts it at once."""
-    from asr_core.evaluation.evaluate import evaluate
+    from asr_core.evaluation.evaluate import Destination, EvaluationRun, evaluate
 
     with signals.installed(), signals.raising(EvaluationInterrupted):
-        evaluate(checkpoint, list(cfg.eval.datasets), list(cfg.eval.snrs), stride=cfg.eval.stride,
-                 batch_windows=cfg.eval.batch_windows, noise=cfg.eval.noise, tracking_uri=tracking_uri,
-                 run_id=run_id, out_dir=TrialFolder(out_dir).eval_dir, progress=progress, outbox=outbox,
-                 log=outbox is not None, noisy=cfg.eval.noisy, precision=cfg.eval.precision)
+        evaluate(EvaluationRun.of(checkpoint, cfg.eval),
+                 Destination(out_dir=TrialFolder(out_dir).eval_dir, log=outbox is not None, run_id=run_id,
+                             tracking_uri=tracking_uri, outbox=outbox, progress=progress))
 
 
 def _measure_heads_interruptibly(cfg: Config, checkpoint: Path, folder: TrialFolder, tracking_uri: str | None,

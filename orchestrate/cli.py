@@ -28,7 +28,8 @@ from orchestrate.decode_file import DecodeFileError
 from orchestrate.evaluations import EvaluationError
 from orchestrate.where import WhereError
 from orchestrate.grid import Grid, GridError, load_grid, plan_table
-from orchestrate.ledger import Ledger, LedgerError, check_tracking_uri, default_tracking_uri
+from orchestrate.ledger import Ledger, LedgerError
+from orchestrate.ledger_store import check_tracking_uri, default_tracking_uri
 from orchestrate.sweep import DEFAULT_MAX_FAILURES, Manifest, SweepDir, SweepError, merge_trials, new_sweep_id
 from orchestrate.trial import Trial
 
@@ -171,7 +172,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def _plan_estimate(args: argparse.Namespace, grid: "Grid") -> int:
     """``plan --estimate``: :mod:`orchestrate.budget.estimate` printed as tables (or JSON)."""
-    from orchestrate.budget.estimate import EstimateError, estimate_grid, estimate_json, estimate_table, load_calibration
+    from orchestrate.budget.calibration import EstimateError, load_calibration
+    from orchestrate.budget.estimate import estimate_grid, estimate_json, estimate_table
 
     if not args.estimate:
         raise UsageError("--calibration, --profile and --trials go with --estimate")
@@ -191,7 +193,7 @@ def _plan_estimate(args: argparse.Namespace, grid: "Grid") -> int:
 
 def _data_paths(trials: list[Trial]) -> dict[str, str]:
     """{path: 'trial field'} of every local data path the trials read."""
-    from asr_core.data.corpora import CorpusError, split_named_spec, split_spec
+    from asr_core.contract.specs import CorpusError, split_named_spec, split_spec
 
     out: dict[str, str] = {}
     for t in trials:
@@ -221,7 +223,7 @@ def execution_overrides(trials: list[Trial], overrides: list[str]) -> list[Trial
     what they are: an override that would change a trial's key raises :class:`UsageError` naming it."""
     if not overrides:
         return trials
-    from asr_core.config import ConfigError
+    from asr_core.config_parse import ConfigError
     from asr_core.identity import science
 
     out = []
@@ -333,7 +335,8 @@ def _open(args: argparse.Namespace) -> tuple[SweepDir, Manifest, list[Trial]]:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from orchestrate.status import check_owner, ledger_probe, show_status
+    from orchestrate.status import show_status
+    from orchestrate.status_ledger import check_owner, ledger_probe
 
     sweep, manifest = _read(args)
     # status reads the trial folders and works while MLflow is down; a ledger that answers must be this sweep's

@@ -76,7 +76,7 @@ class DecodeSpec:
     def metric_keys(self, dataset: str) -> list[str]:
         """The metrics one decoded dataset gets: clean, then each SNR (``asr_core.evaluation.evaluate``'s keys)."""
         from asr_core.decoding.beam import BeamConfig
-        from asr_core.evaluation.evaluate import BeamDecoding
+        from asr_core.evaluation.decoders import BeamDecoding
 
         beam = BeamDecoding(BeamConfig(), name=self.name)
         return [beam.metric_key(dataset, snr) for snr in (None, *self.snrs)]
@@ -155,7 +155,7 @@ def parse_decode(raw: Any, path: Path) -> DecodeSpec:
 
 def _name(where: str, v: Any) -> str:
     from asr_core.decoding.beam import BeamConfig
-    from asr_core.evaluation.evaluate import BeamDecoding
+    from asr_core.evaluation.decoders import BeamDecoding
 
     ok = isinstance(v, str) and v[:1].isalnum()
     if ok:
@@ -208,10 +208,10 @@ def _file(where: str, key: str, v: Any, base: Path, what: str) -> str:
 
 def _loadable(where: str, lm: str) -> None:
     """The LM file is a checkpoint ``torch.load(weights_only=True)`` reads (memory-mapped: nothing is copied)."""
-    import torch
+    from asr_core.training.checkpoint import read_header
 
     try:
-        ck = torch.load(lm, map_location="cpu", weights_only=True, mmap=True)
+        ck = read_header(lm)
     except Exception as e:  # noqa: BLE001 - torch raises many kinds for a file that is not a checkpoint
         raise DecodeFileError(f"{where}: lm {lm} is not a checkpoint torch can read with weights_only=True "
                               f"({type(e).__name__}: {e}); valid: a checkpoint of `python -m asr_core lm train`"
@@ -223,7 +223,7 @@ def _loadable(where: str, lm: str) -> None:
 
 def _datasets(where: str, items: list[Any], base: Path) -> tuple[str, ...]:
     """``NAME=FORMAT:PATH`` specs with PATH made absolute; each must exist and the names must be distinct."""
-    from asr_core.data.corpora import CorpusError, parse_dataset_spec, split_spec
+    from asr_core.contract.specs import CorpusError, parse_dataset_spec, split_spec
 
     out: list[str] = []
     names: list[str] = []

@@ -2,7 +2,7 @@
 
 Every operation takes the sweep lock before it writes anything, then reads the trial folders (the truth; MLflow
 mirrors them), asks the backend which trials its scheduler still holds, brings the ledger in line with the folders
-(:func:`orchestrate.trial_state.reconcile_ledger`) and classifies each trial:
+(:func:`orchestrate.reconcile.reconcile_ledger`) and classifies each trial:
 
 * finished (``DONE`` in its folder, or FINISHED in the ledger) → skipped, even when the ledger lags;
 * live: held by the scheduler (pending/running/requeued), or its lease is alive (a fresh heartbeat beats an empty
@@ -51,8 +51,8 @@ from orchestrate.backends.profile import Profile
 from orchestrate.ledger import Ledger, TrialRun
 from orchestrate.sweep import DEFAULT_MAX_FAILURES, Manifest, SweepBusy, SweepDir, new_sweep_id
 from orchestrate.trial import Trial
-from orchestrate.trial_state import (FolderState, failure_reason, read_folder_state, read_folder_states,
-                                     reconcile_ledger)
+from orchestrate.reconcile import reconcile_ledger
+from orchestrate.trial_state import FolderState, failure_reason, read_folder_state, read_folder_states
 
 if TYPE_CHECKING:
     from asr_core.runtime.provenance import CodeVersion
@@ -97,7 +97,7 @@ class Plan:
 
 def eval_dataset_names(trials: list[Trial]) -> list[str]:
     """The names of every dataset the trials evaluate on (``eval.datasets``, NAME=FORMAT:PATH), first seen first."""
-    from asr_core.data.corpora import parse_dataset_spec
+    from asr_core.contract.specs import parse_dataset_spec
 
     names: dict[str, None] = {}
     for t in trials:
@@ -205,8 +205,7 @@ def record_unreported_ends(sweep: SweepDir, backend: Backend, states: dict[str, 
         if fs.last_segment is not None:
             if not fs.unrecorded_segment:
                 continue
-            seg = fs.last_segment.get("segment")
-            asks[k] = (seg if isinstance(seg, int) else fs.segments, str(fs.last_segment.get("job_id") or ""))
+            asks[k] = (fs.last_segment.number_or(fs.segments), fs.last_segment.job)
         else:
             if submitted is None:
                 submitted = _submitted_jobs(sweep, backend)

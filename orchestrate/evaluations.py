@@ -41,7 +41,7 @@ class EvaluationError(ValueError):
 
 
 def _dataset_names(specs: Iterable[str]) -> dict[str, str]:
-    from asr_core.data.corpora import dataset_name
+    from asr_core.contract.specs import dataset_name
 
     return {dataset_name(s): s for s in specs}
 
@@ -55,7 +55,8 @@ def own_evaluation(sweep: SweepDir, model: Trial) -> tuple[Conditions, dict[str,
     rec = read_evaluated(folder.evaluated)
     if rec is not None:
         return rec
-    from asr_core.config import Config, ConfigError
+    from asr_core.config import Config
+    from asr_core.config_parse import ConfigError
 
     try:  # an EVALUATED of an older version, or DONE without one: the config it ran (config.json, left as it ran)
         ev = Config.from_yaml(folder.config, stored=True).eval
@@ -272,7 +273,7 @@ def decoder_metrics(uri: str, experiment_id: str, name: str) -> dict[str, set[st
 def missing_data(jobs: Iterable[Trial], workdir: Path) -> dict[str, str]:
     """{path: the job's label} of every dataset the evaluation jobs would read that is not there (relative paths:
     from ``workdir``, where the jobs run; a prepared corpus: once its manifest is written)."""
-    from asr_core.data.corpora import CorpusError, parse_dataset_spec, split_spec
+    from asr_core.contract.specs import CorpusError, parse_dataset_spec, split_spec
 
     out: dict[str, str] = {}
     for j in jobs:

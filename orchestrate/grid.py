@@ -1,19 +1,8 @@
 """Grid files → trials.
 
-A grid file is a base configuration plus named sub-grids; each sub-grid is the product of its axes (dotted
-:class:`~asr_core.config.Config` field names, or ``preset``) times the list of seeds::
-
-    name: paper                      # default sweep name (else the file's stem)
-    extends: other.yaml              # optional: take base and seeds from that file (its sub-grids are not taken)
-    include: [context.yaml]          # optional: add the sub-grids of these files (each keeps its own base)
-    base: {preset: main, data: {train: "podcast:data/train"}}
-    seeds: [1, 2, 3]
-    subgrids:
-      context:
-        section: "4.1 context length"
-        set: {model.posenc: rotary}              # fixed values for this sub-grid
-        axes: {data.context_s: [10.24, 20.48]}   # every combination
-        seeds: [1]                               # optional, replaces the file's seeds
+A grid file (its format and how it is read: :mod:`orchestrate.grid_file`) is a base configuration plus named
+sub-grids; each sub-grid is the product of its axes (dotted :class:`~asr_core.config.Config` field names, or
+``preset``) times the list of seeds.
 
 Precedence, lowest first: the preset (the base's, or the sub-grid's ``preset`` axis/set), the base's own values,
 the sub-grid's ``set``, the axes. Values are checked by the config's own parser
@@ -42,60 +31,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
-import yaml
-
-from asr_core.config import FIELD_TYPES, PRESETS, Config, ConfigError, EvalConfig, parse_field, resolve
-from asr_core.data.corpora import dataset_name
+from asr_core.config import FIELD_TYPES, PRESETS, Config, EvalConfig, parse_field, resolve
+from asr_core.config_parse import ConfigError
+from asr_core.contract.specs import dataset_name
+from orchestrate.grid_file import (SUBGRID_KEYS, GridError, where_in, parse_seeds, read_grid_yaml,
+                                   subgrid_sources)
 from orchestrate.trial import Trial
-
-
-class GridError(ValueError):
-    """The grid file is invalid; the message names the file, sub-grid, key and value, and what is valid."""
-
-
-TOP_KEYS = ("name", "description", "extends", "include", "base", "seeds", "subgrids")
-SUBGRID_KEYS = ("section", "description", "set", "axes", "seeds")
-
-
-# ---- YAML that refuses duplicate keys (PyYAML silently keeps the last one) ----------------------------------------
-class _StrictLoader(yaml.SafeLoader):
-    pass
-
-
-def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-    seen: dict[Any, int] = {}
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=deep)
-        if key in seen:
-            raise GridError(f"{loader.name}: line {key_node.start_mark.line + 1}: duplicate key {key!r} "
-                            f"(first at line {seen[key] + 1}); every key, sub-grid names included, must be unique")
-        seen[key] = key_node.start_mark.line
-    return loader.construct_mapping(node, deep=deep)
-
-
-_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
-
-
-def _read_yaml(path: Path) -> dict[str, Any]:
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise GridError(f"grid file not found: {path}") from None
-    loader = _StrictLoader(text)
-    loader.name = str(path)
-    try:
-        raw = loader.get_single_data()
-    except yaml.YAMLError as e:
-        raise GridError(f"{path}: not valid YAML: {e}") from None
-    finally:
-        loader.dispose()
-    if not isinstance(raw, dict):
-        raise GridError(f"{path}: the top level must be a mapping with keys {', '.join(TOP_KEYS)}")
-    unknown = sorted(set(raw) - set(TOP_KEYS))
-    if unknown:
-        raise GridError(f"{path}: unknown top-level key {unknown[0]!r}; valid: {', '.join(TOP_KEYS)}")
-    return raw
-
 
 AXIS_NAMES: tuple[str, ...] = ("preset", *FIELD_TYPES)
 
@@ -133,95 +74,21 @@ class Grid:
     trials: tuple[Trial, ...]
 
 
-def _where(path: Path, sub: str | None, key: str | None = None) -> str:
-    out = str(path)
-    if sub is not None:
-        out += f": sub-grid {sub!r}"
-    if key is not None:
-        out += f", key {key!r}"
-    return out
-
-
 def _check_name(name: str, path: Path, sub: str, kind: str) -> None:
     if name in AXIS_NAMES:
         if name == "train.seed":
-            raise GridError(f"{_where(path, sub, name)}: the seed is not an axis; list seeds under 'seeds:'")
+            raise GridError(f"{where_in(path, sub, name)}: the seed is not an axis; list seeds under 'seeds:'")
         return
     close = difflib.get_close_matches(name, AXIS_NAMES, n=3, cutoff=0.6)
     hint = f" (did you mean {', '.join(close)}?)" if close else ""
-    raise GridError(f"{_where(path, sub)}: unknown {kind} field {name!r}{hint}; valid: preset or a dotted Config "
+    raise GridError(f"{where_in(path, sub)}: unknown {kind} field {name!r}{hint}; valid: preset or a dotted Config "
                     f"field such as {', '.join(list(FIELD_TYPES)[:6])}, ... (all: {', '.join(FIELD_TYPES)})")
-
-
-def _seeds(value: Any, where: str) -> tuple[int, ...]:
-    if not isinstance(value, list) or not value:
-        raise GridError(f"{where}: 'seeds' must be a non-empty list of non-negative integers, got {value!r}")
-    for s in value:
-        if isinstance(s, bool) or not isinstance(s, int) or s < 0:
-            raise GridError(f"{where}: seed {s!r} is invalid; valid: a non-negative integer")
-    if len(set(value)) != len(value):
-        raise GridError(f"{where}: 'seeds' lists a seed twice: {value!r}")
-    return tuple(value)
-
-
-def _base_of(path: Path, raw: dict[str, Any], chain: tuple[Path, ...] = ()) -> tuple[dict[str, Any], Any]:
-    """(base dict, seeds) of a file, following ``extends``."""
-    base: dict[str, Any] = {}
-    seeds: Any = None
-    if "extends" in raw:
-        parent = (path.parent / str(raw["extends"])).resolve()
-        if parent in chain or parent == path.resolve():
-            raise GridError(f"{path}: 'extends: {raw['extends']}' makes a cycle")
-        pbase, seeds = _base_of(parent, _read_yaml(parent), chain + (path.resolve(),))
-        base = pbase
-    if "base" in raw:
-        if not isinstance(raw["base"], dict):
-            raise GridError(f"{path}: 'base' must be a mapping of config sections, got {raw['base']!r}")
-        base = _merge(base, raw["base"])
-    if "seeds" in raw:
-        seeds = raw["seeds"]
-    return base, seeds
-
-
-def _merge(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
-    out = dict(a)
-    for k, v in b.items():
-        out[k] = _merge(out[k], v) if isinstance(v, Mapping) and isinstance(out.get(k), Mapping) else v
-    return out
-
-
-def _subgrid_sources(path: Path, seen: tuple[Path, ...] = ()) -> list[tuple[Path, dict[str, Any], str, Any]]:
-    """(file, base, sub-grid name, sub-grid body) for the file and its includes, in order."""
-    rp = path.resolve()
-    if rp in seen:
-        raise GridError(f"{path}: included twice or in a cycle ({' -> '.join(str(s) for s in seen + (rp,))})")
-    raw = _read_yaml(path)
-    base, seeds = _base_of(path, raw)
-    out: list[tuple[Path, dict[str, Any], str, Any]] = []
-    includes = raw.get("include", [])
-    if not isinstance(includes, list):
-        raise GridError(f"{path}: 'include' must be a list of grid files, got {includes!r}")
-    for inc in includes:
-        out += _subgrid_sources(path.parent / str(inc), seen + (rp,))
-    subs = raw.get("subgrids", {})
-    if not isinstance(subs, dict):
-        raise GridError(f"{path}: 'subgrids' must be a mapping of sub-grid name to its axes, got {subs!r}")
-    for name, body in subs.items():
-        if not isinstance(body, dict):
-            raise GridError(f"{_where(path, name)}: must be a mapping with keys {', '.join(SUBGRID_KEYS)}")
-        body = dict(body)
-        if "seeds" not in body:
-            if seeds is None:
-                raise GridError(f"{_where(path, name)}: no seeds; add 'seeds: [1, 2, 3]' to the file or sub-grid")
-            body["seeds"] = seeds
-        out.append((path, base, str(name), body))
-    return out
 
 
 def load_grid(path: str | Path, overrides: Iterable[str] = ()) -> Grid:
     """Expand a grid file into its unique trials; ``overrides`` (``section.field=value``) apply to every base."""
     path = Path(path)
-    sources = _subgrid_sources(path)
+    sources = subgrid_sources(path)
     if not sources:
         raise GridError(f"{path}: no sub-grids; add 'subgrids:' (or 'include:' files that have them)")
     names: dict[str, Path] = {}
@@ -251,7 +118,7 @@ def load_grid(path: str | Path, overrides: Iterable[str] = ()) -> Grid:
     trials = [_one_trial(points) for points in groups.values()]
     summaries = [SubGrid(name=name, file=str(file), section=str(body.get("section", "")), n_points=len(mine),
                          n_new=len(new)) for file, name, body, mine, new in counts]
-    raw_name = _read_yaml(path).get("name")
+    raw_name = read_grid_yaml(path).get("name")
     return Grid(name=str(raw_name or path.stem), path=str(path), subgrids=tuple(summaries),
                 trials=_unique_labels(trials))
 
@@ -283,7 +150,7 @@ def _one_trial(points: list[tuple[Path, str, Trial]]) -> Trial:
         merged_eval = merge_evaluations(evals)
     except ValueError as e:
         file, sub, t = next(p for p in points if p[2].config.eval != evals[0])
-        raise GridError(f"{_where(file, sub)}: trial {t.label} ({first.subgrids[0]!r} and {sub!r} evaluate "
+        raise GridError(f"{where_in(file, sub)}: trial {t.label} ({first.subgrids[0]!r} and {sub!r} evaluate "
                         f"it differently and cannot be merged): {e}") from None
     cfg = dataclasses.replace(first.config, eval=merged_eval)
     return dataclasses.replace(first, key=cfg.key(), subgrids=tuple(subgrids), config=cfg)
@@ -319,13 +186,13 @@ def _same_trial_other_settings(file: Path, sub: str, old: Trial, new: Trial) -> 
     differ = [k for k in a if a[k] != b.get(k)]
     diff = ", ".join(f"{k}: {a[k]!r} vs {b[k]!r}" for k in differ)
     if all(k.startswith("eval.") for k in differ):
-        raise GridError(f"{_where(file, sub)}: model {new.label} ({new.key}) is evaluated two ways ({diff}; first "
+        raise GridError(f"{where_in(file, sub)}: model {new.label} ({new.key}) is evaluated two ways ({diff}; first "
                         f"from sub-grid {old.subgrids[0]!r}). A model has one default evaluation, the grid's eval "
                         "section (their datasets and SNRs are merged; nothing else is): set these once, e.g. in "
                         "base, and evaluate the trained models another way with `orchestrate evaluate SWEEP --spec "
                         "FILE`")
-    raise GridError(f"{_where(file, sub)}: trial {new.label} ({new.key}) comes out twice with other settings ({diff}; "
-                    f"first from sub-grid {old.subgrids[0]!r}). Those settings do not make another experiment "
+    raise GridError(f"{where_in(file, sub)}: trial {new.label} ({new.key}) comes out twice with other settings "
+                    f"({diff}; first from sub-grid {old.subgrids[0]!r}). Those settings do not make another experiment "
                     "(asr_core/identity.py): set them once, e.g. in base; to compare corpora, name each one "
                     "(NAME=FORMAT:PATH)")
 
@@ -342,23 +209,23 @@ def _expand_subgrid(file: Path, base: dict[str, Any], name: str, body: dict[str,
                     base_cache: dict[tuple[int, str | None], Config]) -> Iterable[Trial]:
     unknown = sorted(set(body) - set(SUBGRID_KEYS))
     if unknown:
-        raise GridError(f"{_where(file, name)}: unknown key {unknown[0]!r}; valid: {', '.join(SUBGRID_KEYS)}")
-    seeds = _seeds(body["seeds"], _where(file, name))
+        raise GridError(f"{where_in(file, name)}: unknown key {unknown[0]!r}; valid: {', '.join(SUBGRID_KEYS)}")
+    seeds = parse_seeds(body["seeds"], where_in(file, name))
     fixed = body.get("set", {}) or {}
     axes = body.get("axes", {}) or {}
     for what, d in (("set", fixed), ("axes", axes)):
         if not isinstance(d, dict):
-            raise GridError(f"{_where(file, name)}: {what!r} must be a mapping of dotted field names, got {d!r}")
+            raise GridError(f"{where_in(file, name)}: {what!r} must be a mapping of dotted field names, got {d!r}")
     for k in fixed:
         _check_name(k, file, name, "set")
     for k, vals in axes.items():
         _check_name(k, file, name, "axis")
         if k in fixed:
-            raise GridError(f"{_where(file, name, k)}: is both in 'set' and 'axes'; keep one")
+            raise GridError(f"{where_in(file, name, k)}: is both in 'set' and 'axes'; keep one")
         if not isinstance(vals, list):
-            raise GridError(f"{_where(file, name, k)}: an axis must be a list of values, got {vals!r}")
+            raise GridError(f"{where_in(file, name, k)}: an axis must be a list of values, got {vals!r}")
         if not vals:
-            raise GridError(f"{_where(file, name, k)}: the axis is empty; give at least one value")
+            raise GridError(f"{where_in(file, name, k)}: the axis is empty; give at least one value")
     # Coerce every value once (not once per combination): wrong types are reported here, naming the value.
     fixed_c = {k: _coerce_named(file, name, k, v) for k, v in fixed.items() if k != "preset"}
     axes_c = {k: [_coerce_named(file, name, k, v) for v in vals] for k, vals in axes.items()}
@@ -372,7 +239,7 @@ def _expand_subgrid(file: Path, base: dict[str, Any], name: str, body: dict[str,
                 cfg = apply_values(cfg0, values) if values else cfg0
             except ConfigError as e:
                 shown = ", ".join(f"{k}={v!r}" for k, v in dict(zip(axis_names, combo)).items())
-                raise GridError(f"{_where(file, name)}: the combination {shown or '(set values)'} is invalid: {e}")
+                raise GridError(f"{where_in(file, name)}: the combination {shown or '(set values)'} is invalid: {e}")
             for s in seeds:
                 yield Trial.make(cfg, s, name)
 
@@ -380,10 +247,11 @@ def _expand_subgrid(file: Path, base: dict[str, Any], name: str, body: dict[str,
 def _coerce_named(file: Path, sub: str, key: str, value: Any) -> Any:
     if key == "preset":
         if value not in PRESETS:
-            raise GridError(f"{_where(file, sub, key)}: unknown preset {value!r}; valid: {', '.join(sorted(PRESETS))}")
+            raise GridError(f"{where_in(file, sub, key)}: unknown preset {value!r}; valid: "
+                            f"{', '.join(sorted(PRESETS))}")
         return value
     try:
-        return parse_field(key, value, source=_where(file, sub))
+        return parse_field(key, value, source=where_in(file, sub))
     except ConfigError as e:
         raise GridError(str(e)) from None
 
@@ -428,7 +296,8 @@ def eval_set_durations(spec: str) -> tuple[float, ...] | None:
     """Durations in seconds of the recordings of the dataset ``NAME=FORMAT:PATH`` when it is on disk here (its
     transcripts', read once per process: the one reading behind :func:`eval_set_hours` and the estimate's
     per-recording counts and windows), else None."""
-    from asr_core.data.corpora import CorpusError, load_corpus, split_named_spec, split_spec
+    from asr_core.contract.specs import split_named_spec, split_spec
+    from asr_core.data.corpora import CorpusError, load_corpus
 
     try:
         _, path = split_spec(split_named_spec(spec)[1])

@@ -16,27 +16,21 @@ the trial job.
 
 from __future__ import annotations
 
-import os
-import sqlite3
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from functools import cached_property
-from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, TypeVar
+from typing import Any, Callable, Iterable
 from urllib.parse import urlparse
 
 from asr_core.contract.trial import (ENDED, FINISHED, ROLE_PARENT, ROLE_TRIAL, RUNNING, SCHEDULED, STATES,
                                      TAG_BACKEND, TAG_CODE, TAG_ERROR, TAG_JOB_ID, TAG_KEY, TAG_LABEL,
                                      TAG_PARENT_RUN, TAG_PREEMPTIONS, TAG_ROLE, TAG_SEED, TAG_SEGMENTS, TAG_SUBGRIDS,
                                      TAG_SWEEP_BACKEND, TAG_SWEEP_GRID, TAG_SWEEP_ID, TAG_SWEEP_ROOT)
-from orchestrate.mlflow_rest import (MAX_PER_BATCH, Experiment, LedgerError, MlflowRest, Run, UncertainWrite,
-                                     auth_header)
+from orchestrate.ledger_store import ClientStore, enable_wal, sqlite_path, sqlite_sync_normal
+from orchestrate.mlflow_rest import Experiment, LedgerError, MlflowRest, UncertainWrite
 from orchestrate.trial import Trial
 
-__all__ = ["STATES", "Ledger", "LedgerError", "SweepOwnershipError", "TrialRun", "check_tracking_uri", "counts",
-           "default_tracking_uri", "wait_for"]
+__all__ = ["STATES", "Ledger", "LedgerError", "SweepOwnershipError", "TrialRun", "counts", "wait_for"]
 
 
 class SweepOwnershipError(LedgerError):
@@ -71,80 +65,6 @@ class TrialRun:
         return len(self.code_labels) > 1
 
 
-def default_tracking_uri(sweep_root: str | Path) -> str:
-    return f"sqlite:///{Path(sweep_root).resolve() / 'mlflow.db'}"
-
-
-def check_tracking_uri(uri: str, timeout: float = 5.0) -> None:
-    """Fail fast (before anything is created) when the tracking URI cannot work."""
-    parsed = urlparse(uri)
-    if parsed.scheme in ("http", "https"):
-        url = uri.rstrip("/") + "/health"
-        auth = auth_header()
-        request = urllib.request.Request(url, headers={"Authorization": auth} if auth else {})
-        try:
-            with urllib.request.urlopen(request, timeout=timeout) as r:  # noqa: S310 - the user's own server
-                if r.status != 200:
-                    raise LedgerError(f"tracking URI {uri}: {url} answered HTTP {r.status}; is it an mlflow server?")
-        except urllib.error.HTTPError as e:
-            raise LedgerError(f"tracking URI {uri}: {url} answered HTTP {e.code}; is it an mlflow server?") from None
-        except (urllib.error.URLError, OSError) as e:
-            raise LedgerError(f"tracking URI {uri} is unreachable ({getattr(e, 'reason', e)}); start one with "
-                              "slurm/mlflow-server.sh or pass --tracking-uri sqlite:///PATH/mlflow.db") from None
-    elif parsed.scheme == "sqlite":
-        path = Path(uri[len("sqlite:///"):])
-        if not path.parent.exists():
-            try:
-                path.parent.mkdir(parents=True, exist_ok=True)
-            except OSError as e:
-                raise LedgerError(f"tracking URI {uri}: cannot create {path.parent}: {e}") from None
-        if not os.access(path.parent, os.W_OK):
-            raise LedgerError(f"tracking URI {uri}: {path.parent} is not writable")
-    elif parsed.scheme in ("", "file"):
-        raise LedgerError(f"tracking URI {uri!r}: MLflow 3 refuses plain file stores; valid: sqlite:///PATH/mlflow.db "
-                          "or http://HOST:PORT (an mlflow server)")
-
-
-def _enable_wal(uri: str) -> None:
-    """Write-ahead logging for a sqlite ledger: many trial jobs write while ``status`` reads, and one fsync per
-    commit instead of several makes creating hundreds of runs several times faster. The mode sticks to the file."""
-    db = _sqlite_path(uri)
-    if db is not None:
-        con = sqlite3.connect(db, timeout=30)
-        try:
-            con.execute("PRAGMA journal_mode=WAL")
-        finally:
-            con.close()
-
-
-_PRAGMAS_SET = False
-
-
-def _sqlite_sync_normal() -> None:
-    """``synchronous=NORMAL`` on this process's sqlite connections: with WAL it survives a crash of any process
-    (only a power cut can lose the last commits) and skips an fsync per commit, which halves the time to create a
-    sweep's runs. Registered once, before MLflow makes its engine."""
-    global _PRAGMAS_SET
-    if _PRAGMAS_SET:
-        return
-    from sqlalchemy import event
-    from sqlalchemy.engine import Engine
-
-    @event.listens_for(Engine, "connect")
-    def _on_connect(dbapi_con: Any, record: Any) -> None:
-        if type(dbapi_con).__module__.startswith("sqlite3"):
-            mode = dbapi_con.execute("PRAGMA journal_mode").fetchone()
-            if mode and str(mode[0]).lower() == "wal":
-                dbapi_con.execute("PRAGMA synchronous=NORMAL")
-
-    _PRAGMAS_SET = True
-
-
-def _sqlite_path(uri: str) -> Path | None:
-    """The database file of a ``sqlite:///`` URI, or None for any other kind of store."""
-    return Path(uri[len("sqlite:///"):]) if uri.startswith("sqlite:///") else None
-
-
 _ADOPT_PROBE = 1  # trial runs an untagged experiment must hold before only its own sweep folder may adopt it
 
 
@@ -156,95 +76,6 @@ def _tag_int(tags: dict[str, str], name: str) -> int:
         return 0
 
 
-T = TypeVar("T")
-R = TypeVar("R")
-
-
-class _ClientStore:
-    """The calls of :class:`~orchestrate.mlflow_rest.MlflowRest` on an ``MlflowClient`` (a ``sqlite:`` ledger,
-    which has no server to talk REST to), returning the same records. ``client`` is asked for the client at every
-    call: the ledger makes it on first use."""
-
-    def __init__(self, client: Callable[[], Any]) -> None:
-        self._client = client
-
-    def get_experiment_by_name(self, name: str) -> Experiment | None:
-        exp = self._client().get_experiment_by_name(name)
-        return None if exp is None else Experiment(experiment_id=exp.experiment_id, name=exp.name,
-                                                   lifecycle_stage=exp.lifecycle_stage, tags=dict(exp.tags))
-
-    def create_experiment(self, name: str, tags: Mapping[str, str] | None = None) -> str | None:
-        from mlflow.exceptions import MlflowException
-
-        try:
-            return self._client().create_experiment(name, tags=dict(tags) if tags else None)
-        except MlflowException as e:
-            if e.error_code == "RESOURCE_ALREADY_EXISTS":
-                return None
-            raise
-
-    def set_experiment_tag(self, experiment_id: str, key: str, value: str) -> None:
-        self._client().set_experiment_tag(experiment_id, key, value)
-
-    def create_run(self, experiment_id: str, run_name: str, tags: Mapping[str, str] | None = None) -> Run:
-        return _record(self._client().create_run(experiment_id, run_name=run_name, tags=dict(tags or {})))
-
-    def update_run(self, run_id: str, status: str) -> None:
-        # MlflowClient.update_run reads the whole run back first; the store's own update (the documented store
-        # interface) does not, which matters when a sweep creates hundreds of runs.
-        from mlflow.entities import RunStatus
-
-        client = self._client()
-        store = getattr(getattr(client, "_tracking_client", None), "store", None)
-        if store is not None and hasattr(store, "update_run_info"):
-            store.update_run_info(run_id, RunStatus.from_string(status), end_time=None, run_name=None)
-        else:
-            client.update_run(run_id, status=status)
-
-    def set_terminated(self, run_id: str, status: str) -> None:
-        self._client().set_terminated(run_id, status=status)
-
-    def log_batch(self, run_id: str, params: Mapping[str, str] | None = None,
-                  tags: Mapping[str, str] | None = None) -> None:
-        from mlflow.entities import Param, RunTag
-
-        p = [Param(k, str(v)) for k, v in (params or {}).items()]
-        t = [RunTag(k, str(v)) for k, v in (tags or {}).items()]
-        while p or t:  # MLflow takes at most 100 params and 100 tags per batch
-            self._client().log_batch(run_id, params=p[:MAX_PER_BATCH], tags=t[:MAX_PER_BATCH])
-            p, t = p[MAX_PER_BATCH:], t[MAX_PER_BATCH:]
-
-    def search_runs(self, experiment_ids: list[str], filter_string: str = "", *, max_results: int = 1000,
-                    order_by: list[str] | None = None,
-                    page_token: str | None = None) -> tuple[list[Run], str | None]:
-        page = self._client().search_runs(experiment_ids, filter_string=filter_string, max_results=max_results,
-                                          order_by=order_by, page_token=page_token)
-        return [_record(r) for r in page], page.token or None
-
-    def search_all_runs(self, experiment_ids: list[str], filter_string: str = "", *, page_size: int = 5000,
-                        order_by: list[str] | None = None) -> list[Run]:
-        runs: list[Run] = []
-        token: str | None = None
-        while True:
-            page, token = self.search_runs(experiment_ids, filter_string, max_results=page_size,
-                                           order_by=order_by, page_token=token)
-            runs += page
-            if not token:
-                return runs
-
-    def map(self, fn: Callable[[T], R], items: list[T]) -> list[R]:
-        """One after the other: a sqlite file takes one writer at a time."""
-        return [fn(i) for i in items]
-
-
-def _record(run: Any) -> Run:
-    """An ``mlflow.entities.Run`` as the ledger's :class:`~orchestrate.mlflow_rest.Run`."""
-    i = run.info
-    return Run(run_id=i.run_id, run_name=i.run_name or "", status=i.status, start_time=i.start_time or 0,
-               end_time=i.end_time, lifecycle_stage=i.lifecycle_stage, tags=dict(run.data.tags),
-               params=dict(run.data.params))
-
-
 class Ledger:
     """The sweep ``name`` in the MLflow tracking store at ``tracking_uri``.
 
@@ -253,7 +84,7 @@ class Ledger:
 
     def __init__(self, tracking_uri: str, name: str) -> None:
         if tracking_uri.startswith("sqlite:"):
-            _sqlite_sync_normal()
+            sqlite_sync_normal()
         self.uri = tracking_uri
         self.name = name
         self._experiment_id: str | None = None
@@ -268,9 +99,9 @@ class Ledger:
         return MlflowClient(tracking_uri=self.uri)
 
     @cached_property
-    def store(self) -> MlflowRest | _ClientStore:
+    def store(self) -> MlflowRest | ClientStore:
         """What the ledger's calls go to: the REST API of a server, or ``MlflowClient`` on a sqlite file."""
-        return MlflowRest(self.uri) if self._rest else _ClientStore(lambda: self.client)
+        return MlflowRest(self.uri) if self._rest else ClientStore(lambda: self.client)
 
     # ---- the sweep --------------------------------------------------------------------------------------------------
     @property
@@ -298,7 +129,7 @@ class Ledger:
         not created. ``sweep_id`` "" stands for a sweep folder without an id (itself from before sweep ids), which
         owns no tagged experiment and adopts nothing. ``root`` is this sweep's folder, named in the message.
         """
-        db = _sqlite_path(self.uri)
+        db = sqlite_path(self.uri)
         if db is not None and not db.exists():
             return
         exp = self.store.get_experiment_by_name(self.name)
@@ -352,7 +183,7 @@ class Ledger:
         if exp is None:
             experiment_id = self.store.create_experiment(self.name, owner_tags or None)
             if experiment_id is not None:
-                _enable_wal(self.uri)
+                enable_wal(self.uri)
                 return experiment_id
             exp = self.store.get_experiment_by_name(self.name)  # another submitter created it just now
             if exp is None:
@@ -401,7 +232,7 @@ class Ledger:
 
     def _deleted_error(self, exp: Experiment) -> LedgerError:
         eid = exp.experiment_id
-        gc = (f"`mlflow gc --backend-store-uri {self.uri} --experiment-ids {eid}`" if _sqlite_path(self.uri)
+        gc = (f"`mlflow gc --backend-store-uri {self.uri} --experiment-ids {eid}`" if sqlite_path(self.uri)
               else f"`mlflow gc --backend-store-uri STORE --experiment-ids {eid}` with the server's backend store")
         owner = exp.tags.get(TAG_SWEEP_ROOT)
         return LedgerError(

@@ -31,8 +31,8 @@ from typing import Callable
 
 from asr_core.runtime.lease import read_lease, release_if_dead
 from asr_core.contract.trial import (EXIT_CANCELLED, EXIT_FAILED, EXIT_FENCED, EXIT_OK, EXIT_PREEMPTED, EXIT_USAGE,
-                                     OUTCOME_FAILED, OUTCOME_FENCED, OUTCOME_KILLED, TrialFolder, read_segments,
-                                     record_attempt)
+                                     OUTCOME_FAILED, OUTCOME_FENCED, OUTCOME_KILLED, TrialFolder, record_attempt)
+from asr_core.contract.segments import read_segments
 
 _PR_SET_PDEATHSIG = 1
 SEGMENT_HEADER = "==== "  # starts the line the runner writes to the log at every start of the command
@@ -131,9 +131,8 @@ def _segment_of(trial_dir: Path, job_id: str, segments_before: int) -> int | Non
     """The segment the trainer that just ended started (the newest record after ``segments_before`` with this job
     id, or any newer one when the job id is unknown); None when it started none (it died before)."""
     new = read_segments(trial_dir)[segments_before:]
-    mine = [r for r in new if not job_id or str(r.get("job_id") or "") == job_id]
-    seg = mine[-1].get("segment") if mine else None
-    return seg if isinstance(seg, int) else None
+    mine = [r for r in new if not job_id or r.job == job_id]
+    return mine[-1].number if mine else None
 
 
 def holder(trial_dir: Path) -> str:

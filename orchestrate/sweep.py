@@ -37,7 +37,7 @@ from typing import Any, Iterator
 
 from asr_core.config import Config
 from asr_core.contract.evaluation import EvaluationSpec, is_evaluation
-from asr_core.contract.trial import TrialFolder, write_config
+from asr_core.contract.trial import TrialFolder, mark_cancelled, write_config
 from orchestrate.trial import Trial
 
 
@@ -159,7 +159,7 @@ class SweepDir:
         if folder.cancelled.exists():
             return False
         folder.path.mkdir(parents=True, exist_ok=True)
-        atomic_write(folder.cancelled, json.dumps({"time": round(time.time(), 3), "by": why}) + "\n")
+        mark_cancelled(folder.path, why)
         return True
 
     def uncancel_trial(self, key: str) -> bool:

@@ -23,7 +23,8 @@ def parse_where(items: Iterable[str]) -> dict[str, list[Any]]:
     model (and its evaluation jobs) or one evaluation job by its key, ``evaluation=NAME`` the evaluation jobs of
     that name (``evaluation=none``: the models themselves). Values of one key are alternatives, different keys must
     all hold. Raises :class:`WhereError` naming the bad item."""
-    from asr_core.config import ConfigError, parse_field, parse_override
+    from asr_core.config import parse_field
+    from asr_core.config_parse import ConfigError, parse_override
 
     out: dict[str, list[Any]] = {}
     for item in items:

@@ -13,7 +13,7 @@
 #   ./scripts/demo.sh            the full demo (14-19 minutes on 2 cores)
 #   ./scripts/demo.sh --quick    a smaller corpus with a short-range cue and 50 training steps: a pipeline check
 #   ./scripts/demo.sh --cued     the full demo on a corpus with the long-range cue (longer test recordings; its own
-#                                sweep demo-cued; the positive control, see the README for what it finds)
+#                                sweep demo-cued; the positive control, see docs/results/ for what it finds)
 #   DEMO_OUT=/tmp/demo ./scripts/demo.sh   write somewhere other than ./demo-out
 set -euo pipefail
 cd "$(dirname "$0")/.."

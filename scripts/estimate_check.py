@@ -127,7 +127,9 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"{demo}: no finished demo (runs/ missing); run ./scripts/demo.sh or pass --run / --demo")
 
     from asr_core.bench.calibrate import table
-    from orchestrate.budget.estimate import calibration_from_dict, estimate_grid
+    from asr_core.contract.calibration import CalibrationFile
+    from orchestrate.budget.calibration import calibration_from_dict
+    from orchestrate.budget.estimate import estimate_grid
     from orchestrate.grid import load_grid
 
     manifest = json.loads((demo / "runs" / "demo" / "sweep.json").read_text())
@@ -142,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         raw = calibrate_parallel(base, contexts, args.steps, args.threads, parallel, demo)
         cal_path = str(demo / "calibration.json")
         Path(cal_path).write_text(json.dumps(raw, indent=1) + "\n")
-        print(table(raw))
+        print(table(CalibrationFile.from_dict(raw, cal_path)))
         print(f"written: {cal_path} (the mean of {parallel} calibrations run at once)\n")
     cal = calibration_from_dict(raw, cal_path)
     est = estimate_grid(grid, cal)

@@ -265,7 +265,7 @@ def paired_step_cost(config: Path, overrides: list[str], weight: float, represen
     from asr_core.data.chunking import group_size
     from asr_core.config import Config
     from asr_core.model.acoustic import build_model
-    from asr_core.training.train import HeadDiversity, step_gradients
+    from asr_core.training.step import HeadDiversity, step_gradients
 
     cfg = Config.from_yaml(config, overrides)
     torch.set_num_threads(THREADS)

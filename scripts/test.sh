@@ -1,8 +1,15 @@
 #!/usr/bin/env bash
 # The test suite: unit tests, integration tests against a real local SLURM cluster and `mlflow server`, and the
-# quick demo study end to end. Installs what it needs first. Extra arguments go to pytest.
+# quick demo study end to end, on two workers (TEST_WORKERS=N to change; tests/conftest.py keeps what shares a
+# session fixture on one worker). Installs what it needs first. Extra arguments go to pytest.
+#   ./scripts/test.sh            the whole suite (about 20 minutes on 2 cores)
+#   ./scripts/test.sh fast       the fast tier for daily work: no SLURM, browser or slow tests (a few minutes)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 export PYTHONUNBUFFERED=1
-exec .venv/bin/python -m pytest --durations=30 "$@"
+if [[ "${1:-}" == "fast" ]]; then
+  shift
+  set -- -m "not slow and not slurm and not browser" "$@"
+fi
+exec .venv/bin/python -m pytest -n "${TEST_WORKERS:-2}" --dist loadgroup --durations=30 "$@"

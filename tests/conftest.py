@@ -1,4 +1,60 @@
-"""Session fixtures shared by the test suite: the local SLURM cluster, an MLflow server and headless Chromium."""
+"""Session fixtures shared by the test suite (the local SLURM cluster, an MLflow server, headless Chromium, the quick
+demo), the groups that let two workers run the suite at once, and the check that it writes nothing into the checkout.
+
+``./scripts/test.sh`` runs the suite on two pytest-xdist workers (``--dist loadgroup``). Tests that share a costly
+session fixture go to one worker, so it is made once: every SLURM test (one test cluster), every test of the quick
+demo (one demo run). Everything else is spread over both workers; each worker has its own MLflow server and browser.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
 
 pytest_plugins = ["tests.plugins.slurm_cluster", "tests.plugins.mlflow_server", "tests.plugins.browser",
                   "tests.plugins.demo"]
+
+REPO = Path(__file__).resolve().parents[1]
+# What a test run may leave in the checkout: the environment scripts/setup.sh made, CI's reports, Python's bytecode.
+ALLOWED = (".venv/", "artifacts/", "__pycache__/", "long_context_asr_study.egg-info/")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.get_closest_marker("slurm"):
+            item.add_marker(pytest.mark.xdist_group("slurm"))
+        elif "quick_demo" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("demo"))
+
+
+def _checkout_paths() -> set[str] | None:
+    """Untracked and ignored paths of the checkout (folders as one entry), or None outside a git checkout."""
+    r = subprocess.run(["git", "status", "--porcelain", "--ignored=matching", "--untracked-files=normal"],
+                       cwd=REPO, capture_output=True, text=True)
+    if r.returncode != 0:
+        return None
+    return {line[3:] for line in r.stdout.splitlines() if line[:2] in ("??", "!!")}
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    if not hasattr(session.config, "workerinput"):  # the controller (or a run without workers) checks
+        session.config.stash[_BEFORE] = _checkout_paths()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    before = session.config.stash.get(_BEFORE, None)
+    after = _checkout_paths() if before is not None else None
+    if before is None or after is None:
+        return
+    new = sorted(p for p in after - before if not any(p.endswith(a) or p.startswith(a) for a in ALLOWED))
+    if new:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        text = f"the test run wrote into the checkout {REPO}: {', '.join(new)}; tests write under tmp_path only"
+        if reporter is not None:
+            reporter.write_line(text, red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+_BEFORE = pytest.StashKey[set[str] | None]()

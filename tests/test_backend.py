@@ -9,7 +9,9 @@ The SLURM cases use the session fixtures ``slurm_cluster`` (a real single-node c
 
 from __future__ import annotations
 
+import fcntl
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -37,11 +39,14 @@ CHECKPOINT_EVERY = 4  # grids/smoke.yaml (and ONE_TRIAL below) train.checkpoint_
 def smoke_corpus(request: pytest.FixtureRequest) -> Path:
     """A synthetic podcast corpus (~13 min, more than MAX_STEPS steps of 20 s), made once and cached."""
     out = Path(request.config.cache.mkdir("orchestrate-smoke-corpus-v1"))
-    if not (out / "COMPLETE").exists():
-        subprocess.run([sys.executable, "-m", "asr_core", "synth", str(out / "c"), "--hours", "0.2", "--seed", "1",
-                        "--eval-hours", "0.01", "--min-minutes", "0.5", "--max-minutes", "1", "--splits", "train"],
-                       check=True)
-        (out / "COMPLETE").write_text("ok\n")
+    with (out / "lock").open("w") as lock:  # two test workers may ask at once: one makes it, the other waits
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (out / "COMPLETE").exists():
+            shutil.rmtree(out / "c", ignore_errors=True)  # what a run killed while making it left
+            subprocess.run([sys.executable, "-m", "asr_core", "synth", str(out / "c"), "--hours", "0.2", "--seed",
+                            "1", "--eval-hours", "0.01", "--min-minutes", "0.5", "--max-minutes", "1", "--splits",
+                            "train"], check=True)
+            (out / "COMPLETE").write_text("ok\n")
     return out / "c"
 
 
@@ -119,6 +124,7 @@ BACKENDS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_smoke_grid_finishes_and_resubmitting_adds_nothing(backend: str, tmp_path: Path, smoke_corpus: Path,

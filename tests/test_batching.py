@@ -13,7 +13,8 @@ import torch
 
 from asr_core.data.batching import BatchMaker, Step, StepLoader
 from asr_core.data.chunking import Position, WindowStream
-from asr_core.data.corpora.base import CorpusError, Recording
+from asr_core.contract.specs import CorpusError
+from asr_core.data.corpora.base import Recording
 from asr_core.data.features import FeatureExtractor
 from asr_core.data.tokenizer import Tokenizer
 

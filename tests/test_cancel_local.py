@@ -36,6 +36,7 @@ subgrids:
 """
 
 
+@pytest.mark.slow
 def test_cancel_while_the_local_submit_runs_stops_its_trainers_and_is_final(tmp_path: Path,
                                                                            smoke_corpus: Path) -> None:
     grid = tmp_path / "two.yaml"

@@ -7,7 +7,7 @@ import torch
 
 from asr_core.training.checkpoint import CheckpointError, drop_optimizer_state, load_checkpoint, load_for_eval, rng_state, \
     save_checkpoint, set_rng_state
-from asr_core.training.train import build_optimizer
+from asr_core.training.step import build_optimizer
 from asr_core.config import preset
 from asr_core.model.acoustic import build_model
 from asr_core.data.tokenizer import Tokenizer

@@ -10,7 +10,9 @@ import pandas as pd
 import pytest
 
 from analysis import collect
-from analysis.collect import CollectError, RunRecord, build_sweep, parse_metric_key
+from analysis.collect import build_sweep
+from analysis.fetch import CollectError, RunRecord
+from asr_core.contract.metrics import parse_metric_key
 
 sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "analysis"))
 import synthetic_sweep as synth  # noqa: E402

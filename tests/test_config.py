@@ -2,7 +2,8 @@
 
 import pytest
 
-from asr_core.config import PRESETS, Config, ConfigError, preset, resolve
+from asr_core.config import PRESETS, Config, preset, resolve
+from asr_core.config_parse import ConfigError
 
 
 def test_main_preset_is_the_papers_model():

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from asr_core.data.corpora import CorpusError, load_corpus, parse_dataset_spec, read_corpus
+from asr_core.contract.specs import parse_dataset_spec
+from asr_core.data.corpora import CorpusError, load_corpus, read_corpus
 from asr_core.data.corpora.tedlium import rejoin_clitics
 from asr_core.evaluation.score import normalise
 

@@ -7,6 +7,7 @@ import contextlib
 import io
 import json
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -22,10 +23,12 @@ import torch
 
 import asr_core.data.corpora.synth as synth
 from asr_core.data.corpora import load_corpus
-from asr_core.data.corpora.base import CorpusError, Recording, Word
+from asr_core.contract.specs import CorpusError
+from asr_core.data.corpora.base import Recording, Word
 from asr_core.data.corpora.cues import (CueConfig, CueSite, containment, cue_topics, disambiguating, holds_before,
                                    placed_share, planted, planted_groups, sound_of, topic_groups)
-from asr_core.data.corpora.synth import DOMAINS, Speaker, espeak, make_plans, render
+from asr_core.data.corpora.synth import DOMAINS, make_plans, render
+from asr_core.data.corpora.synth_audio import Speaker, espeak
 from asr_core.data.corpora.synth_text import CUE_GROUPS, TOPICS, SentenceMaker, vocabulary
 from asr_core.evaluation.score import align_counts, marked_counts, normalise, normalise_marked
 
@@ -185,6 +188,16 @@ def test_strength_zero_plants_nothing_and_leaves_plans_and_random_streams_alone(
     assert "cues" not in meta and "cue" not in meta
     assert not {w.text for w in words} & {w for g in CUE_GROUPS for w in g}
 
+# Where the modules that historical source imports live now (the layout moved them into packages).
+MOVED = {"asr_core.corpora": "asr_core.data.corpora", "asr_core.audio": "asr_core.data.audio",
+         "asr_core.noise": "asr_core.data.noise", "asr_core.features": "asr_core.data.features",
+         "asr_core.tokenizer": "asr_core.data.tokenizer"}
+
+
+def _as_of_today(source: str) -> str:
+    """Historical source with its imports of moved modules pointed at where those modules live now."""
+    return re.sub(r"\b(" + "|".join(re.escape(m) for m in MOVED) + r")\b", lambda m: MOVED[m.group(1)], source)
+
 
 def _pre_cue_synth(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
     """``synth`` and ``synth_text`` as they were before the cue existed, run from their source in git history."""
@@ -192,7 +205,7 @@ def _pre_cue_synth(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
         r = subprocess.run(["git", "show", f"{PRE_CUE_COMMIT}:{path}"], cwd=ROOT, capture_output=True, text=True)
         if r.returncode:
             pytest.skip(f"commit {PRE_CUE_COMMIT[:7]} is not in this checkout's history: {r.stderr.strip()}")
-        return r.stdout
+        return _as_of_today(r.stdout)
 
     text = types.ModuleType("asr_core.data.corpora.synth_text")
     monkeypatch.setitem(sys.modules, text.__name__, text)
@@ -248,7 +261,7 @@ def _pre_groups_modules(monkeypatch: pytest.MonkeyPatch) -> tuple[types.ModuleTy
         r = subprocess.run(["git", "show", f"{PRE_GROUPS_COMMIT}:{path}"], cwd=ROOT, capture_output=True, text=True)
         if r.returncode:
             pytest.skip(f"commit {PRE_GROUPS_COMMIT[:7]} is not in this checkout's history: {r.stderr.strip()}")
-        return r.stdout
+        return _as_of_today(r.stdout)
 
     loaded = []
     for name in ("synth_text", "cues", "synth"):
@@ -398,7 +411,7 @@ def test_evaluate_counts_exactly_the_planted_words(cued_corpus: dict, monkeypatc
     """evaluate's own scoring, fed hypotheses: the reference with one planted word swapped for its homophone and
     one other word changed counts one cue error; with a planted word deleted, one; unchanged, none."""
     import asr_core.data.audio
-    from asr_core.evaluation import evaluate
+    from asr_core.evaluation import decoders
 
     recs = list(load_corpus(f"podcast:{cued_corpus['out'] / 'test'}", audio=False))
     marks = planted(recs)
@@ -414,15 +427,15 @@ def test_evaluate_counts_exactly_the_planted_words(cued_corpus: dict, monkeypatc
             del words[i]
         hyps[rec.id] = " ".join(words)
     monkeypatch.setattr(asr_core.data.audio, "load_audio", lambda path: Path(path).stem)
-    monkeypatch.setattr(evaluate, "prepare_features", lambda extractor, wave, ignore, fps: SimpleNamespace(
+    monkeypatch.setattr(decoders, "prepare_features", lambda extractor, wave, ignore, fps: SimpleNamespace(
         shape=(1,), id=wave))
-    monkeypatch.setattr(evaluate, "plan_windows", lambda *a, **k: SimpleNamespace(starts=[0]))
-    monkeypatch.setattr(evaluate, "posteriors", lambda model, feats, *a, **k: feats.id)
-    monkeypatch.setattr(evaluate, "greedy_ids", lambda probs, blank: probs)
+    monkeypatch.setattr(decoders, "plan_windows", lambda *a, **k: SimpleNamespace(starts=[0]))
+    monkeypatch.setattr(decoders, "posteriors", lambda model, feats, *a, **k: feats.id)
+    monkeypatch.setattr(decoders, "greedy_ids", lambda probs, blank: probs)
     fed = [Recording(r.id, Path(f"{r.id}.wav"), 1.0, r.words, meta=r.meta) for r in recs]
     tokenizer = SimpleNamespace(blank_id=0, decode=lambda stem: hyps[stem])
-    rows, _ = evaluate._evaluate_dataset("t", fed, [], None, None, tokenizer, 1, 1.0, 1, 1, 100.0, None, "synthetic",
-                                         0, cues=marks)
+    rows, _ = decoders.evaluate_dataset("t", fed, [], None, None, tokenizer, 1, 1.0, 1, 1, 100.0, None, "synthetic",
+                                        0, cues=marks)
     for k, row in enumerate(rows["greedy"]):
         assert row["cue_words"] == len(marks[row["recording"]])
         assert row["cue_errors"] == (0 if k % 3 == 2 else 1), row
@@ -432,7 +445,8 @@ def test_evaluate_counts_exactly_the_planted_words(cued_corpus: dict, monkeypatc
 def test_evaluate_logs_the_cue_word_error_rate_of_a_cued_dataset_only(cued_corpus: dict, tmp_path: Path) -> None:
     from asr_core.training.checkpoint import save_checkpoint
     from asr_core.config import preset
-    from asr_core.evaluation.evaluate import CSV_COLUMNS, cue_metric_key, evaluate
+    from asr_core.contract.metrics import cue_metric_key
+    from asr_core.evaluation.evaluate import CSV_COLUMNS, Destination, EvaluationRun, evaluate
     from asr_core.model.acoustic import build_model
     from asr_core.runtime.outbox import Outbox
     from asr_core.data.tokenizer import Tokenizer
@@ -450,8 +464,8 @@ def test_evaluate_logs_the_cue_word_error_rate_of_a_cued_dataset_only(cued_corpu
     for f in sorted(split.iterdir())[:2]:  # one recording of the same split, without the metadata beside it
         shutil.copy(f, plain / f.name)
     box = Outbox(tmp_path / "trial", run_id="run-1")
-    df = evaluate(ckpt, [f"cued=podcast:{split}", f"plain=podcast:{plain}"], [10.0], stride=1.0,
-                  out_dir=tmp_path / "eval", outbox=box, noisy=["cued"])
+    df = evaluate(EvaluationRun(ckpt, [f"cued=podcast:{split}", f"plain=podcast:{plain}"], [10.0], stride=1.0,
+                                noisy=["cued"]), Destination(out_dir=tmp_path / "eval", outbox=box))
     assert list(df.columns) == CSV_COLUMNS
     cued, other = df[df.dataset == "cued"], df[df.dataset == "plain"]
     marks = planted(load_corpus(f"podcast:{split}"))

@@ -14,7 +14,8 @@ from mlflow.tracking import MlflowClient
 from analysis import dashboard
 from asr_core.contract import ledger as sweep_view
 from analysis.__main__ import main
-from analysis.collect import CLEAN, RunRecord, parse_metric_key
+from analysis.fetch import RunRecord
+from asr_core.contract.metrics import CLEAN, parse_metric_key
 
 sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "analysis"))
 import synthetic_sweep as synth  # noqa: E402

@@ -10,8 +10,9 @@ import torch
 from torch import nn
 
 from asr_core.decoding.decode import (CPU_BATCH_WINDOWS, FREE_MEMORY_FRACTION, MAX_BATCH_WINDOWS, WindowBatch,
-                              _forward_windows, auto_batch_windows, decode_features, greedy_ids, plan_windows,
-                              posteriors, resolve_precision, window_bytes, window_frames, windows_that_fit)
+                              auto_batch_windows, decode_features, forward_windows, greedy_ids, plan_windows,
+                              posteriors, window_bytes, window_frames, windows_that_fit)
+from asr_core.device import resolve_precision
 
 torch.set_num_threads(1)
 
@@ -325,7 +326,7 @@ def test_bf16_runs_the_model_under_cuda_autocast_and_sums_in_float32(monkeypatch
 
     monkeypatch.setattr(torch, "autocast", Recorder)
     feats = torch.randn(900, 16)
-    probs, _ = _forward_windows(Bf16Logits(), feats, [(0, 256), (128, 384)], "cpu", bf16=True)
+    probs, _ = forward_windows(Bf16Logits(), feats, [(0, 256), (128, 384)], "cpu", bf16=True)
     assert entered == [("cuda", torch.bfloat16, True)] and probs.dtype == torch.float32
     entered.clear()
     out = posteriors(Bf16Logits(), feats, 256, stride=0.5, precision="fp32")

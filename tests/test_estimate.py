@@ -14,16 +14,21 @@ from pathlib import Path
 import pytest
 import torch
 
-from asr_core.bench.calibrate import FORMAT, cli as calibrate_cli, model_macs, model_params, synth_recording
+from asr_core.bench.calibrate import cli as calibrate_cli, model_macs, model_params
+from asr_core.bench.measure import synth_recording
+from asr_core.contract.calibration import FORMAT
 from asr_core.data.chunking import WindowStream
+from asr_core.data.step_plan import step_lengths
 from asr_core.config import DataConfig, preset
 from asr_core.data.corpora import load_corpus
 from asr_core.data.corpora.base import Recording, Word
 from orchestrate.backends.profile import Profile
 from orchestrate.cli import main
-from orchestrate.budget.estimate import (BUILTIN, PAPER_SOURCE, EstimateError, calibration_from_dict,
-                                  estimate_grid, estimate_trial, load_calibration, paper_fit, segments_needed,
-                                  train_seconds, training_corpus, trial_steps, wall_hours)
+from orchestrate.budget.calibration import (BUILTIN, PAPER_SOURCE, EstimateError, calibration_from_dict,
+                                            load_calibration)
+from orchestrate.budget.corpus import training_corpus, trial_steps
+from orchestrate.budget.estimate import estimate_grid, estimate_trial, segments_needed, train_seconds, wall_hours
+from orchestrate.budget.paper_fit import paper_fit
 from orchestrate.grid import load_grid
 from orchestrate.trial import Trial
 
@@ -128,7 +133,7 @@ def test_step_lengths_replay_the_stream_exactly(batching: str) -> None:
         data = DataConfig(context_s=ctx, batch_audio_s=max(ctx, rng.choice([20.48, 40.96, 81.92])), batching=batching,
                           seqlen_warmup=rng.choice(["code", "none", "paper"]), seqlen_warmup_every=rng.randint(1, 8))
         seed, epochs = rng.randint(0, 5), rng.randint(1, 3)
-        lengths = WindowStream(recs, data, seed, epochs).step_lengths()
+        lengths = step_lengths(WindowStream(recs, data, seed, epochs))
         batches = list(WindowStream(recs, data, seed, epochs).batches())
         assert sum(s.steps for s in lengths.values()) == len(batches) == WindowStream(recs, data, seed,
                                                                                         epochs).count_steps()
@@ -138,7 +143,7 @@ def test_step_lengths_replay_the_stream_exactly(batching: str) -> None:
         squares = sum(w.duration ** 2 for b, _ in batches for w in b)
         assert sum(s.audio_s2 for s in lengths.values()) == pytest.approx(squares, rel=1e-9, abs=1e-9)
         cut = rng.randint(1, 200)
-        capped = WindowStream(recs, data, seed, 1 << 30).step_lengths(cut)
+        capped = step_lengths(WindowStream(recs, data, seed, 1 << 30), cut)
         first = list(itertools.islice(WindowStream(recs, data, seed, 1 << 30).batches(), cut))
         assert sum(s.steps for s in capped.values()) == len(first)
         assert sum(s.padded_s for s in capped.values()) == pytest.approx(
@@ -182,20 +187,20 @@ def test_cost_model_adds_up_the_steps() -> None:
     recs = _recs(25, 3)
     data = DataConfig(context_s=20.48, batch_audio_s=40.96, seqlen_warmup="code", seqlen_warmup_every=4)
     cal = calibration_from_dict(_calibration(a=0.5, b=0.01, overhead=0.05, batch=40.96, attention="sdpa"), "hand")
-    got = train_seconds(WindowStream(recs, data, 1).step_lengths(), cal, 1.0, 1.0)
+    got = train_seconds(step_lengths(WindowStream(recs, data, 1)), cal, 1.0, 1.0)
     want = 0.0
     for b, _ in WindowStream(recs, data, 1).batches():
         longest = max(w.duration for w in b)
         want += 0.05 + (0.5 - 0.05) * len(b) * longest / 40.96 + 0.01 * len(b) * longest * longest / 40.96
     assert got == pytest.approx(want, rel=1e-9)
     # another model: the linear part by its linear arithmetic, the attention part by its own
-    assert train_seconds(WindowStream(recs, data, 1).step_lengths(), cal, 2.0, 1.0) > got
+    assert train_seconds(step_lengths(WindowStream(recs, data, 1)), cal, 2.0, 1.0) > got
 
 
 def test_decoded_frames_are_the_decoders_windows() -> None:
     """The estimate counts the evaluation's windows without importing the decoder (torch); the same numbers."""
     from asr_core.decoding.decode import plan_windows, window_frames
-    from orchestrate.budget.estimate import decoded_frames
+    from orchestrate.budget.evaluation_time import decoded_frames
 
     rng = random.Random(0)
     for _ in range(3000):
@@ -321,6 +326,29 @@ def test_bad_calibration_files_are_named(tmp_path: Path, capsys) -> None:
     assert "go with --estimate" in capsys.readouterr().err
     with pytest.raises(EstimateError, match="built-in calibrations by name: a100-paper, h100-measured"):
         load_calibration("h100-measurd")
+
+
+def test_the_calibration_contract_reads_and_writes_the_stored_files_unchanged(tmp_path: Path) -> None:
+    """Both built-in files read into the contract's dataclass and back to the same JSON (notes and nulls kept); the
+    contract's own errors name the file and the field."""
+    from asr_core.contract.calibration import CalibrationError, CalibrationFile, read_calibration
+
+    for path in sorted(BUILTIN.parent.glob("*.json")):
+        raw = json.loads(path.read_text())
+        cal = read_calibration(path)
+        assert cal.to_dict() == raw and CalibrationFile.from_dict(cal.to_dict(), str(path)) == cal, path
+    h100 = read_calibration(BUILTIN.parent / "h100-measured.json")
+    assert json.dumps(h100.to_dict(), indent=1) == json.dumps(json.loads(
+        (BUILTIN.parent / "h100-measured.json").read_text()), indent=1)  # the writer's key order
+    assert h100.eval.decode_speeds()[0] == (10.24, h100.eval.decode[0].frames_per_s)
+    raw = _calibration(1.0, 0.0, 0.0, 3600.0)
+    raw["eval"] = {"decode": [{"context_s": 10.24}]}
+    with pytest.raises(CalibrationError, match="calibration here.json: eval.decode entries need context_s"):
+        CalibrationFile.from_dict(raw, "here.json")
+    raw = _calibration(1.0, 0.0, 0.0, 3600.0)
+    raw["model"]["params"] = "many"
+    with pytest.raises(CalibrationError, match="calibration here.json: 'model.params' is 'many', not a number"):
+        CalibrationFile.from_dict(raw, "here.json")
 
 
 def test_the_measured_h100_calibration_is_found_by_name() -> None:

@@ -21,7 +21,8 @@ from asr_core.data.corpora import load_corpus
 from asr_core.data.corpora.synth import synthesise
 from asr_core.data.corpora.fingerprint import fingerprint
 from asr_core.data.corpora.synth_text import TOPICS, vocabulary
-from asr_core.evaluation.evaluate import CSV_COLUMNS, evaluate, metric_key
+from asr_core.contract.metrics import metric_key
+from asr_core.evaluation.evaluate import CSV_COLUMNS, Destination, EvaluationRun, evaluate
 from asr_core.evaluation.stage_run import EvalDataChanged
 from asr_core.model.acoustic import build_model
 from asr_core.data.tokenizer import Tokenizer
@@ -60,7 +61,8 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
 def test_evaluate_writes_the_table_and_logs_into_the_checkpoints_run(setup: dict) -> None:
     out = setup["tmp"] / "out"
     datasets = [f"test=podcast:{setup['corpus'] / 'test'}", f"shifted=podcast:{setup['corpus'] / 'test-shifted'}"]
-    df = evaluate(setup["ckpt"], datasets, [-7.5, 10.0], stride=0.25, batch_windows=4, out_dir=out)
+    df = evaluate(EvaluationRun(setup["ckpt"], datasets, [-7.5, 10.0], stride=0.25, batch_windows=4),
+                  Destination(out_dir=out))
     assert list(df.columns) == CSV_COLUMNS
     n_test = len(load_corpus(f"podcast:{setup['corpus'] / 'test'}"))
     assert len(df) == 3 * (n_test + len(load_corpus(f"podcast:{setup['corpus'] / 'test-shifted'}")))
@@ -92,12 +94,14 @@ def test_a_dataset_name_with_other_content_is_refused_before_any_work(setup: dic
     client = mlflow.MlflowClient(setup["uri"])
     run_id = client.create_run(client.get_run(setup["run_id"]).info.experiment_id).info.run_id
     test, shifted = setup["corpus"] / "test", setup["corpus"] / "test-shifted"
-    evaluate(setup["ckpt"], [f"t=podcast:{test}"], [], stride=1.0, out_dir=setup["tmp"] / "fp1", run_id=run_id)
+    evaluate(EvaluationRun(setup["ckpt"], [f"t=podcast:{test}"], [], stride=1.0),
+             Destination(out_dir=setup["tmp"] / "fp1", run_id=run_id))
     before = client.get_run(run_id).data
-    evaluate(setup["ckpt"], [f"t=podcast:{test}"], [], stride=1.0, out_dir=setup["tmp"] / "fp2", run_id=run_id)
+    evaluate(EvaluationRun(setup["ckpt"], [f"t=podcast:{test}"], [], stride=1.0),
+             Destination(out_dir=setup["tmp"] / "fp2", run_id=run_id))
     with pytest.raises(EvalDataChanged) as err:  # the same name now points at other recordings
-        evaluate(setup["ckpt"], [f"t=podcast:{shifted}"], [], stride=1.0, out_dir=setup["tmp"] / "fp3",
-                 run_id=run_id)
+        evaluate(EvaluationRun(setup["ckpt"], [f"t=podcast:{shifted}"], [], stride=1.0),
+                 Destination(out_dir=setup["tmp"] / "fp3", run_id=run_id))
     message = str(err.value)
     old, new = fingerprint(load_corpus(f"podcast:{test}")), fingerprint(load_corpus(f"podcast:{shifted}"))
     assert all(s in message for s in ("'t'", old, new, "another dataset name", "new sweep"))
@@ -111,9 +115,10 @@ def test_evaluation_is_deterministic_and_noise_changes_the_input(setup: dict) ->
     spec = [f"t=podcast:{setup['corpus'] / 'test'}"]
     folder = setup["tmp"] / "progress"
     folder.mkdir()
-    a = evaluate(setup["ckpt"], spec, [0.0], stride=1.0, out_dir=setup["tmp"] / "a", log=False,
-                 progress=ProgressLog(folder))
-    b = evaluate(setup["ckpt"], spec, [0.0], stride=1.0, out_dir=setup["tmp"] / "b", log=False)
+    a = evaluate(EvaluationRun(setup["ckpt"], spec, [0.0], stride=1.0),
+                 Destination(out_dir=setup["tmp"] / "a", log=False, progress=ProgressLog(folder)))
+    b = evaluate(EvaluationRun(setup["ckpt"], spec, [0.0], stride=1.0),
+                 Destination(out_dir=setup["tmp"] / "b", log=False))
     pd.testing.assert_frame_equal(a, b)
     # progress: recordings x conditions of the dataset, from none to all, one record per recording and condition
     records = [json.loads(line) for line in TrialFolder(folder).progress.read_text().splitlines()]
@@ -126,17 +131,18 @@ def test_evaluation_is_deterministic_and_noise_changes_the_input(setup: dict) ->
 def test_bad_arguments_fail_before_any_work(setup: dict, tmp_path: Path) -> None:
     good = f"t=podcast:{setup['corpus'] / 'test'}"
     with pytest.raises(ValueError, match="NAME=FORMAT:PATH"):
-        evaluate(setup["ckpt"], ["podcast:x"], [])
+        evaluate(EvaluationRun(setup["ckpt"], ["podcast:x"], []))
     with pytest.raises(ValueError, match="unique"):
-        evaluate(setup["ckpt"], [good, good], [])
+        evaluate(EvaluationRun(setup["ckpt"], [good, good], []))
     with pytest.raises(ValueError, match="stride"):
-        evaluate(setup["ckpt"], [good], [], stride=0)
+        evaluate(EvaluationRun(setup["ckpt"], [good], [], stride=0))
     with pytest.raises(FileNotFoundError, match="nowhere.wav"):
-        evaluate(setup["ckpt"], [good], [0.0], noise=str(tmp_path / "nowhere.wav"))
+        evaluate(EvaluationRun(setup["ckpt"], [good], [0.0], noise=str(tmp_path / "nowhere.wav")))
     with pytest.raises(FileNotFoundError, match="checkpoint"):
-        evaluate(tmp_path / "none.pt", [good], [])
+        evaluate(EvaluationRun(tmp_path / "none.pt", [good], []))
 
 
+@pytest.mark.slow
 def test_cli(setup: dict) -> None:
     out = setup["tmp"] / "cli"
     r = subprocess.run([sys.executable, "-m", "asr_core", "evaluate", str(setup["ckpt"]), "--data",
@@ -170,8 +176,9 @@ def test_music_only_on_the_noisy_datasets(setup: dict) -> None:
     folder = setup["tmp"] / "noisy-progress"
     folder.mkdir()
     test, shifted = setup["corpus"] / "test", setup["corpus"] / "test-shifted"
-    df = evaluate(setup["ckpt"], [f"test=podcast:{test}", f"shifted=podcast:{shifted}"], [-7.5, 10.0],
-                  stride=1.0, out_dir=out, run_id=run_id, noisy=["shifted"], progress=ProgressLog(folder))
+    df = evaluate(EvaluationRun(setup["ckpt"], [f"test=podcast:{test}", f"shifted=podcast:{shifted}"], [-7.5, 10.0],
+                                stride=1.0, noisy=["shifted"]),
+                  Destination(out_dir=out, run_id=run_id, progress=ProgressLog(folder)))
     n_test, n_shifted = len(load_corpus(f"podcast:{test}")), len(load_corpus(f"podcast:{shifted}"))
     assert len(df) == n_test + 3 * n_shifted
     assert set(df[df.dataset == "test"].condition) == {"clean"}
@@ -184,8 +191,8 @@ def test_music_only_on_the_noisy_datasets(setup: dict) -> None:
               for r in map(json.loads, TrialFolder(folder).progress.read_text().splitlines())}
     assert totals == {("test", n_test), ("shifted", 3 * n_shifted)}
     # the clean rows do not depend on which datasets are noisy
-    every = evaluate(setup["ckpt"], [f"test=podcast:{test}"], [-7.5], stride=1.0, out_dir=setup["tmp"] / "all",
-                     log=False)
+    every = evaluate(EvaluationRun(setup["ckpt"], [f"test=podcast:{test}"], [-7.5], stride=1.0),
+                     Destination(out_dir=setup["tmp"] / "all", log=False))
     pd.testing.assert_frame_equal(every[every.condition == "clean"].reset_index(drop=True),
                                   df[df.dataset == "test"].reset_index(drop=True))
 
@@ -193,11 +200,12 @@ def test_music_only_on_the_noisy_datasets(setup: dict) -> None:
 def test_noisy_precision_and_batch_arguments_are_checked_before_any_work(setup: dict, tmp_path: Path) -> None:
     good = f"t=podcast:{setup['corpus'] / 'test'}"
     with pytest.raises(ValueError, match=r"noisy names \['rev16'\].*\bt\b"):
-        evaluate(setup["ckpt"], [good], [0.0], noisy=["rev16"], out_dir=tmp_path / "a")
+        evaluate(EvaluationRun(setup["ckpt"], [good], [0.0], noisy=["rev16"]), Destination(out_dir=tmp_path / "a"))
     with pytest.raises(ValueError, match="needs CUDA"):
-        evaluate(setup["ckpt"], [good], [], precision="bf16", device="cpu", out_dir=tmp_path / "b")
+        evaluate(EvaluationRun(setup["ckpt"], [good], [], precision="bf16", device="cpu"),
+                 Destination(out_dir=tmp_path / "b"))
     with pytest.raises(ValueError, match="batch_windows"):
-        evaluate(setup["ckpt"], [good], [], batch_windows=-1, out_dir=tmp_path / "c")
+        evaluate(EvaluationRun(setup["ckpt"], [good], [], batch_windows=-1), Destination(out_dir=tmp_path / "c"))
     assert not any((tmp_path / d).exists() for d in "abc")
 
 
@@ -209,8 +217,8 @@ def test_out_of_memory_halves_the_batch_once_for_the_whole_evaluation(setup: dic
     import asr_core.training.checkpoint
 
     spec = [f"t=podcast:{setup['corpus'] / 'test'}", f"s=podcast:{setup['corpus'] / 'test-shifted'}"]
-    want = evaluate(setup["ckpt"], spec, [0.0], stride=1.0, batch_windows=8, out_dir=setup["tmp"] / "oom0",
-                    log=False)
+    want = evaluate(EvaluationRun(setup["ckpt"], spec, [0.0], stride=1.0, batch_windows=8),
+                    Destination(out_dir=setup["tmp"] / "oom0", log=False))
     calls: list[int] = []
     load = asr_core.training.checkpoint.load_for_eval
 
@@ -225,14 +233,15 @@ def test_out_of_memory_halves_the_batch_once_for_the_whole_evaluation(setup: dic
         return forward, cfg, tok
 
     monkeypatch.setattr(asr_core.training.checkpoint, "load_for_eval", load_oom)
-    got = evaluate(setup["ckpt"], spec, [0.0], stride=1.0, batch_windows=8, out_dir=setup["tmp"] / "oom1",
-                   log=False)
+    got = evaluate(EvaluationRun(setup["ckpt"], spec, [0.0], stride=1.0, batch_windows=8),
+                   Destination(out_dir=setup["tmp"] / "oom1", log=False))
     pd.testing.assert_frame_equal(got, want)
     assert calls[:2] == [6, 3] and max(calls[1:]) <= 3
     assert sum(1 for c in calls if c > 3) == 1  # one failure in the whole evaluation, not one per recording
     assert len(got) == 8 and len(calls) > 8  # 2 datasets x 2 recordings x 2 conditions, all after the first
 
 
+@pytest.mark.slow
 def test_cli_noisy_and_precision(setup: dict) -> None:
     out = setup["tmp"] / "cli-noisy"
     test, shifted = setup["corpus"] / "test", setup["corpus"] / "test-shifted"
@@ -251,18 +260,20 @@ def test_cli_noisy_and_precision(setup: dict) -> None:
 
 
 # ---- beam search as a decoder (paper 004): from the same posteriors, logged beside the greedy figures --------------
+@pytest.mark.slow
 def test_beam_decoding_logs_its_own_metrics_and_table_beside_greedy(setup: dict, tmp_path: Path) -> None:
     from asr_core.decoding.beam import BeamConfig
-    from asr_core.evaluation.evaluate import BeamDecoding
+    from asr_core.evaluation.decoders import BeamDecoding
     from asr_core.lm import TransformerLM, preset as lm_preset
 
     data = [f"beamset=podcast:{setup['corpus'] / 'test'}"]
     client = mlflow.MlflowClient(setup["uri"])
     run = client.create_run(client.get_experiment_by_name("eval-test").experiment_id).info.run_id
-    greedy = evaluate(setup["ckpt"], data, [], stride=0.5, out_dir=tmp_path / "g", run_id=run, log=False)
+    greedy = evaluate(EvaluationRun(setup["ckpt"], data, [], stride=0.5),
+                      Destination(out_dir=tmp_path / "g", run_id=run, log=False))
     wide = BeamConfig(beam_width=8, alpha=0.0, beta=0.0, prune_threshold=float("inf"), token_threshold=8.0)
-    no_lm = evaluate(setup["ckpt"], data, [], stride=0.5, out_dir=tmp_path / "b", run_id=run,
-                     tracking_uri=setup["uri"], beam=BeamDecoding(wide))
+    no_lm = evaluate(EvaluationRun(setup["ckpt"], data, [], stride=0.5, beam=BeamDecoding(wide)),
+                     Destination(out_dir=tmp_path / "b", run_id=run, tracking_uri=setup["uri"]))
     assert set(no_lm.decoder) == {"greedy", "beam"}
     # the greedy rows are the greedy evaluation's: one set of posteriors serves both decoders
     pd.testing.assert_frame_equal(no_lm[no_lm.decoder == "greedy"][CSV_COLUMNS].reset_index(drop=True), greedy)
@@ -278,10 +289,10 @@ def test_beam_decoding_logs_its_own_metrics_and_table_beside_greedy(setup: dict,
     vocab = setup["cfg"].model.vocab_size
     torch.manual_seed(0)
     lm = TransformerLM(lm_preset("tiny", vocab_size=vocab)).eval()
-    with_lm = evaluate(setup["ckpt"], data, [], stride=0.5, out_dir=tmp_path / "l", log=False,
-                       beam=BeamDecoding(wide, lm=lm, name="lm0"))
+    with_lm = evaluate(EvaluationRun(setup["ckpt"], data, [], stride=0.5, beam=BeamDecoding(wide, lm=lm, name="lm0")),
+                       Destination(out_dir=tmp_path / "l", log=False))
     assert (with_lm[with_lm.decoder == "lm0"].wer.to_numpy() == beam_rows.wer.to_numpy()).all()
     wrong = TransformerLM(lm_preset("tiny", vocab_size=vocab + 1))
     with pytest.raises(ValueError, match="tokenizer"):
-        evaluate(setup["ckpt"], data, [], stride=0.5, out_dir=tmp_path / "w", log=False,
-                 beam=BeamDecoding(wide, lm=wrong))
+        evaluate(EvaluationRun(setup["ckpt"], data, [], stride=0.5, beam=BeamDecoding(wide, lm=wrong)),
+                 Destination(out_dir=tmp_path / "w", log=False))

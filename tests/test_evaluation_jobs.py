@@ -71,6 +71,7 @@ def _runs(sweep: SweepDir) -> dict[str, object]:
     return Ledger(sweep.read_manifest().tracking_uri, sweep.name).trial_runs()
 
 
+@pytest.mark.slow
 def test_a_new_test_set_and_snr_evaluate_finished_models_without_training_them(tmp_path: Path, smoke_corpus: Path,
                                                                                  capsys: pytest.CaptureFixture) -> None:
     dev = _one_recording(smoke_corpus, tmp_path / "dev", 0)
@@ -154,6 +155,7 @@ stride: 1.0
 """
 
 
+@pytest.mark.slow
 def test_a_spec_is_scheduled_as_evaluation_jobs_and_cancel_where_stops_only_its_subset(
         tmp_path: Path, smoke_corpus: Path, capsys: pytest.CaptureFixture) -> None:
     dev = _one_recording(smoke_corpus, tmp_path / "dev", 0)
@@ -215,6 +217,7 @@ def test_a_spec_is_scheduled_as_evaluation_jobs_and_cancel_where_stops_only_its_
     assert "beta" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_an_evaluation_job_killed_by_sigkill_is_retried_within_the_budget_and_never_writes_the_checkpoint(
         tmp_path: Path, smoke_corpus: Path, capsys: pytest.CaptureFixture) -> None:
     from asr_core.runtime.lease import read_lease

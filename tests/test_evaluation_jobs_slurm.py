@@ -24,7 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from asr_core.contract.trial import FINISHED, KILLED, read_progress, read_segments
+from asr_core.contract.segments import read_segments
+from asr_core.contract.trial import FINISHED, KILLED, read_progress
 from orchestrate.cli import main
 from orchestrate.ledger import Ledger, wait_for
 from orchestrate.sweep import SweepDir
@@ -122,7 +123,7 @@ def test_training_and_evaluation_share_max_parallel_and_cancel_stops_both(
                     and p.dataset == "fault"]
 
         one = wait_until(sleeping, 300, "no evaluation job reached its sleep")[0]
-        one_job = str(read_segments(sweep.trial_dir(one))[-1]["job_id"])
+        one_job = str(read_segments(sweep.trial_dir(one))[-1].job_id)
         assert main(["cancel", "evs", "--where", f"key={one}", "--sweep-root", str(root)]) == 0
         assert (sweep.trial_dir(one) / "CANCELLED").exists()
         others = [k for k in new_jobs if k != one]

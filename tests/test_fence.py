@@ -21,8 +21,9 @@ from asr_core.training.checkpoint import load_checkpoint
 from asr_core.config import preset
 from asr_core.runtime.lease import read_lease
 from asr_core.contract.trial import (ENV_JOB_ID, EXIT_FENCED, EXIT_OK, FINISHED, SCHEDULED, TAG_ERROR, TAG_SEGMENTS,
-                                     TrialFolder, failures, progress_records, read_attempts, read_segments,
-                                     trial_command, write_config)
+                                     TrialFolder, failures, progress_records, read_attempts, trial_command,
+                                     write_config)
+from asr_core.contract.segments import read_segments
 from tests.plugins.mlflow_server import MlflowServer
 from tests.test_backend import smoke_corpus
 
@@ -79,6 +80,7 @@ class Trainer:
             self.proc.wait()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("when", ["at_once", "mid_training"])
 def test_a_second_trainer_is_fenced_and_changes_nothing(tmp_path: Path, smoke_corpus: Path,
@@ -117,7 +119,7 @@ def test_a_second_trainer_is_fenced_and_changes_nothing(tmp_path: Path, smoke_co
     assert f"job {winner.job}" in loser.stdout(), both  # its stdout names the holder
 
     # the winner's trial, whole: one segment, one checkpoint of the last step, one value per step
-    assert [s.get("job_id") for s in read_segments(trial_dir)] == [winner.job], both
+    assert [s.job_id for s in read_segments(trial_dir)] == [winner.job], both
     assert folder.done.exists() and load_checkpoint(folder.checkpoint)["step"] == STEPS
     client = mlflow_server.client()
     run = client.get_run(run_id)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from analysis.collect import RunRecord, build_sweep
+from analysis.collect import build_sweep
+from analysis.fetch import RunRecord
 from analysis.finding import finding_checks, summary_sentence
 from asr_core.config import preset
 

@@ -16,7 +16,8 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
-from asr_core.config import HEAD_REPRESENTATIONS, Config, ConfigError, preset
+from asr_core.config import HEAD_REPRESENTATIONS, Config, preset
+from asr_core.config_parse import ConfigError
 from asr_core.model.heads import REPRESENTATIONS, HeadCapture, head_diversity_loss, head_similarity
 from tests.test_train import make_corpus
 
@@ -106,12 +107,13 @@ def _batch(corpus: dict[str, str], tmp_path: Path, windows: int = 4):
     return cfg, found, maker
 
 
+@pytest.mark.slow
 def test_the_step_gradient_adds_the_weighted_head_loss_and_nothing_when_off(corpus: dict[str, str],
                                                                              tmp_path: Path) -> None:
     from asr_core.model.batchrenorm import MaskedBatchRenorm
     from asr_core.training.loss import step_frames
     from asr_core.model.acoustic import build_model
-    from asr_core.training.train import HeadDiversity, accumulate_gradients, step_gradients
+    from asr_core.training.step import HeadDiversity, accumulate_gradients, step_gradients
 
     cfg, windows, maker = _batch(corpus, tmp_path)
     whole = [maker(windows)]
@@ -167,6 +169,7 @@ def test_the_step_gradient_adds_the_weighted_head_loss_and_nothing_when_off(corp
     assert not torch.equal(draws[0], draws[3])
 
 
+@pytest.mark.slow
 def test_a_tiny_run_with_the_loss_has_less_alike_heads_and_resumes_exactly(
         corpus: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Same seed, same data, 8 steps: lambda = 10 on Y against lambda = 0. The targeted similarity (sum of eq. 6 over
@@ -228,6 +231,7 @@ def test_plan_head_windows_takes_windows_in_turn_without_overlap() -> None:
         plan_head_windows(frames, 100, 0)
 
 
+@pytest.mark.slow
 def test_heads_command_logs_metrics_and_artifacts_into_the_checkpoints_run(
         corpus: dict[str, str], mlflow_store: tuple[str, MlflowClient, str], tmp_path: Path) -> None:
     from asr_core.data.corpora import load_corpus
@@ -281,6 +285,7 @@ def test_heads_command_logs_metrics_and_artifacts_into_the_checkpoints_run(
 
 
 # ---- the trial's stage ----------------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_a_trial_measures_the_heads_after_evaluation_and_a_preempted_stage_reruns_alone(
         corpus: dict[str, str], mlflow_store: tuple[str, MlflowClient, str], tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:

@@ -210,6 +210,7 @@ def _contend(trial: str, job: str, start: multiprocessing.synchronize.Barrier,
     end.wait()  # the winner stays alive until every contender has tried: a dead winner may be taken over
 
 
+@pytest.mark.slow
 def test_two_processes_racing_to_take_over_a_stale_lease_exactly_one_wins(tmp_path: Path) -> None:
     ctx = multiprocessing.get_context("fork")
     rounds, contenders, raced = 0, 2, 0
@@ -296,7 +297,7 @@ def test_a_lease_folder_that_cannot_be_written_is_an_os_error_naming_it(tmp_path
 
 
 def test_settings_come_from_the_environment_and_bad_ones_are_named(tmp_path: Path) -> None:
-    code = ("import sys; from asr_core import lease; print(lease.HEARTBEAT_S, lease.STALE_S, "
+    code = ("import sys; from asr_core.runtime import lease; print(lease.HEARTBEAT_S, lease.STALE_S, "
             "*(m in sys.modules for m in ('torch', 'mlflow', 'numpy')))")  # and nothing heavy is imported
     env = {**os.environ, "PYTHONPATH": str(ROOT), "ORCHESTRATE_LEASE_HEARTBEAT_S": "2.5",
            "ORCHESTRATE_LEASE_STALE_S": "40"}

@@ -12,7 +12,8 @@ from orchestrate.cli import main
 from orchestrate.grid import load_grid
 from asr_core.contract import trial as tc
 from orchestrate import ledger as ledger_module
-from orchestrate.ledger import Ledger, LedgerError, SweepOwnershipError, TrialRun, counts, default_tracking_uri
+from orchestrate.ledger import Ledger, LedgerError, SweepOwnershipError, TrialRun, counts
+from orchestrate.ledger_store import default_tracking_uri
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = ROOT / "grids" / "smoke.yaml"

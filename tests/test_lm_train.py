@@ -20,8 +20,9 @@ from asr_core.lm.cli import cli
 from asr_core.lm.data import generate_documents, read_documents, write_documents
 from asr_core.lm.model import build_lm
 from asr_core.lm.ppl import score_documents
-from asr_core.lm.train import (LMTrainConfig, LMTrainError, Preempted, encode, load_lm, load_tokenizer, resolve_config,
-                                train_lm)
+from asr_core.lm.checkpoint import LMTrainError, load_lm, load_tokenizer
+from asr_core.lm.config import LMTrainConfig, resolve_config
+from asr_core.lm.train import Preempted, encode, train_lm
 from asr_core.data.tokenizer import Tokenizer
 
 # a micro model: every component of the tiny preset, a few milliseconds a step
@@ -207,6 +208,7 @@ def _run(args: list[str]) -> subprocess.Popen:
                             stderr=subprocess.STDOUT, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
 
 
+@pytest.mark.slow
 def test_sigusr2_checkpoints_and_exits_75(text: dict[str, Path], tmp_path: Path) -> None:
     proc = _run(["train", "--text", f"text:{text['train']}", "--tokenizer", str(text["tok"]), "--out",
                  str(tmp_path), "--preset", "tiny", *_sets(*MICRO, "max_steps=100000", "log_every=1")])

@@ -12,7 +12,7 @@ from asr_core.bench.decode import peaked_posteriors
 from asr_core.decoding.decode import greedy_ids
 from asr_core.lm import TransformerLM, preset
 from asr_core.evaluation.score import normalise
-from asr_core.lm.tune import DevPosteriors, _floats, best, grid_search, wer_of
+from asr_core.lm.tune import DevPosteriors, best, grid_search, parse_floats, wer_of
 
 V = 12
 TOK = SimpleNamespace(blank_id=V - 1, decode=lambda ids: " ".join(f"word{chr(97 + i)}" for i in ids))
@@ -44,10 +44,10 @@ def test_best_prefers_the_simpler_decoder_on_ties_and_bad_grids_are_named() -> N
     rows = [{"alpha": 0.5, "beta": 1.0, "wer": 10.0}, {"alpha": 0.2, "beta": 2.0, "wer": 10.0},
             {"alpha": 0.2, "beta": 1.0, "wer": 11.0}]
     assert best(rows) == rows[1]
-    assert _floats("0, 0.5,1", "--alpha") == (0.0, 0.5, 1.0)
+    assert parse_floats("0, 0.5,1", "--alpha") == (0.0, 0.5, 1.0)
     for bad in ("", "a,b", "nan"):
         try:
-            _floats(bad, "--alpha")
+            parse_floats(bad, "--alpha")
         except ValueError as e:
             assert "--alpha" in str(e)
         else:

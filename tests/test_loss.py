@@ -10,7 +10,7 @@ from asr_core.data.chunking import Window, group_size
 from asr_core.config import DataConfig, preset
 from asr_core.training.loss import ctc_loss, pass_loss, step_frames
 from asr_core.model.acoustic import build_model
-from asr_core.training.train import accumulate_gradients
+from asr_core.training.step import accumulate_gradients
 from asr_core.data.batching import MicroBatch
 
 

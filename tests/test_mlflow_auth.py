@@ -80,6 +80,7 @@ def auth_server(tmp_path_factory: pytest.TempPathFactory, home: Path) -> Iterato
     yield from serving(tmp_path_factory.mktemp("auth-server"), host="0.0.0.0", env=home_env(home))
 
 
+@pytest.mark.slow
 def test_credentials_are_private_files_never_on_a_command_line_or_in_the_log(auth_server: MlflowServer,
                                                                               home: Path) -> None:
     creds = home / ".mlflow" / "credentials"
@@ -130,6 +131,7 @@ def test_the_owners_mlflow_client_is_accepted(auth_server: MlflowServer, home: P
     assert client.get_run(run.info.run_id).info.status == "FINISHED"
 
 
+@pytest.mark.slow
 def test_loadtest_4_trainers_10_s_every_point_arrives_once(auth_server: MlflowServer, home: Path,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     use_home(monkeypatch, home)  # the load processes find the credentials as MLflow's client does
@@ -178,6 +180,7 @@ def test_a_slurm_sweep_logs_to_the_authenticated_server(auth_server: MlflowServe
     assert steps == [1, 2, 3, 4, 5, 6]
 
 
+@pytest.mark.slow
 def test_other_credentials_are_left_alone_exit_2_then_credentials_file_serves(tmp_path: Path,
                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     home = tmp_path / "home"
@@ -221,6 +224,7 @@ def test_other_credentials_are_left_alone_exit_2_then_credentials_file_serves(tm
         script("--dir", str(directory), "--stop", env=env, timeout=120)
 
 
+@pytest.mark.slow
 def test_no_auth_on_the_network_says_so_loudly_and_takes_no_credentials(tmp_path: Path) -> None:
     home, directory, port = tmp_path / "home", tmp_path / "srv", free_port()
     env = home_env(home)

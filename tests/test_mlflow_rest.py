@@ -318,6 +318,7 @@ def auth_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Mlfl
         stop_server(server.process)
 
 
+@pytest.mark.slow
 def test_an_authenticating_server_takes_the_ledger_with_credentials_and_refuses_it_without(
         auth_server: tuple[MlflowServer, Path], monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     server, home = auth_server

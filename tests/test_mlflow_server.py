@@ -104,6 +104,7 @@ def test_unknown_option_is_refused(tmp_path: Path) -> None:
     assert proc.returncode == 2 and "unknown option '--hots'" in proc.stderr
 
 
+@pytest.mark.slow
 def test_detached_server_on_all_interfaces_accepts_this_machines_name_and_stops(tmp_path: Path) -> None:
     port = free_port()
     directory = tmp_path / "srv"

@@ -25,6 +25,7 @@ def test_paper_sizes_within_5_percent(name: str, expected: float) -> None:
     assert abs(total - expected) / expected < 0.05, f"{name}: {total:,} parameters, paper says ~{expected:,.0f}"
 
 
+@pytest.mark.slow
 def test_params_cli_prints_modules_and_total() -> None:
     out = subprocess.run([sys.executable, "-m", "asr_core", "params", "main", "--set", "model.layers=9"],
                          capture_output=True, text=True, check=True).stdout

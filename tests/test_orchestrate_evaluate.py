@@ -124,6 +124,7 @@ BAD = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(BAD))
 def test_an_invalid_decode_file_exits_2_naming_file_and_key_having_written_nothing(
         case: str, finished: tuple[Path, SweepDir], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -148,6 +149,7 @@ def test_an_unknown_where_field_exits_2_listing_valid_ones(finished: tuple[Path,
     assert snapshot(sweep.path) == before
 
 
+@pytest.mark.slow
 def test_local_decode_logs_into_selected_runs_then_the_rest_then_nothing_and_never_touches_the_trials(
         finished: tuple[Path, SweepDir], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     root, sweep = finished

@@ -1,7 +1,7 @@
-"""The trial's outbox (asr_core/outbox.py) against a real ``mlflow server``: records reach the run in order and in
-batches within MLflow's limits, the watermark survives the process, a re-sent batch changes nothing (the server
-keeps one point per identical metric), a refused record never blocks the ones behind it, an unreachable server
-never blocks the writer, and :func:`ship_pending` ships what a dead job left."""
+"""The trial's outbox (asr_core/runtime/outbox.py, outbox_folder.py, shipper.py) against a real ``mlflow server``:
+records reach the run in order and in batches within MLflow's limits, the watermark survives the process, a re-sent
+batch changes nothing (the server keeps one point per identical metric), a refused record never blocks the ones
+behind it, an unreachable server never blocks the writer, and :func:`ship_pending` ships what a dead job left."""
 
 from __future__ import annotations
 
@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from asr_core.runtime.outbox import (MAX_METRICS, REJECTED_FILE, WATERMARK_FILE, Outbox, ShipResult, pending,
-                             ship_pending)
+from asr_core.runtime.outbox import Outbox
+from asr_core.runtime.outbox_folder import REJECTED_FILE, WATERMARK_FILE, pending
+from asr_core.runtime.shipper import MAX_METRICS, ShipResult, ship_pending
 from asr_core.contract.trial import TrialFolder
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,6 +54,7 @@ def test_an_identical_metric_point_sent_twice_is_kept_once_by_the_server(mlflow_
     assert len(client.get_metric_history(run_id, "train/loss")) == 2
 
 
+@pytest.mark.slow
 def test_records_arrive_in_order_within_the_batch_limits(mlflow_server, run) -> None:
     uri, run_id, trial = run
     client = mlflow_server.client()
@@ -198,7 +200,7 @@ def test_ship_pending_ships_what_a_killed_job_left(mlflow_server, run) -> None:
         "os._exit(137)\n")
     done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 137, done.stderr
-    count = subprocess.run([sys.executable, "-c", "import sys; from asr_core.runtime.outbox import pending; "
+    count = subprocess.run([sys.executable, "-c", "import sys; from asr_core.runtime.outbox_folder import pending; "
                             f"print(pending({str(trial)!r}), 'mlflow' in sys.modules)"], cwd=ROOT,
                            capture_output=True, text=True, timeout=60, check=True)
     assert count.stdout.split() == ["32", "False"]

@@ -63,6 +63,7 @@ def test_whole_millisecond_times_take_twelve_bytes_a_word(tmp_path: Path, smoke_
     assert 12 <= per_word < 12.5  # three 4-byte numbers (plus the .npy headers)
 
 
+@pytest.mark.slow
 def test_a_trial_from_the_prepared_corpus_trains_the_same_model_bitwise(tmp_path: Path, smoke_corpus: Path,
                                                                         capsys: pytest.CaptureFixture[str]) -> None:
     """The raw corpus: read, sorted, its tokenizer trained by the trial. The prepared one: mapped, in stored order,
@@ -106,6 +107,7 @@ def test_what_is_not_a_finished_prepared_corpus_is_refused_saying_what_to_do(tmp
     assert bad.returncode == 2 and "/nonexistent does not exist" in bad.stderr and not (tmp_path / "q").exists()
 
 
+@pytest.mark.slow
 def test_a_sharded_preparation_killed_midway_continues_and_equals_the_source(tmp_path: Path,
                                                                             smoke_corpus: Path) -> None:
     """Podcast transcripts are read in shards by worker processes; a preparation killed after two shards continues

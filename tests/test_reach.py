@@ -28,6 +28,7 @@ def model() -> torch.nn.Module:
     return build_model(preset("tiny").model, n_mels=80).eval()
 
 
+@pytest.mark.slow
 def test_stretch_posteriors_are_those_of_the_whole_recording(model: torch.nn.Module) -> None:
     feats = torch.randn(2300, 80)
     whole = posteriors(model, feats, 512, stride=0.25, batch_windows=4)
@@ -40,6 +41,7 @@ def test_stretch_posteriors_are_those_of_the_whole_recording(model: torch.nn.Mod
 
 @pytest.mark.parametrize("window, moved_at", [(200, {0.5: True, 1.0: True, 3.0: False, 8.0: False}),
                                               (1600, {0.5: True, 1.0: True, 3.0: True, 8.0: True})])
+@pytest.mark.slow
 def test_audio_moves_the_decoded_output_exactly_when_a_window_holds_both(model: torch.nn.Module, window: int,
                                                                           moved_at: dict[float, bool]) -> None:
     """Silence half a second ``d`` seconds before a stretch at 20-21 s of a 30 s recording and decode the whole
@@ -57,6 +59,7 @@ def test_audio_moves_the_decoded_output_exactly_when_a_window_holds_both(model: 
             assert torch.equal(base, got)
 
 
+@pytest.mark.slow
 def test_distance_profile_skips_what_lies_before_the_recording_and_is_zero_beyond_the_context(
         model: torch.nn.Module) -> None:
     feats = torch.randn(2000, 80)  # 20 s
@@ -98,6 +101,7 @@ def _checkpoints(root: Path) -> dict[float, Path]:
     return out
 
 
+@pytest.mark.slow
 def test_reach_command_on_the_quick_demo_models(quick_demo, tmp_path: Path, capsys) -> None:
     """The quick demo's 5.12 s and 81.92 s models on its cued test set (cue band 3-10 s, 30 s recordings): the
     disambiguating word moves the decoded cue word of the 81.92 s model every time, and never the 5.12 s model's

@@ -1,4 +1,4 @@
-"""The ledger catches up with the trial folders: :func:`orchestrate.trial_state.reconcile_ledger` ships the outbox
+"""The ledger catches up with the trial folders: :func:`orchestrate.reconcile.reconcile_ledger` ships the outbox
 of trials whose job is gone and moves run states that lag their folder (DONE → FINISHED, CANCELLED → KILLED, a
 failure nobody could report → FAILED with its reason); it never raises on an unreachable MLflow.
 
@@ -26,7 +26,8 @@ from orchestrate.tools.fake_sweep import fake_trials
 from orchestrate.ledger import Ledger
 from orchestrate.sweep import Manifest, SweepDir
 from orchestrate.trial import Trial
-from orchestrate.trial_state import behind, read_folder_states, read_sync, reconcile_ledger, record_mirrored
+from orchestrate.reconcile import behind, read_sync, reconcile_ledger, record_mirrored
+from orchestrate.trial_state import read_folder_states
 from tests.plugins.mlflow_server import free_port
 from tests.test_trial import corpus, trial_cmd, trial_env
 
@@ -151,6 +152,7 @@ def _status(sweep: SweepDir) -> str:
     return p.stdout
 
 
+@pytest.mark.slow
 def test_a_job_that_ended_while_mlflow_was_down_reaches_the_ledger_once(tmp_path: Path, corpus: Path) -> None:
     steps = 8
     cfg = preset("tiny").with_overrides([

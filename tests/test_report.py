@@ -11,7 +11,8 @@ import pandas as pd
 import pytest
 
 from analysis.__main__ import main
-from analysis.collect import RunRecord, build_sweep
+from analysis.collect import build_sweep
+from analysis.fetch import RunRecord
 from analysis.report import build_report
 
 sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "analysis"))
@@ -35,6 +36,7 @@ def report_dir(tmp_path_factory: pytest.TempPathFactory, mlflow_uri: str) -> Pat
     return out
 
 
+@pytest.mark.slow
 def test_report_folder_has_every_output(report_dir: Path) -> None:
     for name in ("index.html", "report.md", "wer.csv", "werr.csv", "significance.csv", "snr.csv", "problems.csv",
                  "trials.csv", "finding.csv", "fig1_werr_vs_context_context.png", "fig2_werr_vs_snr_context.png",

@@ -18,8 +18,9 @@ import pytest
 
 from analysis import stats
 from analysis.__main__ import main
-from analysis.collect import RunRecord, build_sweep
+from analysis.collect import build_sweep
 from analysis.cue import cue_table
+from analysis.fetch import RunRecord
 from analysis.report import build_report
 
 sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "analysis"))
@@ -183,6 +184,7 @@ def test_no_planted_words_no_section(tmp_path: Path) -> None:
     assert texts[0] == texts[1]
 
 
+@pytest.mark.slow
 def test_cue_csv_goes_to_the_parent_run(tmp_path: Path) -> None:
     """Through a real MLflow store: the report read back from it has the section, and its files (cue.csv and the
     figure among them) are logged to the sweep's parent run."""

@@ -17,9 +17,11 @@ import pytest
 
 from analysis import collect as col
 from analysis.__main__ import main
-from analysis.collect import GREEDY, RunRecord, build_sweep, greedy_rows, parse_decoder_metric_key
+from analysis.collect import build_sweep, greedy_rows
+from analysis.fetch import RunRecord
 from analysis.report import build_report
 from analysis.werr import wer_table
+from asr_core.contract.metrics import GREEDY, decoder_tag
 
 sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "analysis"))
 import synthetic_sweep as synth  # noqa: E402
@@ -85,29 +87,20 @@ def lm_record(run_id: str = LM_RUN, name: str = "lm-tiny") -> RunRecord:
 
 # ---- collect ---------------------------------------------------------------------------------------------------
 
-def test_decoder_metric_names_are_what_asr_core_writes() -> None:
-    """The names collect parses are the ones asr_core.evaluation.evaluate, heads_cli and lm.ppl write."""
-    from asr_core.evaluation.evaluate import GREEDY as EVAL_GREEDY
-    from asr_core.evaluation.evaluate import beam_decoding, metric_key
+def test_a_beam_decoders_tag_and_the_head_metrics_a_run_logs_are_read() -> None:
+    """What asr_core logs for a beam decoder (its metric and tag) and for head similarity becomes rows of the sweep."""
+    from asr_core.evaluation.evaluate import beam_decoding
     from asr_core.probes.heads import HeadsSummary
-    from asr_core.lm.ppl import metric_name
 
-    assert EVAL_GREEDY == GREEDY
     beam = beam_decoding("beam", name="beam-lm1024")
-    assert parse_decoder_metric_key(beam.metric_key("test", -7.5)) == ("beam-lm1024", "test", "snr-7.5", -7.5)
-    assert parse_decoder_metric_key(beam.metric_key("test")) == ("beam-lm1024", "test", "clean",
-                                                                 pytest.approx(math.nan, nan_ok=True))
-    assert parse_decoder_metric_key(metric_key("dev", 10.0)) == (GREEDY, "dev", "snr10", 10.0)
-    assert parse_decoder_metric_key("cue_beam/dev") is None and parse_decoder_metric_key("train/loss") is None
-    assert col.metric_name("test", "snr-7.5", "beam-lm1024") == beam.metric_key("test", -7.5)
     # its tag is read into the decoder's settings: a beam search without an LM
     rec = RunRecord("r", "FINISHED", {"sweep.role": "trial", "trial.seed": "0", "trial.label": "x-s0",
-                                      f"eval.decoder.{beam.name}": json.dumps(dict(beam.describe), sort_keys=True)},
+                                      decoder_tag(beam.name): json.dumps(dict(beam.describe), sort_keys=True)},
                     {"data.context_s": "10.24"}, {"wer/test": 10.0, beam.metric_key("test"): 9.0})
     sw = build_sweep("t", [rec])
     row = sw.decoders.iloc[0]
     assert row["decoder"] == "beam-lm1024" and row["lm"] == "none" and row["lm_context"] == str(beam.config.lm_context)
-    # head similarity and perplexity metrics
+    # head similarity metrics
     heads = HeadsSummary("test", 2, 8, 10.24, {}, {r: np.array([0.5, 0.25]) for r in "AQKVY"},
                          {r: np.array([0.1, 0.3]) for r in "AQKVY"}).metrics()
     rec = RunRecord("r", "FINISHED", rec.tags, rec.params, {"wer/test": 10.0, **heads})
@@ -117,7 +110,6 @@ def test_decoder_metric_names_are_what_asr_core_writes() -> None:
     assert part.loc[part["statistic"] == "sum", "value"].item() == pytest.approx(0.75)
     assert part.loc[part["statistic"] == "similarity", "value"].item() == pytest.approx(0.2)
     assert sorted(part.loc[part["statistic"] == "layer", "layer"]) == [0, 1]
-    assert col.LM_PPL_RE.match(metric_name("text", 1024)).group("context") == "1024"
 
 
 def test_decoder_column_keeps_greedy_apart() -> None:
@@ -250,6 +242,7 @@ def test_greedy_only_sweep_keeps_its_sections(tmp_path: Path) -> None:
                                             "fig3_wer_vs_context_posenc"}
 
 
+@pytest.mark.slow
 def test_report_through_mlflow_finds_the_lm_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Read back from MLflow: the LM run a decoder names is found in its own experiment; another LM run there only
     with --lm-experiment."""

@@ -1,4 +1,4 @@
-"""Per-trial resources (``orchestrate/backends/resources.py``): each trial's time limit from its estimate, capped,
+"""Per-trial resources (``orchestrate/budget/resources.py``): each trial's time limit from its estimate, capped,
 ``--time-min`` for backfill, memory from the model and the loader; trials grouped into arrays by what they ask.
 
 Pure rules and profile validation without a cluster; on the session's real SLURM cluster, a long-context trial's
@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from orchestrate.backends.base import BackendError, Job
-from orchestrate.backends.profile import Profile, load_profile
-from orchestrate.budget.resources import (Resources, format_minutes, group_by_resources, memory_gb,
-                                            parse_minutes, time_limit_minutes, trial_resources)
+from orchestrate.backends.base import Job
+from orchestrate.backends.profile import (BackendError, Profile, format_minutes, load_profile, parse_minutes,
+                                          time_limit_minutes)
+from orchestrate.budget.resources import Resources, group_by_resources, memory_gb, trial_resources
 from orchestrate.grid import load_grid
 from orchestrate.sweep import SweepDir
 

@@ -30,7 +30,8 @@ import torch
 torch.set_num_threads(1)
 from asr_core.config import Config
 from asr_core.data.corpora.base import Recording, Word
-from asr_core.training.train import Preempted, train
+from asr_core.training.loop import Preempted
+from asr_core.training.train import train
 spec = json.loads(Path(sys.argv[1]).read_text())
 recs = [Recording(r["id"], Path(r["audio"]), r["duration"], tuple(Word(*w) for w in r["words"]))
         for r in spec["recordings"]]
@@ -130,6 +131,7 @@ def _straight_losses(setup: dict) -> list[float]:
     return _assert_one_continuous_history(setup["spec"]["tracking_uri"], "straight", None)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("setup", ["whole", "midgroup"], indirect=True)  # "accum": by the SIGUSR2 test
 def test_kill_9_after_checkpoint_then_resume_is_bitwise_exact(setup: dict) -> None:
     root, out = setup["root"], setup["root"] / "kill9"
@@ -154,6 +156,7 @@ def test_kill_9_after_checkpoint_then_resume_is_bitwise_exact(setup: dict) -> No
     _assert_one_continuous_history(setup["spec"]["tracking_uri"], "kill9", _straight_losses(setup))
 
 
+@pytest.mark.slow
 def test_sigusr2_checkpoints_exits_75_and_resumes_bitwise_exact(setup: dict) -> None:
     root, out = setup["root"], setup["root"] / "usr2"
     spec = _spec(root, setup["spec"], "usr2")

@@ -13,7 +13,8 @@ import pytest
 
 from asr_core.__main__ import main
 from asr_core.data.corpora import load_corpus
-from asr_core.evaluation.evaluate import CSV_COLUMNS, metric_key
+from asr_core.contract.metrics import metric_key
+from asr_core.evaluation.evaluate import CSV_COLUMNS
 from asr_core.evaluation.score import Counts, corpus_wer, normalise, score
 from asr_core.contract.trial import ROLE_EXTERNAL, TAG_SYSTEM
 
@@ -51,24 +52,24 @@ def _no_ambient_tracking_uri(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
 
 def _evaluate_rows(spec: str, hyps: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> list[dict]:
-    """The rows ``asr_core.evaluation.evaluate`` computes for recordings whose decoded text is ``hyps`` (its own scoring code,
+    """The rows ``asr_core.evaluation.decoders`` computes for recordings whose decoded text is ``hyps`` (its own scoring code,
     with audio, features and the model replaced by the hypotheses)."""
     import asr_core.data.audio
-    from asr_core.evaluation import evaluate
+    from asr_core.evaluation import decoders
 
     recordings = load_corpus(spec, audio=False)
     monkeypatch.setattr(asr_core.data.audio, "load_audio", lambda path: Path(path).stem)
-    monkeypatch.setattr(evaluate, "prepare_features", lambda extractor, wave, ignore, fps: SimpleNamespace(
+    monkeypatch.setattr(decoders, "prepare_features", lambda extractor, wave, ignore, fps: SimpleNamespace(
         shape=(1,), id=wave))
-    monkeypatch.setattr(evaluate, "plan_windows", lambda *a, **k: SimpleNamespace(starts=[0]))
+    monkeypatch.setattr(decoders, "plan_windows", lambda *a, **k: SimpleNamespace(starts=[0]))
     by_stem = {Path(i).name: h for i, h in hyps.items()}
     # the posteriors stand for the recording, greedy decoding passes them through, the tokenizer gives its text
-    monkeypatch.setattr(evaluate, "posteriors", lambda model, feats, *a, **k: feats.id)
-    monkeypatch.setattr(evaluate, "greedy_ids", lambda probs, blank: probs)
+    monkeypatch.setattr(decoders, "posteriors", lambda model, feats, *a, **k: feats.id)
+    monkeypatch.setattr(decoders, "greedy_ids", lambda probs, blank: probs)
     recordings = [type(r)(r.id, Path(f"{r.id.split('/')[-1]}.wav"), 1.0, r.words) for r in recordings]
     tokenizer = SimpleNamespace(blank_id=0, decode=lambda stem: by_stem.get(stem, ""))
-    rows, _ = evaluate._evaluate_dataset("test", recordings, [], None, None, tokenizer, 1, 1.0, 1, 1, 100.0, None,
-                                         "synthetic", 0)
+    rows, _ = decoders.evaluate_dataset("test", recordings, [], None, None, tokenizer, 1, 1.0, 1, 1, 100.0, None,
+                                        "synthetic", 0)
     return rows["greedy"]
 
 

@@ -264,7 +264,7 @@ def test_every_trial_runs_once_across_arrays_and_a_resume(cluster_21: SlurmClust
 
 # ---- without a cluster ---------------------------------------------------------------------------------------------
 def test_fair_shares_and_array_rows() -> None:
-    from orchestrate.backends.slurm import ArrayState, fair_shares
+    from orchestrate.backends.slurm_throttle import ArrayState, fair_shares
     from orchestrate.backends.slurm_commands import ArrayRow
 
     assert fair_shares([1000, 1000, 1000, 5], 3) == [1, 1, 1, 0]  # older arrays first when slots are fewer
@@ -318,7 +318,7 @@ def test_an_ending_task_hands_its_slot_to_a_held_array_that_waits_for_it(tmp_pat
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """max_parallel 2: array 100 runs its last task (ending), 200 runs one of ten, 300 is held by the throttle. The
     ending task's slot goes to 300, which waits for the ending task before it may start: gate, throttle, release."""
-    from orchestrate.backends.slurm import SweepThrottle
+    from orchestrate.backends.slurm_throttle import SweepThrottle
 
     sweep = SweepDir(tmp_path, "s")
     a, b, c = _subs(sweep, 3)
@@ -342,7 +342,7 @@ def test_a_slot_handed_on_is_not_taken_back_while_its_task_is_still_ending(tmp_p
                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     """max_parallel 3: 300's last task (300_15) has handed its slot to 400, which waits for it; before 300_15 has
     left RUNNING, 100_15 ends. 300_15 counts as gone: 400 keeps its share (it is not held again), nothing moves."""
-    from orchestrate.backends.slurm import SweepThrottle
+    from orchestrate.backends.slurm_throttle import SweepThrottle
 
     sweep = SweepDir(tmp_path, "s")
     a, b, c, d = _subs(sweep, 4)
@@ -363,7 +363,7 @@ def test_a_resume_lowers_old_arrays_first_and_starts_new_ones_held_when_no_slot_
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """max_parallel 3, all three slots taken by array 100 (18 more pending): a new array of 5 gets a fair share of 1,
     so 100 goes down to 2 at once (its three tasks go on), and the new array starts held: nothing is free yet."""
-    from orchestrate.backends.slurm import SweepThrottle
+    from orchestrate.backends.slurm_throttle import SweepThrottle
 
     sweep = SweepDir(tmp_path, "s")
     (a,) = _subs(sweep, 1)
@@ -380,7 +380,7 @@ def test_a_held_profile_stays_held_and_no_limit_lifts_the_throttles(tmp_path: Pa
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """A profile that submits held (``additional: {hold: true}``, as the benchmark's) is never released by the
     throttle; a later profile without ``max_parallel`` lifts the throttles and releases what the throttle held."""
-    from orchestrate.backends.slurm import SweepThrottle
+    from orchestrate.backends.slurm_throttle import SweepThrottle
 
     sweep = SweepDir(tmp_path, "s")
     a, b = _subs(sweep, 2)

@@ -164,7 +164,7 @@ def test_folder_state_reads_what_the_job_wrote_and_never_raises_on_half_written_
     (folder.lease_dir / "000001.json").write_text("")  # a generation being created
     fs = read_folder_state(folder.path, "k")
     assert fs.exists and fs.segments == 2 and fs.codes == ("3f2a9c1d0b7e", "8d41e0c2a9f3")
-    assert fs.last_segment is not None and fs.last_segment["job_id"] == "7_1"
+    assert fs.last_segment is not None and fs.last_segment.job_id == "7_1"
     assert [a.outcome for a in fs.attempts] == [OUTCOME_PREEMPTED] and fs.unrecorded_segment
     assert fs.last_outcome is None  # segment 2 has no outcome yet
     assert fs.progress is None or fs.progress.describe() == "train 12/60"
@@ -183,6 +183,7 @@ def test_folder_state_reads_what_the_job_wrote_and_never_raises_on_half_written_
 
 
 # ---- the command, MLflow up and down -----------------------------------------------------------------------------
+@pytest.mark.slow
 def test_status_counts_from_the_folders_while_mlflow_is_down_then_reconciles_when_it_is_back(
         tmp_path: Path, slurm_cluster) -> None:  # noqa: ANN001
     from orchestrate.ledger import Ledger

@@ -47,6 +47,7 @@ def _starts(folder: TrialFolder) -> int:
     return folder.log.read_text().count(SEGMENT_HEADER) if folder.log.exists() else 0
 
 
+@pytest.mark.slow
 def test_moved_corpus_and_more_workers_keep_every_key_skip_finished_and_resume_half_trained(
         tmp_path: Path, smoke_corpus: Path, capsys: pytest.CaptureFixture[str]) -> None:
     first = tmp_path / "scratch-a" / "train"  # a real copy of the corpus, moved later

@@ -98,6 +98,7 @@ def test_two_submits_at_once_one_proceeds_the_other_exits_2_having_changed_no_fi
         cli("cancel", name, "--sweep-root", str(root))  # frees the cluster: the trial itself is not under test
 
 
+@pytest.mark.slow
 def test_a_filesystem_without_flock_is_refused_saying_what_to_do_simulated(
         tmp_path: Path, smoke_corpus: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:

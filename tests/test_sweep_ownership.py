@@ -96,6 +96,7 @@ def _refused(p: subprocess.CompletedProcess[str], owner_root: Path, what: str) -
     assert "--sweep" in p.stderr, f"{what}: the message does not say how to choose another name\n{p.stderr}"
 
 
+@pytest.mark.slow
 def test_a_second_sweep_folder_cannot_submit_resume_or_cancel_a_sweep_it_does_not_own(
         mlflow_server: MlflowServer, tmp_path: Path) -> None:
     uri = mlflow_server.uri

@@ -12,7 +12,8 @@ import pytest
 
 from asr_core.data.audio import load_audio
 from asr_core.data.corpora import load_corpus
-from asr_core.data.corpora.synth import SPLITS, Plan, Room, Speaker, espeak, make_plans, render, synthesise
+from asr_core.data.corpora.synth import SPLITS, Plan, make_plans, render, synthesise
+from asr_core.data.corpora.synth_audio import Room, Speaker, espeak
 from asr_core.data.corpora.synth_text import TOPICS, vocabulary
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -158,6 +159,7 @@ def test_word_times_cut_windows_that_hold_the_words() -> None:
     assert hits == len(words)
 
 
+@pytest.mark.slow
 def test_cli_writes_the_documented_layout(tmp_path: Path) -> None:
     out = tmp_path / "c"
     r = subprocess.run([sys.executable, "-m", "asr_core", "synth", str(out), "--hours", "0.005", "--eval-hours",

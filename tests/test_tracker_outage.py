@@ -24,9 +24,10 @@ from mlflow.tracking import MlflowClient
 
 from asr_core.training.checkpoint import load_checkpoint
 from asr_core.config import preset
-from asr_core.runtime.outbox import pending, ship_pending
-from asr_core.contract.trial import (EXIT_PREEMPTED, TAG_PREEMPTIONS, TrialFolder, progress_records, read_attempts,
-                                     read_segments)
+from asr_core.runtime.outbox_folder import pending
+from asr_core.runtime.shipper import ship_pending
+from asr_core.contract.segments import read_segments
+from asr_core.contract.trial import (EXIT_PREEMPTED, TAG_PREEMPTIONS, TrialFolder, progress_records, read_attempts)
 from tests.plugins.mlflow_server import free_port
 from tests.test_backend import smoke_corpus
 
@@ -125,6 +126,7 @@ def _wait_trained(trial_dir: Path, proc: subprocess.Popen, step: int, timeout: f
         time.sleep(0.2)
 
 
+@pytest.mark.slow
 def test_a_90_s_outage_mid_training_loses_nothing_and_stops_nothing(tmp_path: Path, smoke_corpus: Path,
                                                                     server: Server) -> None:
     pace = _seconds_per_step(tmp_path, smoke_corpus)
@@ -168,6 +170,7 @@ def test_a_90_s_outage_mid_training_loses_nothing_and_stops_nothing(tmp_path: Pa
     assert sum(down < t < up for t in logged) >= up_at - down_at - 5  # points keep their times through the outage
 
 
+@pytest.mark.slow
 def test_usr2_while_the_server_is_down_exits_75_within_seconds(tmp_path: Path, smoke_corpus: Path,
                                                                server: Server) -> None:
     trial_dir, run_id, client, cmd = _trial(tmp_path, smoke_corpus, server, 5000)

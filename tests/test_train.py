@@ -76,6 +76,7 @@ def _greedy(model, x: torch.Tensor, blank: int) -> list[int]:
     return out
 
 
+@pytest.mark.slow
 def test_tiny_model_learns_its_training_utterances(tmp_path: Path) -> None:
     """A real learning test: the loss falls and greedy CTC transcribes the training set with WER < 10%."""
     import jiwer
@@ -120,7 +121,7 @@ def test_micro_batched_gradient_equals_the_whole_step_gradient(tmp_path: Path) -
     from asr_core.data.chunking import WindowStream, micro_batches
     from asr_core.model.acoustic import build_model
     from asr_core.data.tokenizer import Tokenizer
-    from asr_core.training.train import accumulate_gradients
+    from asr_core.training.step import accumulate_gradients
 
     torch.set_num_threads(2)
     # the per-token normalisation over consecutive windows: unequal passes, whose weights matter (the authors'
@@ -197,8 +198,8 @@ def test_data_workers_and_micro_batches_keep_the_run_of_a_seed(tmp_path: Path, c
 def test_optimizer_choice_builds_madgrad_by_default_and_adamw_on_request() -> None:
     from madgrad import MADGRAD
 
-    from asr_core.config import ConfigError
-    from asr_core.training.train import build_optimizer
+    from asr_core.config_parse import ConfigError
+    from asr_core.training.step import build_optimizer
 
     model = torch.nn.Linear(3, 2)
     assert isinstance(build_optimizer(model, tiny_cfg().train), MADGRAD)

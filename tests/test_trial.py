@@ -86,6 +86,7 @@ def _corpus_wer(table: pd.DataFrame) -> float:
     return 100 * errors.sum() / table.ref_words.sum()
 
 
+@pytest.mark.slow
 def test_trial_trains_evaluates_and_finishes_once(tmp_path: Path, corpus: Path) -> None:
     trial_dir, uri, run_id, client = _setup(tmp_path, corpus)
     done = subprocess.run(trial_cmd(trial_dir, uri, run_id), capture_output=True, text=True, env=trial_env(), timeout=600)
@@ -132,6 +133,7 @@ def test_trial_trains_evaluates_and_finishes_once(tmp_path: Path, corpus: Path) 
     assert len(_segments(trial_dir)) == 1 and _progress(trial_dir) == records  # a finished trial starts nothing
 
 
+@pytest.mark.slow
 def test_sigusr2_checkpoints_exits_75_and_the_rerun_finishes_the_same_run(tmp_path: Path, corpus: Path) -> None:
     trial_dir, uri, run_id, client = _setup(tmp_path, corpus, "train.max_steps=16", "eval.snrs=[]")
     proc = subprocess.Popen(trial_cmd(trial_dir, uri, run_id), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

@@ -20,9 +20,11 @@ from mlflow.tracking import MlflowClient
 
 from asr_core.training.checkpoint import load_checkpoint
 from asr_core.data.corpora import load_corpus
-from asr_core.runtime.outbox import pending, ship_pending
+from asr_core.runtime.outbox_folder import pending
+from asr_core.runtime.shipper import ship_pending
 from asr_core.contract.trial import (EXIT_CANCELLED, EXIT_FAILED, EXIT_FENCED, EXIT_PREEMPTED, TAG_ERROR,
-                                     TAG_PREEMPTIONS, TrialFolder, progress_records, read_attempts, read_segments)
+                                     TAG_PREEMPTIONS, TrialFolder, progress_records, read_attempts)
+from asr_core.contract.segments import read_segments
 from tests.test_trial import make_trial, trial_cmd, trial_env
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -84,6 +86,7 @@ def _act_at_step(cmd: list[str], job: str, step: int, act: Callable[[subprocess.
     return proc, acted, "".join(lines) + proc.communicate(timeout=timeout)[0]
 
 
+@pytest.mark.slow
 def test_usr2_while_the_corpus_loads_exits_75_with_its_outcome_and_the_rerun_finishes(tmp_path: Path,
                                                                                       corpus: Path) -> None:
     """The corpus is a manifest behind a FIFO: the job blocks reading it, so the signal lands inside the reader.
@@ -141,6 +144,7 @@ def test_a_cancelled_trial_never_starts_and_its_run_is_killed(tmp_path: Path, co
     assert (attempt.outcome, attempt.segment, attempt.job_id) == ("cancelled", None, "job-1")
 
 
+@pytest.mark.slow
 def test_term_on_a_cancelled_trial_checkpoints_kills_the_run_and_is_final(tmp_path: Path, corpus: Path) -> None:
     """`orchestrate cancel` writes CANCELLED, then the scheduler sends TERM: the job checkpoints, the run ends KILLED
     (not SCHEDULED, which a later submit would restart), exit 77; a later start changes nothing."""
@@ -168,6 +172,7 @@ def test_term_on_a_cancelled_trial_checkpoints_kills_the_run_and_is_final(tmp_pa
     assert client.get_run(run_id).info.status == "KILLED"
 
 
+@pytest.mark.slow
 def test_an_injected_fault_fails_the_trial_at_the_same_step_every_time(tmp_path: Path, corpus: Path) -> None:
     """ASR_CORE_FAULT=raise-at-step:N (for the failure-budget tests): N is reached again after a resume."""
     trial_dir, uri, run_id, client = _setup(tmp_path, f"podcast:{corpus}")
@@ -186,6 +191,7 @@ def test_an_injected_fault_fails_the_trial_at_the_same_step_every_time(tmp_path:
     assert bad.returncode == EXIT_FAILED and "ASR_CORE_FAULT='explode' is not a fault" in bad.stderr
 
 
+@pytest.mark.slow
 def test_a_trainer_that_lost_its_lease_stops_without_saving_and_exits_73(tmp_path: Path, corpus: Path) -> None:
     """Another job took the trial over (here: the same job id, as a requeued SLURM task does): the first trainer's
     next checkpoint save finds the lease gone, saves nothing and exits EXIT_FENCED, leaving folder and run alone."""

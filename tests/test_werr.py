@@ -10,7 +10,8 @@ import pandas as pd
 import pytest
 
 from analysis import werr
-from analysis.collect import RunRecord, Sweep, build_sweep
+from analysis.collect import Sweep, build_sweep
+from analysis.fetch import RunRecord
 from analysis.stats import holm
 
 sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "analysis"))

@@ -2,8 +2,8 @@
 file that ``python -m orchestrate plan GRID --estimate --calibration FILE`` turns into GPU-hours.
 
 Real training steps, not a model of them: the trainer's own :class:`~asr_core.data.chunking.WindowStream`,
-:class:`~asr_core.data.batching.StepLoader`, model, optimiser, loss and gradient clipping, on ``train.device`` (``auto``:
-CUDA when there is one) in the trainer's precision, at each ``--contexts`` length with the sequence-length warmup
+:class:`~asr_core.data.batching.StepLoader`, model, optimiser, loss and gradient clipping, on ``train.device``
+(``auto``: CUDA when there is one) in the trainer's precision, at each ``--contexts`` length with the sequence-length warmup
 off (every step at that length) and ``data.batch_audio_s`` of audio per step (one hour unless ``--set``). After
 ``--warmup`` untimed steps, ``--steps`` steps are timed one by one: the step (data, forward/backward, clipping,
 optimiser) and, apart, the clipping + optimiser part (the per-step overhead, independent of the audio).
@@ -23,12 +23,12 @@ a minute of speech), tiled into a recording as long as the longest context and l
 group needs (every step full). The loader's per-recording statistics are computed before the timed steps (once per
 audio file; a one-off cost per recording, reported on its own).
 
-The file (JSON): ``device``, ``torch``, ``threads``, ``precision``, ``attention`` (flash or sdpa), ``preset`` and
-``overrides``, ``model`` (layers, d_model, heads, params, multiply-accumulates per audio-second:
-:func:`model_macs`), ``data`` (batch_audio_s, batching, num_workers), ``train`` (``fit`` a, b, ``overhead_s``,
-per context: seconds per step median/min/max/IQR, audio and padded audio per step, frames/s), ``eval``,
-``checkpoint``, ``startup_s``. ``orchestrate/calibrations/a100-paper.json`` is the same format, derived from paper
-000 instead of measured.
+The file (JSON, :class:`asr_core.contract.calibration.CalibrationFile`): ``device``, ``torch``, ``threads``,
+``precision``, ``attention`` (flash or sdpa), ``preset`` and ``overrides``, ``model`` (layers, d_model, heads, params,
+multiply-accumulates per audio-second: :func:`model_macs`), ``data`` (batch_audio_s, batching, num_workers),
+``train`` (``fit`` a, b, ``overhead_s``, per context: seconds per step median/min/max/IQR, audio and padded audio per
+step, frames/s), ``eval``, ``checkpoint``, ``startup_s``. ``orchestrate/calibrations/a100-paper.json`` is the same
+format, derived from paper 000 instead of measured. The measurements themselves: :mod:`asr_core.bench.measure`.
 """
 
 from __future__ import annotations
@@ -36,23 +36,22 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import platform
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
-import numpy as np
+from asr_core.bench.measure import (calibration_corpus, context_config, device_name, fit_line, spread,
+                                    synth_recording, time_checkpoint, time_decode, time_features, time_startup,
+                                    time_steps)
+from asr_core.config import Config, FeatureConfig, ModelConfig, PRESETS, preset
+from asr_core.config_parse import ConfigError
+from asr_core.contract.calibration import (VERSION, CalibrationFile, CheckpointTiming, ContextTiming, DataSettings,
+                                           DecodeTiming, EvalTiming, ModelSummary, StepFit, TrainTiming)
+from asr_core.data.corpora.base import Recording
 
-from asr_core.config import Config, ConfigError, FeatureConfig, ModelConfig, PRESETS, preset
-from asr_core.data.corpora.base import Recording, Word
-
-FORMAT = "asr-calibration"
-VERSION = 1
 DEFAULT_CONTEXTS = "5.12,10.24,20.48,40.96,81.92"
 
 
@@ -97,281 +96,22 @@ def model_params(m: ModelConfig, n_mels: int = 80) -> int:
     return sub + m.layers * layer + head
 
 
-def model_summary(cfg: Config, params: int | None = None) -> dict[str, Any]:
+def model_summary(cfg: Config, params: int | None = None) -> ModelSummary:
     """What the estimate needs of a model: its shape, parameters and arithmetic (:func:`model_macs`)."""
     m = cfg.model
     if params is None:
         params = model_params(m, cfg.data.features.n_mels)
     linear, attention = model_macs(m, cfg.data.features)
-    return {"layers": m.layers, "d_model": m.d_model, "heads": m.heads, "vocab_size": m.vocab_size,
-            "subsampling_factor": m.subsampling_factor, "subsampling_channels": m.subsampling_channels,
-            "params": int(params), "macs_linear_per_s": linear, "macs_attention_per_s2": attention}
+    return ModelSummary(layers=m.layers, d_model=m.d_model, heads=m.heads, vocab_size=m.vocab_size,
+                        subsampling_factor=m.subsampling_factor, subsampling_channels=m.subsampling_channels,
+                        params=int(params), macs_linear_per_s=linear, macs_attention_per_s2=attention)
 
-
-# ---- the corpus ------------------------------------------------------------------------------------------------
-def synth_recording(folder: Path, seconds: float = 60.0, seed: int = 0) -> Recording:
-    """About ``seconds`` of espeak-ng speech with word times (:mod:`asr_core.data.corpora.synth`), in ``folder``."""
-    from asr_core.data.corpora import load_corpus
-    from asr_core.data.corpora import synth
-
-    plans = synth.make_plans("train", seconds / 3600.0, seed, min_minutes=seconds / 60.0,
-                             max_minutes=seconds / 60.0, voices=3, meeting_fraction=0.0)
-    synth.write_recording(plans[0], folder)
-    return list(load_corpus(f"podcast:{folder / 'train'}"))[0]
-
-
-def tiled(rec: Recording, seconds: float, out: Path) -> Recording:
-    """``rec`` repeated (audio and words) and cut to a whole number of ``seconds`` (at least one), written to
-    ``out``: windows of ``seconds`` (and of its divisors) are then all full."""
-    import torch
-
-    from asr_core.data.audio import load_audio, save_audio
-
-    wave = load_audio(rec.audio)
-    dur = wave.numel() / 16000.0
-    copies = max(1, math.ceil(seconds / dur - 1e-9))
-    keep = seconds * max(1, math.floor(copies * dur / seconds + 1e-9))
-    words = tuple(Word(w.text, w.start + k * dur, w.end + k * dur) for k in range(copies) for w in rec.words
-                  if w.start is not None and w.end is not None and w.end + k * dur <= keep)
-    save_audio(out, torch.cat([wave] * copies)[: int(round(keep * 16000))])
-    return Recording(f"{rec.id}-tiled", out, keep, words)
-
-
-def calibration_corpus(base: Recording, cfg: Config, contexts: Sequence[float], steps: int, folder: Path
-                       ) -> list[Recording]:
-    """One recording as long as the longest context (``base`` tiled), listed as often as needed for ``steps``
-    full steps at every context (B = ``group_size`` windows a step; ``steps`` groups at the longest)."""
-    from asr_core.data.chunking import group_size
-
-    rec = tiled(base, max(contexts), folder / "tiled.wav")
-    copies = 1
-    for ctx in contexts:
-        data = _context_cfg(cfg, ctx).data
-        b = group_size(ctx, data)
-        per_recording = max(1, int(rec.duration // ctx))
-        copies = max(copies, b * math.ceil(steps / per_recording))
-    return [Recording(f"cal{i:05d}", rec.audio, rec.duration, rec.words) for i in range(copies)]
-
-
-def _context_cfg(cfg: Config, ctx: float) -> Config:
-    return cfg.with_overrides([f"data.context_s={ctx}", "data.seqlen_warmup=none",
-                               f"data.batch_audio_s={max(cfg.data.batch_audio_s, ctx)}", "data.max_recordings=0"])
-
-
-# ---- measurements ------------------------------------------------------------------------------------------------
-def _sync(device: torch.device) -> None:
-    import torch
-
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
-def _spread(xs: Sequence[float]) -> dict[str, float]:
-    xs = sorted(xs)
-    q = np.percentile(xs, [25, 75]) if len(xs) > 1 else (xs[0], xs[0])
-    return {"median": statistics.median(xs), "min": xs[0], "max": xs[-1], "iqr": float(q[1] - q[0])}
-
-
-def _prewarm_stats(maker: Any, recordings: Sequence[Recording], indices: set[int]) -> tuple[float, float]:
-    """The loader's per-recording statistics for ``indices``, computed once per audio file and shared by every
-    index that lists the same file (a tiled calibration corpus lists one file many times). Returns (seconds,
-    audio-seconds computed)."""
-    from asr_core.data.batching import _Stats
-
-    by_file: dict[str, _Stats] = {}
-    took, audio = 0.0, 0.0
-    for i in sorted(indices):
-        key = str(recordings[i].audio)
-        if key not in by_file:
-            t0 = time.perf_counter()
-            by_file[key] = maker.recording_stats(i)
-            took += time.perf_counter() - t0
-            audio += recordings[i].duration
-        entry = maker._entry(i)
-        with entry.lock:
-            entry.features = by_file[key]
-    return took, audio
-
-
-def time_steps(cfg: Config, recordings: Sequence[Recording], tok: Any, model: torch.nn.Module, opt: Any,
-               device: torch.device, bf16: bool, steps: int, warmup: int, seed: int = 0,
-               say: Callable[[str], None] = print) -> dict[str, Any]:
-    """``warmup`` + ``steps`` real optimiser steps of ``cfg`` (one context, no sequence-length warmup); the timed
-    ones' seconds and sizes."""
-    import torch
-
-    from asr_core.data.batching import BatchMaker, StepLoader
-    from asr_core.data.chunking import Position, WindowStream
-    from asr_core.data.features import FeatureExtractor
-    from asr_core.training.loss import step_frames
-    from asr_core.training.train import accumulate_gradients
-
-    t = cfg.train
-    stream = WindowStream(recordings, cfg.data, seed, 1 << 30)
-    maker = BatchMaker(recordings, FeatureExtractor(cfg.data.features), tok,
-                       windows=cfg.data.batching == "interleaved")
-    planned = []
-    for windows, _ in stream.batches():
-        planned.append(windows)
-        if len(planned) >= steps + warmup:
-            break
-    stats_s, stats_audio = 0.0, 0.0
-    if maker.windows:
-        stats_s, stats_audio = _prewarm_stats(maker, recordings, {w.recording for ws in planned for w in ws})
-    rows = []
-    model.train()
-    with StepLoader(stream, Position(), maker, cfg.data.micro_batch_audio_s, cfg.data.num_workers) as loader:
-        for i in range(steps + warmup):
-            _sync(device)
-            t0 = time.perf_counter()
-            batch = next(loader)
-            t1 = time.perf_counter()
-            accumulate_gradients(model, batch.micro, device, bf16, i, t.loss_norm,
-                                 step_frames(batch.windows, cfg.data))
-            _sync(device)
-            t2 = time.perf_counter()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)
-            opt.step()
-            _sync(device)
-            t3 = time.perf_counter()
-            durs = [w.duration for w in batch.windows]
-            longest = max(durs)
-            row = {"step_s": t3 - t0, "data_s": t1 - t0, "forward_backward_s": t2 - t1, "overhead_s": t3 - t2,
-                   "windows": len(durs), "audio_s": sum(durs), "padded_s": len(durs) * longest,
-                   "padded_s2": len(durs) * longest * longest}
-            if i >= warmup:
-                rows.append(row)
-            say(f"[calibrate]   {'warm-up' if i < warmup else 'step'} {i + 1 - warmup if i >= warmup else i + 1}: "
-                f"{row['step_s']:.3f} s ({len(durs)} windows, {sum(durs):.0f} s audio; data {row['data_s']:.3f}, "
-                f"fwd/bwd {row['forward_backward_s']:.3f}, clip+opt {row['overhead_s']:.3f})")
-    return {"rows": rows, "stats_s": stats_s, "stats_audio_s": stats_audio}
-
-
-def fit_line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
-    """Least-squares (intercept, slope) of ys on xs; one distinct x: (mean y, 0)."""
-    x, y = np.asarray(xs, float), np.asarray(ys, float)
-    if len(set(xs)) < 2:
-        return float(y.mean()), 0.0
-    slope, intercept = np.polyfit(x, y, 1)
-    return float(intercept), float(slope)
-
-
-def time_decode(model: Any, cfg: Config, wave: torch.Tensor, ctx: float, device: torch.device, bf16: bool,
-                repeats: int = 2) -> dict[str, float]:
-    """Window-frames decoded per second by :func:`asr_core.decoding.decode.posteriors` at ``ctx`` over ``wave`` (at the
-    evaluation's stride and window batch), the best of ``repeats`` after one warm-up."""
-    import torch
-
-    from asr_core.decoding.decode import plan_windows, posteriors, window_frames
-    from asr_core.data.features import FeatureExtractor
-
-    fx = FeatureExtractor(cfg.data.features)
-    feats = fx(wave)
-    sub = cfg.model.subsampling_factor
-    window = window_frames(ctx, cfg.data.features.frames_per_second, sub)
-    plan = plan_windows(feats.shape[0], window, cfg.eval.stride, sub)
-    frames = sum(e - s for s, e in plan.spans)
-    batch = cfg.eval.batch_windows or 8
-    if device.type == "cuda" and not cfg.eval.batch_windows:
-        from asr_core.decoding.decode import auto_batch_windows
-
-        m = cfg.model
-        batch = auto_batch_windows(window, device, bf16=bf16, n_mels=cfg.data.features.n_mels,
-                                   subsampling_channels=m.subsampling_channels, d_model=m.d_model,
-                                   vocab_size=m.vocab_size, subsampling=sub)
-    model.eval()
-    best = math.inf
-    for r in range(repeats + 1):
-        _sync(device)
-        t0 = time.perf_counter()
-        posteriors(model, feats, window, stride=cfg.eval.stride, batch_windows=batch, subsampling=sub,
-                   device=device, precision="bf16" if bf16 else "fp32")
-        _sync(device)
-        if r:
-            best = min(best, time.perf_counter() - t0)
-    model.train()
-    return {"context_s": ctx, "frames_per_s": frames / best, "window_frames": frames, "windows": len(plan.starts),
-            "seconds": best, "batch_windows": batch}
-
-
-def time_features(cfg: Config, rec: Recording) -> dict[str, float]:
-    """Seconds per audio-second of reading + features (the evaluator's, per recording and condition), and of
-    mixing synthetic music in (per noisy condition: composing the music loop is a fixed cost per call, measured
-    apart from the per-second part on a 5 s and a whole recording)."""
-    from asr_core.data.audio import load_audio
-    from asr_core.data.features import FeatureExtractor
-    from asr_core.data.noise import add_music
-
-    fx = FeatureExtractor(cfg.data.features)
-    t0 = time.perf_counter()
-    wave = load_audio(rec.audio)
-    fx(wave)
-    t1 = time.perf_counter()
-    sr = cfg.data.features.sample_rate
-    dur = wave.numel() / sr
-    short = wave[: int(5 * sr)]
-
-    def music(w: torch.Tensor, tag: str) -> float:
-        best = math.inf
-        for i in range(2):
-            m0 = time.perf_counter()
-            add_music(w, f"{rec.id}-{tag}-{i}", 10.0, cfg.eval.noise)
-            best = min(best, time.perf_counter() - m0)
-        return best
-
-    t_short, t_long = music(short, "short"), music(wave, "long")
-    rate = max(0.0, (t_long - t_short) / max(dur - short.numel() / sr, 1e-9))
-    per_call = max(0.0, t_short - rate * short.numel() / sr)
-    return {"features_s_per_audio_s": (t1 - t0) / dur, "music_s_per_audio_s": rate, "music_s_per_call": per_call}
-
-
-def time_checkpoint(cfg: Config, model: torch.nn.Module, opt: Any, folder: Path, repeats: int = 2
-                    ) -> dict[str, float]:
-    """Seconds to save the trainer's checkpoint (weights, optimiser state, config, RNG states), best of
-    ``repeats``, and its size."""
-    from asr_core.training.checkpoint import FORMAT_VERSION, rng_state, save_checkpoint
-
-    path = folder / "checkpoint.pt"
-    best = math.inf
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        save_checkpoint(path, {"format_version": FORMAT_VERSION, "config": cfg.to_dict(),
-                               "model": model.state_dict(), "optimizer": opt.state_dict(), "step": 1,
-                               "schedule": {}, "rng": rng_state(), "data_position": {}, "tokenizer": b"",
-                               "precision": "fp32"})
-        best = min(best, time.perf_counter() - t0)
-    return {"save_s": best, "bytes": path.stat().st_size}
-
-
-def time_startup() -> float:
-    """Wall seconds of a fresh interpreter importing what a trial job imports (``asr_core.trial``, training and
-    evaluation): the start-up every trial segment pays before its first step."""
-    code = "import asr_core.trial, asr_core.training.train, asr_core.evaluation.evaluate, asr_core.data.corpora"
-    t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
-    return time.perf_counter() - t0
-
-
-def device_name(device: torch.device) -> str:
-    import torch
-
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    name = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                name = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"CPU {name}"
 
 
 # ---- the whole calibration -------------------------------------------------------------------------------------
 def calibrate(cfg: Config, contexts: Sequence[float], steps: int = 5, warmup: int = 1, data: str | None = None,
               *, preset_name: str = "", overrides: Sequence[str] = (), eval_seconds: float = 60.0,
-              speech: str | None = None, say: Callable[[str], None] = print) -> dict[str, Any]:
+              speech: str | None = None, say: Callable[[str], None] = print) -> CalibrationFile:
     """Measure ``cfg``'s model on this device at each of ``contexts`` and return the calibration (see the module
     docstring). ``data``: a corpus spec to train on (default: a synthesised minute of speech, tiled). ``speech``: a
     corpus spec whose longest recording is tiled instead of synthesising one (for nodes without espeak-ng)."""
@@ -379,15 +119,15 @@ def calibrate(cfg: Config, contexts: Sequence[float], steps: int = 5, warmup: in
 
     from asr_core.model.acoustic import build_model
     from asr_core.data.tokenizer import Tokenizer
-    from asr_core.training.train import _device, _use_bf16, build_optimizer
+    from asr_core.training.step import build_optimizer
+    from asr_core.training.train import train_device
 
     if steps < 1 or warmup < 0:
         raise ValueError(f"steps must be >= 1 and warm-up >= 0, got {steps} and {warmup}")
     contexts = sorted({float(c) for c in contexts})
     if not contexts or contexts[0] <= 0:
         raise ValueError(f"contexts must be positive seconds, got {contexts}")
-    device = _device(cfg)
-    bf16 = _use_bf16(cfg, device)
+    device, bf16 = train_device(cfg)
     from asr_core.model.attention import flash_available
 
     with tempfile.TemporaryDirectory(prefix="asr-calibrate-") as tmp:
@@ -422,7 +162,7 @@ def calibrate(cfg: Config, contexts: Sequence[float], steps: int = 5, warmup: in
         per_context, all_rows = [], []
         stats_s, stats_audio = 0.0, 0.0
         for ctx in contexts:
-            ccfg = _context_cfg(cfg, ctx)
+            ccfg = context_config(cfg, ctx)
             say(f"[calibrate] context {ctx:g} s")
             res = time_steps(ccfg, recordings, tok, model, opt, device, bf16, steps, warmup, cfg.train.seed, say)
             stats_s += res["stats_s"]
@@ -430,7 +170,7 @@ def calibrate(cfg: Config, contexts: Sequence[float], steps: int = 5, warmup: in
             rows = res["rows"]
             all_rows += [(ctx, r) for r in rows]
             per_context.append({"context_s": ctx, "steps": len(rows),
-                                "step_s": _spread([r["step_s"] for r in rows]),
+                                "step_s": spread([r["step_s"] for r in rows]),
                                 "data_s": statistics.median(r["data_s"] for r in rows),
                                 "forward_backward_s": statistics.median(r["forward_backward_s"] for r in rows),
                                 "overhead_s": statistics.median(r["overhead_s"] for r in rows),
@@ -458,58 +198,58 @@ def calibrate(cfg: Config, contexts: Sequence[float], steps: int = 5, warmup: in
         for ctx in contexts:
             need = max(eval_seconds, 2.5 * ctx)
             reps = max(1, math.ceil(need * 16000 / wave.numel()))
-            decode.append(time_decode(model, _context_cfg(cfg, ctx), wave.repeat(reps), ctx, device, bf16))
+            decode.append(time_decode(model, context_config(cfg, ctx), wave.repeat(reps), ctx, device, bf16))
         say("[calibrate] checkpoint and start-up")
         ckpt = time_checkpoint(cfg, model, opt, folder)
         startup = time_startup()
-    return {
-        "format": FORMAT, "version": VERSION, "source": "measured by python -m asr_core bench calibrate",
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "device": device_name(device), "device_type": device.type, "torch": torch.__version__,
-        "threads": torch.get_num_threads(), "precision": "bf16" if bf16 else "fp32",
-        "attention": "flash" if (device.type == "cuda" and flash_available()
-                                 and cfg.model.attention_backend != "sdpa") else "sdpa",
-        "preset": preset_name, "overrides": list(overrides), "model": model_summary(cfg, params),
-        "data": {"batch_audio_s": batch_s, "batching": cfg.data.batching, "num_workers": cfg.data.num_workers,
-                 "micro_batch_audio_s": cfg.data.micro_batch_audio_s,
-                 "corpus": data or (f"{speech}, longest recording tiled" if speech
-                                    else "synthesised (espeak-ng), tiled"),
-                 "stats_s_per_audio_s": stats_s / stats_audio if stats_audio else 0.0},
-        "train": {"fit": {"a": overhead + intercept, "b": slope,
-                          "meaning": f"seconds per optimiser step of {batch_s:g} s padded audio in windows of L s: "
-                                     "a + b * L (overhead_s included in a)"},
-                  "overhead_s": overhead, "contexts": per_context},
-        "eval": {"stride": cfg.eval.stride, "decode": decode, **feat},
-        "checkpoint": ckpt, "startup_s": startup,
-    }
+    return CalibrationFile(
+        version=VERSION, source="measured by python -m asr_core bench calibrate",
+        created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        device=device_name(device), device_type=device.type, torch=torch.__version__,
+        threads=torch.get_num_threads(), precision="bf16" if bf16 else "fp32",
+        attention="flash" if (device.type == "cuda" and flash_available()
+                              and cfg.model.attention_backend != "sdpa") else "sdpa",
+        preset=preset_name, overrides=tuple(overrides), model=model_summary(cfg, params),
+        data=DataSettings(batch_audio_s=batch_s, batching=cfg.data.batching, num_workers=cfg.data.num_workers,
+                          micro_batch_audio_s=cfg.data.micro_batch_audio_s,
+                          corpus=data or (f"{speech}, longest recording tiled" if speech
+                                          else "synthesised (espeak-ng), tiled"),
+                          stats_s_per_audio_s=stats_s / stats_audio if stats_audio else 0.0),
+        train=TrainTiming(fit=StepFit(a=overhead + intercept, b=slope,
+                                      meaning=f"seconds per optimiser step of {batch_s:g} s padded audio in windows "
+                                              "of L s: a + b * L (overhead_s included in a)"),
+                          overhead_s=overhead, contexts=tuple(ContextTiming(**pc) for pc in per_context)),
+        eval=EvalTiming(stride=cfg.eval.stride, decode=tuple(DecodeTiming(**d) for d in decode), **feat),
+        checkpoint=CheckpointTiming(**ckpt), startup_s=startup,
+    )
 
 
 # ---- output ----------------------------------------------------------------------------------------------------
-def table(cal: dict[str, Any]) -> str:
+def table(cal: CalibrationFile) -> str:
     """The calibration as the table ``bench calibrate`` prints."""
-    m, tr = cal["model"], cal["train"]
-    lines = [f"calibration: {cal['device']} ({cal['precision']}, {cal['attention']} attention, torch {cal['torch']}, "
-             f"{cal['threads']} threads)",
-             f"model: {cal.get('preset') or '?'} {m['layers']}L d={m['d_model']} {m['heads']}H, "
-             f"{m['params'] / 1e6:.2f}M parameters; {cal['data']['batch_audio_s']:g} s of audio a step",
+    m, tr, ev, data = cal.model, cal.train, cal.eval, cal.data
+    lines = [f"calibration: {cal.device} ({cal.precision}, {cal.attention} attention, torch {cal.torch}, "
+             f"{cal.threads} threads)",
+             f"model: {cal.preset or '?'} {m.layers}L d={m.d_model} {m.heads}H, "
+             f"{m.params / 1e6:.2f}M parameters; {data.batch_audio_s:g} s of audio a step",
              "", f"{'context s':>10} {'steps':>5} {'s/step':>8} {'min':>8} {'max':>8} {'audio s':>8} "
                  f"{'frames/s':>10} {'full step s':>11} {'fit s':>8} {'decode fr/s':>11}"]
-    dec = {d["context_s"]: d["frames_per_s"] for d in cal.get("eval", {}).get("decode", [])}
-    for pc in tr.get("contexts", []):
-        s = pc["step_s"]
-        lines.append(f"{pc['context_s']:>10g} {pc['steps']:>5} {s['median']:>8.3f} {s['min']:>8.3f} {s['max']:>8.3f} "
-                     f"{pc['audio_s_per_step']:>8.1f} {pc['frames_per_s']:>10,.0f} {pc['full_step_s']:>11.3f} "
-                     f"{pc['fit_step_s']:>8.3f} {dec.get(pc['context_s'], float('nan')):>11,.0f}")
-    fit = tr["fit"]
-    lines += ["", f"fit: t(L) = {fit['a']:.4g} + {fit['b']:.4g} x L seconds per step of "
-                  f"{cal['data']['batch_audio_s']:g} s audio; per-step overhead (clip + optimiser) "
-                  f"{tr['overhead_s']:.4f} s",
-              f"evaluation: features {cal['eval']['features_s_per_audio_s']:.2e} s and music "
-              f"{cal['eval']['music_s_per_audio_s']:.2e} s per audio-second, music "
-              f"{cal['eval'].get('music_s_per_call', 0.0):.2f} s per recording and SNR; loader statistics "
-              f"{cal['data']['stats_s_per_audio_s']:.2e} s per audio-second (once per recording)",
-              f"checkpoint: {cal['checkpoint']['save_s']:.3f} s ({cal['checkpoint']['bytes'] / 2**20:.1f} MiB); "
-              f"trial start-up (imports) {cal['startup_s']:.1f} s"]
+    dec = {d.context_s: d.frames_per_s for d in ev.decode or ()}
+    for pc in tr.contexts:
+        s = pc.step_s or {}
+        lines.append(f"{pc.context_s:>10g} {pc.steps:>5} {s['median']:>8.3f} {s['min']:>8.3f} {s['max']:>8.3f} "
+                     f"{pc.audio_s_per_step:>8.1f} {pc.frames_per_s:>10,.0f} {pc.full_step_s:>11.3f} "
+                     f"{pc.fit_step_s:>8.3f} {dec.get(pc.context_s, float('nan')):>11,.0f}")
+    fit = tr.fit
+    lines += ["", f"fit: t(L) = {fit.a:.4g} + {fit.b:.4g} x L seconds per step of "
+                  f"{data.batch_audio_s:g} s audio; per-step overhead (clip + optimiser) "
+                  f"{tr.overhead_s:.4f} s",
+              f"evaluation: features {ev.features_s_per_audio_s:.2e} s and music "
+              f"{ev.music_s_per_audio_s:.2e} s per audio-second, music "
+              f"{ev.music_s_per_call or 0.0:.2f} s per recording and SNR; loader statistics "
+              f"{data.stats_s_per_audio_s:.2e} s per audio-second (once per recording)",
+              f"checkpoint: {cal.checkpoint.save_s:.3f} s ({cal.checkpoint.bytes / 2**20:.1f} MiB); "
+              f"trial start-up (imports) {cal.startup_s:.1f} s"]
     return "\n".join(lines)
 
 
@@ -553,8 +293,8 @@ def cli(argv: list[str]) -> int:
     cal = calibrate(cfg, contexts, args.steps, args.warmup, args.data, preset_name=name,
                     overrides=args.overrides, eval_seconds=args.eval_seconds,
                     speech=args.speech, say=lambda s: print(s, file=sys.stderr, flush=True))
-    out = Path(args.out or f"calibration-{cal['device_type']}-{name}.json")
-    out.write_text(json.dumps(cal, indent=1) + "\n")
+    out = Path(args.out or f"calibration-{cal.device_type}-{name}.json")
+    out.write_text(json.dumps(cal.to_dict(), indent=1) + "\n")
     print(table(cal))
     print(f"written: {out}")
     return 0

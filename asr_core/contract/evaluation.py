@@ -50,7 +50,7 @@ def _sorted_conditions(conds: Iterable[Condition]) -> tuple[Condition, ...]:
 def conditions_of(datasets: Iterable[str], snrs: Iterable[float], noisy: Iterable[str] = ()) -> Conditions:
     """What an evaluation section decodes: every dataset clean, and at each SNR those named in ``noisy`` (none
     named: every dataset) — the rule of :func:`asr_core.evaluation.evaluate.evaluate`. ``datasets``: names or specs."""
-    from asr_core.data.corpora import dataset_name
+    from asr_core.contract.specs import dataset_name
 
     names = [dataset_name(d) for d in datasets]
     noisy = set(noisy)
@@ -97,7 +97,7 @@ def default_evaluation(ev: Any) -> tuple[Conditions, dict[str, Any]]:
 
 def describe_conditions(conditions: Mapping[str, Iterable[Condition]]) -> str:
     """``dev: snr5; other: clean, snr5``: what an evaluation decodes, for people (conditions named as
-    :func:`asr_core.evaluation.evaluate.condition_name` names them)."""
+    :func:`asr_core.contract.metrics.condition_name` names them)."""
     return "; ".join(f"{n}: {', '.join('clean' if c is None else f'snr{c:g}' for c in _sorted_conditions(cs))}"
                      for n, cs in conditions.items())
 

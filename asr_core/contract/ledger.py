@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import json
 import logging
+import re
+from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+from asr_core.contract.metrics import metric_key
 from asr_core.contract.trial import ROLE_PARENT, TAG_ROLE
 
 log = logging.getLogger(__name__)
@@ -36,7 +39,7 @@ def headline_metrics(datasets: Iterable[str]) -> list[str]:
         if "`" in ds:
             log.warning("dataset %r has a backtick in its name; the MLflow view cannot show its column", ds)
             continue
-        out.append(f"wer/{ds}")
+        out.append(metric_key(ds))
     return out
 
 
@@ -94,3 +97,22 @@ def with_note_line(description: str, line: str) -> str:
     earlier :data:`NOTE_START` lines: everything else people wrote is kept."""
     kept = "\n".join(ln for ln in description.splitlines() if not ln.startswith(NOTE_START)).strip("\n")
     return f"{line}\n\n{kept}" if kept.strip() else line
+
+
+def artifact_location(tracking_uri: str | None, experiment: str) -> str | None:
+    """Where a new experiment keeps its artifacts: beside the database for a ``sqlite:///PATH`` store, since MLflow's
+    default there (``./mlruns``) is whatever folder the command happens to run in; None (the server's own
+    ``--artifacts-destination``) for every other store."""
+    if not tracking_uri or not tracking_uri.startswith("sqlite:///"):
+        return None
+    db = Path(tracking_uri[len("sqlite:///"):])
+    return (db.resolve().parent / "artifacts" / re.sub(r"[^A-Za-z0-9._-]", "_", experiment)).as_uri()
+
+
+def experiment_id(client: Any, name: str) -> str:
+    """The id of the experiment called ``name`` on ``client`` (an ``MlflowClient``), created with
+    :func:`artifact_location` when there is none yet."""
+    exp = client.get_experiment_by_name(name)
+    if exp is not None:
+        return exp.experiment_id
+    return client.create_experiment(name, artifact_location=artifact_location(client.tracking_uri, name))

@@ -15,11 +15,13 @@ tags                      ``TAG_*`` below: the ledger writes the ``sweep.*`` and
                           job writes :data:`TAG_ERROR`, :data:`TAG_PREEMPTIONS`, :data:`TAG_CHECKPOINT`,
                           :data:`TAG_CODE`, :data:`TAG_SEGMENTS`, :data:`TAG_DATA_FINGERPRINT` and
                           :func:`eval_fingerprint_tag`
-trial-folder files        :class:`TrialFolder`
+trial-folder files        :class:`TrialFolder`; the markers' writers :func:`mark_trained`, :func:`mark_done`,
+                          :func:`mark_cancelled`
 progress                  :class:`ProgressLog` (JSON lines the trainer and evaluator append) and
                           :func:`read_progress` (what ``orchestrate`` shows); never parsed from log text
-segments and outcomes     :func:`read_segments` (one line per start of the job), :func:`record_attempt` /
-                          :func:`read_attempts` / :func:`failures` / :func:`preemptions` (one line per ended segment)
+segments and outcomes     :func:`asr_core.contract.segments.read_segments` (one line per start of the job),
+                          :func:`record_attempt` / :func:`read_attempts` / :func:`failures` / :func:`preemptions`
+                          (one line per ended segment)
 ========================  ===========================================================================================
 """
 
@@ -29,6 +31,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -244,15 +247,47 @@ def mark_run(tracking_uri: str | None, run_id: str | None, status: str, tags: di
 
 
 def append_json_line(path: Path, record: dict[str, Any]) -> None:
-    """Append ``record`` as one JSON line with one ``write``. A line cut short by a crash (no newline at the end of
-    the file) is closed first, so the new record is never glued onto it and lost."""
-    line = json.dumps(record) + "\n"
+    """Append ``record`` as one JSON line with one ``write`` (see :func:`append_json_lines`)."""
+    append_json_lines(path, [record])
+
+
+def append_json_lines(path: Path, records: Iterable[dict[str, Any]]) -> None:
+    """Append ``records`` as JSON lines with one ``write``. A line cut short by a crash (no newline at the end of
+    the file) is closed first, so the new records are never glued onto it and lost."""
+    line = "".join(json.dumps(record) + "\n" for record in records)
+    if not line:
+        return
     with open(path, "ab+") as f:
         if f.seek(0, os.SEEK_END) > 0:
             f.seek(-1, os.SEEK_END)
             if f.read(1) != b"\n":
                 line = "\n" + line
         f.write(line.encode())
+
+
+# ---- markers -----------------------------------------------------------------------------------------------------
+def mark_trained(trial_dir: Path | str, checkpoint: Path | str, steps: int) -> None:
+    """Write :data:`TRAINED_FILE`: training finished with ``checkpoint`` after ``steps`` steps."""
+    TrialFolder(Path(trial_dir)).trained.write_text(json.dumps({"checkpoint": str(checkpoint), "steps": steps}))
+
+
+def trained_checkpoint(trial_dir: Path | str) -> Path:
+    """The checkpoint :data:`TRAINED_FILE` names (raises OSError or ValueError when there is none)."""
+    return Path(json.loads(TrialFolder(Path(trial_dir)).trained.read_text())["checkpoint"])
+
+
+def mark_done(trial_dir: Path | str) -> None:
+    """Write :data:`DONE_FILE`: the trial finished; nothing runs again."""
+    TrialFolder(Path(trial_dir)).done.write_text("finished\n")
+
+
+def mark_cancelled(trial_dir: Path | str, by: str, at: float | None = None) -> None:
+    """Write :data:`CANCELLED_FILE` atomically (JSON {"time", "by"}; ``at`` defaults to now). The folder must
+    exist."""
+    path = TrialFolder(Path(trial_dir)).cancelled
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"time": round(time.time(), 3) if at is None else at, "by": by}) + "\n")
+    os.replace(tmp, path)
 
 
 # ---- progress records ---------------------------------------------------------------------------------------------
@@ -278,6 +313,13 @@ class Progress:
             return f"eval {self.dataset} {self.done}/{self.total}".replace("  ", " ")
         return "starting" if self.phase == "start" else self.phase
 
+    def to_dict(self) -> dict[str, Any]:
+        """The record's JSON line (``dataset`` only when there is one)."""
+        d: dict[str, Any] = {"phase": self.phase, "done": self.done, "total": self.total, "time": self.time}
+        if self.dataset:
+            d["dataset"] = self.dataset
+        return d
+
 
 class ProgressLog:
     """Appends :class:`Progress` records, one JSON object per line, to ``TRIAL_DIR/progress.jsonl``.
@@ -293,13 +335,16 @@ class ProgressLog:
             return
         if phase not in PHASES:
             raise ValueError(f"unknown progress phase {phase!r}; valid: {', '.join(PHASES)}")
-        rec = {"phase": phase, "done": int(done), "total": int(total), "time": round(time.time(), 3)}
-        if dataset:
-            rec["dataset"] = dataset
+        rec = Progress(phase, int(done), int(total), dataset, round(time.time(), 3))
         try:
-            append_json_line(self.path, rec)
+            append_json_line(self.path, rec.to_dict())
         except OSError as e:  # progress is for people watching; never let it stop training
             print(f"[trial] warning: cannot write progress to {self.path}: {e}", file=sys.stderr)
+
+
+def write_progress(trial_dir: Path | str, records: Iterable[Progress]) -> None:
+    """Append ``records`` to a trial folder's progress, as they are (times included), with one ``write``."""
+    append_json_lines(TrialFolder(Path(trial_dir)).progress, [r.to_dict() for r in records])
 
 
 def _parse(line: str) -> Progress | None:
@@ -338,24 +383,6 @@ def progress_records(trial_dir: Path | str) -> list[Progress]:
     except OSError:
         return []
     return [rec for line in text.splitlines() if (rec := _parse(line)) is not None]
-
-
-# ---- segments ------------------------------------------------------------------------------------------------------
-def read_segments(trial_dir: Path | str) -> list[dict[str, Any]]:
-    """The segment records of a trial folder, oldest first (none when the job never started)."""
-    try:
-        lines = TrialFolder(Path(trial_dir)).segments.read_text().splitlines()
-    except FileNotFoundError:
-        return []
-    out = []
-    for line in lines:
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a line cut short by a crash while it was written; the next start still counts itself
-        if isinstance(rec, dict):
-            out.append(rec)
-    return out
 
 
 # ---- attempts: how each segment ended (the failure budget) --------------------------------------------------------
@@ -429,10 +456,15 @@ def record_attempt(trial_dir: Path | str, outcome: str, reason: str = "", *, seg
     if outcome != OUTCOME_RESET and attempt_recorded(read_attempts(trial_dir), segment, job_id):
         return None
     a = Attempt(outcome, error_line(reason, "") if reason else "", segment, job_id or "", round(time.time(), 3), by)
-    folder = TrialFolder(Path(trial_dir))
-    folder.path.mkdir(parents=True, exist_ok=True)
-    append_json_line(folder.attempts, a.to_dict())
+    Path(trial_dir).mkdir(parents=True, exist_ok=True)
+    write_attempts(trial_dir, [a])
     return a
+
+
+def write_attempts(trial_dir: Path | str, attempts: Iterable[Attempt]) -> None:
+    """Append ``attempts`` to a trial folder's ``attempts.jsonl`` as they are, with one ``write``
+    (:func:`record_attempt` is the writer that records an outcome once)."""
+    append_json_lines(TrialFolder(Path(trial_dir)).attempts, [a.to_dict() for a in attempts])
 
 
 def preemptions(attempts: list[Attempt]) -> int:

@@ -35,7 +35,8 @@ import torch
 
 from asr_core.data.audio import load_audio, read_segment
 from asr_core.data.chunking import Position, Window, WindowStream, micro_batches
-from asr_core.data.corpora.base import CorpusError, Recording
+from asr_core.contract.specs import CorpusError
+from asr_core.data.corpora.base import Recording
 from asr_core.data.features import FeatureExtractor, normalise, statistics
 from asr_core.data.tokenizer import Tokenizer
 
@@ -78,7 +79,7 @@ class _Entry:
 
 
 @dataclass(frozen=True)
-class _Stats:
+class RecordingStats:
     """What a window needs of its whole recording: per-bin (mean, std) (1, F) and its length in samples."""
 
     mean: torch.Tensor
@@ -129,14 +130,14 @@ class BatchMaker:
                 entry.features = self.features(self._wave(idx))
             return entry.features  # type: ignore[return-value]
 
-    def recording_stats(self, idx: int) -> _Stats:
+    def recording_stats(self, idx: int) -> RecordingStats:
         """Per-bin statistics of ``recordings[idx]``'s features (one read of the whole recording, then kept)."""
         entry = self._entry(idx)
         with entry.lock:
             if entry.features is None:
                 wave = self._wave(idx)
                 mean, std = statistics(self.features.raw(wave))
-                entry.features = _Stats(mean, std, int(wave.shape[0]))
+                entry.features = RecordingStats(mean, std, int(wave.shape[0]))
             return entry.features  # type: ignore[return-value]
 
     def window_features(self, w: Window) -> torch.Tensor:

@@ -23,6 +23,9 @@ Every step holds about ``batch_audio_s`` of audio whatever the context: ``B = gr
 With gradient accumulation (``data.micro_batch_audio_s``), :func:`micro_batches` splits one step's windows, in
 order, into the passes that are run forward/backward one at a time.
 
+What the steps hold in numbers, without reading audio or words (for cost estimates), is
+:func:`asr_core.data.step_plan.step_lengths`.
+
 The stream is a pure function of (recordings, data config, seed): epoch ``e`` orders the recordings with
 ``numpy.random.default_rng([seed, e])``, and a :class:`Position` (epoch, recording, window) is all a resumed run
 needs to continue exactly where it stopped (interleaved: the group's first recording and the next window index).
@@ -181,6 +184,12 @@ class WindowStream:
                 self._orders[epoch] = self._duration_blocks(rng)
         return self._orders[epoch]
 
+    def sort_by_duration(self, durations: np.ndarray) -> None:
+        """Take the recordings' durations read in bulk (a plan in numbers has them all at once), so that ordering
+        an interleaved epoch does not read them one recording at a time."""
+        if self._by_duration is None:
+            self._by_duration = np.argsort(durations, kind="stable")
+
     def _duration_blocks(self, rng: np.random.Generator) -> np.ndarray:
         """Sorted by duration, shuffled within runs of SUBGROUP, cut into blocks of the first group size, blocks
         shuffled (lcasr ``SimpleDataset.create_batches``)."""
@@ -277,14 +286,6 @@ class WindowStream:
         self.skipped_untimed += 1
         return []
 
-    def step_lengths(self, max_steps: int = 0) -> dict[float, "StepLengths"]:
-        """What the stream's optimiser steps hold, per window length they are cut at (durations only, no audio or
-        words read; vectorised over groups, so a 100k-recording corpus takes a fraction of a second): steps,
-        windows, audio and padded audio (:class:`StepLengths`). ``max_steps`` > 0 stops after that many steps, as
-        the trainer does with ``train.max_steps`` (give the stream enough epochs). The steps add up to
-        :meth:`count_steps`."""
-        return _stream_step_lengths(self, max_steps)
-
     def count_steps(self) -> int:
         """Optimiser steps in the whole stream (durations only; no audio is read)."""
         self.skipped_untimed = 0
@@ -312,192 +313,3 @@ class WindowStream:
             print(f"chunking: {self.skipped_untimed} recording visits without word times were longer than their "
                   "window and are skipped (cannot cut text without timestamps)", file=sys.stderr)
         return steps
-
-
-# ---- the plan in numbers (durations only): what a trial's steps will hold, for cost estimates ---------------------
-@dataclass
-class StepLengths:
-    """Totals of the optimiser steps cut at one window length: ``steps``, ``windows``, ``audio_s`` (the windows'
-    audio), ``padded_s`` (sum over steps of windows x the step's longest window: what a padded forward pass
-    computes on), ``padded_s2`` (sum over steps of windows x longest window squared: what attention over padded
-    windows computes on, ~L^2 per window) and ``audio_s2`` (sum of each window's duration squared: attention
-    without padding, flash-attn's variable-length kernel)."""
-
-    steps: int = 0
-    windows: int = 0
-    audio_s: float = 0.0
-    padded_s: float = 0.0
-    padded_s2: float = 0.0
-    audio_s2: float = 0.0
-
-    def add(self, other: "StepLengths") -> None:
-        self.steps += other.steps
-        self.windows += other.windows
-        self.audio_s += other.audio_s
-        self.padded_s += other.padded_s
-        self.padded_s2 += other.padded_s2
-        self.audio_s2 += other.audio_s2
-
-
-def _plan_add(out: dict[float, StepLengths], seq: float, steps: int, windows: int, audio: float, pad1: float,
-              pad2: float, audio2: float) -> None:
-    cur = out.setdefault(float(seq), StepLengths())
-    cur.add(StepLengths(int(steps), int(windows), float(audio), float(pad1), float(pad2), float(audio2)))
-
-
-def _step_sizes(windows: Sequence[float]) -> tuple[int, float, float, float, float]:
-    """(windows, audio, padded, padded^2, sum of squares) of one step from its window durations."""
-    longest = max(windows)
-    return (len(windows), sum(windows), len(windows) * longest, len(windows) * longest * longest,
-            sum(w * w for w in windows))
-
-
-def _member_windows(dur: np.ndarray, timed: np.ndarray, seq: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Vectorised :func:`window_bounds` / the untimed rule of :meth:`WindowStream._window_durations`: per recording
-    (windows kept, duration of the last kept window, recordings skipped as untimed and too long)."""
-    n = np.maximum(1, np.ceil(dur / seq - 1e-9)).astype(np.int64)
-    start = (n - 1) * seq
-    last = np.minimum(n * seq, dur) - start
-    drop = (n > 1) & (last < MIN_TAIL_S)
-    n_w = np.where(drop, n - 1, n)
-    tail = np.where(drop, np.minimum((n - 1) * seq, dur) - (n - 2) * seq, last)
-    fits = dur <= seq + 1e-6
-    skipped = ~timed & ~fits
-    n_w = np.where(timed, n_w, np.where(fits, 1, 0))
-    tail = np.where(timed, tail, np.where(fits, dur, 0.0))
-    return n_w, tail, skipped
-
-
-def _window_list(duration: float, timed: bool, seq: float) -> list[float]:
-    if timed:
-        return [e - s for s, e in window_bounds(duration, seq)]
-    return [duration] if duration <= seq + 1e-6 else []
-
-
-def _stream_step_lengths(stream: "WindowStream", max_steps: int = 0) -> dict[float, StepLengths]:
-    """:meth:`WindowStream.step_lengths`."""
-    bulk = getattr(stream.recordings, "durations_timed", None)  # a durations-only corpus answers at once
-    if bulk is not None:
-        dur, timed = (np.asarray(x) for x in bulk())
-    else:
-        pairs = [duration_timed(stream.recordings, i) for i in range(len(stream.recordings))]
-        dur = np.array([p[0] for p in pairs], dtype=np.float64)
-        timed = np.array([p[1] for p in pairs], dtype=bool)
-    if stream.interleaved and stream._by_duration is None:  # what _duration_blocks would compute, one by one
-        stream._by_duration = np.argsort(dur, kind="stable")
-    out: dict[float, StepLengths] = {}
-    stream.skipped_untimed = 0
-    total = 0
-    pending: list[float] = []  # consecutive: the windows of the step still open (it continues into the next epoch)
-    seq_of_pending = [0.0]
-    for epoch in range(stream.epochs):
-        before = total
-        order = stream.order(epoch)
-        if stream.interleaved:
-            total = _interleaved_epoch(stream, epoch, order, dur, timed, out, total, max_steps)
-        else:
-            total = _consecutive_epoch(stream, epoch, order, dur, timed, out, total, max_steps, pending,
-                                       seq_of_pending)
-        if max_steps and total >= max_steps:
-            return out
-        if total == before and not pending and (max_steps or epoch > 0):  # an epoch without windows: no more come
-            break
-    if pending:
-        _plan_add(out, seq_of_pending[0], 1, *_step_sizes(pending))
-    return out
-
-
-def _interleaved_epoch(stream: "WindowStream", epoch: int, order: np.ndarray, dur: np.ndarray, timed: np.ndarray,
-                       out: dict[float, StepLengths], total: int, max_steps: int) -> int:
-    n = len(order)
-    # group starts: a group takes the window length of its first recording, which changes only where the
-    # recording counter crosses a multiple of seqlen_warmup_every; between two such points groups are regular
-    every = stream.data.seqlen_warmup_every
-    runs_start, runs_seq, runs_b = [], [], []
-    index = 0
-    while index < n:
-        seq = stream.seq_len(epoch, index)
-        b = group_size(seq, stream.data)
-        r = epoch * n + index
-        change = (r // every + 1) * every - epoch * n  # first index whose window length may differ
-        count = max(1, math.ceil((min(change, n) - index) / b))
-        runs_start.append(np.arange(index, index + count * b, b))
-        runs_seq.append(np.full(count, seq))
-        runs_b.append(np.full(count, b))
-        index += count * b
-    st_all = np.concatenate(runs_start)
-    starts = st_all.tolist()
-    sizes = np.minimum(np.concatenate(runs_b), n - st_all).tolist()
-    seqs = np.concatenate(runs_seq).tolist()
-    g = len(starts)
-    steps_g = np.zeros(g, dtype=np.int64)
-    win_g = np.zeros(g, dtype=np.int64)
-    audio_g = np.zeros(g)
-    pad1_g = np.zeros(g)
-    pad2_g = np.zeros(g)
-    sq2_g = np.zeros(g)
-    st, sz, sq = np.array(starts), np.array(sizes), np.array(seqs)
-    for seq in np.unique(sq):
-        for b in np.unique(sz[sq == seq]):
-            which = np.nonzero((sq == seq) & (sz == b))[0]
-            idx = order[st[which][:, None] + np.arange(b)[None, :]]
-            n_w, tail, skipped = _member_windows(dur[idx], timed[idx], float(seq))
-            stream.skipped_untimed += int(skipped.sum())
-            full = np.where(tail >= seq - 1e-9, n_w, np.maximum(n_w - 1, 0))
-            f = full.max(axis=1)
-            partial_last = (n_w == f[:, None] + 1) & (n_w > 0)
-            c_f = partial_last.sum(axis=1)
-            t_max = np.where(partial_last, tail, 0.0).max(axis=1)
-            windows = n_w.sum(axis=1)
-            steps_g[which] = n_w.max(axis=1)
-            win_g[which] = windows
-            audio_g[which] = np.where(n_w > 0, (n_w - 1) * seq + tail, 0.0).sum(axis=1)
-            pad1_g[which] = seq * (windows - c_f) + c_f * t_max
-            pad2_g[which] = seq * seq * (windows - c_f) + c_f * t_max * t_max
-            sq2_g[which] = np.where(n_w > 0, (n_w - 1) * seq * seq + tail * tail, 0.0).sum(axis=1)
-    cut = g
-    if max_steps:
-        cum = np.cumsum(steps_g) + total
-        over = np.nonzero(cum >= max_steps)[0]
-        if len(over):
-            cut = int(over[0])
-    for seq in np.unique(sq[:cut]):
-        m = np.nonzero(sq[:cut] == seq)[0]
-        _plan_add(out, float(seq), steps_g[m].sum(), win_g[m].sum(), audio_g[m].sum(), pad1_g[m].sum(),
-                  pad2_g[m].sum(), sq2_g[m].sum())
-    total += int(steps_g[:cut].sum())
-    if cut < g:  # the group in which max_steps falls: its first steps, one by one
-        seq, members = seqs[cut], order[starts[cut]:starts[cut] + sizes[cut]]
-        wins = [_window_list(float(dur[m]), bool(timed[m]), seq) for m in members]
-        depth = max(len(w) for w in wins)
-        for k in range(min(depth, max_steps - total)):
-            _plan_add(out, seq, 1, *_step_sizes([w[k] for w in wins if k < len(w)]))
-            total += 1
-    return total
-
-
-def _consecutive_epoch(stream: "WindowStream", epoch: int, order: np.ndarray, dur: np.ndarray, timed: np.ndarray,
-                       out: dict[float, StepLengths], total: int, max_steps: int, pending: list[float],
-                       seq_of_pending: list[float]) -> int:
-    """Windows in stream order packed up to ``batch_audio_s`` (one Python pass over the windows), as
-    :meth:`WindowStream._consecutive`; ``pending`` (the open step) carries over to the next epoch."""
-    limit = stream.data.batch_audio_s + 1e-6
-    audio = sum(pending)
-    for index in range(len(order)):
-        seq = stream.seq_len(epoch, index)
-        m = int(order[index])
-        wins = _window_list(float(dur[m]), bool(timed[m]), seq)
-        if not wins and not timed[m]:
-            stream.skipped_untimed += 1
-        for d in wins:
-            if pending and audio + d > limit:
-                _plan_add(out, seq_of_pending[0], 1, *_step_sizes(pending))
-                total += 1
-                pending.clear()
-                audio = 0.0
-                if max_steps and total >= max_steps:
-                    return total
-            seq_of_pending[0] = seq if not pending else max(seq_of_pending[0], seq)
-            pending.append(d)
-            audio += d
-    return total

@@ -23,7 +23,8 @@ import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
-from asr_core.data.corpora import CorpusError, read_corpus, split_named_spec, split_spec
+from asr_core.contract.specs import split_named_spec, split_spec
+from asr_core.data.corpora import CorpusError, read_corpus
 from asr_core.data.corpora.base import Problems
 from asr_core.data.corpora.prepared import MANIFEST, PreparedCorpus, merge_prepared, write_prepared
 from asr_core.data.tokenizer import TokenizerError

@@ -13,7 +13,7 @@ with ``T' = ceil(T / subsampling)`` and the CTC blank at ``V - 1`` (docs/ARCHITE
 
 Precision (``eval.precision``): ``bf16`` runs the model under bf16 autocast on CUDA, as training does; ``fp32``
 in float32 (the authors' decoding, ``lcasr/eval/utils.py``, ran the model in float32 with fp16 flash attention);
-``auto`` is bf16 on CUDA and fp32 on the CPU (:func:`resolve_precision`). Either way the softmax and the per-frame
+``auto`` is bf16 on CUDA and fp32 on the CPU (:func:`asr_core.device.resolve_precision`). Either way the softmax and the per-frame
 sums are float32.
 
 Windows per batch (``eval.batch_windows``): a :class:`WindowBatch` is shared by every recording of an evaluation.
@@ -31,25 +31,14 @@ from dataclasses import dataclass
 
 import torch
 
+from asr_core.device import use_bf16
+
 Model = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 Progress = Callable[[int, int], None]  # (windows done, windows total)
 
 CPU_BATCH_WINDOWS = 8  # eval.batch_windows=0 on the CPU: memory is not the limit there, and 8 keeps progress fine
 MAX_BATCH_WINDOWS = 512  # eval.batch_windows=0 never batches more (short windows: ~0.5M frames a batch is plenty)
 FREE_MEMORY_FRACTION = 0.7  # of the free GPU memory left to the estimate's windows (allocator slack, workspaces)
-
-
-def resolve_precision(precision: str, device: torch.device | str) -> str:
-    """``eval.precision`` on ``device``: ``auto`` -> ``bf16`` on CUDA, ``fp32`` elsewhere. ``bf16`` needs CUDA."""
-    cuda = torch.device(device).type == "cuda"
-    if precision == "auto":
-        return "bf16" if cuda else "fp32"
-    if precision == "bf16" and not cuda:
-        raise ValueError("eval.precision='bf16' needs CUDA (bf16 autocast is used on the GPU only); use "
-                         "eval.precision=auto or fp32 on the CPU")
-    if precision not in ("bf16", "fp32"):
-        raise ValueError(f"unknown precision {precision!r}; valid: auto, bf16, fp32")
-    return precision
 
 
 def window_bytes(window_frames: int, *, n_mels: int = 80, subsampling_channels: int = 256, d_model: int = 768,
@@ -169,7 +158,7 @@ def posteriors(model: Model, features: torch.Tensor, window: int, *, stride: flo
     if features.dim() != 2:
         raise ValueError(f"features must be (T, F), got shape {tuple(features.shape)}")
     state = batch_windows if isinstance(batch_windows, WindowBatch) else WindowBatch(batch_windows)
-    bf16 = resolve_precision(precision, device) == "bf16"
+    bf16 = use_bf16(precision, device, setting="eval.precision")
     plan = plan_windows(features.shape[0], window, stride, subsampling)
     t_out = math.ceil(plan.frames / subsampling)
     feats = features.to(device=device, dtype=torch.float32)
@@ -180,7 +169,7 @@ def posteriors(model: Model, features: torch.Tensor, window: int, *, stride: flo
     while b0 < len(spans):
         chunk = spans[b0: b0 + state.size]
         try:
-            probs, out_lengths = _forward_windows(model, feats, chunk, device, bf16)
+            probs, out_lengths = forward_windows(model, feats, chunk, device, bf16)
         except torch.OutOfMemoryError:
             # long contexts: fewer windows at once rather than failing the evaluation, and remembered (state)
             if not state.shrink(len(chunk)):
@@ -229,7 +218,7 @@ def posteriors_at(model: Model, features: torch.Tensor, window: int, frames: tup
     counts = torch.zeros(b - a, device=device)
     for b0 in range(0, len(spans), batch_windows):
         chunk = spans[b0: b0 + batch_windows]
-        probs, out_lengths = _forward_windows(model, feats, chunk, device)
+        probs, out_lengths = forward_windows(model, feats, chunk, device)
         if sums is None:
             sums = torch.zeros(b - a, probs.shape[-1], device=device)
         for i, (s, _) in enumerate(chunk):
@@ -243,8 +232,8 @@ def posteriors_at(model: Model, features: torch.Tensor, window: int, frames: tup
     return (sums / counts.unsqueeze(1)).cpu()
 
 
-def _forward_windows(model: Model, feats: torch.Tensor, chunk: list[tuple[int, int]], device: torch.device | str,
-                     bf16: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def forward_windows(model: Model, feats: torch.Tensor, chunk: list[tuple[int, int]], device: torch.device | str,
+                    bf16: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """One batch of windows (zero-padded to the longest; the model masks padding). Returns float32 probabilities
     (B, T', V) and output lengths (B,). ``bf16``: the model runs under CUDA bf16 autocast."""
     lengths = torch.tensor([e - s for s, e in chunk], device=device)

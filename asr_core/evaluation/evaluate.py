@@ -38,116 +38,123 @@ dataset's total.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import sys
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import pandas as pd
 import torch
 
-from asr_core.decoding.beam import BeamConfig, beam_search
-from asr_core.data.corpora import CorpusError, Recording, load_corpus, parse_dataset_spec
+from asr_core.contract.specs import parse_dataset_spec
+from asr_core.data.corpora import CorpusError, Recording, load_corpus
 from asr_core.data.corpora.cues import planted
 from asr_core.data.corpora.fingerprint import fingerprint
-from asr_core.decoding.decode import (WindowBatch, auto_batch_windows, greedy_ids, plan_windows, posteriors,
-                              prepare_features, resolve_precision, window_frames)
+from asr_core.decoding.decode import WindowBatch, auto_batch_windows, window_frames
 from asr_core.contract.evaluation import merge_tables
-from asr_core.data.noise import add_music
+from asr_core.contract.metrics import (CUE_COLUMNS, GREEDY, TABLE_COLUMNS, condition_name, cue_metric_key, decoder_tag,
+                                     metric_key, table_file)
+from asr_core.device import resolve_device, use_bf16
+from asr_core.evaluation.decoders import BeamDecoding, beam_decoding, check_lm_vocabulary, evaluate_dataset
 from asr_core.runtime.outbox import Outbox, fail_fast_http
-from asr_core.evaluation.score import Counts, corpus_wer, marked_counts, normalise, normalise_marked, score
+from asr_core.evaluation.score import Counts, corpus_wer
 from asr_core.evaluation.stage_run import check_fingerprints, known_tags, log_stage, stage_run
 from asr_core.contract.trial import EVAL_DIR, ProgressLog
+from asr_core.training.checkpoint import read_header
 
-CSV_COLUMNS = ["dataset", "condition", "snr_db", "recording", "ref_words", "substitutions", "deletions",
-               "insertions", "hyp_words", "wer", "cue_words", "cue_errors"]
-GREEDY = "greedy"
+if TYPE_CHECKING:
+    from asr_core.config import EvalConfig
+
+CSV_COLUMNS = [*TABLE_COLUMNS, *CUE_COLUMNS]
 
 
 @dataclass(frozen=True)
-class BeamDecoding:
-    """Beam search (with an LM or without) as an evaluation's decoder: its results are logged as
-    ``wer_<name>/<NAME>[/snr<DB>]`` and ``eval/<NAME>.<name>.csv`` beside the greedy ones, and ``describe`` (the
-    LM checkpoint, its fingerprint, alpha, beta, ...) as the run's tag ``eval.decoder.<name>``.
-    ``lm``: an :class:`asr_core.decoding.beam.LanguageModel` (None: no LM); ``prompt``: token ids the LM reads first."""
+class EvaluationRun:
+    """One evaluation of ``checkpoint``: what is decoded, and how. :meth:`of` makes the one a config's ``eval``
+    section asks for.
 
-    config: BeamConfig
-    lm: Any = None
-    prompt: tuple[int, ...] = ()
-    name: str = "beam"
-    describe: tuple[tuple[str, str], ...] = ()
+    ``datasets``: ``NAME=FORMAT:PATH`` specs, each decoded clean, and at each of ``snrs`` (dB) when named in
+    ``noisy`` (empty: every dataset). ``conditions``: exactly what to decode of each dataset, by name (None: clean
+    audio, a number: that SNR), instead of that rule (``snrs`` and ``noisy`` are then ignored): an evaluation job
+    decodes only what its model lacks (:mod:`asr_core.contract.evaluation`).
+
+    ``stride``: the windows' stride as a fraction of the context. ``precision``: ``auto`` (bf16 autocast on CUDA,
+    fp32 on the CPU), ``bf16`` (CUDA only) or ``fp32``; ``device``: ``auto``, ``cuda`` or ``cpu``.
+    ``batch_windows``: windows decoded together; 0 sizes it from the GPU's free memory (8 on the CPU). One
+    :class:`~asr_core.decoding.decode.WindowBatch` serves the whole evaluation, so a size halved after an
+    out-of-memory error stays halved for every later recording. ``noise``: ``synthetic`` or an audio file of
+    music, mixed in with ``noise_seed``; ``strict``: a bad corpus file is fatal instead of skipped.
+
+    ``beam``: also decode by beam search (:class:`~asr_core.evaluation.decoders.BeamDecoding`) from the same
+    posteriors; then only the beam's metrics, tables and decoder tag are logged (the greedy ones are the trial's
+    own, printed here for comparison). ``tables_from``: folders of earlier evaluations of the same model whose
+    tables of the same name are merged into each table written here before it is logged, so that the run's
+    ``eval/<dataset>[.<decoder>].csv`` keeps every condition measured
+    (:func:`asr_core.contract.evaluation.merge_tables`).
+    """
+
+    checkpoint: Path
+    datasets: Sequence[str]
+    snrs: Sequence[float] = ()
+    noisy: Sequence[str] = ()
+    stride: float = 0.125
+    batch_windows: int = 0
+    precision: str = "auto"
+    noise: str = "synthetic"
+    noise_seed: int = 0
+    device: str = "auto"
+    strict: bool = False
+    beam: BeamDecoding | None = None
+    conditions: Mapping[str, Sequence[float | None]] | None = None
+    tables_from: Sequence[Path] = ()
 
     def __post_init__(self) -> None:
-        if not self.name or not all(c.isalnum() or c in "-_." for c in self.name) or self.name == GREEDY:
-            raise ValueError(f"decoder name {self.name!r}: letters, digits, '-', '_' and '.' only, not 'greedy'")
+        object.__setattr__(self, "checkpoint", Path(self.checkpoint))
 
-    def metric_key(self, dataset: str, snr_db: float | None = None) -> str:
-        return f"wer_{self.name}/" + metric_key(dataset, snr_db).split("/", 1)[1]
+    @classmethod
+    def of(cls, checkpoint: str | Path, ev: "EvalConfig", **changes: Any) -> "EvaluationRun":
+        """The evaluation that ``ev`` (a config's ``eval`` section) asks for, with ``changes`` (fields of this
+        class) made to it."""
+        asked = {"datasets": list(ev.datasets), "snrs": list(ev.snrs), "noisy": tuple(ev.noisy), "stride": ev.stride,
+                 "batch_windows": ev.batch_windows, "precision": ev.precision, "noise": ev.noise}
+        return cls(Path(checkpoint), **{**asked, **changes})
 
-    def cue_metric_key(self, dataset: str, snr_db: float | None = None) -> str:
-        return f"cue_{self.name}/" + metric_key(dataset, snr_db).split("/", 1)[1]
-
-    def decode(self, probs: torch.Tensor, blank: int) -> Any:
-        return beam_search(probs, blank=blank, lm=self.lm, config=self.config, prompt=self.prompt)
-
-
-def condition_name(snr_db: float | None) -> str:
-    return "clean" if snr_db is None else f"snr{snr_db:g}"
+    def replace(self, **changes: Any) -> "EvaluationRun":
+        return dataclasses.replace(self, **changes)
 
 
-def metric_key(dataset: str, snr_db: float | None = None) -> str:
-    return f"wer/{dataset}" if snr_db is None else f"wer/{dataset}/{condition_name(snr_db)}"
+@dataclass(frozen=True)
+class Destination:
+    """Where an evaluation's results go. ``out_dir``: the tables (``<NAME>.csv``, one row per recording and
+    condition) and hypotheses (``<NAME>.hyp.jsonl``); default a new temporary folder. ``log``: False logs nothing.
+    ``outbox`` (the trial job's) receives the metrics, tags and tables; without one they go to ``run_id`` at
+    ``tracking_uri`` (default: the ones stored in the checkpoint; with no run known, nothing is logged) through an
+    outbox in ``out_dir``. ``progress`` receives an ``eval`` record per recording and condition."""
+
+    out_dir: Path | None = None
+    log: bool = True
+    run_id: str | None = None
+    tracking_uri: str | None = None
+    outbox: Outbox | None = None
+    progress: ProgressLog | None = None
 
 
-def cue_metric_key(dataset: str, snr_db: float | None = None) -> str:
-    """``cue/<NAME>[/snr<DB>]``: the cue-word error rate of a dataset with planted words."""
-    return "cue/" + metric_key(dataset, snr_db).split("/", 1)[1]
+def evaluate(job: EvaluationRun, to: Destination = Destination()) -> pd.DataFrame:
+    """WER of ``job.checkpoint`` on each of ``job.datasets`` in the conditions ``job`` names
+    (:class:`EvaluationRun`), written and logged where ``to`` says (:class:`Destination`).
 
-
-def _device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
-
-
-def evaluate(checkpoint: str | Path, datasets: list[str], snrs: list[float], stride: float = 0.125,
-             batch_windows: int = 0, noise: str = "synthetic", tracking_uri: str | None = None,
-             run_id: str | None = None, out_dir: str | Path | None = None, *, device: str = "auto",
-             strict: bool = False, noise_seed: int = 0, log: bool = True,
-             progress: ProgressLog | None = None, outbox: Outbox | None = None,
-             noisy: Sequence[str] = (), precision: str = "auto", beam: BeamDecoding | None = None,
-             conditions: Mapping[str, Sequence[float | None]] | None = None,
-             tables_from: Sequence[Path] = ()) -> pd.DataFrame:
-    """WER of ``checkpoint`` on each ``NAME=FORMAT:PATH`` dataset, clean, and at each SNR (dB) for the datasets
-    named in ``noisy`` (empty: every dataset).
-
-    ``precision``: ``auto`` (bf16 autocast on CUDA, fp32 on the CPU), ``bf16`` (CUDA only) or ``fp32``.
-    ``batch_windows``: windows decoded together; 0 sizes it from the GPU's free memory (8 on the CPU). One
-    :class:`~asr_core.decoding.decode.WindowBatch` serves the whole evaluation, so a size halved after an out-of-memory error
-    stays halved for every later recording.
-
-    ``conditions``: exactly what to decode of each dataset, by name (None: clean audio, a number: that SNR),
-    instead of the rule above (``snrs`` and ``noisy`` are then ignored): an evaluation job decodes only what its
-    model lacks (:mod:`asr_core.contract.evaluation`). ``tables_from``: folders of earlier evaluations of the same
-    model whose tables of the same name are merged into each table written here before it is logged, so that the
-    run's ``eval/<dataset>[.<decoder>].csv`` keeps every condition measured
-    (:func:`asr_core.contract.evaluation.merge_tables`).
-
-    ``beam``: also decode by beam search (:class:`BeamDecoding`) from the same posteriors; then only the beam's
-    metrics, tables and decoder tag are logged (the greedy ones are the trial's own, printed here for comparison).
-
-    Returns the per-recording table (columns :data:`CSV_COLUMNS`, and ``decoder`` with ``beam``). MLflow logging goes to ``run_id`` at
-    ``tracking_uri`` (default: the ones stored in the checkpoint); with no run known, nothing is logged.
-    Before any decoding, each dataset's fingerprint is checked against and recorded in the run's
-    :func:`~asr_core.contract.trial.eval_fingerprint_tag` (raises :class:`~asr_core.evaluation.stage_run.EvalDataChanged` on a mismatch).
-    ``progress`` receives an ``eval`` record per recording and condition. ``outbox`` (the trial job's) receives the
-    metrics, tags and artifacts instead of MLflow; without one, they go through an outbox in ``out_dir``.
+    Returns the per-recording table (columns :data:`CSV_COLUMNS`, and ``decoder`` with a beam decoder). Everything
+    is checked before any work; before any decoding, each dataset's fingerprint is checked against and recorded in
+    the run's :func:`~asr_core.contract.trial.eval_fingerprint_tag` (raises
+    :class:`~asr_core.evaluation.stage_run.EvalDataChanged` on a mismatch).
     """
-    checkpoint = Path(checkpoint)
+    checkpoint, datasets, snrs, stride, batch_windows = (job.checkpoint, job.datasets, job.snrs, job.stride,
+                                                         job.batch_windows)
+    noise, beam, conditions, outbox, progress = job.noise, job.beam, job.conditions, to.outbox, to.progress
     # ---- validate everything before any work ----
     if not checkpoint.is_file():
         raise FileNotFoundError(f"checkpoint {checkpoint} not found")
@@ -156,8 +163,8 @@ def evaluate(checkpoint: str | Path, datasets: list[str], snrs: list[float], str
     if batch_windows < 0:
         raise ValueError(f"batch_windows must be 0 (sized from free GPU memory) or a positive integer, "
                          f"got {batch_windows}")
-    dev = _device(device)
-    bf16 = resolve_precision(precision, dev) == "bf16"  # raises for bf16 without CUDA or an unknown precision
+    dev = resolve_device(job.device)
+    bf16 = use_bf16(job.precision, dev, setting="eval.precision")  # raises for bf16 without CUDA, or an unknown one
     if not datasets:
         raise ValueError("no datasets to evaluate: give at least one NAME=FORMAT:PATH")
     parsed = [parse_dataset_spec(d) for d in datasets]
@@ -166,8 +173,8 @@ def evaluate(checkpoint: str | Path, datasets: list[str], snrs: list[float], str
         raise ValueError(f"dataset names must be unique, got {names}")
     snr_list = [float(s) for s in snrs]
     if any(not math.isfinite(s) for s in snr_list):
-        raise ValueError(f"SNRs must be finite numbers of dB, got {snrs}")
-    noisy = tuple(noisy)
+        raise ValueError(f"SNRs must be finite numbers of dB, got {list(snrs)}")
+    noisy = tuple(job.noisy)
     unknown = [n for n in noisy if n not in names]
     if unknown:
         raise ValueError(f"noisy names {unknown} are not among the datasets ({', '.join(names)}); name datasets "
@@ -181,12 +188,12 @@ def evaluate(checkpoint: str | Path, datasets: list[str], snrs: list[float], str
         conditions = {n: [None, *snr_list] if not noisy or n in noisy else [None] for n in names}
     if noise != "synthetic" and not Path(noise).is_file():
         raise FileNotFoundError(f"noise file {noise} not found; use 'synthetic' or the path of an audio file")
-    corpora = {name: load_corpus(spec, strict=strict) for name, spec in parsed}
+    corpora = {name: load_corpus(spec, strict=job.strict) for name, spec in parsed}
     cues = {name: planted(recs) for name, recs in corpora.items()}  # None: no planted words in the dataset
     run: tuple[str, str | None] | None = None
     new_tags: dict[str, str] = {}
-    if log:
-        run = stage_run(checkpoint, run_id, tracking_uri, outbox, "eval")
+    if to.log:
+        run = stage_run(checkpoint, to.run_id, to.tracking_uri, outbox, "eval")
         if run is not None:
             new_tags = check_fingerprints(run[0], known_tags(run, outbox),
                                           {name: fingerprint(recs) for name, recs in corpora.items()})
@@ -211,27 +218,27 @@ def evaluate(checkpoint: str | Path, datasets: list[str], snrs: list[float], str
           + "; ".join(f"{n}: {', '.join(condition_name(s) for s in conditions[n])}" for n in names),
           file=sys.stderr, flush=True)
 
-    out = Path(out_dir) if out_dir is not None else Path(tempfile.mkdtemp(prefix="asr-eval-"))
+    out = Path(to.out_dir) if to.out_dir is not None else Path(tempfile.mkdtemp(prefix="asr-eval-"))
     out.mkdir(parents=True, exist_ok=True)
     if beam is not None:
-        _check_lm_vocabulary(beam, tokenizer)
+        check_lm_vocabulary(beam, tokenizer)
     decoders = [GREEDY] + ([beam.name] if beam is not None else [])
     rows: list[dict[str, Any]] = []
     metrics: dict[str, float] = {}
     logged: list[Path] = []
     for name, recordings in corpora.items():
         ds_snrs = [s for s in conditions[name] if s is not None]
-        by_decoder, hyps = _evaluate_dataset(name, recordings, ds_snrs, model, extractor, tokenizer, window, stride,
-                                             batch, sub, fps, dev, noise, noise_seed, progress,
-                                             "bf16" if bf16 else "fp32", beam, cues[name],
-                                             clean=None in conditions[name])
+        by_decoder, hyps = evaluate_dataset(name, recordings, ds_snrs, model, extractor, tokenizer, window, stride,
+                                            batch, sub, fps, dev, noise, job.noise_seed, progress,
+                                            "bf16" if bf16 else "fp32", beam, cues[name],
+                                            clean=None in conditions[name])
         for decoder in decoders:
             ds_rows = by_decoder[decoder]
             rows.extend({**r, "decoder": decoder} for r in ds_rows)
-            csv = out / (f"{name}.csv" if decoder == GREEDY else f"{name}.{decoder}.csv")
+            csv = out / table_file(name, decoder)
             pd.DataFrame(ds_rows, columns=CSV_COLUMNS).to_csv(csv, index=False)
-            if tables_from:
-                merge_tables(csv, [Path(d) / csv.name for d in tables_from])
+            if job.tables_from:
+                merge_tables(csv, [Path(d) / csv.name for d in job.tables_from])
             if beam is None or decoder != GREEDY:
                 logged.append(csv)
             for snr in conditions[name]:
@@ -260,19 +267,9 @@ def evaluate(checkpoint: str | Path, datasets: list[str], snrs: list[float], str
         df = df[CSV_COLUMNS]
     if run is not None:
         if beam is not None:
-            new_tags = {**new_tags, f"eval.decoder.{beam.name}": json.dumps(dict(beam.describe), sort_keys=True)}
+            new_tags = {**new_tags, decoder_tag(beam.name): json.dumps(dict(beam.describe), sort_keys=True)}
         log_stage(outbox, out, run, new_tags, metrics, logged, EVAL_DIR, "eval")
     return df
-
-
-def _check_lm_vocabulary(beam: BeamDecoding, tokenizer: Any) -> None:
-    """The LM must read the acoustic model's ids: same vocabulary size (its own tokenizer, when it says, the same)."""
-    if beam.lm is None:
-        return
-    cfg = getattr(beam.lm, "cfg", None)
-    if cfg is not None and getattr(cfg, "vocab_size", tokenizer.vocab_size) != tokenizer.vocab_size:
-        raise ValueError(f"the LM reads {cfg.vocab_size} token ids but the acoustic model's tokenizer has "
-                         f"{tokenizer.vocab_size}: train the LM with this model's tokenizer (lm train --tokenizer CKPT)")
 
 
 def _auto_batch(cfg, window: int, dev: torch.device, bf16: bool, corpora: dict[str, list[Recording]]) -> int:
@@ -284,120 +281,6 @@ def _auto_batch(cfg, window: int, dev: torch.device, bf16: bool, corpora: dict[s
     return auto_batch_windows(window, dev, bf16=bf16, reserve_bytes=2 * 4 * out_frames * (m.vocab_size + 1),
                               n_mels=cfg.data.features.n_mels, subsampling_channels=m.subsampling_channels,
                               d_model=m.d_model, vocab_size=m.vocab_size, subsampling=m.subsampling_factor)
-
-
-def _evaluate_dataset(name: str, recordings: list[Recording], snrs: list[float], model, extractor, tokenizer,
-                      window: int, stride: float, batch: WindowBatch | int, sub: int, fps: float, dev: torch.device,
-                      noise: str, noise_seed: int, progress: ProgressLog | None = None, precision: str = "fp32",
-                      beam: BeamDecoding | None = None, cues: dict[str, tuple[int, ...]] | None = None,
-                      clean: bool = True) -> tuple[dict[str, list[dict[str, Any]]], list[dict[str, Any]]]:
-    """Rows per decoder (``greedy``, and ``beam.name`` with a beam) and the hypotheses, of one dataset: each
-    recording and condition decoded once into posteriors, then by each decoder. ``cues``: the planted words' indices
-    per recording id (:func:`asr_core.data.corpora.cues.planted`), counted in ``cue_words``/``cue_errors``; None: the
-    dataset has none (the columns stay empty)."""
-    from tqdm import tqdm
-
-    from asr_core.data.audio import load_audio
-
-    rows: dict[str, list[dict[str, Any]]] = {GREEDY: [], **({beam.name: []} if beam is not None else {})}
-    hyps = []
-    batch = batch if isinstance(batch, WindowBatch) else WindowBatch(batch)  # an int: this dataset's own
-    blank = tokenizer.blank_id
-    todo: list[float | None] = ([None] if clean else []) + list(snrs)
-    total = len(recordings) * len(todo)
-    if progress is not None:  # the dataset's name shows before its first (possibly long) recording is done
-        progress.write("eval", 0, total, name)
-    for i, rec in enumerate(recordings, 1):
-        clean = load_audio(rec.audio)
-        ref = normalise(rec.text)
-        # the reference normalised word by word, so that the planted words' indices follow
-        cue_ref, cue_marks = (normalise_marked([w.text for w in rec.words], cues.get(rec.id, ()))
-                              if cues is not None else ([], []))
-        for snr in todo:
-            t0 = time.perf_counter()
-            wave = clean if snr is None else add_music(clean, rec.id, snr, noise, noise_seed)
-            feats = prepare_features(extractor, wave, rec.ignore, fps)
-            n_windows = len(plan_windows(feats.shape[0], window, stride, sub).starts)
-            with tqdm(total=n_windows, desc=f"{name} {rec.id} {condition_name(snr)}", unit="win", leave=False,
-                      file=sys.stderr, disable=n_windows <= batch.size) as bar:
-                probs = posteriors(model, feats, window, stride=stride, batch_windows=batch, subsampling=sub,
-                                   device=dev, precision=precision,
-                                   progress=lambda done, _total: bar.update(done - bar.n))
-            texts = {GREEDY: tokenizer.decode(greedy_ids(probs, blank))}
-            took = {GREEDY: time.perf_counter() - t0}
-            if beam is not None:
-                t1 = time.perf_counter()
-                texts[beam.name] = tokenizer.decode(list(beam.decode(probs, blank).ids))
-                took[beam.name] = time.perf_counter() - t1
-            hyp: dict[str, Any] = {"recording": rec.id, "condition": condition_name(snr), "ref": ref}
-            line = []
-            for decoder, text in texts.items():
-                hyp_norm = normalise(text)
-                c = score(ref, hyp_norm, normalised=True)
-                m = marked_counts(cue_ref, hyp_norm.split(), cue_marks) if cues is not None else None
-                rows[decoder].append({"dataset": name, "condition": condition_name(snr), "snr_db": snr,
-                                      "recording": rec.id, "ref_words": c.ref_words,
-                                      "substitutions": c.substitutions, "deletions": c.deletions,
-                                      "insertions": c.insertions, "hyp_words": c.hyp_words, "wer": c.wer,
-                                      "cue_words": None if m is None else m.words,
-                                      "cue_errors": None if m is None else m.errors})
-                hyp["hyp" if decoder == GREEDY else f"hyp_{decoder}"] = text
-                cue_note = f", cue {m.errors}/{m.words}" if m is not None and m.words else ""
-                line.append(f"{'' if decoder == GREEDY else decoder + ' '}WER {c.wer:.1f}%{cue_note} "
-                            f"(RTF {took[decoder] / max(rec.duration, 1e-9):.3f})")
-            hyps.append(hyp)
-            if progress is not None:
-                progress.write("eval", len(rows[GREEDY]), total, name)
-            print(f"[eval] {name} {i}/{len(recordings)} {rec.id} {condition_name(snr)}: {'; '.join(line)} "
-                  f"({c.ref_words} words, {n_windows} windows)", file=sys.stderr, flush=True)
-    return rows, hyps
-
-
-def beam_decoding(decoder: str, *, lm_path: Path | None = None, alpha: float | None = None,
-                  beta: float | None = None, beam_width: int | None = None, lm_context: int | None = None,
-                  prompt: Path | None = None, name: str | None = None, tokenizer_of: Path | None = None,
-                  device: str = "auto") -> BeamDecoding | None:
-    """The :class:`BeamDecoding` the command line asks for (None for greedy); errors name the option and file.
-    The LM must have been trained with the acoustic checkpoint's tokenizer (``tokenizer_of``)."""
-    if decoder == GREEDY:
-        if any(v is not None for v in (lm_path, alpha, beta, beam_width, lm_context, prompt, name)):
-            raise ValueError("--lm, --alpha, --beta, --beam-width, --lm-context, --prompt and --decoder-name go "
-                             "with --decoder beam")
-        return None
-    base = BeamConfig(alpha=BeamConfig().alpha if lm_path is not None else 0.0)  # without an LM, alpha means nothing
-    kw = {k: v for k, v in (("alpha", alpha), ("beta", beta), ("beam_width", beam_width),
-                            ("lm_context", lm_context)) if v is not None}
-    if lm_path is None and alpha is not None:
-        raise ValueError("--alpha weighs the LM: it goes with --lm")
-    cfg = BeamConfig(**{**{f: getattr(base, f) for f in ("alpha", "beta", "beam_width", "lm_context",
-                                                          "prune_threshold", "token_threshold")}, **kw})
-    lm, describe, ids = None, {"alpha": f"{cfg.alpha:g}", "beta": f"{cfg.beta:g}", "beam_width": str(cfg.beam_width),
-                               "lm_context": str(cfg.lm_context)}, ()
-    if lm_path is not None:
-        from asr_core.lm.train import load_lm
-
-        if not Path(lm_path).is_file():
-            raise FileNotFoundError(f"--lm {lm_path} not found")
-        loaded = load_lm(lm_path, _device(device))
-        lm, lm_tok = loaded.model, loaded.tokenizer
-        if tokenizer_of is not None:
-            ck = torch.load(str(tokenizer_of), map_location="cpu", weights_only=True, mmap=True)
-            if bytes(ck["tokenizer"]) != lm_tok.to_bytes():
-                raise ValueError(f"LM {lm_path} was trained with another tokenizer than acoustic checkpoint "
-                                 f"{tokenizer_of}: retrain it with `lm train --tokenizer {tokenizer_of}`")
-        describe.update({"lm": str(Path(lm_path).resolve()), "lm_step": str(loaded.step),
-                         "lm_run": str(loaded.mlflow_run_id or "")})
-        if prompt is not None:
-            if not prompt.is_file():
-                raise FileNotFoundError(f"--prompt {prompt} not found")
-            ids = tuple(lm_tok.encode(" ".join(prompt.read_text().split())))
-            describe["prompt"] = str(prompt.resolve())
-    elif prompt is not None:
-        raise ValueError("--prompt needs --lm")
-    else:
-        describe["lm"] = "none"
-    default_name = "beam" if lm is None else f"beam-lm{cfg.lm_context}"
-    return BeamDecoding(cfg, lm, ids, name or default_name, tuple(sorted(describe.items())))
 
 
 def cli(argv: list[str]) -> int:
@@ -444,8 +327,7 @@ def cli(argv: list[str]) -> int:
     try:
         from asr_core.config import Config
 
-        ck = torch.load(str(a.checkpoint), map_location="cpu", weights_only=True, mmap=True)
-        ev = Config.from_stored(ck["config"], source=str(a.checkpoint)).eval
+        ev = Config.from_stored(read_header(a.checkpoint)["config"], source=str(a.checkpoint)).eval
         noisy = a.noisy if a.noisy is not None else ([] if a.data else list(ev.noisy))
         beam = beam_decoding(a.decoder, lm_path=a.lm, alpha=a.alpha, beta=a.beta, beam_width=a.beam_width,
                              lm_context=a.lm_context, prompt=a.prompt, name=a.decoder_name,
@@ -453,12 +335,12 @@ def cli(argv: list[str]) -> int:
         if a.clean_only and a.snr:
             raise ValueError("--clean-only and --snr contradict each other: give one")
         snrs = [] if a.clean_only else a.snr if a.snr is not None else list(ev.snrs)
-        df = evaluate(a.checkpoint, a.data or list(ev.datasets), snrs,
-                      stride=a.stride if a.stride is not None else ev.stride,
-                      batch_windows=a.batch_windows if a.batch_windows is not None else ev.batch_windows,
-                      noise=a.noise or ev.noise, tracking_uri=a.tracking_uri, run_id=a.run_id,
-                      out_dir=a.out or a.checkpoint.parent / EVAL_DIR, device=a.device, strict=a.strict,
-                      log=not a.no_log, noisy=noisy, precision=a.precision or ev.precision, beam=beam)
+        given = {k: v for k, v in (("stride", a.stride), ("batch_windows", a.batch_windows)) if v is not None}
+        job = EvaluationRun.of(a.checkpoint, ev, datasets=a.data or list(ev.datasets), snrs=snrs, noisy=noisy,
+                               noise=a.noise or ev.noise, precision=a.precision or ev.precision, device=a.device,
+                               strict=a.strict, beam=beam, **given)
+        df = evaluate(job, Destination(out_dir=a.out or a.checkpoint.parent / EVAL_DIR, log=not a.no_log,
+                                       run_id=a.run_id, tracking_uri=a.tracking_uri))
     except (CorpusError, ValueError, FileNotFoundError, KeyError) as e:
         print(f"evaluate: {e}", file=sys.stderr)
         return 2

@@ -38,7 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from asr_core.data.corpora import CorpusError, parse_dataset_spec, read_corpus
+from asr_core.contract.specs import parse_dataset_spec
+from asr_core.data.corpora import CorpusError, read_corpus
 from asr_core.contract.trial import EVAL_DIR, ROLE_EXTERNAL, TAG_ROLE, TAG_SYSTEM
 
 TAG_REF = "external.ref.{}"  # the reference spec a dataset name stood for
@@ -96,7 +97,7 @@ def read_hypotheses(folder: Path) -> dict[str, tuple[Path, str]]:
 
 def score_dataset(name: str, spec: str, hyp_dir: Path, *, strict: bool = False) -> Scored:
     """Score the hypotheses in ``hyp_dir`` against the references of ``spec``, as ``evaluate`` scores a model."""
-    from asr_core.evaluation.evaluate import condition_name
+    from asr_core.contract.metrics import condition_name
     from asr_core.evaluation.score import Counts, corpus_wer, normalise, score
 
     hyps = read_hypotheses(hyp_dir)
@@ -173,11 +174,11 @@ def record(results: list[Scored], tables: dict[str, Path], system: str, tracking
     from mlflow.entities import Metric, RunTag
     from mlflow.tracking import MlflowClient
 
-    from asr_core.evaluation.evaluate import metric_key
+    from asr_core.contract.ledger import experiment_id
+    from asr_core.contract.metrics import metric_key
 
     client = MlflowClient(tracking_uri)
-    exp = client.get_experiment_by_name(experiment)
-    exp_id = exp.experiment_id if exp is not None else client.create_experiment(experiment)
+    exp_id = experiment_id(client, experiment)
     found = client.search_runs([exp_id], f"tags.`{TAG_ROLE}` = '{ROLE_EXTERNAL}' and tags.`{TAG_SYSTEM}` = '{system}'",
                                order_by=["attributes.start_time DESC"], max_results=1)
     if found:

@@ -72,7 +72,8 @@ def run_evaluation(spec: EvaluationSpec, cfg: "Config", folder: TrialFolder, tra
     """Decode ``spec.conditions`` of ``spec.datasets`` with the model's checkpoint (greedy, or the spec's beam
     decoder) into ``folder/eval`` and the model's run; a stop signal interrupts it at once
     (:class:`EvaluationInterrupted`)."""
-    from asr_core.evaluation.evaluate import beam_decoding, evaluate
+    from asr_core.evaluation.decoders import beam_decoding
+    from asr_core.evaluation.evaluate import Destination, EvaluationRun, evaluate
 
     checkpoint = check_model(spec)
     beam = None
@@ -87,9 +88,9 @@ def run_evaluation(spec: EvaluationSpec, cfg: "Config", folder: TrialFolder, tra
         stride = d.get("stride") or stride
     with signals.installed(), signals.raising(EvaluationInterrupted):
         _fault(progress)
-        evaluate(checkpoint, list(spec.datasets), [], stride=stride, batch_windows=cfg.eval.batch_windows,
-                 noise=cfg.eval.noise, tracking_uri=tracking_uri, run_id=run_id, out_dir=folder.eval_dir,
-                 progress=progress, outbox=outbox, log=outbox is not None, precision=cfg.eval.precision, beam=beam,
-                 conditions=spec.conditions, tables_from=earlier_tables(spec))
+        evaluate(EvaluationRun.of(checkpoint, cfg.eval, datasets=list(spec.datasets), snrs=[], noisy=(), stride=stride,
+                                  beam=beam, conditions=spec.conditions, tables_from=earlier_tables(spec)),
+                 Destination(out_dir=folder.eval_dir, log=outbox is not None, run_id=run_id, tracking_uri=tracking_uri,
+                             outbox=outbox, progress=progress))
     if outbox is not None:
         outbox.tags(evaluation_tag(spec.key.rsplit("-", 1)[-1], spec.name, spec.conditions, spec.setting))

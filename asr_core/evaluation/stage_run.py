@@ -20,10 +20,9 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-import torch
-
 from asr_core.runtime.outbox import FINAL_FLUSH_S, Outbox
 from asr_core.contract.trial import eval_fingerprint_tag
+from asr_core.training.checkpoint import read_header
 
 Run = tuple[str, "str | None"]  # (run id, tracking URI)
 
@@ -34,10 +33,7 @@ class EvalDataChanged(ValueError):
 
 def checkpoint_run(checkpoint: str | Path) -> tuple[str | None, str | None]:
     """(mlflow_run_id, tracking_uri) stored in a checkpoint (None where absent); never unpickles."""
-    try:
-        ckpt = torch.load(str(checkpoint), map_location="cpu", weights_only=True, mmap=True)
-    except RuntimeError:  # mmap needs the zip format; older files still load plainly
-        ckpt = torch.load(str(checkpoint), map_location="cpu", weights_only=True)
+    ckpt = read_header(checkpoint)
     return ckpt.get("mlflow_run_id") or None, ckpt.get("tracking_uri") or None
 
 

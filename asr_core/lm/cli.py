@@ -62,12 +62,14 @@ def train_cli(argv: list[str]) -> int:
 
 
 def _train(argv: list[str]) -> int:
-    from asr_core.config import ConfigError
+    from asr_core.config_parse import ConfigError
     from asr_core.training.checkpoint import CheckpointError
     from asr_core.runtime.outbox import fail_fast_http
     from asr_core.data.tokenizer import TokenizerError
 
-    from asr_core.lm.train import DEFAULT_EXPERIMENT, LMTrainError, Preempted, load_tokenizer, resolve_config, train_lm
+    from asr_core.lm.checkpoint import LMTrainError, load_tokenizer
+    from asr_core.lm.config import resolve_config
+    from asr_core.lm.train import DEFAULT_EXPERIMENT, Preempted, train_lm
 
     ap = argparse.ArgumentParser(prog="python -m asr_core lm train",
                                  description="Train (or resume) the Transformer LM, Transformer-XL style.")

@@ -1,4 +1,5 @@
-"""Frozen, validated configuration of the Transformer language model (paper 004 §3.2).
+"""Frozen, validated configuration of the Transformer language model (paper 004 §3.2) and of its training
+(:class:`LMTrainConfig`, paper 004 §3.3; trained by :mod:`asr_core.lm.train`).
 
 The paper's LM: 6 layers, d=1024, QK-norm multi-query attention with 16 query heads, RMSNorm, dynamic position
 bias, GEGLU feed-forward, 72M parameters, on the acoustic model's vocabulary. Where the paper is silent the default
@@ -22,10 +23,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from asr_core.config import ConfigError
+from asr_core.config_parse import ConfigError, build_dataclass, parse_override
 
 
 def _require(cond: bool, key: str, value: Any, valid: str) -> None:
@@ -113,3 +115,101 @@ def preset(name: str, **overrides: Any) -> LMConfig:
         names = [f.name for f in dataclasses.fields(LMConfig)]
         bad = sorted(set(overrides) - set(names))
         raise ConfigError(f"unknown LM config key(s) {', '.join(bad)}; valid: {', '.join(names)}") from None
+
+
+# ---- training ---------------------------------------------------------------------------------------------------
+DEVICES = ("auto", "cpu", "cuda")
+PRECISIONS = ("auto", "bf16", "fp32")
+EXECUTION = ("checkpoint_every", "log_every", "device")  # may differ between segments of one run
+
+
+@dataclass(frozen=True)
+class LMTrainConfig:
+    """The LM and how it is trained. Defaults: the paper's run (paper 004 §3.3) and, where the paper is silent, the
+    authors' LM training config (``robflynnyh/language_modelling``: ``projects/spotipile/exp/transformer/configs/
+    512_1536.yaml``, ``train_ddp.py``)."""
+
+    lm: LMConfig = field(default_factory=LMConfig)
+    batch: int = 40  # code: 10 documents per GPU (batch_size) on 4 GPUs (paper §3.3: "4 A4500s")
+    chunk_len: int = 512  # paper §3.3: "a sequence length of 512"
+    # code: max_seq_len 1536, the memory kept after each chunk (the chunk's own keys included); paper §3.3 says "a
+    # maximum cache of 1280 tokens" for the model it evaluated: set cache_len=1280 for that reading
+    cache_len: int = 1536
+    lr: float = 3.8e-4  # code (paper §3.3: Madgrad, LR warmup then cosine annealing)
+    warmup_steps: int = 2000  # code
+    max_steps: int = 0  # 0: ``epochs`` passes over the text; > 0: this many steps, the text repeating as needed
+    epochs: int = 1  # paper §3.3: "trained for one epoch only"
+    seed: int = 0  # initial weights and the documents' order
+    grad_clip: float = 1.0  # code: clip_grad_norm_(..., 1.0) (paper: "gradient clipping")
+    momentum: float = 0.9  # code: Madgrad's default (the config gives only lr)
+    weight_decay: float = 0.0  # paper §3.3: "no regularisation is used"
+    eps: float = 1e-6  # Madgrad's default
+    checkpoint_every: int = 750  # code: save_every_n_steps 750
+    log_every: int = 10  # progress line and a push to MLflow every this many steps
+    device: str = "auto"  # auto: CUDA when available
+    precision: str = "auto"  # code: bf16 autocast; auto = bf16 on CUDA, fp32 on the CPU
+
+    def __post_init__(self) -> None:
+        for name in ("batch", "chunk_len", "epochs", "checkpoint_every", "log_every"):
+            v = getattr(self, name)
+            _require(isinstance(v, int) and not isinstance(v, bool) and v > 0, name, v, "a positive integer")
+        for name in ("cache_len", "warmup_steps", "max_steps", "seed"):
+            v = getattr(self, name)
+            _require(isinstance(v, int) and not isinstance(v, bool) and v >= 0, name, v, "an integer >= 0")
+        _require(self.lr > 0, "lr", self.lr, "a positive number")
+        _require(self.grad_clip > 0, "grad_clip", self.grad_clip, "a positive number")
+        _require(0 <= self.momentum < 1, "momentum", self.momentum, "a number in [0, 1)")
+        _require(self.weight_decay >= 0, "weight_decay", self.weight_decay, "a number >= 0")
+        _require(self.eps > 0, "eps", self.eps, "a positive number")
+        _require(self.device in DEVICES, "device", self.device, ", ".join(DEVICES))
+        _require(self.precision in PRECISIONS, "precision", self.precision, ", ".join(PRECISIONS))
+
+    def to_dict(self) -> dict[str, Any]:
+        return json.loads(json.dumps(dataclasses.asdict(self)))
+
+    def flat(self) -> dict[str, Any]:
+        """Every leaf field by dotted name (``lm.d_model``, ``lr``): the MLflow params."""
+        d = self.to_dict()
+        lm = d.pop("lm")
+        return {**{f"lm.{k}": v for k, v in lm.items()}, **d}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], *, source: str = "lm config") -> "LMTrainConfig":
+        """Build and validate from a nested dict; an unknown key raises :class:`ConfigError` listing the valid ones."""
+        return build_dataclass(cls, json.loads(json.dumps(dict(d))), "", source)
+
+
+# what each preset changes of LMTrainConfig's training fields (its LM is PRESETS[name])
+TRAIN_PRESETS: dict[str, dict[str, Any]] = {
+    "paper": {},
+    # CPU tests and demos: a few seconds per hundred steps on two cores
+    "tiny": {"batch": 8, "chunk_len": 64, "cache_len": 128, "lr": 3e-3, "warmup_steps": 20,
+             "checkpoint_every": 50, "log_every": 10},
+}
+
+
+def resolve_config(preset: str, overrides: Sequence[str] = (), *, vocab_size: int | None = None,
+                   source: str = "lm train") -> LMTrainConfig:
+    """Preset < ``vocab_size`` (the tokenizer's) < ``--set key=value`` overrides (``lm.d_model=128``, ``lr=1e-3``),
+    validated; :class:`ConfigError` names an unknown key or bad value and what is valid."""
+    if preset not in PRESETS or preset not in TRAIN_PRESETS:
+        raise ConfigError(f"unknown LM preset {preset!r}; valid: {', '.join(sorted(TRAIN_PRESETS))}")
+    raw: dict[str, Any] = {"lm": PRESETS[preset].to_dict(), **TRAIN_PRESETS[preset]}
+    if vocab_size is not None:
+        raw["lm"]["vocab_size"] = vocab_size
+    for item in overrides:
+        key, value = parse_override(item)
+        *parents, leaf = key.split(".")
+        cur = raw
+        for p in parents:
+            nxt = cur.setdefault(p, {})
+            if not isinstance(nxt, dict):
+                raise ConfigError(f"{source}: unknown key {key!r}: {p!r} is a value, not a section; valid keys: "
+                                  + ", ".join(LMTrainConfig().flat()))
+            cur = nxt
+        cur[leaf] = value
+    cfg = LMTrainConfig.from_dict(raw, source=source)
+    if vocab_size is not None and cfg.lm.vocab_size != vocab_size:
+        raise ConfigError(f"{source}: lm.vocab_size={cfg.lm.vocab_size} but the tokenizer has {vocab_size} ids "
+                          "(pieces + 1); leave lm.vocab_size unset: it is the tokenizer's")
+    return cfg

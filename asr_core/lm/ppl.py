@@ -32,6 +32,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from asr_core.contract.metrics import lm_ppl_key
+from asr_core.device import DeviceError, resolve_device, use_bf16
 from asr_core.lm.data import Document, TextError, chunk_batches, read_documents
 from asr_core.lm.model import KVCache, TransformerLM
 
@@ -83,7 +85,7 @@ def score_documents(model: TransformerLM, docs: Sequence[Sequence[int]], context
 def dataset_of(spec: str) -> tuple[str, str]:
     """``[NAME=]SOURCE`` -> (name, source for :func:`asr_core.lm.data.read_documents`). Unnamed: the file's stem
     (``text:PATH``) or the folder's name (``FORMAT:PATH``)."""
-    from asr_core.data.corpora import dataset_name
+    from asr_core.contract.specs import dataset_name
 
     name = dataset_name(spec)
     if name:
@@ -132,10 +134,6 @@ def format_table(rows: Sequence[PplRow]) -> str:
     return "\n".join(lines)
 
 
-def metric_name(dataset: str, context: int) -> str:
-    return f"lm_ppl/{dataset}/ctx{context}"
-
-
 def _write_csv(path: Path, rows: Sequence[PplRow]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".csv.tmp")
@@ -153,7 +151,7 @@ def _log(out: Path, run_id: str, tracking_uri: str, step: int, rows: Sequence[Pp
 
     box = ob.Outbox(out, tracking_uri=tracking_uri, run_id=run_id).start()
     try:
-        box.metrics(step, {metric_name(r.dataset, r.context): r.ppl for r in rows}, first_only=False)
+        box.metrics(step, {lm_ppl_key(r.dataset, r.context): r.ppl for r in rows}, first_only=False)
         box.artifact(table, PPL_DIR)
         ok = box.flush(ob.FINAL_FLUSH_S)
         if not ok:
@@ -169,7 +167,8 @@ def cli(argv: list[str]) -> int:
     from asr_core.runtime.outbox import fail_fast_http
     from asr_core.data.tokenizer import TokenizerError
 
-    from asr_core.lm.train import CheckpointError, LMTrainError, load_lm
+    from asr_core.lm.checkpoint import LMTrainError, load_lm
+    from asr_core.training.checkpoint import CheckpointError
 
     ap = argparse.ArgumentParser(prog="python -m asr_core lm ppl",
                                  description="Per-token perplexity of an LM checkpoint at several contexts.")
@@ -193,8 +192,11 @@ def cli(argv: list[str]) -> int:
         print(f"lm ppl: --context {a.context!r} must be non-negative integers separated by commas, e.g. 64,256,1024",
               file=sys.stderr)
         return 2
-    device = torch.device("cuda" if a.device == "cuda" or (a.device == "auto" and torch.cuda.is_available())
-                          else "cpu")
+    try:
+        device = resolve_device(a.device, setting="--device")
+    except DeviceError as e:
+        print(f"lm ppl: {e}", file=sys.stderr)
+        return 2
     if a.precision == "bf16" and device.type != "cuda":
         print("lm ppl: --precision bf16 needs CUDA; use auto or fp32 on the CPU", file=sys.stderr)
         return 2
@@ -215,7 +217,7 @@ def cli(argv: list[str]) -> int:
         print(f"lm ppl: {e}", file=sys.stderr)
         return 2
     rows = perplexity_table(lm.model, datasets, contexts, chunk=a.chunk or lm.config.chunk_len, batch=a.batch,
-                            bf16=device.type == "cuda" and a.precision != "fp32")
+                            bf16=use_bf16(a.precision, device))
     print(f"per-token perplexity of {a.checkpoint} (step {lm.step})")
     print(format_table(rows))
     out = a.checkpoint.parent / PPL_DIR

@@ -1,5 +1,6 @@
-"""Training the Transformer LM (paper 004 §3.3): :class:`LMTrainConfig`, :func:`train_lm`, :func:`load_lm` and
-``python -m asr_core lm train`` (:mod:`asr_core.lm.cli`).
+"""Training the Transformer LM (paper 004 §3.3): :func:`train_lm` and ``python -m asr_core lm train``
+(:mod:`asr_core.lm.cli`), of a :class:`~asr_core.lm.config.LMTrainConfig`, into a checkpoint that
+:func:`asr_core.lm.checkpoint.load_lm` reads.
 
 Transformer-XL training. ``batch`` lanes each read one document after another in chunks of ``chunk_len`` tokens
 (:func:`asr_core.lm.data.chunk_batches`); one chunk of every lane is one optimiser step. A chunk attends to the lane's
@@ -23,159 +24,44 @@ synchronous call; when it fails, training goes on, the records wait in the folde
 the tracker creates the run and ships them. Params: :meth:`LMTrainConfig.flat`; metrics ``lm/train_loss``,
 ``lm/lr``, ``lm/grad_norm`` every step and ``lm/dev_ppl`` at each checkpoint when there is dev text.
 
-The checkpoint (a dict, loaded with ``weights_only=True``): ``format_version``, ``kind`` (``"lm"``), ``config``
-(:meth:`LMTrainConfig.to_dict`), ``model``, ``optimizer``, ``step``, ``schedule`` (``total_steps``,
-``warmup_steps``, ``peak_lr``, ``last_loss``), ``rng``, ``data_position`` (``epoch``, ``chunk``: chunks of that
-epoch trained), ``cache`` (the lanes' memories: ``keys``, ``values`` (L, B, S, D), ``lengths`` (B,); None before the
-first step), ``tokenizer`` (SentencePiece bytes), ``data_fingerprint`` (of the token ids), ``text`` (the specs read),
-``mlflow_run_id``, ``tracking_uri``, ``precision``.
+The checkpoint's contents: :mod:`asr_core.lm.checkpoint`.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
-import json
 import math
 import random
 import sys
 import time
-import zipfile
 from array import array
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+from asr_core.contract.metrics import LM_TAG
+from asr_core.device import DeviceError, resolve_device, use_bf16
 from asr_core.runtime import signals
-from asr_core.training.checkpoint import CheckpointError, load_checkpoint, rng_state, save_checkpoint, set_rng_state
-from asr_core.config import ConfigError, _build, parse_override
+from asr_core.training.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from asr_core.schedules import learning_rate
-from asr_core.data.tokenizer import Tokenizer, TokenizerError
+from asr_core.data.tokenizer import Tokenizer
 
-from asr_core.lm.config import PRESETS as LM_PRESETS
-from asr_core.lm.config import LMConfig
+from asr_core.lm.checkpoint import CHECKPOINT_FILE, FORMAT_VERSION, KIND, LMTrainError, check_resume
+from asr_core.lm.config import LMTrainConfig
 from asr_core.lm.data import Document, TextError, chunk_batches, count_chunks, read_documents
-from asr_core.lm.model import KVCache, TransformerLM, build_lm
+from asr_core.lm.model import KVCache, build_lm
 
-__all__ = ["CheckpointError", "LMCheckpoint", "LMTrainConfig", "LMTrainError", "LMTrainResult", "Preempted",
-           "load_lm", "load_tokenizer", "resolve_config", "train_lm"]
+__all__ = ["LMTrainResult", "Preempted", "train_lm"]
 
-FORMAT_VERSION = 1
-KIND = "lm"
-CHECKPOINT_FILE = "checkpoint.pt"
 DEFAULT_EXPERIMENT = "asr_core_lm"
-DEVICES = ("auto", "cpu", "cuda")
-PRECISIONS = ("auto", "bf16", "fp32")
-EXECUTION = ("checkpoint_every", "log_every", "device")  # may differ between segments of one run
-
-
-class LMTrainError(RuntimeError):
-    """LM training cannot start or continue; the message says why and what to do."""
 
 
 class Preempted(Exception):
     """SIGUSR2/SIGTERM arrived; the checkpoint is written (when training had begun): run the command again."""
-
-
-def _require(cond: bool, key: str, value: Any, valid: str) -> None:
-    if not cond:
-        raise ConfigError(f"invalid value for '{key}': {value!r}; valid: {valid}")
-
-
-@dataclass(frozen=True)
-class LMTrainConfig:
-    """The LM and how it is trained. Defaults: the paper's run (paper 004 §3.3) and, where the paper is silent, the
-    authors' LM training config (``robflynnyh/language_modelling``: ``projects/spotipile/exp/transformer/configs/
-    512_1536.yaml``, ``train_ddp.py``)."""
-
-    lm: LMConfig = field(default_factory=LMConfig)
-    batch: int = 40  # code: 10 documents per GPU (batch_size) on 4 GPUs (paper §3.3: "4 A4500s")
-    chunk_len: int = 512  # paper §3.3: "a sequence length of 512"
-    # code: max_seq_len 1536, the memory kept after each chunk (the chunk's own keys included); paper §3.3 says "a
-    # maximum cache of 1280 tokens" for the model it evaluated: set cache_len=1280 for that reading
-    cache_len: int = 1536
-    lr: float = 3.8e-4  # code (paper §3.3: Madgrad, LR warmup then cosine annealing)
-    warmup_steps: int = 2000  # code
-    max_steps: int = 0  # 0: ``epochs`` passes over the text; > 0: this many steps, the text repeating as needed
-    epochs: int = 1  # paper §3.3: "trained for one epoch only"
-    seed: int = 0  # initial weights and the documents' order
-    grad_clip: float = 1.0  # code: clip_grad_norm_(..., 1.0) (paper: "gradient clipping")
-    momentum: float = 0.9  # code: Madgrad's default (the config gives only lr)
-    weight_decay: float = 0.0  # paper §3.3: "no regularisation is used"
-    eps: float = 1e-6  # Madgrad's default
-    checkpoint_every: int = 750  # code: save_every_n_steps 750
-    log_every: int = 10  # progress line and a push to MLflow every this many steps
-    device: str = "auto"  # auto: CUDA when available
-    precision: str = "auto"  # code: bf16 autocast; auto = bf16 on CUDA, fp32 on the CPU
-
-    def __post_init__(self) -> None:
-        for name in ("batch", "chunk_len", "epochs", "checkpoint_every", "log_every"):
-            v = getattr(self, name)
-            _require(isinstance(v, int) and not isinstance(v, bool) and v > 0, name, v, "a positive integer")
-        for name in ("cache_len", "warmup_steps", "max_steps", "seed"):
-            v = getattr(self, name)
-            _require(isinstance(v, int) and not isinstance(v, bool) and v >= 0, name, v, "an integer >= 0")
-        _require(self.lr > 0, "lr", self.lr, "a positive number")
-        _require(self.grad_clip > 0, "grad_clip", self.grad_clip, "a positive number")
-        _require(0 <= self.momentum < 1, "momentum", self.momentum, "a number in [0, 1)")
-        _require(self.weight_decay >= 0, "weight_decay", self.weight_decay, "a number >= 0")
-        _require(self.eps > 0, "eps", self.eps, "a positive number")
-        _require(self.device in DEVICES, "device", self.device, ", ".join(DEVICES))
-        _require(self.precision in PRECISIONS, "precision", self.precision, ", ".join(PRECISIONS))
-
-    def to_dict(self) -> dict[str, Any]:
-        return json.loads(json.dumps(dataclasses.asdict(self)))
-
-    def flat(self) -> dict[str, Any]:
-        """Every leaf field by dotted name (``lm.d_model``, ``lr``): the MLflow params."""
-        d = self.to_dict()
-        lm = d.pop("lm")
-        return {**{f"lm.{k}": v for k, v in lm.items()}, **d}
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any], *, source: str = "lm config") -> "LMTrainConfig":
-        """Build and validate from a nested dict; an unknown key raises :class:`ConfigError` listing the valid ones."""
-        return _build(cls, json.loads(json.dumps(dict(d))), "", source)
-
-
-# what each preset changes of LMTrainConfig's training fields (its LM is asr_core.lm.config.PRESETS[name])
-TRAIN_PRESETS: dict[str, dict[str, Any]] = {
-    "paper": {},
-    # CPU tests and demos: a few seconds per hundred steps on two cores
-    "tiny": {"batch": 8, "chunk_len": 64, "cache_len": 128, "lr": 3e-3, "warmup_steps": 20,
-             "checkpoint_every": 50, "log_every": 10},
-}
-
-
-def resolve_config(preset: str, overrides: Sequence[str] = (), *, vocab_size: int | None = None,
-                   source: str = "lm train") -> LMTrainConfig:
-    """Preset < ``vocab_size`` (the tokenizer's) < ``--set key=value`` overrides (``lm.d_model=128``, ``lr=1e-3``),
-    validated; :class:`ConfigError` names an unknown key or bad value and what is valid."""
-    if preset not in LM_PRESETS or preset not in TRAIN_PRESETS:
-        raise ConfigError(f"unknown LM preset {preset!r}; valid: {', '.join(sorted(TRAIN_PRESETS))}")
-    raw: dict[str, Any] = {"lm": LM_PRESETS[preset].to_dict(), **TRAIN_PRESETS[preset]}
-    if vocab_size is not None:
-        raw["lm"]["vocab_size"] = vocab_size
-    for item in overrides:
-        key, value = parse_override(item)
-        *parents, leaf = key.split(".")
-        cur = raw
-        for p in parents:
-            nxt = cur.setdefault(p, {})
-            if not isinstance(nxt, dict):
-                raise ConfigError(f"{source}: unknown key {key!r}: {p!r} is a value, not a section; valid keys: "
-                                  + ", ".join(LMTrainConfig().flat()))
-            cur = nxt
-        cur[leaf] = value
-    cfg = LMTrainConfig.from_dict(raw, source=source)
-    if vocab_size is not None and cfg.lm.vocab_size != vocab_size:
-        raise ConfigError(f"{source}: lm.vocab_size={cfg.lm.vocab_size} but the tokenizer has {vocab_size} ids "
-                          "(pieces + 1); leave lm.vocab_size unset: it is the tokenizer's")
-    return cfg
 
 
 @dataclass(frozen=True)
@@ -187,34 +73,7 @@ class LMTrainResult:
     dev_ppl: float | None
 
 
-@dataclass(frozen=True)
-class LMCheckpoint:
-    """A trained LM ready to use: the model in eval mode, its config and tokenizer, and where it came from."""
-
-    model: TransformerLM
-    config: LMTrainConfig
-    tokenizer: Tokenizer
-    step: int
-    mlflow_run_id: str | None
-    tracking_uri: str | None
-
-
 # ---- inputs -------------------------------------------------------------------------------------------------------
-def load_tokenizer(path: str | Path) -> Tokenizer:
-    """The acoustic model's tokenizer: from an acoustic checkpoint (its ``tokenizer`` bytes) or a SentencePiece
-    ``.model`` file."""
-    p = Path(path)
-    if not p.is_file():
-        raise LMTrainError(f"tokenizer file not found: {p}; give an acoustic checkpoint (checkpoint.pt) or a "
-                           "SentencePiece .model file")
-    if zipfile.is_zipfile(p):  # torch.save's format: a checkpoint
-        return Tokenizer.from_bytes(load_checkpoint(p)["tokenizer"])
-    try:
-        return Tokenizer.load(p)
-    except TokenizerError as e:
-        raise LMTrainError(f"{p}: neither a checkpoint nor a SentencePiece model ({e})") from None
-
-
 def read_text(specs: Sequence[str]) -> list[Document]:
     """Every document of ``specs`` in order; :class:`LMTrainError` naming a spec that holds no text."""
     if not specs:
@@ -255,35 +114,13 @@ def epoch_order(ids: Sequence[Sequence[int]], seed: int, epoch: int) -> list[Seq
 
 # ---- the run -------------------------------------------------------------------------------------------------------
 def _device(cfg: LMTrainConfig) -> tuple[torch.device, bool]:
-    if cfg.device == "cuda" and not torch.cuda.is_available():
-        raise LMTrainError("device='cuda' but CUDA is not available here; use device=auto or cpu")
-    dev = torch.device("cuda" if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
-                       else "cpu")
+    try:
+        dev = resolve_device(cfg.device)
+    except DeviceError as e:
+        raise LMTrainError(str(e)) from None
     if cfg.precision == "bf16" and dev.type != "cuda":
         raise LMTrainError("precision='bf16' needs CUDA (bf16 autocast on the GPU only); use precision=auto or fp32")
-    return dev, dev.type == "cuda" and cfg.precision in ("auto", "bf16")
-
-
-def _check_resume(path: Path, state: dict[str, Any], cfg: LMTrainConfig, tok: Tokenizer, data_id: str,
-                  precision: str) -> None:
-    if state.get("kind") != KIND:
-        raise LMTrainError(f"{path} is not an LM checkpoint (kind {state.get('kind')!r}); train in another --out")
-    saved = LMTrainConfig.from_dict(state["config"], source=str(path))
-    was, now = saved.flat(), cfg.flat()
-    diff = [f"{k}: {was[k]!r} -> {now[k]!r}" for k in was if k not in EXECUTION and was[k] != now[k]]
-    if diff:
-        raise LMTrainError(f"{path} was trained with another config ({', '.join(diff)}); resume with the same "
-                           "preset and --set values (only " + ", ".join(EXECUTION) + " may change), or train in "
-                           "another --out folder")
-    if bytes(state["tokenizer"]) != tok.to_bytes():
-        raise LMTrainError(f"{path} was trained with another tokenizer than the one given now; give the same file")
-    if state["data_fingerprint"] != data_id:
-        raise LMTrainError(f"the training text has other content than when {path} was written (token fingerprint "
-                           f"{state['data_fingerprint']} then, {data_id} now; text then: {state.get('text')}); "
-                           "give the same text, or train in another --out folder")
-    if state["precision"] != precision:
-        raise LMTrainError(f"{path} was trained in {state['precision']}, this segment would train in {precision}; "
-                           "resume on the same kind of device, or set precision so the whole run uses one")
+    return dev, use_bf16(cfg.precision, dev)
 
 
 def _create_run(tracking_uri: str | None, experiment: str, cfg: LMTrainConfig) -> str | None:
@@ -291,9 +128,10 @@ def _create_run(tracking_uri: str | None, experiment: str, cfg: LMTrainConfig) -
     try:
         from mlflow.tracking import MlflowClient
 
+        from asr_core.contract.ledger import experiment_id
+
         client = MlflowClient(tracking_uri=tracking_uri)
-        exp = client.get_experiment_by_name(experiment)
-        exp_id = exp.experiment_id if exp is not None else client.create_experiment(experiment)
+        exp_id = experiment_id(client, experiment)
         name = f"lm-{cfg.lm.d_model}d{cfg.lm.layers}L-{cfg.chunk_len}x{cfg.cache_len}"
         return client.create_run(exp_id, run_name=name).info.run_id
     except Exception as e:  # noqa: BLE001 - the tracker is a destination, not a dependency
@@ -305,7 +143,8 @@ def _create_run(tracking_uri: str | None, experiment: str, cfg: LMTrainConfig) -
 
 def _open_outbox(out_dir: Path, tracking_uri: str | None, run_id: str | None, experiment: str,
                  cfg: LMTrainConfig, first: bool) -> tuple[Any, str | None]:
-    from asr_core.runtime.outbox import Outbox, outbox_dir
+    from asr_core.runtime.outbox import Outbox
+    from asr_core.runtime.outbox_folder import outbox_dir
     from asr_core.runtime.provenance import code_version
     from asr_core.contract.trial import RUNNING, TAG_GIT_COMMIT
 
@@ -355,7 +194,7 @@ def _train(cfg: LMTrainConfig, texts: list[str], tok: Tokenizer, out_dir: Path, 
         precision = "bf16" if bf16 else "fp32"
         state = load_checkpoint(ckpt_path) if ckpt_path.exists() else None
         if state is not None:
-            _check_resume(ckpt_path, state, cfg, tok, data_id, precision)
+            check_resume(ckpt_path, state, cfg, tok, data_id, precision)
             run_id = run_id or state.get("mlflow_run_id")
             tracking_uri = tracking_uri or state.get("tracking_uri")
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -385,7 +224,7 @@ def _train(cfg: LMTrainConfig, texts: list[str], tok: Tokenizer, out_dir: Path, 
     box = None
     if tracking_uri or run_id:
         box, run_id = _open_outbox(out_dir, tracking_uri, run_id, experiment, cfg, first=state is None)
-        box.tags({"lm.data_fingerprint": data_id, "lm.text": " ".join(texts)[:500]})
+        box.tags({LM_TAG: data_id, "lm.text": " ".join(texts)[:500]})
     else:
         print("[lm] no MLflow tracking URI given: metrics go to this log only", file=sys.stderr, flush=True)
 
@@ -492,24 +331,3 @@ def _train(cfg: LMTrainConfig, texts: list[str], tok: Tokenizer, out_dir: Path, 
                 print(f"[lm] MLflow at {tracking_uri} has not taken everything yet ({box.last_error or 'no answer'});"
                       f" the rest waits in {box.dir} and is shipped by the next segment", file=sys.stderr, flush=True)
             box.close()
-
-
-# ---- a trained LM -------------------------------------------------------------------------------------------------
-def load_lm(path: str | Path, device: str | torch.device = "cpu") -> LMCheckpoint:
-    """The LM of an ``lm train`` checkpoint (``weights_only`` load), in eval mode on ``device``."""
-    path = Path(path)
-    state = load_checkpoint(path)
-    if state.get("kind") != KIND:
-        raise CheckpointError(f"{path}: not an LM checkpoint (kind {state.get('kind')!r}); an acoustic checkpoint "
-                              "goes to evaluate, an LM one comes from python -m asr_core lm train")
-    if state["format_version"] > FORMAT_VERSION:
-        raise CheckpointError(f"{path}: LM format_version {state['format_version']} is newer than this code "
-                              f"({FORMAT_VERSION}); update asr_core")
-    cfg = LMTrainConfig.from_dict(state["config"], source=str(path))
-    model = build_lm(cfg.lm)
-    model.load_state_dict(state["model"])
-    tok = Tokenizer.from_bytes(state["tokenizer"])
-    if tok.vocab_size != cfg.lm.vocab_size:
-        raise CheckpointError(f"{path}: tokenizer has {tok.vocab_size} ids, the LM {cfg.lm.vocab_size}")
-    return LMCheckpoint(model.to(device).eval(), cfg, tok, int(state["step"]), state.get("mlflow_run_id"),
-                        state.get("tracking_uri"))

@@ -43,7 +43,8 @@ def dev_posteriors(am_checkpoint: Path, spec: str, *, stride: float = 0.125, dev
     """Posteriors of the dev set ``spec`` under the acoustic checkpoint, and its tokenizer."""
     from asr_core.data.audio import load_audio
     from asr_core.training.checkpoint import load_for_eval
-    from asr_core.data.corpora import load_corpus, parse_dataset_spec
+    from asr_core.contract.specs import parse_dataset_spec
+    from asr_core.data.corpora import load_corpus
     from asr_core.decoding.decode import posteriors, prepare_features, window_frames
     from asr_core.data.features import FeatureExtractor
 
@@ -94,7 +95,9 @@ def best(rows: Sequence[dict[str, float]]) -> dict[str, float]:
     return min(rows, key=lambda r: (r["wer"], r["alpha"], r["beta"]))
 
 
-def _floats(text: str, flag: str) -> tuple[float, ...]:
+def parse_floats(text: str, flag: str) -> tuple[float, ...]:
+    """The comma-separated numbers of the option ``flag`` (``"0,0.5,1"`` -> ``(0.0, 0.5, 1.0)``); ValueError naming
+    the option when one is no finite number or there are none."""
     try:
         vals = tuple(float(x) for x in text.split(",") if x.strip())
     except ValueError:
@@ -119,12 +122,12 @@ def cli(argv: list[str]) -> int:
     ap.add_argument("--out", type=Path, default=None, help="write the grid and the best pair as JSON")
     a = ap.parse_args(argv)
     try:
-        alphas, betas = _floats(a.alpha, "--alpha"), _floats(a.beta, "--beta")
+        alphas, betas = parse_floats(a.alpha, "--alpha"), parse_floats(a.beta, "--beta")
         base = BeamConfig(beam_width=a.beam_width, lm_context=a.lm_context)
         for path, what in ((a.checkpoint, "acoustic checkpoint"), (a.lm, "--lm")):
             if not path.is_file():
                 raise FileNotFoundError(f"{what} {path} not found")
-        from asr_core.lm.train import load_lm
+        from asr_core.lm.checkpoint import load_lm
 
         lm = load_lm(a.lm, a.device)
         dev, tokenizer = dev_posteriors(a.checkpoint, a.data, stride=a.stride, device=a.device,

@@ -40,20 +40,20 @@ from typing import Any
 import numpy as np
 import torch
 
-from asr_core.data.corpora import CorpusError, Recording, load_corpus, parse_dataset_spec
+from asr_core.contract.specs import parse_dataset_spec
+from asr_core.data.corpora import CorpusError, Recording, load_corpus
 from asr_core.data.corpora.fingerprint import fingerprint
-from asr_core.decoding.decode import WindowBatch, auto_batch_windows, prepare_features, resolve_precision, window_frames
+from asr_core.decoding.decode import WindowBatch, auto_batch_windows, prepare_features, window_frames
+from asr_core.device import resolve_device, use_bf16
 from asr_core.model.heads import DEFAULT_SAMPLE_ROWS, REPRESENTATIONS, diversity_loss, head_similarity, offdiagonal_mean
 from asr_core.runtime.outbox import Outbox, fail_fast_http
+from asr_core.contract.metrics import heads_key, heads_windows_key
 from asr_core.contract.trial import HEADS_DIR  # the folder beside the checkpoint (or in the trial's), and the run's
 from asr_core.evaluation.stage_run import check_fingerprints, known_tags, log_stage, stage_run
+from asr_core.training.checkpoint import load_for_eval, read_header
 
 DEFAULT_WINDOWS = 32  # eval.head_windows' default
 Progress = Callable[[int, int], None]  # (windows done, windows total)
-
-
-def metric_prefix(dataset: str, representation: str) -> str:
-    return f"{HEADS_DIR}/{dataset}/{representation}"
 
 
 # ---- which windows -----------------------------------------------------------------------------------------------
@@ -95,12 +95,11 @@ class HeadsSummary:
 
     def metrics(self) -> dict[str, float]:
         """The run's metrics (see the module docstring)."""
-        out: dict[str, float] = {f"{HEADS_DIR}/{self.dataset}/windows": float(self.windows)}
+        out: dict[str, float] = {heads_windows_key(self.dataset): float(self.windows)}
         for r in REPRESENTATIONS:
-            p = metric_prefix(self.dataset, r)
-            out[f"{p}/sum"] = float(self.diversity[r].sum())
-            out[f"{p}/similarity"] = float(self.similarity[r].mean())
-            out.update({f"{p}/layer{i}": float(v) for i, v in enumerate(self.diversity[r])})
+            out[heads_key(self.dataset, r, "sum")] = float(self.diversity[r].sum())
+            out[heads_key(self.dataset, r, "similarity")] = float(self.similarity[r].mean())
+            out.update({heads_key(self.dataset, r, "layer", i): float(v) for i, v in enumerate(self.diversity[r])})
         return out
 
     def save(self, out_dir: Path) -> list[Path]:
@@ -246,9 +245,8 @@ def measure(checkpoint: str | Path, datasets: Sequence[str], *, rows: int = DEFA
     names = [n for n, _ in parsed]
     if len(set(names)) != len(names):
         raise ValueError(f"dataset names must be unique, got {names}")
-    dev = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else
-                       ("cpu" if device == "auto" else device))
-    bf16 = resolve_precision(precision, dev) == "bf16"
+    dev = resolve_device(device)
+    bf16 = use_bf16(precision, dev, setting="eval.precision")
     corpora = {name: load_corpus(spec, strict=strict) for name, spec in parsed}
     run: tuple[str, str | None] | None = None
     tags: dict[str, str] = {}
@@ -258,7 +256,6 @@ def measure(checkpoint: str | Path, datasets: Sequence[str], *, rows: int = DEFA
             tags = check_fingerprints(run[0], known_tags(run, outbox),
                                       {n: fingerprint(recs) for n, recs in corpora.items()})
 
-    from asr_core.training.checkpoint import load_for_eval
     from asr_core.data.features import FeatureExtractor
 
     model, cfg, _ = load_for_eval(checkpoint, dev)
@@ -321,7 +318,7 @@ def cli(argv: list[str]) -> int:
     try:
         from asr_core.config import Config
 
-        ck = torch.load(str(a.checkpoint), map_location="cpu", weights_only=True, mmap=True)
+        ck = read_header(a.checkpoint)
         ev = Config.from_stored(ck["config"], source=str(a.checkpoint)).eval
         del ck
         data = a.data or list(ev.datasets[:1])

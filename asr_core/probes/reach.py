@@ -43,9 +43,11 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from asr_core.data.corpora import CorpusError, Recording, load_corpus, parse_dataset_spec
+from asr_core.contract.specs import parse_dataset_spec
+from asr_core.data.corpora import CorpusError, Recording, load_corpus
 from asr_core.decoding.decode import Model, posteriors_at, prepare_features, window_frames
 from asr_core.data.features import zero_regions
+from asr_core.training.checkpoint import load_for_eval, read_header
 
 DISTANCES_S = (1.0, 2.0, 5.0, 10.0, 20.0, 40.0, 60.0)
 CHANGED = 1e-6  # a probability that moved by more than this counts as a change (float32 noise is ~1e-7)
@@ -194,8 +196,7 @@ def measure(checkpoint: str | Path, datasets: Sequence[str], *, distances_s: Seq
     ``reach.csv``, ``cue_reach.csv`` (a cued dataset) and ``reach.png`` to ``out_dir`` (default ``reach/`` beside
     the checkpoint)."""
     from asr_core.data.audio import load_audio
-    from asr_core.training.checkpoint import load_for_eval
-    from asr_core.data.corpora.cues import _read_meta, meta_file, planted
+    from asr_core.data.corpora.cues import meta_file, planted, read_meta
     from asr_core.data.features import FeatureExtractor
 
     checkpoint = Path(checkpoint)
@@ -226,7 +227,7 @@ def measure(checkpoint: str | Path, datasets: Sequence[str], *, distances_s: Seq
             dist_rows += [{"dataset": name, **r} for r in distance_profile(
                 dec, feats, duration, recording=rec.id, distances_s=distances_s, targets=targets, span_s=span_s)]
             if marks.get(rec.id):
-                topic = _read_meta(meta_file(rec))["topic"]  # type: ignore[arg-type]
+                topic = read_meta(meta_file(rec))["topic"]  # type: ignore[arg-type]
                 cue_rows += [{"dataset": name, **r} for r in cue_profile(dec, feats, duration, rec,
                                                                           marks[rec.id], topic)]
             print(f"[reach] {name} {n}/{len(recordings)} {rec.id}", file=sys.stderr, flush=True)
@@ -336,7 +337,7 @@ def cli(argv: list[str]) -> int:
             if not data:
                 from asr_core.config import Config
 
-                ck = torch.load(str(ckpt), map_location="cpu", weights_only=True, mmap=True)
+                ck = read_header(ckpt)
                 data = list(Config.from_stored(ck["config"], source=str(ckpt)).eval.datasets[:1])
                 del ck
             out = a.out if len(a.checkpoints) == 1 else a.out / f"{k}-{ckpt.parent.name}"

@@ -230,6 +230,17 @@ def _rewrite(lease_dir: Path, info: LeaseInfo, **extra: Any) -> None:
         tmp.unlink(missing_ok=True)
 
 
+def write_lease(trial_dir: Path | str, info: LeaseInfo) -> Path:
+    """Write generation ``info`` as it is, its heartbeat (the file's mtime) included; returns the file. For tools
+    that build a trial folder as a job left it: taking a lease is :meth:`Lease.acquire`."""
+    lease_dir = TrialFolder(Path(trial_dir)).lease_dir
+    lease_dir.mkdir(parents=True, exist_ok=True)
+    _rewrite(lease_dir, info)
+    path = _file(lease_dir, info.generation)
+    os.utime(path, (info.heartbeat, info.heartbeat))
+    return path
+
+
 # ---- errors --------------------------------------------------------------------------------------------------------
 class LeaseHeld(Exception):
     """Another live trainer holds the trial's lease; ``info`` names it. ``raced``: this taker saw a lease it could

@@ -7,7 +7,7 @@ then on a stop signal is only *recorded*, whatever the job is doing (loading the
 training, evaluating, shipping to MLflow). Each phase honours it at its next safe point:
 
 * the training loop polls :func:`received` at every step boundary: checkpoint, then
-  :class:`asr_core.training.train.Preempted`;
+  :class:`asr_core.training.loop.Preempted`;
 * phases with nothing to checkpoint (the trainer's setup, evaluation) run inside :func:`raising`: a signal, also
   one that arrived before the phase began, raises the given exception at once;
 * the trial job's last flush to MLflow shortens its deadline once a signal has arrived.

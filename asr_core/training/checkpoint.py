@@ -1,5 +1,8 @@
 """Checkpoints: atomic, self-describing, loaded without unpickling code (``weights_only=True``).
 
+Every reader of a checkpoint goes through here: :func:`load_checkpoint` (the whole dict, checked to be one of
+ours), :func:`read_header` (the small entries without reading the weights), :func:`load_for_eval` (the model).
+
 The dict (docs/ARCHITECTURE.md): ``config`` (``Config.to_dict()``), ``model``, ``optimizer`` (dropped once a trial's
 training is finished: :func:`drop_optimizer_state`), ``step``,
 ``schedule``, ``rng``, ``data_position``, ``mlflow_run_id``, ``tracking_uri``, ``tokenizer`` (SentencePiece model
@@ -48,13 +51,23 @@ def save_checkpoint(path: str | Path, state: dict[str, Any]) -> Path:
     return path
 
 
+def read_header(path: str | Path) -> dict[str, Any]:
+    """A checkpoint's dict without reading its weights: the tensors are memory-mapped, so only what is looked at
+    (``config``, ``tokenizer``, ``mlflow_run_id``, ...) is read from disk. For any ``torch.save`` file (an LM's
+    too); not checked to be one of ours (:func:`load_checkpoint` does). torch's own errors pass through."""
+    try:
+        return _read(path, mmap=True)
+    except RuntimeError:  # mmap needs the zip format; older files still load plainly
+        return _read(path, mmap=False)
+
+
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
     """Read a checkpoint on the CPU with the restricted (``weights_only``) unpickler."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path}")
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        state = _read(path, mmap=False)
     except Exception as e:
         raise CheckpointError(f"{path}: not a readable checkpoint ({type(e).__name__}: {e})") from None
     if not isinstance(state, dict) or any(k not in state for k in REQUIRED):
@@ -63,6 +76,11 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
         raise CheckpointError(f"{path}: format_version {state['format_version']} is newer than this code "
                               f"({FORMAT_VERSION}); update asr_core")
     return state
+
+
+def _read(path: str | Path, *, mmap: bool) -> Any:
+    """The one ``torch.load`` of this project's checkpoints: on the CPU, with the restricted unpickler."""
+    return torch.load(str(path), map_location="cpu", weights_only=True, mmap=mmap)
 
 
 def drop_optimizer_state(path: str | Path) -> int:

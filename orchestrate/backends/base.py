@@ -4,7 +4,8 @@ A backend knows how to start trials (``submit``), which of the sweep's trials it
 (``live_jobs``), how jobs that ended without a word ended (``job_ends``: the scheduler's accounting, where it keeps
 one), and how to stop them (``cancel``). The ledger, the sweep folder and the decision of what to (re)submit live
 outside (:mod:`orchestrate.dispatch`), so every backend behaves the same way on resume.
-Cluster profiles (what a backend asks the scheduler for) live in :mod:`orchestrate.backends.profile`.
+Cluster profiles (what a backend asks the scheduler for) live in :mod:`orchestrate.backends.profile`, with
+:class:`BackendError`.
 """
 
 from __future__ import annotations
@@ -12,17 +13,15 @@ from __future__ import annotations
 import abc
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, ClassVar
+from typing import Callable, ClassVar
 
+from orchestrate.backends.profile import BackendError, Profile
 from orchestrate.sweep import Submission, SweepDir
 from orchestrate.trial import Trial
 
-if TYPE_CHECKING:  # the interface passes a profile along and never reads one
-    from orchestrate.backends.profile import Profile
-
-
-class BackendError(RuntimeError):
-    """The backend cannot run the sweep as asked (bad profile, missing scheduler, failed submission)."""
+# The interface: what backends implement and raise, and what the dispatcher reads of them. BackendError is defined
+# beside the profile, whose loading raises it first (the profile is below this module: it imports nothing here).
+__all__ = ["Backend", "BackendError", "Job", "JobEnd", "OnSubmitted"]
 
 
 @dataclass(frozen=True)

@@ -3,24 +3,71 @@ scheduler for. The ``local`` backend reads only ``cpus_per_task``.
 
 A profile is a flat mapping; every key has a safe default, and :func:`load_profile` refuses unknown keys and
 invalid values with a message that names the file, the key and what is valid, before anything is submitted.
+
+Time limits are read and written here as SLURM spells them (:func:`parse_minutes`, :func:`format_minutes`), and the
+``time_limit: estimate`` rule turns a trial's estimated hours into its limit (:func:`time_limit_minutes`). This module
+is the bottom of the backends: :mod:`orchestrate.backends.base` and :mod:`orchestrate.budget` import it, it imports
+neither (so :class:`BackendError`, which loading a profile raises first, is defined here).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from orchestrate.backends.base import BackendError
-from orchestrate.budget.resources import ESTIMATE, parse_minutes
-
 if TYPE_CHECKING:
     from orchestrate.trial import Trial
 
+ESTIMATE = "estimate"  # the rule value of time_limit and mem_gb (orchestrate.budget.resources applies the rules)
 
+
+class BackendError(RuntimeError):
+    """The backend cannot run the sweep as asked (bad profile, missing scheduler, failed submission)."""
+
+
+# ---- time limits as SLURM writes them, and the time_limit: estimate rule -------------------------------------
+def parse_minutes(text: str | int | float) -> int:
+    """Whole minutes (rounded up) of ``minutes``, ``HH:MM:SS``, ``MM:SS``-less ``HH:MM`` or ``D-HH:MM:SS``; ValueError
+    on anything else."""
+    t = str(text).strip()
+    if ":" not in t and "-" not in t:
+        v = float(t)
+        if v < 0 or not math.isfinite(v):
+            raise ValueError(t)
+        return math.ceil(v)
+    days = 0
+    if "-" in t:
+        d, t = t.split("-", 1)
+        days = int(d)
+    parts = [int(p) for p in t.split(":")]
+    if not 1 <= len(parts) <= 3 or any(p < 0 for p in parts) or days < 0:
+        raise ValueError(text)
+    while len(parts) < 3:
+        parts.append(0)
+    h, m, s = parts
+    return days * 1440 + h * 60 + m + (1 if s else 0)
+
+
+def format_minutes(minutes: int) -> str:
+    """``D-HH:MM:00`` (days only when there are any), as sbatch and squeue write a limit."""
+    d, rest = divmod(int(minutes), 1440)
+    h, m = divmod(rest, 60)
+    return (f"{d}-" if d else "") + f"{h:02d}:{m:02d}:00"
+
+
+def time_limit_minutes(hours: float, margin: float, cap_min: int | None, signal_delay_s: int) -> int:
+    """A trial's ``--time`` from its estimated ``hours``: ``hours × margin`` rounded up to the hour (at least one
+    hour, and longer than the USR2 delay), at most ``cap_min`` (None: no cap)."""
+    want = max(60, math.ceil(hours * margin) * 60, math.ceil((signal_delay_s + 600) / 3600) * 60)
+    return min(want, cap_min) if cap_min else want
+
+
+# ---- the profile ------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Profile:
     """A cluster profile (``slurm/profiles/NAME.yaml``): flat keys, each with a safe default."""
@@ -33,7 +80,7 @@ class Profile:
     cpus_per_task: int = 1  # a trial needs one CPU by default; dataloader workers need more
     mem_gb: float | str = 0  # 0 = the partition's default; "estimate": from model size and loader (resources.py)
     time_limit: str = "48:00:00"  # HH:MM:SS or minutes; a 65-hour run survives it by checkpoint + requeue;
-    # "estimate": each trial's own, from its estimated hours (orchestrate/backends/resources.py)
+    # "estimate": each trial's own, from its estimated hours (orchestrate/budget/resources.py)
     time_margin: float = 1.25  # time_limit estimate: the estimate times this
     time_max: str = ""  # time_limit estimate: the cap ("" = the partition's MaxTime)
     time_min: str = ""  # --time-min: a trial may start with this much less time (backfill); "" = none

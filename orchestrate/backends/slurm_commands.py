@@ -13,8 +13,8 @@ an error). Three rules live here and nowhere else:
   (``killed``); the user's own ``scancel`` → ``preempted`` (interrupted, not the trial's fault); a non-zero exit →
   ``failed``; a job accounting still sees running → ``None`` (not ended yet: never resubmitted).
 
-The ``slurm`` backend's sweep-wide ``max_parallel`` (:class:`orchestrate.backends.slurm.SweepThrottle`) reads the
-cluster's ``MaxArraySize`` (:func:`max_array_size`, once per process) and a pending array as one row
+The ``slurm`` backend's sweep-wide ``max_parallel`` (:class:`orchestrate.backends.slurm_throttle.SweepThrottle`) reads
+the cluster's ``MaxArraySize`` (:func:`max_array_size`, once per process) and a pending array as one row
 (:func:`array_rows`: ``123_[5-999%3]`` holds the pending tasks 5 to 999 under a throttle of 3), and moves array
 throttles, holds and dependencies (:func:`set_throttle`, :func:`hold`, :func:`release`, :func:`set_dependency`).
 """
@@ -138,7 +138,7 @@ _PARTITION_MAX: dict[tuple[str, str], int | None] = {}
 def partition_max_minutes(partition: str = "") -> int | None:
     """The ``MaxTime`` of ``partition`` (the cluster's default partition for "") in minutes, None when it is
     ``UNLIMITED``/``INFINITE`` (``scontrol show partition``; read once per process and ``SLURM_CONF``)."""
-    from orchestrate.budget.resources import parse_minutes
+    from orchestrate.backends.profile import parse_minutes
 
     key = (os.environ.get("SLURM_CONF", ""), partition)
     if key not in _PARTITION_MAX:

@@ -28,8 +28,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from asr_core.contract.segments import read_segments
 from asr_core.contract.trial import (ENV_JOB_ID, EXIT_PREEMPTED, TrialFolder, failures, read_attempts,
-                                     read_segments, trial_command)
+                                     trial_command)
 from orchestrate.runner import TrialProcess, trainer_ended
 from orchestrate.sweep import SweepDir, SweepError
 

@@ -2,7 +2,7 @@
 [--profile P] [--trials]``.
 
 For every trial the trainer's own planner is replayed over the training corpus's durations
-(:meth:`asr_core.data.chunking.WindowStream.step_lengths`: the same order, groups and sequence-length warmup as
+(:func:`asr_core.data.step_plan.step_lengths`: the same order, groups and sequence-length warmup as
 ``train``, no audio or words read), so the window length and padded audio of every optimiser step are known. The
 time of a trial on one device is then
 
@@ -29,294 +29,32 @@ each later segment paying start-up and a checkpoint again), and a lower bound of
 total over ``max_parallel``; queue waits not counted).
 
 Where the training corpus is not on disk (the paper's ``data/spotify/train``), its durations are an assumption,
-:data:`PAPER_CORPUS_ASSUMPTION`, printed with the estimate. Plans are cached per (corpus, the data settings that
-change the plan, seed), so the paper grid's 321 trials replay 30 plans of 105,000 recordings in a few seconds.
+:data:`~orchestrate.budget.corpus.PAPER_CORPUS_ASSUMPTION`, printed with the estimate (the corpus and the replayed
+plans: :mod:`orchestrate.budget.corpus`; the evaluation's seconds: :mod:`orchestrate.budget.evaluation_time`).
 
 The built-in calibration, ``orchestrate/calibrations/a100-paper.json`` (``"source": "paper 000 Table 1 and
-training times"``), is derived in :func:`paper_fit` (``python -m orchestrate.budget.estimate --derive``).
+training times"``, read by :mod:`orchestrate.budget.calibration`), is derived in
+:func:`orchestrate.budget.paper_fit.paper_fit` (``python -m orchestrate.budget.estimate --derive``).
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import heapq
-import json
 import math
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Sequence
 
-import numpy as np
-
-from asr_core.data.chunking import StepLengths, WindowStream
 from asr_core.config import Config
-from orchestrate.grid import (KNOWN_TEST_RECORDINGS, Grid, eval_set_durations, eval_set_hours, eval_set_recordings,
-                             eval_work)
-
-BUILTIN = Path(__file__).resolve().parent / "calibrations" / "a100-paper.json"
-PAPER_SOURCE = "paper 000 Table 1 and training times"
-
-# The paper's training corpus when it is not on disk (../shared/REFERENCE.md: ~58k hours, ~105k podcasts).
-PAPER_RECORDINGS = 105_000
-PAPER_HOURS = 58_000.0
-PAPER_GAMMA_SHAPE = 2.0
-PAPER_CLIP_S = (60.0, 4 * 3600.0)
-PAPER_SEED = 0
-PAPER_CORPUS_ASSUMPTION = (
-    f"{PAPER_RECORDINGS:,} recordings, {PAPER_HOURS:,.0f} h (paper 000: ~105k podcasts, ~58k hours); durations "
-    f"drawn from a gamma distribution of shape {PAPER_GAMMA_SHAPE:g} (coefficient of variation 0.71, median ~28 min) "
-    f"with mean {PAPER_HOURS * 60 / PAPER_RECORDINGS:.1f} min, clipped to 1 min-4 h and rescaled to the total "
-    f"(seed {PAPER_SEED}); every word timed. The paper gives no distribution: the shape is an assumption")
-
-
-class EstimateError(ValueError):
-    """A calibration file or corpus the estimate cannot use; the message names it."""
-
-
-# ---- calibration ---------------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Calibration:
-    """What the estimate needs of a calibration file (format: :mod:`asr_core.bench.calibrate`)."""
-
-    path: str
-    source: str
-    device: str
-    a: float  # seconds per step of batch_audio_s padded audio at window L: a + b L (overhead included)
-    b: float
-    overhead_s: float
-    batch_audio_s: float
-    attention: str  # flash: attention over unpadded windows; sdpa: padded
-    macs_linear: float
-    macs_attention: float
-    params: int
-    model: str  # e.g. "main 6L d=768 6H"
-    resid: tuple[tuple[float, float], ...]  # (L, measured full-step seconds - fit) at measured contexts
-    decode: tuple[tuple[float, float], ...]  # (L, window-frames decoded per second)
-    features_s_per_audio_s: float
-    music_s_per_audio_s: float
-    music_s_per_call: float  # composing the music, per recording and noisy condition
-    stats_s_per_audio_s: float
-    checkpoint_s: float
-    startup_s: float
-    num_workers: int
-    raw: dict[str, Any] = field(repr=False, compare=False, default_factory=dict)
-
-    @property
-    def builtin(self) -> bool:
-        return self.source == PAPER_SOURCE
-
-    def residual(self, length: float) -> float:
-        """A measured calibration's full-step seconds minus its line at window ``length``: interpolated between
-        its contexts, the end values beyond them (0 for the built-in one)."""
-        if not self.resid:
-            return 0.0
-        xs = [x for x, _ in self.resid]
-        ys = [y for _, y in self.resid]
-        return float(np.interp(length, xs, ys))
-
-    def decode_fps(self, length: float) -> float:
-        """Window-frames decoded per second at window ``length`` (log-linear between measured contexts)."""
-        if len(self.decode) == 1:
-            return self.decode[0][1]
-        xs = [math.log(x) for x, _ in self.decode]
-        ys = [math.log(y) for _, y in self.decode]
-        return math.exp(float(np.interp(math.log(length), xs, ys)))
-
-
-def _need(raw: dict[str, Any], path: str, dotted: str, kind: type | tuple[type, ...] = (int, float)) -> Any:
-    cur: Any = raw
-    for part in dotted.split("."):
-        if not isinstance(cur, dict) or part not in cur:
-            raise EstimateError(f"calibration {path}: missing {dotted!r}; a calibration is the JSON file "
-                                "`python -m asr_core bench calibrate` writes (see orchestrate/calibrations/)")
-        cur = cur[part]
-    if not isinstance(cur, kind) or isinstance(cur, bool):
-        raise EstimateError(f"calibration {path}: {dotted!r} is {cur!r}, not a {getattr(kind, '__name__', 'number')}")
-    return cur
-
-
-def calibration_from_dict(raw: Any, path: str) -> Calibration:
-    """A :class:`Calibration` from a calibration file's JSON; :class:`EstimateError` naming ``path`` and the field
-    when something is missing or wrong."""
-    from asr_core.bench.calibrate import FORMAT
-
-    if not isinstance(raw, dict) or raw.get("format") != FORMAT:
-        raise EstimateError(f"calibration {path}: not a calibration file (no \"format\": \"{FORMAT}\"); write one "
-                            "with `python -m asr_core bench calibrate --out FILE`, or leave out --calibration for "
-                            "the built-in A100 one")
-    num = lambda k: float(_need(raw, path, k))  # noqa: E731
-    a, b, overhead, batch = num("train.fit.a"), num("train.fit.b"), num("train.overhead_s"), num("data.batch_audio_s")
-    if batch <= 0 or overhead < 0:
-        raise EstimateError(f"calibration {path}: data.batch_audio_s must be positive and train.overhead_s not "
-                            f"negative (got {batch}, {overhead})")
-    contexts = raw.get("train", {}).get("contexts") or []
-    resid = []
-    for c in contexts:
-        try:
-            resid.append((float(c["context_s"]), float(c["full_step_s"]) - (a + b * float(c["context_s"]))))
-        except (KeyError, TypeError, ValueError):
-            raise EstimateError(f"calibration {path}: train.contexts entry {c!r} lacks context_s/full_step_s") from None
-    ev = _need(raw, path, "eval", dict)
-    if isinstance(ev.get("decode_frames_per_s"), (int, float)):
-        decode = [(1.0, float(ev["decode_frames_per_s"]))]
-    else:
-        try:
-            decode = sorted((float(d["context_s"]), float(d["frames_per_s"])) for d in ev.get("decode") or [])
-        except (KeyError, TypeError, ValueError):
-            raise EstimateError(f"calibration {path}: eval.decode entries need context_s and frames_per_s") from None
-    if not decode or any(f <= 0 for _, f in decode):
-        raise EstimateError(f"calibration {path}: no decoding speed (eval.decode or eval.decode_frames_per_s)")
-    m = _need(raw, path, "model", dict)
-    model = f"{raw.get('preset') or ''} {m.get('layers')}L d={m.get('d_model')} {m.get('heads')}H".strip()
-    data = raw.get("data", {})
-    return Calibration(
-        path=path, source=str(raw.get("source", "")), device=str(raw.get("device", "?")), a=a, b=b,
-        overhead_s=overhead, batch_audio_s=batch, attention=str(raw.get("attention", "sdpa")),
-        macs_linear=num("model.macs_linear_per_s"), macs_attention=num("model.macs_attention_per_s2"),
-        params=int(num("model.params")), model=model, resid=tuple(sorted(resid)), decode=tuple(decode),
-        features_s_per_audio_s=float(ev.get("features_s_per_audio_s", 0.0)),
-        music_s_per_audio_s=float(ev.get("music_s_per_audio_s", 0.0)),
-        music_s_per_call=float(ev.get("music_s_per_call", 0.0)),
-        stats_s_per_audio_s=float(data.get("stats_s_per_audio_s", 0.0)),
-        checkpoint_s=num("checkpoint.save_s"), startup_s=num("startup_s"),
-        num_workers=int(data.get("num_workers", 0)), raw=raw)
-
-
-def load_calibration(path: str | Path | None = None) -> Calibration:
-    """The calibration in ``path``, or a built-in one by name (``orchestrate/calibrations/NAME.json``:
-    ``a100-paper``, derived from paper 000 and the default; ``h100-measured``, measured by ``bench calibrate``)."""
-    p = Path(path) if path else BUILTIN
-    if path and not p.exists() and (BUILTIN.parent / f"{path}.json").is_file():
-        p = BUILTIN.parent / f"{path}.json"
-    try:
-        raw = json.loads(p.read_text())
-    except FileNotFoundError:
-        names = ", ".join(sorted(f.stem for f in BUILTIN.parent.glob("*.json")))
-        raise EstimateError(f"calibration {p}: file not found (built-in calibrations by name: {names})") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise EstimateError(f"calibration {p}: cannot read it ({e})") from None
-    except json.JSONDecodeError as e:
-        raise EstimateError(f"calibration {p}: not valid JSON ({e.msg} at line {e.lineno})") from None
-    return calibration_from_dict(raw, str(p))
-
-
-# ---- the training corpus's durations -------------------------------------------------------------------------------
-class Durations(Sequence[Any]):
-    """A corpus as the planner sees it: (duration, every word timed) per recording, in the trainer's order."""
-
-    def __init__(self, durations: np.ndarray, timed: np.ndarray) -> None:
-        self.durations = np.asarray(durations, dtype=np.float64)
-        self.timed = np.asarray(timed, dtype=bool)
-
-    def __len__(self) -> int:
-        return len(self.durations)
-
-    def __getitem__(self, i: Any) -> Any:
-        if isinstance(i, slice):
-            return Durations(self.durations[i], self.timed[i])
-        raise TypeError("a Durations corpus holds durations only (the planner asks duration_timed)")
-
-    def __iter__(self) -> Iterator[Any]:
-        raise TypeError("a Durations corpus holds durations only")
-
-    def duration_timed(self, i: int) -> tuple[float, bool]:
-        return float(self.durations[i]), bool(self.timed[i])
-
-    def durations_timed(self) -> tuple[np.ndarray, np.ndarray]:
-        """Every recording's (duration, timed) at once (what :meth:`WindowStream.step_lengths` asks first)."""
-        return self.durations, self.timed
-
-    @property
-    def hours(self) -> float:
-        return float(self.durations.sum()) / 3600.0
-
-
-def paper_durations(recordings: int = PAPER_RECORDINGS, hours: float = PAPER_HOURS) -> Durations:
-    """:data:`PAPER_CORPUS_ASSUMPTION`: durations drawn once, deterministically."""
-    rng = np.random.default_rng(PAPER_SEED)
-    total = hours * 3600.0
-    d = rng.gamma(PAPER_GAMMA_SHAPE, 1.0, recordings)
-    d = np.clip(d / d.mean() * total / recordings, *PAPER_CLIP_S)
-    d *= total / d.sum()
-    return Durations(d, np.ones(recordings, dtype=bool))
-
-
-@dataclass(frozen=True)
-class Corpus:
-    key: str  # what the plans are cached under
-    durations: Durations
-    note: str  # where the durations came from, printed with the estimate
-    assumed: bool
-
-
-_corpora: dict[str, Corpus] = {}
-
-
-def training_corpus(spec: str, workdir: Path | None = None) -> Corpus:
-    """The durations of ``data.train``: a prepared corpus's arrays, another corpus's transcripts (``load_corpus(spec,
-    audio=False)``: a recording lasts until its last word), or, when the path is not here, the paper's corpus as
-    assumed (:data:`PAPER_CORPUS_ASSUMPTION`). Read once per process."""
-    from asr_core.data.corpora import CorpusError, load_corpus, split_named_spec, split_spec
-
-    try:
-        fmt, path = split_spec(split_named_spec(spec)[1])
-    except CorpusError as e:
-        raise EstimateError(f"data.train {spec!r}: {e}") from None
-    if workdir is not None and not path.is_absolute():
-        path = workdir / path
-    if not path.exists():
-        key = "assumed:paper"
-        if key not in _corpora:
-            _corpora[key] = Corpus(key, paper_durations(), f"not on disk here ({path}); assumed: "
-                                   + PAPER_CORPUS_ASSUMPTION, True)
-        return _corpora[key]
-    key = f"{fmt}:{path.resolve()}"
-    if key not in _corpora:
-        try:
-            if fmt == "prepared":
-                from asr_core.data.corpora.prepared import PreparedCorpus
-
-                corpus = PreparedCorpus(path)
-                pairs = [corpus.duration_timed(i) for i in range(len(corpus))]
-                how = "a prepared corpus's arrays"
-            else:  # the trainer orders recordings by id
-                recs = sorted(load_corpus(f"{fmt}:{path}", audio=False), key=lambda r: r.id)
-                pairs = [(r.duration, r.timed) for r in recs]
-                how = "transcripts (a recording lasts until its last word)"
-        except CorpusError as e:
-            raise EstimateError(f"data.train {spec!r}: {e}") from None
-        d = Durations(np.array([p[0] for p in pairs]), np.array([p[1] for p in pairs]))
-        _corpora[key] = Corpus(key, d, f"{path}: {len(d):,} recordings, {d.hours:,.1f} h, durations from {how}",
-                               False)
-    return _corpora[key]
-
-
-# ---- the plan of one trial ----------------------------------------------------------------------------------------
-_plans: dict[tuple[Any, ...], dict[float, StepLengths]] = {}
-
-
-def plan_key(cfg: Config, corpus: Corpus) -> tuple[Any, ...]:
-    """What a trial's steps depend on: the corpus, the data settings that cut and group windows, the seed (the
-    order), epochs and max_steps."""
-    d, t = cfg.data, cfg.train
-    return (corpus.key, d.context_s, d.batch_audio_s, d.batching, d.seqlen_warmup, d.seqlen_warmup_start_s,
-            d.seqlen_warmup_every, d.max_recordings, t.seed, t.epochs, t.max_steps)
-
-
-def trial_steps(cfg: Config, corpus: Corpus) -> dict[float, StepLengths]:
-    """The trainer's steps of ``cfg`` over ``corpus`` per window length (cached per :func:`plan_key`): the same
-    stream ``asr_core.training.train`` builds (``train.max_steps`` repeats the data until that many steps)."""
-    key = plan_key(cfg, corpus)
-    if key not in _plans:
-        recs: Durations = corpus.durations
-        if cfg.data.max_recordings:
-            recs = recs[: cfg.data.max_recordings]
-        t = cfg.train
-        stream = WindowStream(recs, cfg.data, t.seed, t.epochs if not t.max_steps else 1 << 30)
-        _plans[key] = stream.step_lengths(t.max_steps)
-    return _plans[key]
+from asr_core.data.step_plan import StepLengths
+from orchestrate.backends.profile import parse_minutes, time_limit_minutes
+from orchestrate.budget.calibration import Calibration, EstimateError
+from orchestrate.budget.corpus import training_corpus, trial_steps
+from orchestrate.budget.evaluation_time import eval_seconds
+from orchestrate.budget.paper_fit import derive_cli
+from orchestrate.grid import Grid, eval_set_hours
 
 
 # ---- one trial's hours ---------------------------------------------------------------------------------------------
@@ -378,7 +116,6 @@ def estimate_trial(trial: Any, cal: Calibration, profile: Any = None,
     """The hours of one trial (see the module docstring); ``profile`` (a
     :class:`~orchestrate.backends.profile.Profile`) adds its loader threads, time limit and segments."""
     from asr_core.bench.calibrate import model_macs
-    from orchestrate.budget.resources import parse_minutes, time_limit_minutes
 
     if profile is not None:
         trial = profile.fit(trial)
@@ -403,7 +140,7 @@ def estimate_trial(trial: Any, cal: Calibration, profile: Any = None,
                         eval_s=eval_s, checkpoint_s=checkpoints * ckpt_each, startup_s=cal.startup_s, scale=r_lin)
     if profile is None:
         return est
-    if profile.time_rule:  # each trial's own limit (orchestrate.budget.resources), capped at time_max if set
+    if profile.time_rule:  # each trial's own limit (as resources asks it), capped at time_max if set
         cap = parse_minutes(profile.time_max) if profile.time_max else None
         limit_h = time_limit_minutes(est.hours, profile.time_margin, cap, profile.signal_delay_s) / 60.0
     else:
@@ -419,97 +156,6 @@ def _params(cfg: Config) -> int:
     from asr_core.bench.calibrate import model_params
 
     return model_params(cfg.model, cfg.data.features.n_mels)
-
-
-_window_hours: dict[tuple[Any, ...], float | None] = {}
-
-
-def decoded_frames(frames: int, window: int, stride_fraction: float, subsampling: int) -> int:
-    """Input frames the moving-window decoder runs through for a recording of ``frames``: the windows of
-    :func:`asr_core.decoding.decode.plan_windows` (stride ``stride_fraction`` of the window, in whole output frames; the
-    last windows cut at the end), summed in closed form and without importing torch (the tests hold the two
-    equal)."""
-    stride = min(max(subsampling, int(round(stride_fraction * window / subsampling)) * subsampling), window)
-    n = 1 if frames <= window else 1 + math.ceil((frames - window) / stride)
-    full = min(n, max(0, (frames - window) // stride + 1))  # windows that end inside the recording
-    return full * window + sum(frames - i * stride for i in range(full, n))
-
-
-def decoded_hours_of(cfg: Config, hours_of: Callable[[str], float | None] = eval_set_hours
-                     ) -> Callable[[str], float | None]:
-    """``hours_of`` for :func:`orchestrate.grid.eval_work` that makes its decoded audio exact for test sets on disk:
-    ``eval_work`` counts ``1 / stride`` windows over every frame, but a recording shorter than the window is
-    decoded once (and one a few windows long a little less than ``1 / stride`` times), so a set on disk answers
-    with the hours that, times ``1 / stride``, are the windows :func:`asr_core.decoding.decode.plan_windows` will decode.
-    A set not on disk whose recordings are counted in :data:`KNOWN_TEST_RECORDINGS` is taken as that many
-    recordings of equal length; any other keeps ``hours_of``'s answer (an upper bound at long contexts)."""
-    from asr_core.data.corpora import CorpusError, dataset_name, split_named_spec, split_spec
-
-    fps = cfg.data.features.frames_per_second
-    sub = cfg.model.subsampling_factor
-    window = max(sub, int(round(cfg.data.context_s * fps / sub)) * sub)  # asr_core.decoding.decode.window_frames
-
-    def hours(spec: str) -> float | None:
-        try:
-            _, path = split_spec(split_named_spec(spec)[1])
-        except CorpusError:
-            return hours_of(spec)
-        key = (spec, str(path.resolve()), window, cfg.eval.stride, sub, hours_of)
-        if key in _window_hours:
-            return _window_hours[key]
-        durations: Sequence[float] | None = eval_set_durations(spec)
-        if durations is None:
-            total, count = hours_of(spec), KNOWN_TEST_RECORDINGS.get(dataset_name(spec))
-            if total is not None and count:
-                durations = [total * 3600.0 / count] * count
-        if durations is None:
-            _window_hours[key] = hours_of(spec)
-        else:
-            frames = sum(decoded_frames(max(1, int(d * fps) + 1), window, cfg.eval.stride, sub) for d in durations)
-            _window_hours[key] = frames * cfg.eval.stride / fps / 3600.0
-        return _window_hours[key]
-
-    return hours
-
-
-_evals: dict[tuple[Any, ...], float | None] = {}
-
-
-def eval_seconds(cfg: Config, cal: Calibration, hours_of: Callable[[str], float | None] = eval_set_hours
-                 ) -> float | None:
-    """:func:`_eval_seconds`, once per evaluation, model, context and calibration (seeds share it)."""
-    key = (cfg.eval, cfg.model, cfg.data.context_s, cfg.data.features, cal, hours_of)
-    if key not in _evals:
-        _evals[key] = _eval_seconds(cfg, cal, hours_of)
-    return _evals[key]
-
-
-def _eval_seconds(cfg: Config, cal: Calibration, hours_of: Callable[[str], float | None] = eval_set_hours
-                  ) -> float | None:
-    """Seconds of the trial's evaluation: :func:`orchestrate.grid.eval_work`'s decoded audio (windows as
-    :func:`decoded_hours_of` counts them) at the calibration's decoding speed for this context and model, plus
-    reading + features per audio-second and condition, and music per noisy condition (per audio-second and per
-    recording). None when a test set's size is unknown."""
-    from asr_core.bench.calibrate import model_macs
-
-    work = eval_work(cfg, hours_of)
-    if work is None:
-        return None
-    decoded = eval_work(cfg, decoded_hours_of(cfg, hours_of))
-    clean_cfg = dataclasses.replace(cfg, eval=dataclasses.replace(cfg.eval, snrs=()))
-    clean = eval_work(clean_cfg, hours_of)
-    stride = cfg.eval.stride
-    audio_conditions_s = work[0] * stride * 3600.0
-    noisy_s = audio_conditions_s - (clean[0] if clean else 0.0) * stride * 3600.0
-    # the same function counting recordings instead of hours: (recording, condition) pairs / stride
-    pairs, clean_pairs = eval_work(cfg, eval_set_recordings), eval_work(clean_cfg, eval_set_recordings)
-    noisy_calls = (pairs[0] - clean_pairs[0]) * stride if pairs and clean_pairs else 0.0
-    ctx = cfg.data.context_s
-    lin, att = model_macs(cfg.model, cfg.data.features)
-    ratio = (lin + att * ctx) / (cal.macs_linear + cal.macs_attention * ctx)
-    frames = (decoded or work)[0] * 3600.0 * cfg.data.features.frames_per_second
-    return (frames / cal.decode_fps(ctx) * ratio + audio_conditions_s * cal.features_s_per_audio_s
-            + noisy_s * cal.music_s_per_audio_s + noisy_calls * cal.music_s_per_call)
 
 
 def segments_needed(hours: float, limit_h: float, signal_delay_s: float) -> int:
@@ -666,83 +312,6 @@ def estimate_json(est: GridEstimate) -> dict[str, Any]:
                           "max_parallel": est.profile.max_parallel, "wall_hours_lower_bound": bound,
                           "wall_hours_lpt": lpt}
     return out
-
-
-# ---- the built-in calibration's derivation -------------------------------------------------------------------------
-PAPER_TARGETS = {"short_h": (13.0, 28.0), "short_below_s": 1200.0, "long_s": 3600.0, "long_h": 65.0,
-                 "long_tolerance": 0.15}
-PAPER_OVERHEAD_S = 0.05
-
-
-def paper_fit(overhead_s: float = PAPER_OVERHEAD_S, seeds: Sequence[int] = (1, 2, 3)) -> dict[str, Any]:
-    """The a and b of the built-in calibration, from paper 000's training times.
-
-    The main model (6L, d=768, 6 heads) is replayed over the assumed corpus (:data:`PAPER_CORPUS_ASSUMPTION`) with
-    grids/paper.yaml's data settings (one hour a step, interleaved, the code's warm-up from 5.12 s doubling every
-    5,000 recordings) at each of the paper's context lengths and seeds (the seed orders the data, and which
-    recordings come after the warm-up moves a long-context model's hours by up to ~15%). A trial's training hours
-    are linear in (a, b): ``(steps x overhead + (a - overhead) x padded audio + b x sum of squared windows) / 3600
-    / 3600``. The paper says 15-24 h below 20 minutes of context and 65 h at one hour; a line in L cannot give 15 h
-    at 10 s, 24 h at 655 s and 65 h at 3600 s together (the paper's times grow faster than linearly, and half the
-    corpus is seen during the warm-up at short windows whatever the context), so (a, b) is the point that stays
-    furthest, relatively, inside the paper check's bands, each context's hours taken as the mean over the seeds (the
-    paper gives one time per context for its three repeats): every context below 1200 s within 13-28 h and 3600 s
-    within 65 h +-15%. Single seeds spread around that mean (at 3600 s by about +-8%), and no line keeps every
-    seed of every context inside the bands. The per-step overhead (clipping, Madgrad over 90M parameters,
-    launches) is set at 50 ms."""
-    from asr_core.config import preset
-
-    base = preset("main").with_overrides(["data.batch_audio_s=3600", "data.train=podcast:/nonexistent/spotify"])
-    corpus = training_corpus(base.data.train)
-    contexts = (10.24, 20.48, 40.96, 81.92, 163.84, 327.68, 655.36, 1310.72, 2621.44, 3600.0)
-    sums = {}
-    for seed in seeds:
-        for ctx in contexts:
-            cfg = base.with_overrides([f"data.context_s={ctx}", f"train.seed={seed}"])
-            steps = trial_steps(cfg, corpus)
-            sums[ctx, seed] = (sum(s.steps for s in steps.values()), sum(s.padded_s for s in steps.values()),
-                               sum(s.audio_s2 for s in steps.values()))
-    # hours(c) = k0 + ka * a + kb * b; maximise m with every band's relative margin >= m (a linear programme)
-    coef = {k: ((n * overhead_s - overhead_s * p / 3600.0) / 3600.0, p / 3600.0 / 3600.0, q / 3600.0 / 3600.0)
-            for k, (n, p, q) in sums.items()}
-    for c in contexts:  # the mean over seeds
-        coef[c] = tuple(float(np.mean([coef[c, s][i] for s in seeds])) for i in range(3))
-    lo, hi = PAPER_TARGETS["short_h"]
-    long_h, tol = PAPER_TARGETS["long_h"], PAPER_TARGETS["long_tolerance"]
-    bands = [(c, lo, hi) for c in contexts if c < PAPER_TARGETS["short_below_s"]]
-    bands.append((PAPER_TARGETS["long_s"], long_h * (1 - tol), long_h * (1 + tol)))
-    a_ub, b_ub = [], []
-    for c, low, high in bands:
-        k0, ka, kb = coef[c]
-        a_ub.append([-ka / low, -kb / low, 1.0])  # hours / low - 1 >= m
-        b_ub.append(k0 / low - 1.0)
-        a_ub.append([ka / high, kb / high, 1.0])  # 1 - hours / high >= m
-        b_ub.append(1.0 - k0 / high)
-    from scipy.optimize import linprog
-
-    res = linprog([0.0, 0.0, -1.0], A_ub=a_ub, b_ub=b_ub, bounds=[(overhead_s, None), (0, None), (None, None)])
-    if not res.success:  # pragma: no cover - the programme is always feasible in m
-        raise EstimateError(f"paper fit failed: {res.message}")
-    a, b, margin = (float(v) for v in res.x)
-    return {"a": a, "b": b, "overhead_s": overhead_s, "margin": margin, "seeds": tuple(seeds),
-            "hours": {k: coef[k][0] + coef[k][1] * a + coef[k][2] * b for k in coef},
-            "steps": {k: sums[k][0] for k in sums}}
-
-
-def derive_cli(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(prog="python -m orchestrate.budget.estimate",
-                                 description="print the derivation of the built-in A100 calibration's a and b")
-    ap.add_argument("--derive", action="store_true", required=True)
-    ap.parse_args(argv)
-    fit = paper_fit()
-    print(f"assumed corpus: {PAPER_CORPUS_ASSUMPTION}")
-    print(f"fit: a = {fit['a']:.4f} s, b = {fit['b']:.4e} s/s, per-step overhead {fit['overhead_s']} s "
-          f"(margin {fit['margin']:.1%} inside the bands)")
-    hours = fit["hours"]
-    for c in sorted(k for k in hours if not isinstance(k, tuple)):
-        each = ", ".join(f"{hours[c, s]:.1f}" for s in fit["seeds"])
-        print(f"  main model at {c:>8g} s: {hours[c]:5.1f} h, mean of seeds {list(fit['seeds'])} ({each} h)")
-    return 0
 
 
 if __name__ == "__main__":

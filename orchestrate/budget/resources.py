@@ -24,11 +24,10 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
-if TYPE_CHECKING:
-    from orchestrate.backends.profile import Profile
-    from orchestrate.trial import Trial
+from orchestrate.backends.profile import ESTIMATE, Profile, format_minutes, parse_minutes, time_limit_minutes
 
-ESTIMATE = "estimate"  # the rule value of time_limit and mem_gb
+if TYPE_CHECKING:
+    from orchestrate.trial import Trial
 
 # Host memory of a trial (mem_gb: estimate). Bytes per second of audio, from the shapes the loader holds:
 STEP_BYTES_PER_AUDIO_S = 16_000 * 4 + 100 * 80 * 4  # a window's 16 kHz float32 samples and its 80 float32 mels
@@ -66,42 +65,6 @@ class Resources:
         return out
 
 
-def parse_minutes(text: str | int | float) -> int:
-    """Whole minutes (rounded up) of ``minutes``, ``HH:MM:SS``, ``MM:SS``-less ``HH:MM`` or ``D-HH:MM:SS``; ValueError
-    on anything else."""
-    t = str(text).strip()
-    if ":" not in t and "-" not in t:
-        v = float(t)
-        if v < 0 or not math.isfinite(v):
-            raise ValueError(t)
-        return math.ceil(v)
-    days = 0
-    if "-" in t:
-        d, t = t.split("-", 1)
-        days = int(d)
-    parts = [int(p) for p in t.split(":")]
-    if not 1 <= len(parts) <= 3 or any(p < 0 for p in parts) or days < 0:
-        raise ValueError(text)
-    while len(parts) < 3:
-        parts.append(0)
-    h, m, s = parts
-    return days * 1440 + h * 60 + m + (1 if s else 0)
-
-
-def format_minutes(minutes: int) -> str:
-    """``D-HH:MM:00`` (days only when there are any), as sbatch and squeue write a limit."""
-    d, rest = divmod(int(minutes), 1440)
-    h, m = divmod(rest, 60)
-    return (f"{d}-" if d else "") + f"{h:02d}:{m:02d}:00"
-
-
-def time_limit_minutes(hours: float, margin: float, cap_min: int | None, signal_delay_s: int) -> int:
-    """A trial's ``--time`` from its estimated ``hours``: ``hours × margin`` rounded up to the hour (at least one
-    hour, and longer than the USR2 delay), at most ``cap_min`` (None: no cap)."""
-    want = max(60, math.ceil(hours * margin) * 60, math.ceil((signal_delay_s + 600) / 3600) * 60)
-    return min(want, cap_min) if cap_min else want
-
-
 def memory_gb(params: int, num_workers: int, batch_audio_s: float, context_s: float, longest_recording_s: float,
               interleaved: bool) -> float:
     """Host memory a trial needs, in GB (with a 25 % margin, rounded up to :data:`MEM_STEP_GB`): the process
@@ -116,12 +79,13 @@ def memory_gb(params: int, num_workers: int, batch_audio_s: float, context_s: fl
     return float(math.ceil(total * MEM_MARGIN / 2**30 / MEM_STEP_GB) * MEM_STEP_GB)
 
 
-def trial_resources(trials: Sequence["Trial"], profile: "Profile", cap_min: int | None = None,
+def trial_resources(trials: Sequence["Trial"], profile: Profile, cap_min: int | None = None,
                     workdir: Any = None) -> dict[str, Resources]:
     """{trial key: :class:`Resources`} under ``profile`` (its fixed values, or its rules: see the module docstring);
     ``cap_min``: the partition's ``MaxTime`` in minutes (None: unlimited or unknown), used when the profile sets no
-    ``time_max``. Trials are estimated only when a rule needs it (``orchestrate.budget.estimate``: a second or two for the
-    paper grid). Raises :class:`orchestrate.budget.estimate.EstimateError` naming the calibration or corpus it cannot use."""
+    ``time_max``. Trials are estimated only when a rule needs it (``orchestrate.budget.estimate``: a second or two for
+    the paper grid). Raises :class:`orchestrate.budget.calibration.EstimateError` naming the calibration or corpus it
+    cannot use."""
     time_rule = str(profile.time_limit).strip() == ESTIMATE
     mem_rule = str(profile.mem_gb).strip() == ESTIMATE
     if profile.time_max:
@@ -134,9 +98,11 @@ def trial_resources(trials: Sequence["Trial"], profile: "Profile", cap_min: int 
                       "the profile's fixed values")
         return {t.key: r for t in trials}
     from asr_core.bench.calibrate import model_params
-    from orchestrate.budget import estimate as est
+    from orchestrate.budget.calibration import load_calibration
+    from orchestrate.budget.corpus import training_corpus
+    from orchestrate.budget.estimate import estimate_trial
 
-    cal = est.load_calibration(profile.calibration or None)
+    cal = load_calibration(profile.calibration or None)
     out: dict[str, Resources] = {}
     for t in trials:
         fitted = profile.fit(t)
@@ -145,7 +111,7 @@ def trial_resources(trials: Sequence["Trial"], profile: "Profile", cap_min: int 
             limit, note = _evaluation_limit(fitted, cal, profile, cap_min)
             why.append(note)
         elif time_rule:
-            e = est.estimate_trial(fitted, cal, None, workdir=workdir)
+            e = estimate_trial(fitted, cal, None, workdir=workdir)
             limit = time_limit_minutes(e.hours, profile.time_margin, cap_min, profile.signal_delay_s)
             capped = " (the cap)" if cap_min and limit == cap_min else ""
             why.append(f"estimate {e.hours:.1f} h x {profile.time_margin:g} -> {format_minutes(limit)}{capped}")
@@ -154,11 +120,11 @@ def trial_resources(trials: Sequence["Trial"], profile: "Profile", cap_min: int 
         mem = fixed_mem
         if mem_rule:
             cfg = fitted.config
-            corpus = est.training_corpus(cfg.data.train, workdir) if cfg.data.train else None
+            corpus = training_corpus(cfg.data.train, workdir) if cfg.data.train else None
             longest = float(corpus.durations.durations_timed()[0].max()) if corpus is not None and len(
                 corpus.durations) else cfg.data.context_s
-            gb = memory_gb(model_params(cfg.model, cfg.data.features.n_mels), cfg.data.num_workers, cfg.data.batch_audio_s,
-                           cfg.data.context_s, longest, cfg.data.batching == "interleaved")
+            gb = memory_gb(model_params(cfg.model, cfg.data.features.n_mels), cfg.data.num_workers,
+                           cfg.data.batch_audio_s, cfg.data.context_s, longest, cfg.data.batching == "interleaved")
             mem = int(gb * 1024)
             why.append(f"mem {gb:g} GB (longest recording {longest / 3600:.1f} h, {cfg.data.num_workers} loader "
                        "threads)")
@@ -166,18 +132,19 @@ def trial_resources(trials: Sequence["Trial"], profile: "Profile", cap_min: int 
     return out
 
 
-def _evaluation_limit(trial: "Trial", cal: Any, profile: "Profile", cap_min: int | None) -> tuple[int, str]:
+def _evaluation_limit(trial: "Trial", cal: Any, profile: Profile, cap_min: int | None) -> tuple[int, str]:
     """An evaluation job's time limit under ``time_limit: estimate``: a greedy evaluation's estimated decoding
-    (:func:`orchestrate.budget.estimate.eval_seconds` of what it decodes) x ``time_margin``; a beam decoder, or a test set
-    of unknown size, gets the cap (``time_max`` or the partition's ``MaxTime``): an evaluation keeps no checkpoint,
-    so a limit too short would end it again at every requeue."""
-    from orchestrate.budget import estimate as est
+    (:func:`orchestrate.budget.evaluation_time.eval_seconds` of what it decodes) x ``time_margin``; a beam decoder,
+    or a test set of unknown size, gets the cap (``time_max`` or the partition's ``MaxTime``): an evaluation keeps no
+    checkpoint, so a limit too short would end it again at every requeue."""
+    from orchestrate.budget.calibration import EstimateError
+    from orchestrate.budget.evaluation_time import eval_seconds
     from orchestrate.evaluations import evaluation_config
 
-    secs = est.eval_seconds(evaluation_config(trial), cal) if not trial.evaluation.get("decoder") else None
+    secs = eval_seconds(evaluation_config(trial), cal) if not trial.evaluation.get("decoder") else None
     if secs is None:
         if cap_min is None:
-            raise est.EstimateError(f"evaluation job {trial.label}: a beam decoder or a test set of unknown size "
+            raise EstimateError(f"evaluation job {trial.label}: a beam decoder or a test set of unknown size "
                                     "has no estimate, and neither time_max nor the partition's MaxTime caps it; set "
                                     "time_max in the profile")
         return cap_min, f"evaluation: the cap {format_minutes(cap_min)} (no estimate of its decoding)"

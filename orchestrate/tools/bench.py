@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from orchestrate.mlflow_rest import MlflowRest
     from orchestrate.sweep import SweepDir
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 GRIDS = REPO / "grids"
 SERVER_SCRIPT = REPO / "slurm" / "mlflow-server.sh"
 CLI_TIMEOUT_S = 600
@@ -256,7 +256,7 @@ def _finished_sweep(root: Path) -> "SweepDir":
     """The fake paper sweep with every model finished, its folder as a finished trial leaves it: ``config.json``,
     ``TRAINED``, ``eval/`` tables, ``EVALUATED`` (what its own evaluation decoded, and how) and ``DONE``."""
     from asr_core.contract.evaluation import default_evaluation, evaluated_record
-    from asr_core.contract.trial import TrialFolder, write_config
+    from asr_core.contract.trial import TrialFolder, mark_done, write_config
     from orchestrate.tools.fake_sweep import make_fake_sweep
 
     sweep = make_fake_sweep(root, 321, name="paper-finished", mix=(("finished", 1.0),))
@@ -265,7 +265,7 @@ def _finished_sweep(root: Path) -> "SweepDir":
         write_config(folder.path, t.config)
         folder.evaluated.write_text(evaluated_record(*default_evaluation(t.config.eval)))
         if not folder.done.exists():
-            folder.done.write_text("finished\n")
+            mark_done(folder.path)
     return sweep
 
 

@@ -3,8 +3,10 @@
 It holds what a real sweep of the paper grid holds half-way through: ``sweep.json``, ``trials.json`` (the trials of
 ``grids/paper.yaml`` as ``orchestrate plan --json`` lists them; beyond its 321 trials, copies under new keys), one
 submission file, and one folder per trial with the files the trial job writes (``config.json``, ``trial.log``,
-``segments.jsonl``, ``progress.jsonl`` with a record per logged step, ``attempts.jsonl``, ``lease/``, ``TRAINED``,
-``DONE``, ``eval/`` tables, ``CANCELLED``), in a realistic mix: most finished, some running (a lease whose holder
+``segments.jsonl``, ``progress.jsonl`` with a record per logged step, ``attempts.jsonl``, ``lease/``, ``outbox/``,
+``TRAINED``, ``DONE``, ``eval/`` tables, ``CANCELLED``), each written by the writer that owns its format
+(:mod:`asr_core.contract.trial`, :mod:`asr_core.contract.segments`, :mod:`asr_core.runtime.lease`,
+:mod:`asr_core.runtime.outbox`), in a realistic mix: most finished, some running (a lease whose holder
 heartbeats on a compute node), preempted, failed or killed by the system (some past the failure budget),
 cancelled, lost (a segment that ended without a word), and not started yet. No job runs and no MLflow is involved:
 ``ledger-sync.json`` says the orchestrator-side facts are mirrored, so ``status`` reads only the folders.
@@ -14,18 +16,19 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
-import os
 import random
 import time
 from pathlib import Path
 
+from asr_core.contract.segments import Segment, append_segment
 from asr_core.contract.trial import (OUTCOME_CANCELLED, OUTCOME_FAILED, OUTCOME_FINISHED, OUTCOME_KILLED,
-                                     OUTCOME_PREEMPTED, Attempt, TrialFolder, config_json)
+                                     OUTCOME_PREEMPTED, Attempt, Progress, TrialFolder, mark_cancelled, mark_done,
+                                     mark_trained, write_attempts, write_config, write_progress)
+from asr_core.runtime.lease import LeaseInfo, write_lease
 from orchestrate.sweep import Manifest, SweepDir
 from orchestrate.trial import Trial
 
-PAPER_GRID = Path(__file__).resolve().parents[1] / "grids" / "paper.yaml"
+PAPER_GRID = Path(__file__).resolve().parents[2] / "grids" / "paper.yaml"
 CODES = ("3f2a9c1d0b7e", "8d41e0c2a9f3", "8d41e0c2a9f3+dirty.1a2b3c4d")
 # (state, share of the trials): what a sweep half-way through its compute budget holds
 MIX = (("finished", 0.55), ("running", 0.10), ("waiting", 0.14), ("preempted", 0.06), ("failed", 0.05),
@@ -59,27 +62,20 @@ def _states(n: int, rng: random.Random, mix: tuple[tuple[str, float], ...] = MIX
     return out
 
 
-def _append(path: Path, records: list[dict]) -> None:
-    with open(path, "a") as f:
-        f.write("".join(json.dumps(r) + "\n" for r in records))
-
-
 def _lease(folder: TrialFolder, job_id: str, host: str, *, heartbeat: float, released: bool, generation: int) -> None:
-    """A lease generation as :mod:`asr_core.runtime.lease` writes it (the heartbeat is the file's mtime)."""
-    folder.lease_dir.mkdir(exist_ok=True)
-    path = folder.lease_dir / f"{generation:06d}.json"
-    rec = {"generation": generation, "job_id": job_id, "host": host, "pid": 4000 + generation, "token":
-           hashlib.md5(f"{folder.path}{generation}".encode()).hexdigest(), "acquired": heartbeat - 3600,
-           "released": released, "took_over": None, "pid_start": None}
-    path.write_text(json.dumps(rec) + "\n")
-    os.utime(path, (heartbeat, heartbeat))
+    """A lease generation held by ``job_id`` on ``host`` (the heartbeat is the file's mtime)."""
+    write_lease(folder.path, LeaseInfo(generation=generation, job_id=job_id, host=host, pid=4000 + generation,
+                                       token=hashlib.md5(f"{folder.path}{generation}".encode()).hexdigest(),
+                                       acquired=heartbeat - 3600, heartbeat=heartbeat, released=released,
+                                       took_over=None, pid_start=None))
 
 
 def _outbox(folder: TrialFolder, state: str, segment: int, step: int, every: int, now: float) -> None:
     """What the job told MLflow through its outbox (:class:`asr_core.runtime.outbox.Outbox`): params, statuses and a point
     per logged step; all of it shipped (the watermark at the end of each file) except, for a running trial, the
     last few steps its job has not shipped yet."""
-    from asr_core.runtime.outbox import WATERMARK_FILE, Outbox
+    from asr_core.runtime.outbox import Outbox
+    from asr_core.runtime.outbox_folder import write_watermark
 
     box = Outbox(folder.path, segment=segment, run_id=None)
     try:
@@ -105,25 +101,24 @@ def _outbox(folder: TrialFolder, state: str, segment: int, step: int, every: int
         with open(box.path, "rb") as f:
             lines = f.read().splitlines(keepends=True)
         size, seq = size - sum(len(line) for line in lines[-5:]), seq - 5
-    (box.dir / WATERMARK_FILE).write_text(json.dumps({"files": {box.name: {"offset": size, "seq": seq}},
-                                                      "time": now}))
+    write_watermark(box.dir, {box.name: {"offset": size, "seq": seq}})
 
 
 def _trial_folder(folder: TrialFolder, trial: Trial, state: str, rng: random.Random, job: str, now: float) -> None:
-    folder.path.mkdir(parents=True, exist_ok=True)
-    folder.config.write_text(config_json(trial.config.to_dict()) + "\n")
+    write_config(folder.path, trial.config)
     if state == "waiting":
         return
     n_seg = 1 + (rng.random() < 0.3) + (rng.random() < 0.1)
     host = f"gpu-node-{rng.randrange(1, 65):02d}"
-    segments, attempts = [], []
+    segments: list[Segment] = []
+    attempts: list[Attempt] = []
     t = now - 86400 * 2
     for s in range(1, n_seg + 1):
         code = CODES[0] if s == 1 or rng.random() < 0.7 else CODES[rng.randrange(1, len(CODES))]
-        segments.append({"segment": s, "time": t, "code": code, "commit": code[:12], "dirty": "+dirty" in code,
-                         "host": host, "job_id": job})
+        segments.append(Segment(number=s, time=t, code=code, commit=code[:12], dirty="+dirty" in code, host=host,
+                                job_id=job))
         if s < n_seg:
-            attempts.append(Attempt(OUTCOME_PREEMPTED, segment=s, job_id=job, time=t + 3600, by="job").to_dict())
+            attempts.append(Attempt(OUTCOME_PREEMPTED, segment=s, job_id=job, time=t + 3600, by="job"))
         t += 7200
     last = n_seg
     n_fail = {"failed": rng.randrange(1, 3), "gave_up": 3}.get(state, 0)
@@ -134,26 +129,26 @@ def _trial_folder(folder: TrialFolder, trial: Trial, state: str, rng: random.Ran
                                           (OUTCOME_KILLED, "trainer killed by SIGKILL (out of memory or the system)",
                                            "task")))
         attempts.append(Attempt(outcome, reason, segment=seg, job_id=f"{job}.{i}" if seg is None else job,
-                                time=t + i, by=by).to_dict())
+                                time=t + i, by=by))
     if state == "finished":
-        attempts.append(Attempt(OUTCOME_FINISHED, segment=last, job_id=job, time=t, by="job").to_dict())
+        attempts.append(Attempt(OUTCOME_FINISHED, segment=last, job_id=job, time=t, by="job"))
     elif state == "preempted":
-        attempts.append(Attempt(OUTCOME_PREEMPTED, segment=last, job_id=job, time=t, by="job").to_dict())
+        attempts.append(Attempt(OUTCOME_PREEMPTED, segment=last, job_id=job, time=t, by="job"))
     elif state == "cancelled":
-        attempts.append(Attempt(OUTCOME_CANCELLED, segment=last, job_id=job, time=t, by="job").to_dict())
-        folder.cancelled.write_text(json.dumps({"time": t, "by": "orchestrate cancel"}) + "\n")
-    _append(folder.segments, segments)
+        attempts.append(Attempt(OUTCOME_CANCELLED, segment=last, job_id=job, time=t, by="job"))
+        mark_cancelled(folder.path, "orchestrate cancel", at=t)
+    for segment in segments:
+        append_segment(folder.path, segment)
     if attempts:
-        _append(folder.attempts, attempts)
+        write_attempts(folder.path, attempts)
     step = TOTAL_STEPS if state == "finished" else rng.randrange(500, TOTAL_STEPS)
     every = max(1, step // PROGRESS_LINES)
-    progress = [{"phase": "start", "done": 0, "total": 0, "time": now - 7200}]
-    progress += [{"phase": "train", "done": k, "total": TOTAL_STEPS, "time": now - 7200 + k / 10}
-                 for k in range(every, step + 1, every)]
+    progress = [Progress("start", time=now - 7200)]
+    progress += [Progress("train", k, TOTAL_STEPS, time=now - 7200 + k / 10) for k in range(every, step + 1, every)]
     tail = {"finished": "done", "preempted": "preempted", "failed": "failed", "gave_up": "failed"}.get(state)
     if tail:
-        progress.append({"phase": tail, "done": 0, "total": 0, "time": now - 60})
-    _append(folder.progress, progress)
+        progress.append(Progress(tail, time=now - 60))
+    write_progress(folder.path, progress)
     folder.log.write_text("".join(f"[train] step {k}/{TOTAL_STEPS} loss {4.0 / (1 + k / 1000):.3f}\n"
                                   for k in range(every, step + 1, every * 4)))
     folder.checkpoint.write_bytes(b"\0" * 4096)  # a stand-in: status never opens the checkpoint
@@ -165,13 +160,13 @@ def _trial_folder(folder: TrialFolder, trial: Trial, state: str, rng: random.Ran
     else:
         _lease(folder, job, host, heartbeat=now - 600, released=True, generation=n_seg)
     if state == "finished":
-        folder.trained.write_text(json.dumps({"checkpoint": str(folder.checkpoint), "steps": TOTAL_STEPS}))
+        mark_trained(folder.path, folder.checkpoint, TOTAL_STEPS)
         folder.eval_dir.mkdir(exist_ok=True)
         for ds in ("earnings22", "tedlium", "rev16"):
             (folder.eval_dir / f"{ds}.csv").write_text(
                 "dataset,condition,snr_db,recording,ref_words,substitutions,deletions,insertions,hyp_words,wer\n"
                 + "".join(f"{ds},clean,,{ds}-{r:04d},1000,40,20,10,990,7.0\n" for r in range(20)))
-        folder.done.write_text("finished\n")
+        mark_done(folder.path)
 
 
 def make_fake_sweep(root: Path | str, n_trials: int, *, name: str | None = None, backend: str = "slurm",
@@ -180,7 +175,8 @@ def make_fake_sweep(root: Path | str, n_trials: int, *, name: str | None = None,
     """A sweep folder ``ROOT/NAME`` (default ``fake<N>``) of ``n_trials`` trials in the mix of :data:`MIX` (or of
     ``mix``: ``(("finished", 1.0),)`` is a finished sweep); ``tracking_uri`` defaults to a sqlite file under
     ``root`` that does not exist (no ledger is needed)."""
-    from orchestrate.trial_state import write_sync, ledger_targets, read_folder_states
+    from orchestrate.reconcile import ledger_targets, write_sync
+    from orchestrate.trial_state import read_folder_states
 
     rng = random.Random(seed)
     sweep = SweepDir(root, name or f"fake{n_trials}")

@@ -28,23 +28,16 @@ import importlib
 import inspect
 import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Sequence
 
-from asr_core.data.corpora.base import CorpusError, Problems, Recording, Word
+from asr_core.contract.specs import CORPUS_FORMATS, CorpusError, split_named_spec, split_spec
+from asr_core.data.corpora.base import Problems, Recording, Word
 
-__all__ = ["CorpusError", "CorpusReport", "FORMATS", "Recording", "Word", "load_corpus", "read_corpus",
-           "parse_dataset_spec", "split_named_spec", "dataset_name"]
+__all__ = ["CorpusError", "CorpusReport", "FORMATS", "Recording", "Word", "load_corpus", "read_corpus"]
 
 # format name -> module holding ``read(path: Path, problems: Problems[, *, audio: bool]) -> list[Recording]``
-FORMATS: dict[str, str] = {
-    "podcast": "asr_core.data.corpora.podcast",
-    "tedlium": "asr_core.data.corpora.tedlium",
-    "earnings22": "asr_core.data.corpora.earnings22",
-    "rev16": "asr_core.data.corpora.rev16",
-    "manifest": "asr_core.data.corpora.manifest",
-    "prepared": "asr_core.data.corpora.prepared",
-}
+# (the format names and the spec grammar: asr_core.contract.specs)
+FORMATS: dict[str, str] = {fmt: f"asr_core.data.corpora.{fmt}" for fmt in CORPUS_FORMATS}
 
 
 @dataclass
@@ -56,51 +49,6 @@ class CorpusReport:
     skipped: list[tuple[str, str]] = field(default_factory=list)
     warnings: list[tuple[str, str]] = field(default_factory=list)  # (file, what was worked around)
     notes: list[str] = field(default_factory=list)  # what the reader chose not to read, and why
-
-
-def split_spec(spec: str) -> tuple[str, Path]:
-    """``"podcast:data/dev"`` -> ``("podcast", Path("data/dev"))``; a bad spec raises :class:`CorpusError`."""
-    fmt, sep, path = spec.partition(":")
-    if not sep or not path:
-        raise CorpusError(f"corpus spec {spec!r} must look like FORMAT:PATH, e.g. 'podcast:data/dev'; "
-                          f"formats: {', '.join(FORMATS)}")
-    if fmt not in FORMATS:
-        raise CorpusError(f"corpus spec {spec!r}: unknown format {fmt!r}; valid: {', '.join(FORMATS)}")
-    return fmt, Path(path)
-
-
-def parse_dataset_spec(spec: str) -> tuple[str, str]:
-    """``"dev=podcast:data/dev"`` -> ``("dev", "podcast:data/dev")`` (the name is used in metric keys)."""
-    name, sep, corpus = spec.partition("=")
-    if not sep or not name or not corpus:
-        raise CorpusError(f"dataset spec {spec!r} must look like NAME=FORMAT:PATH, e.g. 'dev=podcast:data/dev'")
-    if any(c in name for c in "/ :"):
-        raise CorpusError(f"dataset spec {spec!r}: the name {name!r} may not contain '/', ':' or spaces "
-                          "(it becomes part of metric keys and file names)")
-    split_spec(corpus)
-    return name, corpus
-
-
-def split_named_spec(spec: str) -> tuple[str, str]:
-    """``"podcasts=podcast:/data/train"`` -> ``("podcasts", "podcast:/data/train")``; ``"podcast:/data/train"`` ->
-    ``("", "podcast:/data/train")`` (an unnamed corpus). Only text before the first ``=`` that holds no ``:``, ``/``
-    or space is a name, so paths containing ``=`` still work."""
-    name = dataset_name(spec)
-    corpus = spec.partition("=")[2] if name else spec
-    split_spec(corpus)
-    return name, corpus
-
-
-def dataset_name(spec: str) -> str:
-    """The name of a corpus spec, without parsing or reading it: ``NAME`` of ``NAME=FORMAT:PATH``, ``""`` for an
-    unnamed ``FORMAT:PATH``.
-
-    The name is the corpus's identity in trial keys (:mod:`asr_core.identity`): its path and file format may change
-    (a move to another filesystem, a prepared copy), its name may not. An unnamed training corpus is "the" corpus of
-    its trials: moving it keeps their keys, and its content fingerprint, checked on every resume, tells it apart from
-    another one. Name corpora to compare them in one sweep."""
-    head, sep, _ = spec.partition("=")
-    return head if sep and head and not any(c in head for c in "/: ") else ""
 
 
 def read_corpus(spec: str, *, strict: bool = False, audio: bool = True) -> CorpusReport:

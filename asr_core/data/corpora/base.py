@@ -6,9 +6,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-
-class CorpusError(ValueError):
-    """A corpus file is missing, corrupt or truncated; the message names the file and the line."""
+from asr_core.contract.specs import CorpusError
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from asr_core.data.corpora.base import CorpusError, Recording, Word
+from asr_core.contract.specs import CorpusError
+from asr_core.data.corpora.base import Recording, Word
 from asr_core.data.corpora.synth_text import CUE_GROUPS, TOPICS, SentenceMaker
 
 MAX_PER_MINUTE = 10.0
@@ -358,7 +359,7 @@ def meta_file(rec: Recording) -> Path | None:
     return t.parent.parent / "meta" / f"{t.stem}.json"
 
 
-def _read_meta(path: Path) -> dict:
+def read_meta(path: Path) -> dict:
     try:
         meta = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -378,7 +379,7 @@ def planted(recordings: Sequence[Recording]) -> dict[str, tuple[int, ...]] | Non
         path = meta_file(rec)
         if path is None or not path.is_file():
             continue
-        meta = _read_meta(path)
+        meta = read_meta(path)
         if "cues" not in meta:
             continue
         marks = []
@@ -403,7 +404,7 @@ def corpus_sites(split_dir: Path) -> list[CueSite]:
         path = meta_file(rec)
         if path is None or not path.is_file():
             continue
-        meta = _read_meta(path)
+        meta = read_meta(path)
         if meta.get("cues"):
             sites += cue_sites(rec.words, [c["index"] for c in meta["cues"]], meta["topic"])
     return sites

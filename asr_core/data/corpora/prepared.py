@@ -44,7 +44,8 @@ from typing import Any, Callable, Iterable, Iterator, Sequence, overload
 
 import numpy as np
 
-from asr_core.data.corpora.base import CorpusError, Problems, Recording, Word
+from asr_core.contract.specs import CorpusError
+from asr_core.data.corpora.base import Problems, Recording, Word
 from asr_core.data.corpora.fingerprint import fingerprint, fingerprint_in_order
 
 FORMAT = "asr_core.prepared"

@@ -33,20 +33,19 @@ examples of few spellings). ``--cue 0`` (the default) makes the corpus as it was
 byte; a spec without ``gK`` makes the corpus it made before ``gK`` existed. ``--cue-report`` prints, per split, how often a window of
 5, 10, 20, 40 and 80 s holds a disambiguating word with the cue word.
 
-Word times are exact by construction: every word is synthesised on its own, its leading and trailing silence
-trimmed, and placed at a known sample offset with short pauses between words; the reported start and end are the
-first and last sample of the trimmed word. Everything is a pure function of ``--seed``: each recording has its own
-seed derived from (seed, split, index), so the number of parallel ``--jobs`` does not change the output.
+Word times are exact by construction: every word is synthesised on its own
+(:mod:`asr_core.data.corpora.synth_audio`), its leading and trailing silence trimmed, and placed at a known sample
+offset with short pauses between words; the reported start and end are the first and last sample of the trimmed
+word. Everything is a pure function of ``--seed``: each recording has its own seed derived from (seed, split,
+index), so the number of parallel ``--jobs`` does not change the output.
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
-import io
 import json
 import random
-import subprocess
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -54,14 +53,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
-import soundfile as sf
-from scipy import signal
 
 from asr_core.data.audio import SAMPLE_RATE, save_audio
 from asr_core.data.corpora import podcast
 from asr_core.data.corpora.base import Word
 from asr_core.data.corpora.cues import (WINDOWS_S, CueConfig, CuePlanter, containment, corpus_sites, cue_sites,
                                   cue_topics, format_containment, sound_of)
+from asr_core.data.corpora.synth_audio import Room, Speaker, apply_room, espeak
 from asr_core.data.corpora.synth_text import CUE_GROUPS, TOPICS, SentenceMaker
 
 FORMAT_VERSION = 1
@@ -102,26 +100,6 @@ DOMAINS: dict[str, Domain] = {
 }
 SHIFTS = ("far", "near")  # --shift: which domain test-shifted is drawn from ("far" = DOMAINS["shifted"])
 SPLIT_DOMAIN = {"train": "in", "dev": "in", "test": "in", "test-shifted": "shifted"}
-
-
-@dataclass(frozen=True)
-class Speaker:
-    voice: str  # e.g. "en-us+m3"
-    rate: int
-    pitch: int
-
-
-@dataclass(frozen=True)
-class Room:
-    highpass_hz: float
-    lowpass_hz: float
-    peak_hz: float
-    peak_db: float
-    reverb_s: float
-    reverb_mix: float
-    noise_snr_db: float
-    noise_slope: float  # 0 white, 1 pink, 2 brown
-    word_gap_s: float  # mean pause between words: part of a speaker's style, held for the recording
 
 
 @dataclass(frozen=True)
@@ -226,38 +204,6 @@ def make_plans(split: str, hours: float, seed: int, *, min_minutes: float = 1.0,
 
 # ---- rendering -------------------------------------------------------------------------------------------------
 
-def espeak(text: str, speaker: Speaker) -> np.ndarray:
-    """``text`` spoken by ``speaker`` as float32 at 16 kHz, leading/trailing silence trimmed. Shape (N,)."""
-    cmd = ["espeak-ng", "-v", speaker.voice, "-s", str(speaker.rate), "-p", str(speaker.pitch), "--stdout", text]
-    try:
-        out = subprocess.run(cmd, capture_output=True, check=True, timeout=60).stdout
-    except FileNotFoundError:
-        raise RuntimeError("espeak-ng is not installed (Debian package espeak-ng); the synthetic corpus needs it") \
-            from None
-    except subprocess.CalledProcessError as e:
-        raise RuntimeError(f"espeak-ng failed for voice {speaker.voice!r}: {e.stderr.decode(errors='replace')}") \
-            from None
-    data, sr = sf.read(io.BytesIO(out), dtype="float32")
-    if sr != SAMPLE_RATE:
-        g = np.gcd(sr, SAMPLE_RATE)
-        data = signal.resample_poly(data, SAMPLE_RATE // g, sr // g).astype(np.float32)
-    return trim(data)
-
-
-def trim(x: np.ndarray, rel_db: float = -45.0, margin_s: float = 0.01) -> np.ndarray:
-    """Cut leading and trailing samples quieter than ``rel_db`` below the loudest 5 ms frame."""
-    hop = int(0.005 * SAMPLE_RATE)
-    n = len(x) // hop
-    if n == 0:
-        return x
-    energy = (x[: n * hop].reshape(n, hop) ** 2).mean(axis=1)
-    loud = np.nonzero(energy > energy.max() * 10 ** (rel_db / 10))[0]
-    margin = int(margin_s * SAMPLE_RATE)
-    start = max(0, loud[0] * hop - margin)
-    end = min(len(x), (loud[-1] + 1) * hop + margin)
-    return x[start:end]
-
-
 def render(plan: Plan, *, dry: bool = False) -> tuple[np.ndarray, list[Word], list[int], dict]:
     """Synthesise one recording. Returns (waveform (N,) float32 16 kHz, words with times, speaker index per
     word, metadata). ``dry`` skips the room (channel, reverberation, noise), for tests of the word times.
@@ -314,43 +260,6 @@ def render(plan: Plan, *, dry: bool = False) -> tuple[np.ndarray, list[Word], li
                          "before_s": site.before_s, "after_s": site.after_s}
                         for i, site in zip(planter.planted, sites)]
     return wave, words, speakers, meta
-
-
-def apply_room(x: np.ndarray, room: Room, rng: np.random.Generator) -> np.ndarray:
-    """Reverberation, channel colouring and stationary background noise, then a fixed peak level. (N,) -> (N,)"""
-    sr = SAMPLE_RATE
-    # a room: exponentially decaying noise (decay reaches -60 dB at reverb_s), mixed behind the direct sound
-    n_ir = max(1, int(room.reverb_s * sr))
-    ir = rng.standard_normal(n_ir) * np.exp(-6.9 * np.arange(n_ir) / n_ir)
-    ir /= np.sqrt((ir ** 2).sum())
-    y = x + room.reverb_mix * signal.fftconvolve(x, ir)[: len(x)]
-    sos = [signal.butter(2, room.highpass_hz, "highpass", fs=sr, output="sos"),
-           signal.butter(4, min(room.lowpass_hz, 0.45 * sr), "lowpass", fs=sr, output="sos"),
-           _peaking(room.peak_hz, room.peak_db, q=1.2)]
-    y = signal.sosfilt(np.concatenate(sos), y)
-    speech_power = float(np.mean(y[np.abs(x) > 1e-4] ** 2)) if np.any(np.abs(x) > 1e-4) else 1e-6
-    noise = coloured_noise(len(y), room.noise_slope, rng)
-    y = y + noise * np.sqrt(speech_power / 10 ** (room.noise_snr_db / 10))
-    return (y * (0.7 / max(1e-6, float(np.abs(y).max())))).astype(np.float32)
-
-
-def _peaking(f0: float, gain_db: float, q: float) -> np.ndarray:
-    """RBJ peaking-EQ biquad as one second-order section."""
-    a = 10 ** (gain_db / 40)
-    w0 = 2 * np.pi * f0 / SAMPLE_RATE
-    alpha = np.sin(w0) / (2 * q)
-    b = np.array([1 + alpha * a, -2 * np.cos(w0), 1 - alpha * a])
-    den = np.array([1 + alpha / a, -2 * np.cos(w0), 1 - alpha / a])
-    return np.concatenate([b / den[0], den / den[0]])[None, :]
-
-
-def coloured_noise(n: int, slope: float, rng: np.random.Generator) -> np.ndarray:
-    """Unit-power noise with a 1/f^slope power spectrum. Shape (n,)."""
-    spec = np.fft.rfft(rng.standard_normal(n))
-    f = np.fft.rfftfreq(n, 1 / SAMPLE_RATE)
-    spec *= 1.0 / np.maximum(f, 20.0) ** (slope / 2)
-    out = np.fft.irfft(spec, n)
-    return out / max(1e-12, float(np.sqrt(np.mean(out ** 2))))
 
 
 def write_recording(plan: Plan, out: Path) -> dict:

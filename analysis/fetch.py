@@ -1,0 +1,154 @@
+"""Read a sweep's runs from MLflow into :class:`RunRecord` s: what :func:`analysis.collect.build_sweep` turns into
+DataFrames.
+
+Every run of the sweep's experiment, with the per-recording tables (artifacts ``eval/*.csv``) of its finished trial
+runs, downloaded to a temporary folder; then the LM runs the trials' beam decoders name (``lm_run`` in their tags
+``eval.decoder.<D>``) that lie in other experiments, and the LM runs (those with ``lm_ppl/`` metrics) of the
+experiments given as ``lm_experiments``; those are read without tables (an LM run has none). mlflow is imported
+only here, and only when a sweep is read.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from asr_core.contract.metrics import LM_TAG, is_lm_ppl_key, parse_decoder_tag
+from asr_core.contract.trial import EVAL_DIR, FINISHED, ROLE_TRIAL, TAG_ROLE
+
+log = logging.getLogger(__name__)
+
+
+class CollectError(RuntimeError):
+    """The sweep cannot be read at all (no such experiment, no trial runs); the message says what exists."""
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """What one MLflow run holds that the analysis needs; ``tables`` maps the stem of each ``eval/*.csv`` artifact
+    (``<dataset>`` greedy, ``<dataset>.<decoder>`` a beam decoder's,
+    :func:`asr_core.contract.metrics.table_name`) -> its text."""
+
+    run_id: str
+    status: str
+    tags: Mapping[str, str]
+    params: Mapping[str, str]
+    metrics: Mapping[str, float]
+    tables: Mapping[str, str] = field(default_factory=dict)
+
+
+def is_lm_run(rec: RunRecord) -> bool:
+    """An LM training run (``python -m asr_core lm train``): its tag ``lm.data_fingerprint`` or perplexity metrics."""
+    return LM_TAG in rec.tags or any(is_lm_ppl_key(k) for k in rec.metrics)
+
+
+def decoder_lm_runs(records: Iterable[RunRecord]) -> set[str]:
+    """The LM runs that trial runs' decoders name (``lm_run`` in their ``eval.decoder.<D>`` tags)."""
+    out = set()
+    for rec in records:
+        for key, value in rec.tags.items():
+            if parse_decoder_tag(key) is not None:
+                try:
+                    lm_run = json.loads(value).get("lm_run")
+                except (ValueError, AttributeError):
+                    continue
+                if isinstance(lm_run, str) and lm_run:
+                    out.add(lm_run)
+    return out
+
+
+def _experiment_id(client: Any, uri: str, name: str, what: str = "MLflow experiment") -> str:
+    exp = client.get_experiment_by_name(name)
+    if exp is None:
+        names = sorted(e.name for e in client.search_experiments())
+        raise CollectError(f"no {what} named {name!r} at {uri}; experiments there: "
+                           + (", ".join(repr(n) for n in names) or "none"))
+    return exp.experiment_id
+
+
+def _search_all(client: Any, experiment_id: str) -> list[Any]:
+    runs, token = [], None
+    while True:
+        page = client.search_runs([experiment_id], max_results=1000, page_token=token)
+        runs.extend(page)
+        token = page.token
+        if not token:
+            return runs
+
+
+def fetch_records(experiment: str, tracking_uri: str | None = None, *, progress: bool = True,
+                  lm_experiments: Iterable[str] = ()) -> list[RunRecord]:
+    """Every run of the experiment named ``experiment`` with its eval CSVs (downloaded to a temporary folder); then
+    the LM runs its decoders name that lie elsewhere, and the LM runs (those with ``lm_ppl/`` metrics) of the
+    experiments ``lm_experiments``."""
+    import mlflow
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    uri = tracking_uri or mlflow.get_tracking_uri()
+    client = MlflowClient(tracking_uri=uri)
+    exp_id = _experiment_id(client, uri, experiment)
+    lm_ids = [_experiment_id(client, uri, name, "LM experiment (--lm-experiment)") for name in lm_experiments]
+    runs = _search_all(client, exp_id)
+    log.info("experiment %r: %d runs at %s", experiment, len(runs), uri)
+    bar = _progress(runs, progress, "reading runs")
+    # one progress bar for the runs, not one per downloaded folder
+    quiet = os.environ.get("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR")
+    os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = "false"
+    try:
+        records = _read_runs(client, uri, bar)
+    finally:
+        if quiet is None:
+            os.environ.pop("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", None)
+        else:
+            os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = quiet
+    have = {r.run_id for r in records}
+    extra = []
+    for run_id in sorted(decoder_lm_runs(records) - have):
+        try:
+            extra.append(client.get_run(run_id))
+        except MlflowException as e:  # deleted, or logged to another server: the report says it has no perplexity
+            log.warning("LM run %s named by a decoder cannot be read at %s: %s", run_id, uri, str(e)[:200])
+    for lm_id in lm_ids:
+        extra.extend(r for r in _search_all(client, lm_id) if any(is_lm_ppl_key(k) for k in r.data.metrics))
+    for run in extra:
+        if run.info.run_id not in have:
+            have.add(run.info.run_id)
+            records.append(RunRecord(run.info.run_id, run.info.status, dict(run.data.tags), dict(run.data.params),
+                                     dict(run.data.metrics)))
+    return records
+
+
+def _read_runs(client: Any, uri: str, runs: Iterable[Any]) -> list[RunRecord]:
+    import mlflow
+
+    records = []
+    with tempfile.TemporaryDirectory(prefix="analysis-") as tmp:
+        for run in runs:
+            tags, rid = dict(run.data.tags), run.info.run_id
+            tables: dict[str, str] = {}
+            if tags.get(TAG_ROLE) == ROLE_TRIAL and run.info.status == FINISHED:
+                names = [f.path for f in client.list_artifacts(rid, EVAL_DIR) if f.path.endswith(".csv")]
+                if names:
+                    local = Path(mlflow.artifacts.download_artifacts(run_id=rid, artifact_path=EVAL_DIR,
+                                                                     dst_path=str(Path(tmp) / rid),
+                                                                     tracking_uri=uri))
+                    for name in names:
+                        path = local / Path(name).name
+                        tables[Path(name).stem] = path.read_text(encoding="utf-8", errors="replace")
+            records.append(RunRecord(rid, run.info.status, tags, dict(run.data.params), dict(run.data.metrics),
+                                     tables))
+    return records
+
+
+def _progress(items: list[Any], enabled: bool, desc: str) -> Iterable[Any]:
+    if not enabled or len(items) < 2:
+        return items
+    from tqdm import tqdm
+
+    return tqdm(items, desc=desc, unit="run", leave=False)

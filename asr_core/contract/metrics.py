@@ -1,0 +1,197 @@
+"""The names under which results reach an MLflow run, and how they are read back: each builder beside its parser.
+
+Written by the trainer (:mod:`asr_core.evaluation.evaluate`, :mod:`asr_core.probes.heads`, :mod:`asr_core.lm.ppl`,
+:mod:`asr_core.lm.train`), read by :mod:`analysis` (which needs no torch to read them). A name changes here or not
+at all: runs already logged keep the names they have, so every builder is the exact inverse of its parser
+(``tests/test_metrics_contract.py`` checks the round trips).
+
+* WER in percent: ``wer/<DATASET>`` (clean) and ``wer/<DATASET>/snr<DB:g>`` for the greedy decoding;
+  ``wer_<DECODER>/...`` for a beam decoder (:func:`metric_key`, :func:`parse_decoder_metric_key`);
+* cue-word error rate in percent, on datasets with planted cue words: ``cue/...`` and ``cue_<DECODER>/...``
+  (:func:`cue_metric_key`, :func:`parse_cue_metric_key`);
+* a beam decoder's settings: the run's tag ``eval.decoder.<DECODER>`` (JSON; :func:`decoder_tag`);
+* per-recording tables: artifacts ``eval/<DATASET>.csv`` (greedy) and ``eval/<DATASET>.<DECODER>.csv``
+  (:func:`table_name`), columns :data:`TABLE_COLUMNS` then the optional :data:`CUE_COLUMNS`;
+* head similarity: ``heads/<DATASET>/<R>/sum|similarity|layer<i>`` and ``heads/<DATASET>/windows``
+  (:func:`heads_key`, :func:`parse_heads_key`);
+* LM perplexity on the LM's own run: ``lm_ppl/<DATASET>/ctx<N>`` (:func:`lm_ppl_key`, :func:`parse_lm_ppl_key`),
+  and the tag :data:`LM_TAG` every LM training run has.
+
+Imports neither torch nor pandas.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+from asr_core.contract.trial import HEADS_DIR
+
+GREEDY = "greedy"  # the decoder of the trial's own evaluation: metrics wer/..., tables eval/<DATASET>.csv
+CLEAN = "clean"  # the condition without added music
+WER = "wer"
+CUE = "cue"
+LM_PPL = "lm_ppl"
+DECODER_TAG_PREFIX = "eval.decoder."
+LM_TAG = "lm.data_fingerprint"  # every LM training run has it
+# every per-recording table has these columns; the cue columns follow (empty for datasets without planted words)
+TABLE_COLUMNS = ("dataset", "condition", "snr_db", "recording", "ref_words", "substitutions", "deletions",
+                 "insertions", "hyp_words", "wer")
+CUE_COLUMNS = ("cue_words", "cue_errors")
+HEADS_STATISTICS = ("sum", "similarity", "layer")  # "layer" with the layer's index: layer<i>
+
+_NUMBER = r"[-+]?[0-9.]+(?:e[-+]?[0-9]+)?"
+_SNR = rf"(?:/snr(?P<snr>{_NUMBER}))?"
+_DECODER = r"[A-Za-z0-9._-]+"
+_RATE_RE = {kind: (re.compile(rf"^{kind}/(?P<dataset>.+?){_SNR}$"),
+                   re.compile(rf"^{kind}_(?P<decoder>{_DECODER})/(?P<dataset>.+?){_SNR}$")) for kind in (WER, CUE)}
+_HEADS_RE = re.compile(rf"^{HEADS_DIR}/(?P<dataset>.+)/(?P<repr>[AQKVY])/"
+                       r"(?P<stat>sum|similarity|layer(?P<layer>[0-9]+))$")
+_LM_PPL_RE = re.compile(rf"^{LM_PPL}/(?P<dataset>.+)/ctx(?P<context>[0-9]+)$")
+
+
+# ---- conditions --------------------------------------------------------------------------------------------------
+
+def condition_name(snr_db: float | None) -> str:
+    """``None``/NaN -> ``"clean"``; -7.5 -> ``"snr-7.5"``; 10.0 -> ``"snr10"`` (the ``:g`` spelling of the metrics)."""
+    if snr_db is None or (isinstance(snr_db, float) and math.isnan(snr_db)):
+        return CLEAN
+    return f"snr{float(snr_db):g}"
+
+
+def snr_of(condition: str) -> float:
+    """The inverse of :func:`condition_name`: ``"snr-7.5"`` -> -7.5; ``"clean"`` (or anything else) -> NaN."""
+    m = re.fullmatch(rf"snr({_NUMBER})", condition)
+    return float(m.group(1)) if m else math.nan
+
+
+# ---- WER and cue-word error rate -----------------------------------------------------------------------------------
+
+def _rate_key(kind: str, dataset: str, condition: str, decoder: str) -> str:
+    prefix = kind if decoder == GREEDY else f"{kind}_{decoder}"
+    return f"{prefix}/{dataset}" + ("" if condition == CLEAN else f"/{condition}")
+
+
+def metric_key(dataset: str, snr_db: float | None = None, decoder: str = GREEDY) -> str:
+    """A WER metric: ``("test", -5.0)`` -> ``"wer/test/snr-5"``, ``("dev", None, "beam")`` -> ``"wer_beam/dev"``."""
+    return _rate_key(WER, dataset, condition_name(snr_db), decoder)
+
+
+def cue_metric_key(dataset: str, snr_db: float | None = None, decoder: str = GREEDY) -> str:
+    """``cue/<NAME>[/snr<DB>]`` (``cue_<DECODER>/...`` for a beam decoder): the cue-word error rate of a dataset
+    with planted words."""
+    return _rate_key(CUE, dataset, condition_name(snr_db), decoder)
+
+
+def metric_name(dataset: str, condition: str, decoder: str = GREEDY) -> str:
+    """:func:`metric_key` by condition name: ``("test", "snr-5", "beam")`` -> ``"wer_beam/test/snr-5"``."""
+    return _rate_key(WER, dataset, condition, decoder)
+
+
+def _dataset_condition(m: re.Match) -> tuple[str, str, float]:
+    snr = m.group("snr")
+    if snr is None:
+        return m.group("dataset"), CLEAN, math.nan
+    value = float(snr)
+    return m.group("dataset"), condition_name(value), value
+
+
+def _parse_rate(kind: str, key: str) -> tuple[str, str, str, float] | None:
+    greedy, beam = _RATE_RE[kind]
+    m = greedy.match(key)
+    if m:
+        return (GREEDY, *_dataset_condition(m))
+    m = beam.match(key)
+    if not m or m.group("decoder") == GREEDY:
+        return None
+    return (m.group("decoder"), *_dataset_condition(m))
+
+
+def parse_metric_key(key: str) -> tuple[str, str, float] | None:
+    """A greedy WER metric: ``"wer/test/snr-5"`` -> ``("test", "snr-5", -5.0)``; ``"wer/dev"`` -> ``("dev",
+    "clean", nan)``; else None."""
+    m = _RATE_RE[WER][0].match(key)
+    return _dataset_condition(m) if m else None
+
+
+def parse_decoder_metric_key(key: str) -> tuple[str, str, str, float] | None:
+    """Any decoder's WER metric: ``"wer/dev"`` -> ``("greedy", "dev", "clean", nan)``, ``"wer_beam-lm64/test/snr-5"``
+    -> ``("beam-lm64", "test", "snr-5", -5.0)``; else None."""
+    return _parse_rate(WER, key)
+
+
+def parse_cue_metric_key(key: str) -> tuple[str, str, str, float] | None:
+    """Any decoder's cue-word error rate: ``"cue_beam/dev/snr10"`` -> ``("beam", "dev", "snr10", 10.0)``; else
+    None."""
+    return _parse_rate(CUE, key)
+
+
+# ---- beam decoders and tables ------------------------------------------------------------------------------------
+
+def decoder_tag(decoder: str) -> str:
+    """The run's tag holding a beam decoder's settings (JSON): ``eval.decoder.<DECODER>``."""
+    return DECODER_TAG_PREFIX + decoder
+
+
+def parse_decoder_tag(tag: str) -> str | None:
+    """The decoder a tag :func:`decoder_tag` names; None for any other tag."""
+    return tag[len(DECODER_TAG_PREFIX):] if tag.startswith(DECODER_TAG_PREFIX) else None
+
+
+def table_name(dataset: str, decoder: str = GREEDY) -> str:
+    """The stem of a run's per-recording table: ``eval/<dataset>.csv`` (greedy), ``eval/<dataset>.<decoder>.csv``."""
+    return dataset if decoder == GREEDY else f"{dataset}.{decoder}"
+
+
+def table_file(dataset: str, decoder: str = GREEDY) -> str:
+    """The file name of a per-recording table (in the run's artifact folder ``eval``): :func:`table_name` + .csv."""
+    return f"{table_name(dataset, decoder)}.csv"
+
+
+# ---- head similarity -----------------------------------------------------------------------------------------------
+
+def heads_prefix(dataset: str, representation: str) -> str:
+    """``heads/<DATASET>/<R>``: what every head-similarity metric of one representation starts with."""
+    return f"{HEADS_DIR}/{dataset}/{representation}"
+
+
+def heads_key(dataset: str, representation: str, statistic: str, layer: int | None = None) -> str:
+    """``heads/<DATASET>/<R>/sum``, ``.../similarity``, or ``.../layer<i>`` (``statistic="layer"`` with ``layer``)."""
+    if statistic not in HEADS_STATISTICS or (statistic == "layer") != (layer is not None):
+        raise ValueError(f"head statistic {statistic!r} (layer {layer!r}): sum, similarity, or layer with its index")
+    return f"{heads_prefix(dataset, representation)}/{statistic}{'' if layer is None else layer}"
+
+
+def heads_windows_key(dataset: str) -> str:
+    """``heads/<DATASET>/windows``: how many windows the head similarity of a dataset was measured on."""
+    return f"{HEADS_DIR}/{dataset}/windows"
+
+
+def parse_heads_key(key: str) -> tuple[str, str, str, int | None] | None:
+    """``"heads/test/A/layer3"`` -> ``("test", "A", "layer", 3)``, ``"heads/test/Q/sum"`` -> ``("test", "Q", "sum",
+    None)``; None for anything else (the window count included)."""
+    m = _HEADS_RE.match(key)
+    if not m:
+        return None
+    layer = m.group("layer")
+    if layer is not None:
+        return m.group("dataset"), m.group("repr"), "layer", int(layer)
+    return m.group("dataset"), m.group("repr"), m.group("stat"), None
+
+
+# ---- LM perplexity -----------------------------------------------------------------------------------------------
+
+def lm_ppl_key(dataset: str, context: int) -> str:
+    """``lm_ppl/<DATASET>/ctx<N>``: an LM's perplexity per token on a text with ``context`` tokens of context."""
+    return f"{LM_PPL}/{dataset}/ctx{context}"
+
+
+def is_lm_ppl_key(key: str) -> bool:
+    """Whether a metric is an LM perplexity (of any form: an LM run is told by the prefix alone)."""
+    return key.startswith(f"{LM_PPL}/")
+
+
+def parse_lm_ppl_key(key: str) -> tuple[str, int] | None:
+    """``"lm_ppl/text/ctx1024"`` -> ``("text", 1024)``; else None."""
+    m = _LM_PPL_RE.match(key)
+    return (m.group("dataset"), int(m.group("context"))) if m else None

@@ -1,0 +1,103 @@
+"""The LM's checkpoint: what :mod:`asr_core.lm.train` writes, the checks before it resumes one, and
+:func:`load_lm`, a trained LM ready for perplexity (:mod:`asr_core.lm.ppl`), tuning and beam search.
+
+The checkpoint (a dict, loaded with ``weights_only=True``): ``format_version``, ``kind`` (``"lm"``), ``config``
+(:meth:`LMTrainConfig.to_dict`), ``model``, ``optimizer``, ``step``, ``schedule`` (``total_steps``,
+``warmup_steps``, ``peak_lr``, ``last_loss``), ``rng``, ``data_position`` (``epoch``, ``chunk``: chunks of that
+epoch trained), ``cache`` (the lanes' memories: ``keys``, ``values`` (L, B, S, D), ``lengths`` (B,); None before the
+first step), ``tokenizer`` (SentencePiece bytes), ``data_fingerprint`` (of the token ids), ``text`` (the specs read),
+``mlflow_run_id``, ``tracking_uri``, ``precision``.
+"""
+
+from __future__ import annotations
+
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from asr_core.data.tokenizer import Tokenizer, TokenizerError
+from asr_core.lm.model import TransformerLM, build_lm
+from asr_core.lm.config import EXECUTION, LMTrainConfig
+from asr_core.training.checkpoint import CheckpointError, load_checkpoint
+
+FORMAT_VERSION = 1
+KIND = "lm"
+CHECKPOINT_FILE = "checkpoint.pt"
+
+
+class LMTrainError(RuntimeError):
+    """LM training cannot start or continue; the message says why and what to do."""
+
+
+@dataclass(frozen=True)
+class LMCheckpoint:
+    """A trained LM ready to use: the model in eval mode, its config and tokenizer, and where it came from."""
+
+    model: TransformerLM
+    config: LMTrainConfig
+    tokenizer: Tokenizer
+    step: int
+    mlflow_run_id: str | None
+    tracking_uri: str | None
+
+
+def load_tokenizer(path: str | Path) -> Tokenizer:
+    """The acoustic model's tokenizer: from an acoustic checkpoint (its ``tokenizer`` bytes) or a SentencePiece
+    ``.model`` file."""
+    p = Path(path)
+    if not p.is_file():
+        raise LMTrainError(f"tokenizer file not found: {p}; give an acoustic checkpoint (checkpoint.pt) or a "
+                           "SentencePiece .model file")
+    if zipfile.is_zipfile(p):  # torch.save's format: a checkpoint
+        return Tokenizer.from_bytes(load_checkpoint(p)["tokenizer"])
+    try:
+        return Tokenizer.load(p)
+    except TokenizerError as e:
+        raise LMTrainError(f"{p}: neither a checkpoint nor a SentencePiece model ({e})") from None
+
+
+def check_resume(path: Path, state: dict[str, Any], cfg: LMTrainConfig, tok: Tokenizer, data_id: str,
+                 precision: str) -> None:
+    """Refuse to resume the checkpoint ``state`` (read from ``path``) with another config (execution settings
+    aside), tokenizer, text or precision: :class:`LMTrainError` says which and what to do."""
+    if state.get("kind") != KIND:
+        raise LMTrainError(f"{path} is not an LM checkpoint (kind {state.get('kind')!r}); train in another --out")
+    saved = LMTrainConfig.from_dict(state["config"], source=str(path))
+    was, now = saved.flat(), cfg.flat()
+    diff = [f"{k}: {was[k]!r} -> {now[k]!r}" for k in was if k not in EXECUTION and was[k] != now[k]]
+    if diff:
+        raise LMTrainError(f"{path} was trained with another config ({', '.join(diff)}); resume with the same "
+                           "preset and --set values (only " + ", ".join(EXECUTION) + " may change), or train in "
+                           "another --out folder")
+    if bytes(state["tokenizer"]) != tok.to_bytes():
+        raise LMTrainError(f"{path} was trained with another tokenizer than the one given now; give the same file")
+    if state["data_fingerprint"] != data_id:
+        raise LMTrainError(f"the training text has other content than when {path} was written (token fingerprint "
+                           f"{state['data_fingerprint']} then, {data_id} now; text then: {state.get('text')}); "
+                           "give the same text, or train in another --out folder")
+    if state["precision"] != precision:
+        raise LMTrainError(f"{path} was trained in {state['precision']}, this segment would train in {precision}; "
+                           "resume on the same kind of device, or set precision so the whole run uses one")
+
+
+def load_lm(path: str | Path, device: str | torch.device = "cpu") -> LMCheckpoint:
+    """The LM of an ``lm train`` checkpoint (``weights_only`` load), in eval mode on ``device``."""
+    path = Path(path)
+    state = load_checkpoint(path)
+    if state.get("kind") != KIND:
+        raise CheckpointError(f"{path}: not an LM checkpoint (kind {state.get('kind')!r}); an acoustic checkpoint "
+                              "goes to evaluate, an LM one comes from python -m asr_core lm train")
+    if state["format_version"] > FORMAT_VERSION:
+        raise CheckpointError(f"{path}: LM format_version {state['format_version']} is newer than this code "
+                              f"({FORMAT_VERSION}); update asr_core")
+    cfg = LMTrainConfig.from_dict(state["config"], source=str(path))
+    model = build_lm(cfg.lm)
+    model.load_state_dict(state["model"])
+    tok = Tokenizer.from_bytes(state["tokenizer"])
+    if tok.vocab_size != cfg.lm.vocab_size:
+        raise CheckpointError(f"{path}: tokenizer has {tok.vocab_size} ids, the LM {cfg.lm.vocab_size}")
+    return LMCheckpoint(model.to(device).eval(), cfg, tok, int(state["step"]), state.get("mlflow_run_id"),
+                        state.get("tracking_uri"))

@@ -1,0 +1,153 @@
+"""Grid files read: YAML that refuses duplicate keys, ``extends`` and ``include`` followed, each sub-grid with its
+file, base and seeds (:func:`subgrid_sources`); what a sub-grid's axes expand to is :mod:`orchestrate.grid`'s.
+
+A grid file is a base configuration plus named sub-grids::
+
+    name: paper                      # default sweep name (else the file's stem)
+    extends: other.yaml              # optional: take base and seeds from that file (its sub-grids are not taken)
+    include: [context.yaml]          # optional: add the sub-grids of these files (each keeps its own base)
+    base: {preset: main, data: {train: "podcast:data/train"}}
+    seeds: [1, 2, 3]
+    subgrids:
+      context:
+        section: "4.1 context length"
+        set: {model.posenc: rotary}              # fixed values for this sub-grid
+        axes: {data.context_s: [10.24, 20.48]}   # every combination
+        seeds: [1]                               # optional, replaces the file's seeds
+
+Every error is a :class:`GridError` naming the file (and sub-grid, key and value where there is one) and what is
+valid.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+
+class GridError(ValueError):
+    """The grid file is invalid; the message names the file, sub-grid, key and value, and what is valid."""
+
+
+TOP_KEYS = ("name", "description", "extends", "include", "base", "seeds", "subgrids")
+SUBGRID_KEYS = ("section", "description", "set", "axes", "seeds")
+
+
+# ---- YAML that refuses duplicate keys (PyYAML silently keeps the last one) ----------------------------------------
+class _StrictLoader(yaml.SafeLoader):
+    pass
+
+
+def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+    seen: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in seen:
+            raise GridError(f"{loader.name}: line {key_node.start_mark.line + 1}: duplicate key {key!r} "
+                            f"(first at line {seen[key] + 1}); every key, sub-grid names included, must be unique")
+        seen[key] = key_node.start_mark.line
+    return loader.construct_mapping(node, deep=deep)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def read_grid_yaml(path: Path) -> dict[str, Any]:
+    """The top-level mapping of one grid file, its keys checked (duplicate keys refused while reading)."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise GridError(f"grid file not found: {path}") from None
+    loader = _StrictLoader(text)
+    loader.name = str(path)
+    try:
+        raw = loader.get_single_data()
+    except yaml.YAMLError as e:
+        raise GridError(f"{path}: not valid YAML: {e}") from None
+    finally:
+        loader.dispose()
+    if not isinstance(raw, dict):
+        raise GridError(f"{path}: the top level must be a mapping with keys {', '.join(TOP_KEYS)}")
+    unknown = sorted(set(raw) - set(TOP_KEYS))
+    if unknown:
+        raise GridError(f"{path}: unknown top-level key {unknown[0]!r}; valid: {', '.join(TOP_KEYS)}")
+    return raw
+
+
+def where_in(path: Path, sub: str | None, key: str | None = None) -> str:
+    """Where in the grid an error is, for its message: ``FILE: sub-grid 'NAME', key 'KEY'``."""
+    out = str(path)
+    if sub is not None:
+        out += f": sub-grid {sub!r}"
+    if key is not None:
+        out += f", key {key!r}"
+    return out
+
+
+def parse_seeds(value: Any, where: str) -> tuple[int, ...]:
+    """The seeds of a file or sub-grid: a non-empty list of distinct non-negative integers (``where``: for the
+    message)."""
+    if not isinstance(value, list) or not value:
+        raise GridError(f"{where}: 'seeds' must be a non-empty list of non-negative integers, got {value!r}")
+    for s in value:
+        if isinstance(s, bool) or not isinstance(s, int) or s < 0:
+            raise GridError(f"{where}: seed {s!r} is invalid; valid: a non-negative integer")
+    if len(set(value)) != len(value):
+        raise GridError(f"{where}: 'seeds' lists a seed twice: {value!r}")
+    return tuple(value)
+
+
+def _base_of(path: Path, raw: dict[str, Any], chain: tuple[Path, ...] = ()) -> tuple[dict[str, Any], Any]:
+    """(base dict, seeds) of a file, following ``extends``."""
+    base: dict[str, Any] = {}
+    seeds: Any = None
+    if "extends" in raw:
+        parent = (path.parent / str(raw["extends"])).resolve()
+        if parent in chain or parent == path.resolve():
+            raise GridError(f"{path}: 'extends: {raw['extends']}' makes a cycle")
+        pbase, seeds = _base_of(parent, read_grid_yaml(parent), chain + (path.resolve(),))
+        base = pbase
+    if "base" in raw:
+        if not isinstance(raw["base"], dict):
+            raise GridError(f"{path}: 'base' must be a mapping of config sections, got {raw['base']!r}")
+        base = _merge(base, raw["base"])
+    if "seeds" in raw:
+        seeds = raw["seeds"]
+    return base, seeds
+
+
+def _merge(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = _merge(out[k], v) if isinstance(v, Mapping) and isinstance(out.get(k), Mapping) else v
+    return out
+
+
+def subgrid_sources(path: Path, seen: tuple[Path, ...] = ()) -> list[tuple[Path, dict[str, Any], str, Any]]:
+    """(file, base, sub-grid name, sub-grid body) for the file and its includes, in order."""
+    rp = path.resolve()
+    if rp in seen:
+        raise GridError(f"{path}: included twice or in a cycle ({' -> '.join(str(s) for s in seen + (rp,))})")
+    raw = read_grid_yaml(path)
+    base, seeds = _base_of(path, raw)
+    out: list[tuple[Path, dict[str, Any], str, Any]] = []
+    includes = raw.get("include", [])
+    if not isinstance(includes, list):
+        raise GridError(f"{path}: 'include' must be a list of grid files, got {includes!r}")
+    for inc in includes:
+        out += subgrid_sources(path.parent / str(inc), seen + (rp,))
+    subs = raw.get("subgrids", {})
+    if not isinstance(subs, dict):
+        raise GridError(f"{path}: 'subgrids' must be a mapping of sub-grid name to its axes, got {subs!r}")
+    for name, body in subs.items():
+        if not isinstance(body, dict):
+            raise GridError(f"{where_in(path, name)}: must be a mapping with keys {', '.join(SUBGRID_KEYS)}")
+        body = dict(body)
+        if "seeds" not in body:
+            if seeds is None:
+                raise GridError(f"{where_in(path, name)}: no seeds; add 'seeds: [1, 2, 3]' to the file or sub-grid")
+            body["seeds"] = seeds
+        out.append((path, base, str(name), body))
+    return out
