@@ -1,9 +1,9 @@
 """Session fixtures shared by the test suite (the local SLURM cluster, an MLflow server, headless Chromium, the quick
 demo), the groups that let two workers run the suite at once, and the check that it writes nothing into the checkout.
 
-``./scripts/test.sh`` runs the suite on two pytest-xdist workers (``--dist loadgroup``). Tests that share a costly
-session fixture go to one worker, so it is made once: every SLURM test (one test cluster), every test of the quick
-demo (one demo run). Everything else is spread over both workers; each worker has its own MLflow server and browser.
+``./scripts/test.sh`` runs the suite on two pytest-xdist workers (``--dist loadgroup``). The tests of the quick demo
+go to one worker, so the demo runs once. Everything else is spread over both workers; each worker that needs them has
+its own SLURM test cluster (start.sh picks free ports and its own state folder), MLflow server and browser.
 """
 
 from __future__ import annotations
@@ -21,11 +21,10 @@ REPO = Path(__file__).resolve().parents[1]
 ALLOWED = (".venv/", "artifacts/", "__pycache__/", "long_context_asr_study.egg-info/")
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups (its worker hook is registered after this file)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        if item.get_closest_marker("slurm"):
-            item.add_marker(pytest.mark.xdist_group("slurm"))
-        elif "quick_demo" in getattr(item, "fixturenames", ()):
+        if "quick_demo" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.xdist_group("demo"))
 
 

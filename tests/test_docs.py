@@ -50,7 +50,7 @@ def test_readme_is_short_with_demo_and_tests_first() -> None:
                                            f"details to docs/"
     head = "\n".join(lines[:FIRST_LINES])
     for command in ("scripts/setup.sh", "./scripts/demo.sh", "./scripts/test.sh",
-                    './scripts/test.sh -m "not slow and not slurm and not browser"'):
+                    "./scripts/test.sh fast"):
         assert command in head, f"README.md: {command!r} is not in its first {FIRST_LINES} lines"
 
 

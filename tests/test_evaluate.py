@@ -21,6 +21,7 @@ from asr_core.data.corpora import load_corpus
 from asr_core.data.corpora.synth import synthesise
 from asr_core.data.corpora.fingerprint import fingerprint
 from asr_core.data.corpora.synth_text import TOPICS, vocabulary
+from asr_core.contract.ledger import experiment_id
 from asr_core.contract.metrics import metric_key
 from asr_core.evaluation.evaluate import CSV_COLUMNS, Destination, EvaluationRun, evaluate
 from asr_core.evaluation.stage_run import EvalDataChanged
@@ -45,8 +46,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     model = build_model(cfg.model, cfg.data.features.n_mels)
     uri = f"sqlite:///{tmp / 'mlflow.db'}"
     mlflow.set_tracking_uri(uri)
-    exp = mlflow.set_experiment("eval-test")
-    run = mlflow.MlflowClient(uri).create_run(exp.experiment_id)
+    run = mlflow.MlflowClient(uri).create_run(experiment_id(mlflow.MlflowClient(uri), "eval-test"))
     ckpt = save_checkpoint(tmp / "run" / "checkpoint.pt", {
         "config": cfg.to_dict(), "model": model.state_dict(), "tokenizer": tok.to_bytes(), "format_version": 1,
         "mlflow_run_id": run.info.run_id, "tracking_uri": uri, "step": 0})

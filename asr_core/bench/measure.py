@@ -105,9 +105,7 @@ def _prewarm_stats(maker: Any, recordings: Sequence[Recording], indices: set[int
             by_file[key] = maker.recording_stats(i)
             took += time.perf_counter() - t0
             audio += recordings[i].duration
-        entry = maker._entry(i)
-        with entry.lock:
-            entry.features = by_file[key]
+        maker.keep_recording_stats(i, by_file[key])
     return took, audio
 
 

@@ -130,6 +130,13 @@ class BatchMaker:
                 entry.features = self.features(self._wave(idx))
             return entry.features  # type: ignore[return-value]
 
+    def keep_recording_stats(self, idx: int, stats: RecordingStats) -> None:
+        """Keep ``stats`` as ``recordings[idx]``'s statistics: recordings cut from one audio file share them, so a
+        caller that has them already spares the read."""
+        entry = self._entry(idx)
+        with entry.lock:
+            entry.features = stats
+
     def recording_stats(self, idx: int) -> RecordingStats:
         """Per-bin statistics of ``recordings[idx]``'s features (one read of the whole recording, then kept)."""
         entry = self._entry(idx)
