@@ -17,14 +17,16 @@ A and B name configurations (B is compared against A), in any of these forms:
   other side is named unambiguously;
 * the ``config_id`` column of ``trials.csv`` or its first 4+ characters.
 
-Exit codes: 0 done; 2 bad arguments or a selection that matches nothing or several; 3 the sweep cannot be read,
-A and B cannot be paired, or the written report cannot be logged to MLflow.
+Exit codes: 0 done; 2 bad arguments or a selection that matches nothing or several; 3 the sweep cannot be read
+(an unreachable tracker included, found within seconds), A and B cannot be paired, or the written report cannot be
+logged to MLflow.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from typing import TYPE_CHECKING
 
@@ -39,6 +41,11 @@ if TYPE_CHECKING:
 
 EXIT_USAGE = 2
 EXIT_DATA = 3
+# MLflow's own HTTP retries, unless set: a server that stops answering mid-read is given up in seconds, not minutes
+# (its defaults retry 7 times with up to 2 min between tries; a server that is down from the start is found by
+# analysis.fetch.check_tracker before any of them)
+MLFLOW_BOUNDS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+                 "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -178,6 +185,8 @@ def _compare(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    for key, value in MLFLOW_BOUNDS.items():  # the user's own settings win
+        os.environ.setdefault(key, value)
     logging.basicConfig(level=logging.INFO, format="[analysis] %(message)s")
     logging.getLogger("mlflow").setLevel(logging.WARNING)
     logging.getLogger("alembic").setLevel(logging.WARNING)

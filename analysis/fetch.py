@@ -5,7 +5,8 @@ Every run of the sweep's experiment, with the per-recording tables (artifacts ``
 runs, downloaded to a temporary folder; then the LM runs the trials' beam decoders name (``lm_run`` in their tags
 ``eval.decoder.<D>``) that lie in other experiments, and the LM runs (those with ``lm_ppl/`` metrics) of the
 experiments given as ``lm_experiments``; those are read without tables (an LM run has none). mlflow is imported
-only here, and only when a sweep is read.
+only here, and only when a sweep is read; an unreachable server is a :class:`CollectError` within seconds
+(:func:`check_tracker`), as is one that stops answering while it is read.
 """
 
 from __future__ import annotations
@@ -13,15 +14,21 @@ from __future__ import annotations
 import json
 import logging
 import os
+import ssl
 import tempfile
+import urllib.error
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
+from urllib.parse import urlparse
 
 from asr_core.contract.metrics import LM_TAG, is_lm_ppl_key, parse_decoder_tag
 from asr_core.contract.trial import EVAL_DIR, FINISHED, ROLE_TRIAL, TAG_ROLE
 
 log = logging.getLogger(__name__)
+
+TRACKER_TIMEOUT_S = 5.0  # how long the first look at an mlflow server waits (an answering one replies in ms)
 
 
 class CollectError(RuntimeError):
@@ -62,6 +69,26 @@ def decoder_lm_runs(records: Iterable[RunRecord]) -> set[str]:
     return out
 
 
+def check_tracker(uri: str, timeout: float = TRACKER_TIMEOUT_S) -> None:
+    """Raise :class:`CollectError` (one line naming ``uri``) when the mlflow server at an ``http(s)`` URI does not
+    answer within ``timeout`` seconds; any HTTP answer, an error status included, means it is there. Other stores
+    (sqlite, a database) are opened by MLflow itself."""
+    if urlparse(uri).scheme not in ("http", "https"):
+        return
+    url = uri.rstrip("/") + "/health"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout):  # noqa: S310 - the user's own server
+            pass
+    except urllib.error.HTTPError:
+        return
+    except (urllib.error.URLError, OSError) as e:
+        reason = getattr(e, "reason", None) or e
+        if isinstance(reason, ssl.SSLError):  # a server answered; its certificate is MLflow's to judge (its settings)
+            return
+        raise CollectError(f"tracking URI {uri} is unreachable ({reason}); start the mlflow server, or pass the "
+                           "--tracking-uri it listens on") from None
+
+
 def _experiment_id(client: Any, uri: str, name: str, what: str = "MLflow experiment") -> str:
     exp = client.get_experiment_by_name(name)
     if exp is None:
@@ -88,9 +115,21 @@ def fetch_records(experiment: str, tracking_uri: str | None = None, *, progress:
     experiments ``lm_experiments``."""
     import mlflow
     from mlflow.exceptions import MlflowException
-    from mlflow.tracking import MlflowClient
 
     uri = tracking_uri or mlflow.get_tracking_uri()
+    check_tracker(uri)
+    try:
+        return _fetch(experiment, uri, progress, lm_experiments)
+    except (MlflowException, OSError) as e:  # e.g. the server went away while read (requests' errors are OSErrors)
+        first = " ".join(str(e).split())[:300]
+        raise CollectError(f"reading the sweep at {uri} failed: {first}; check the mlflow server and run the "
+                           "command again") from None
+
+
+def _fetch(experiment: str, uri: str, progress: bool, lm_experiments: Iterable[str]) -> list[RunRecord]:
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
     client = MlflowClient(tracking_uri=uri)
     exp_id = _experiment_id(client, uri, experiment)
     lm_ids = [_experiment_id(client, uri, name, "LM experiment (--lm-experiment)") for name in lm_experiments]

@@ -33,6 +33,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "trial": ("asr_core.trial", "one grid trial (train, then evaluate) inside an MLflow run; used by orchestrate"),
     "bench": ("asr_core.bench", "benchmarks: bench train | bench decode | bench data | bench calibrate"),
     "outbox": ("asr_core.runtime.shipper", "ship a trial's pending MLflow records by hand: outbox TRIAL_DIR --tracking-uri URI --run-id RUN"),
+    "ship": ("asr_core.runtime.resend", "send a trial's pending and kept (refused) MLflow records again: ship TRIAL_DIR [--run-id RUN]"),
     "lm": ("asr_core.lm.cli", "the language model: lm text | lm train | lm ppl | lm tune"),
 }
 SIGNALLED = ("trial", "train")  # commands that checkpoint on SIGUSR2/SIGTERM (and `lm train`)

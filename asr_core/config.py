@@ -20,12 +20,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-import yaml
-
 from asr_core.config_parse import (ConfigError, build_dataclass, coerce_value, deep_copy, field_types, merge,
                                    parse_override, set_path)
 from asr_core.contract.specs import dataset_name
 from asr_core.identity import BASELINE, NAMED, field_defaults, trial_key
+from asr_core.yaml_input import YamlInputError, load_yaml_file
 
 POSITIONAL_ENCODINGS = ("rotary", "sinusoidal", "fourier", "none")
 ATTENTION_BACKENDS = ("auto", "sdpa", "flash")
@@ -195,6 +194,10 @@ class TrainConfig:
     device: str = "auto"
     checkpoint_every: int = 500  # optimiser steps between checkpoints (also on SIGUSR2/SIGTERM)
     log_every: int = 1
+    # a step whose loss or gradient is not finite is skipped (no update); this many in a row end the trial as diverged
+    # (exit 65). This project's choice, not the papers': one bad step is a fluke the skip survives; 5 in a row (minutes
+    # of a paper run) is a model that will not come back, and stopping there saves the rest of its hours.
+    max_nonfinite_steps: int = 5
     # paper 003 eq. 7: the step's loss + head_diversity_weight x the diversity loss of head_diversity_repr (eq. 6
     # summed over layers, asr_core.model.heads); 0 = off, training exactly as without it. paper: 003 tuned lambda on its
     # dev sets for an RNNT loss (§4.5 names 0.001 and 1.0); this project's CTC normalisation has another scale.
@@ -219,6 +222,8 @@ class TrainConfig:
         _choice("train.device", self.device, DEVICES)
         _require(self.checkpoint_every >= 1, "train.checkpoint_every", self.checkpoint_every, "a positive integer")
         _require(self.log_every >= 1, "train.log_every", self.log_every, "a positive integer")
+        _require(isinstance(self.max_nonfinite_steps, int) and self.max_nonfinite_steps >= 1,
+                 "train.max_nonfinite_steps", self.max_nonfinite_steps, "a positive integer (steps in a row)")
         _require(self.head_diversity_weight >= 0, "train.head_diversity_weight", self.head_diversity_weight,
                  "a non-negative number (0 = no head-diversity loss)")
         _choice("train.head_diversity_repr", self.head_diversity_repr, HEAD_REPRESENTATIONS)
@@ -323,14 +328,13 @@ class Config:
         ``stored``: the file was written by the project (a trial's ``config.json``), read as :meth:`from_stored`."""
         path = Path(path)
         try:
-            text = path.read_text()
-            raw = (json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)) or {}
+            raw = (json.loads(path.read_text()) if path.suffix == ".json" else load_yaml_file(path)) or {}
         except json.JSONDecodeError as e:
             raise ConfigError(f"{path}: not valid JSON: {e}") from None
         except FileNotFoundError:
             raise ConfigError(f"config file not found: {path}") from None
-        except yaml.YAMLError as e:
-            raise ConfigError(f"{path}: not valid YAML: {e}") from None
+        except YamlInputError as e:  # bounded (asr_core.yaml_input): one line with line and column
+            raise ConfigError(str(e)) from None
         if not isinstance(raw, dict):
             raise ConfigError(f"{path}: the top level must be a mapping of sections (model, data, train, eval)")
         return resolve(_with_baseline(raw) if stored else raw, overrides, source=str(path))

@@ -14,7 +14,7 @@ import types
 import typing
 from typing import Any, Mapping
 
-import yaml
+from asr_core.yaml_input import YamlInputError, load_yaml_text
 
 
 class ConfigError(ValueError):
@@ -22,7 +22,8 @@ class ConfigError(ValueError):
 
 
 def parse_override(item: str) -> tuple[str, Any]:
-    """``"model.layers=9"`` -> ``("model.layers", 9)``; the value is parsed as YAML (numbers, lists, bools)."""
+    """``"model.layers=9"`` -> ``("model.layers", 9)``; the value is parsed as YAML (numbers, lists, bools) by
+    :mod:`asr_core.yaml_input`, a value that is not YAML kept as its text; one past its bounds raises ConfigError."""
     if "=" not in item:
         raise ConfigError(f"override {item!r} must look like section.field=value, e.g. model.layers=9")
     key, text = item.split("=", 1)
@@ -30,9 +31,11 @@ def parse_override(item: str) -> tuple[str, Any]:
     if not key or key.startswith(".") or key.endswith("."):
         raise ConfigError(f"override {item!r}: the key must be a dotted path such as train.lr")
     try:
-        value = yaml.safe_load(text) if text.strip() else ""
-    except yaml.YAMLError:
-        value = text
+        value = load_yaml_text(text, f"--set {key}") if text.strip() else ""
+    except YamlInputError as e:
+        if e.bound:  # an alias bomb or an oversized value: refused, never expanded
+            raise ConfigError(str(e)) from None
+        value = text  # not YAML (e.g. "podcast:/data/[x"): the text itself
     return key, value
 
 

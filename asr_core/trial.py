@@ -12,6 +12,9 @@ Exit codes are the contract with the schedulers (defined in :mod:`asr_core.contr
   folder's count of preempted attempts; run the same command again to continue.
 * ``77`` the trial is cancelled (``TRIAL_DIR/CANCELLED``, written by ``orchestrate cancel``): a job that starts exits
   at once; a running one that gets SIGUSR2/SIGTERM checkpoints first. The run is KILLED; never requeue it.
+* ``65`` the loss stayed non-finite for ``train.max_nonfinite_steps`` steps in a row: the run is FAILED with
+  ``trial.error`` = ``diverged: …`` (the steps, the loss, the checkpoint kept), the outcome ``diverged`` counts
+  against the failure budget, and the last checkpoint is left as it was (never one with non-finite weights).
 * ``73`` another live job holds the trial's lease (:mod:`asr_core.runtime.lease`): this one exited having written nothing,
   or, having lost the lease while training, stopped without saving.
 * ``1``  failed; the run is FAILED with the error's last line in the tag ``trial.error``.
@@ -21,7 +24,11 @@ Exit codes are the contract with the schedulers (defined in :mod:`asr_core.contr
 
 Re-running a trial is always safe: training resumes from ``TRIAL_DIR/checkpoint.pt``, a finished training phase is
 remembered in ``TRIAL_DIR/TRAINED``, a finished evaluation in ``TRIAL_DIR/EVALUATED`` and a finished trial in
-``TRIAL_DIR/DONE``, so nothing is trained or evaluated twice.
+``TRIAL_DIR/DONE``, so nothing is trained or evaluated twice. Markers are written atomically
+(:mod:`asr_core.contract.atomic`); an unreadable ``TRAINED`` (left by an older version on a full disk) is treated as
+absent with a warning, and the trainer then finds from the checkpoint that training finished
+(:func:`asr_core.training.train.train`). A job that holds the lease removes the partial checkpoints
+(``.checkpoint.pt.*.tmp``) that a job killed while saving left, saying how many bytes that frees.
 
 With ``eval.head_diversity`` on, evaluation is followed by a stage measuring how alike the model's attention heads
 are (paper 003; :mod:`asr_core.probes.heads`) on the first evaluation dataset: metrics ``heads/…`` and files in
@@ -67,6 +74,7 @@ from typing import TYPE_CHECKING
 
 from asr_core.runtime import signals
 from asr_core.config import Config
+from asr_core.contract.atomic import stale_temps
 from asr_core.config_parse import ConfigError
 from asr_core.contract.evaluation import (DEFAULT_EVALUATION, OWN_EVALUATION, EvaluationSpec, default_evaluation,
                                           describe_conditions, evaluated_record, evaluation_tag, read_evaluation)
@@ -77,6 +85,7 @@ from asr_core.contract.trial import (
     CODE_ARTIFACT_DIR,
     ENV_JOB_ID,
     EXIT_CANCELLED,
+    EXIT_DIVERGED,
     EXIT_FAILED,
     EXIT_FENCED,
     EXIT_OK,
@@ -87,6 +96,7 @@ from asr_core.contract.trial import (
     FINISHED,
     KILLED,
     OUTCOME_CANCELLED,
+    OUTCOME_DIVERGED,
     OUTCOME_FAILED,
     OUTCOME_FENCED,
     OUTCOME_FINISHED,
@@ -103,6 +113,7 @@ from asr_core.contract.trial import (
     TrialFolder,
     error_line,
     mark_done,
+    mark_evaluated,
     mark_trained,
     preemptions,
     read_attempts,
@@ -130,6 +141,23 @@ def _acquire(folder: TrialFolder, job_id: str) -> "Lease | None":
         _say(f"{folder.path} is being run by another job ({e.info.describe()}); this one exits "
              f"{EXIT_FENCED} having changed nothing")
         return None
+
+
+def _remove_partial_checkpoints(folder: TrialFolder, lease: "Lease") -> None:
+    """Remove the temporary files of checkpoint saves that a killed job left (GBs each at the paper's sizes). Only
+    while this job holds the lease: then no other trainer of the trial can be writing one."""
+    for tmp in stale_temps(folder.checkpoint):
+        if not lease.held():
+            return
+        try:
+            size = tmp.stat().st_size
+            tmp.unlink()
+        except FileNotFoundError:
+            continue
+        except OSError as e:
+            _say(f"warning: cannot remove {tmp}, a partial checkpoint a killed job left ({e}); remove it by hand")
+            continue
+        _say(f"removed {tmp.name}, a partial checkpoint a killed job left ({size:,} bytes)")
 
 
 def _outbox(folder: TrialFolder, segment: int | None, tracking_uri: str | None, run_id: str | None,
@@ -201,6 +229,7 @@ def run_trial(cfg: Config, out_dir: Path, *, tracking_uri: str | None = None, ru
     if lease is None:  # the holder ends the run; this start's own answer still says what the folder says
         return EXIT_OK if folder.done.exists() else EXIT_CANCELLED if folder.cancelled.exists() else EXIT_FENCED
     try:
+        _remove_partial_checkpoints(folder, lease)
         # an evaluation job never tells its model's run a status: that is the training's
         says = run_id if evaluation is None else None
         if folder.done.exists():
@@ -240,7 +269,7 @@ def _segment(cfg: Config, folder: TrialFolder, lease: "Lease", job_id: str, trac
         if outbox is not None and evaluation is None:  # an evaluation job leaves its model's run state alone
             outbox.status(state, tags)
 
-    from asr_core.training.loop import Fenced, Preempted
+    from asr_core.training.loop import Diverged, Fenced, Preempted
 
     try:
         segment = _start_segment(folder, version)
@@ -277,6 +306,13 @@ def _segment(cfg: Config, folder: TrialFolder, lease: "Lease", job_id: str, trac
         status(SCHEDULED, {TAG_PREEMPTIONS: str(n)})
         _flush(outbox, PREEMPT_FLUSH_S)
         return EXIT_PREEMPTED
+    except Diverged as e:  # a failure of its own: its exit code, outcome and reason
+        _say(f"{e}; exit {EXIT_DIVERGED}")
+        outcome(OUTCOME_DIVERGED, str(e))
+        progress.write("failed")
+        status(FAILED, {TAG_ERROR: error_line(str(e), "diverged")})
+        _flush(outbox, FINAL_FLUSH_S)
+        return EXIT_DIVERGED
     except Exception as e:  # noqa: BLE001 - every failure must reach the folder and the ledger
         traceback.print_exc()
         last = error_line(f"{type(e).__name__}: {e}", type(e).__name__)
@@ -300,8 +336,9 @@ def _train_and_evaluate(cfg: Config, folder: TrialFolder, lease: "Lease", tracki
     evaluation (``EVALUATED``: what it decoded, and how), head similarity."""
     from asr_core.training.train import train
 
-    if folder.trained.exists():
-        checkpoint = trained_checkpoint(folder.path)
+    trained = trained_checkpoint(folder.path)  # None when absent or unreadable (then train() finds it finished)
+    if trained is not None:
+        checkpoint = trained
         _say(f"training already finished ({checkpoint}); evaluating")
     else:
         result = train(cfg, folder.path, tracking_uri=tracking_uri, run_id=run_id, end_run=False,
@@ -321,7 +358,7 @@ def _train_and_evaluate(cfg: Config, folder: TrialFolder, lease: "Lease", tracki
         if outbox is not None:
             outbox.tags(evaluation_tag(OWN_EVALUATION, DEFAULT_EVALUATION, *own))
             outbox.sync()  # the evaluation's records are on disk before the marker that skips it
-        evaluated.write_text(evaluated_record(*own))
+        mark_evaluated(folder.path, evaluated_record(*own))
     if cfg.eval.head_diversity:
         _measure_heads_interruptibly(cfg, checkpoint, folder, tracking_uri, run_id, progress, outbox)
 

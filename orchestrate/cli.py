@@ -1,9 +1,12 @@
 """``orchestrate`` / ``python -m orchestrate``: plan, submit, status, resume, retry, cancel, evaluate, bench.
 
 A thin layer over the library. Every input is validated before anything is created or submitted; invalid input
-exits with status 2 and a message naming the file, key or value and what is valid. Every command that changes a
-sweep takes its lock before it writes anything (:meth:`orchestrate.sweep.SweepDir.lock`): a busy sweep exits 2
-having changed no file.
+exits with status 2 and a message naming the file, key or value and what is valid; so does an unreadable sweep file
+(naming it and how to restore it; ``cancel`` still stops what it can find first). Every command that changes a sweep
+takes its lock before it reads the sweep's files (:meth:`orchestrate.sweep.SweepDir.lock`), so none writes back a
+copy read before another command changed them: a busy sweep exits 2 having changed no file. Exit 3
+(:data:`EXIT_TRACKER`): a blocking (local) sweep's trials ran, but MLflow did not answer at the end; their results
+wait in their folders and the message names the command that ships them.
 
 One ledger per sweep: the jobs read the tracking URI from ``sweep.json``, so ``resume``, ``retry``, ``cancel`` and
 ``status`` refuse a ``--tracking-uri`` that differs from it (exit 2, naming both). A cluster backend (``slurm``,
@@ -16,31 +19,32 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from contextlib import nullcontext
 import json
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from asr_core.contract.trial import EXIT_USAGE
-from orchestrate.backends.base import Backend, BackendError
+from orchestrate.backends.base import BackendError
 from orchestrate.backends.profile import load_profile
+from orchestrate.commands import SERVER_HINT, UsageError, check_data, check_shared_ledger, execution_overrides
 from orchestrate.decode_file import DecodeFileError
 from orchestrate.evaluations import EvaluationError
 from orchestrate.where import WhereError
 from orchestrate.grid import Grid, GridError, load_grid, plan_table
 from orchestrate.ledger import Ledger, LedgerError
 from orchestrate.ledger_store import check_tracking_uri, default_tracking_uri
-from orchestrate.sweep import DEFAULT_MAX_FAILURES, Manifest, SweepDir, SweepError, merge_trials, new_sweep_id
+from orchestrate.sweep import (DEFAULT_MAX_FAILURES, Manifest, SweepDir, SweepError, SweepFileError, merge_trials,
+                               new_sweep_id)
 from orchestrate.trial import Trial
 
 if TYPE_CHECKING:
     from asr_core.runtime.provenance import CodeVersion
+    from orchestrate.dispatch import Plan
 
-SERVER_HINT = "slurm/mlflow-server.sh --dir /shared/mlflow --host 0.0.0.0 --detach"
 
-
-class UsageError(Exception):
-    """Bad input: exit 2 before anything changes."""
+EXIT_TRACKER = 3  # the work is done and on disk, but MLflow did not answer at the end: run what the message says later
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -105,6 +109,10 @@ def _parser() -> argparse.ArgumentParser:
 
             sp.add_argument("--json", action="store_true", help="one JSON object per trial")
             add_arguments(sp)
+        if name == "cancel":
+            sp.add_argument("--offline", action="store_true",
+                            help="leave MLflow alone (the default when it does not answer): the jobs are stopped and "
+                                 "the folders marked; the next command that reaches MLflow marks the runs KILLED")
         if name in ("resume", "retry", "cancel"):
             sp.add_argument("--where", action="append", default=[], metavar="KEY=VALUE",
                             help="only the models and evaluation jobs that match: a config field "
@@ -191,69 +199,6 @@ def _plan_estimate(args: argparse.Namespace, grid: "Grid") -> int:
     return 0
 
 
-def _data_paths(trials: list[Trial]) -> dict[str, str]:
-    """{path: 'trial field'} of every local data path the trials read."""
-    from asr_core.contract.specs import CorpusError, split_named_spec, split_spec
-
-    out: dict[str, str] = {}
-    for t in trials:
-        specs = [("data.train", t.config.data.train)] if t.config.data.train else []
-        for name, spec in specs + [("eval.datasets", d) for d in t.config.eval.datasets]:
-            try:
-                fmt, path = split_spec(split_named_spec(spec)[1])
-                # a prepared corpus is only one once its manifest is written (an unfinished preparation is not)
-                out.setdefault(str(path / "prepared.json") if fmt == "prepared" else str(path), name)
-            except CorpusError as e:
-                raise UsageError(f"{name} of trial {t.label}: {e}") from None
-    return out
-
-
-def _check_data(trials: list[Trial], workdir: Path) -> None:
-    """Exit 2 naming every data path the trials read that does not exist (relative paths: from ``workdir``, the
-    folder trials run in)."""
-    missing = {p: k for p, k in _data_paths(trials).items() if not (workdir / p).exists()}
-    if missing:
-        raise UsageError("data not found: " + ", ".join(f"{p} ({k})" for p, k in sorted(missing.items()))
-                         + "; fix the grid or --set the path (a prepared corpus: finish `python -m asr_core "
-                           "prepare`), or pass --no-check-data if only the compute nodes see it")
-
-
-def execution_overrides(trials: list[Trial], overrides: list[str]) -> list[Trial]:
-    """``trials`` with ``--set`` overrides applied, which may change how trials run and where their data lies, never
-    what they are: an override that would change a trial's key raises :class:`UsageError` naming it."""
-    if not overrides:
-        return trials
-    from asr_core.config_parse import ConfigError
-    from asr_core.identity import science
-
-    out = []
-    for t in trials:
-        try:
-            cfg = t.config.with_overrides(overrides)
-        except ConfigError as e:
-            raise UsageError(str(e)) from None
-        if cfg.key() != t.config.key():
-            was, now = science(t.config), science(cfg)
-            changed = sorted(k for k in set(was) | set(now) if was.get(k) != now.get(k))
-            raise UsageError(f"--set {' '.join(overrides)} changes what trial {t.label} ({t.key}) is ("
-                             f"{', '.join(changed)}), not only how it runs; resume takes execution settings and "
-                             "data locations only. To run other experiments, submit a grid (they get new keys)")
-        out.append(dataclasses.replace(t, config=cfg))
-    return out
-
-
-def check_shared_ledger(backend: Backend, uri: str, allow_sqlite: bool, source: str) -> None:
-    """Refuse a sqlite ledger (``uri``, which ``source`` names) for a backend whose jobs run on many hosts, unless
-    ``allow_sqlite``."""
-    if not backend.many_hosts or not uri.startswith("sqlite:") or allow_sqlite:
-        return
-    raise UsageError(
-        f"--backend {backend.name} with the sqlite ledger {uri} ({source}): its jobs run on many hosts and would all "
-        "write that one file over a network filesystem, where sqlite's locks fail (runs lost, the database "
-        f"corrupted). Start an MLflow server on the login node (`{SERVER_HINT}`) and pass --tracking-uri "
-        "http://LOGIN-NODE:5000, or pass --allow-sqlite if every job runs on this host")
-
-
 def _code() -> "CodeVersion":
     from asr_core.runtime.provenance import code_version
 
@@ -267,39 +212,40 @@ def cmd_submit(args: argparse.Namespace) -> int:
     grid = load_grid(args.grid, args.overrides)
     profile = load_profile(args.profile)
     sweep = SweepDir(args.sweep_root, args.sweep or grid.name)
-    old = sweep.read_manifest() if sweep.exists() else None
-    uri = args.tracking_uri or (old.tracking_uri if old else default_tracking_uri(args.sweep_root))
-    trials = list(grid.trials)
-    if not args.no_check_data:
-        _check_data(trials, Path.cwd())
-    if old is not None:
-        if old.backend != args.backend:
-            raise UsageError(f"sweep {sweep.name!r} exists with backend {old.backend!r}; use `orchestrate resume "
-                             f"{sweep.name}` or give another --sweep name")
-        if not _same_uri(old.tracking_uri, uri):
-            raise UsageError(f"sweep {sweep.name!r} is ledgered in {old.tracking_uri}, not {uri}; drop "
-                             "--tracking-uri or give another --sweep name")
-        trials = merge_trials(sweep.read_trials(), trials)
-    allow_sqlite = args.allow_sqlite or (old is not None and old.allow_sqlite)
-    backend = make_backend(args.backend, sweep, uri, profile)
-    check_shared_ledger(backend, uri, allow_sqlite, "given with --tracking-uri" if args.tracking_uri else
-                        "the sweep's" if old is not None else "the default without --tracking-uri")
-    check_tracking_uri(uri)
-    sweep_id = (old.sweep_id if old is not None else "") or new_sweep_id()
-    # before anything is written; a folder that existed may adopt an experiment made before sweeps had ids
-    Ledger(uri, sweep.name).check_owner(sweep_id, str(sweep.path), adopt=old is not None)
-    max_failures = args.max_failures or (old.max_failures if old is not None else DEFAULT_MAX_FAILURES)
-    manifest = new_manifest(sweep.name, Path(args.grid).resolve(), args.backend, args.profile or "", uri,
-                            tuple(args.overrides), sweep_id=sweep_id, code=old.code if old is not None else (),
-                            max_failures=max_failures, allow_sqlite=allow_sqlite)
-    if old is not None:  # the sweep keeps its birth date; a later submit's settings and folder are today's
-        manifest = dataclasses.replace(manifest, created=old.created)
-    plan = run_sweep(sweep, manifest, trials, profile, include_failed=False, what="submit", write=True,
-                     adopt=old is not None, backend=backend, code=_code(), expand=_evaluations_of(sweep))
+    with sweep.lock("submit"):  # before sweep.json and trials.json are read: no stale copy is written back
+        old = sweep.read_manifest() if sweep.exists() else None
+        uri = args.tracking_uri or (old.tracking_uri if old else default_tracking_uri(args.sweep_root))
+        trials = list(grid.trials)
+        if not args.no_check_data:
+            check_data(trials, Path.cwd())
+        if old is not None:
+            if old.backend != args.backend:
+                raise UsageError(f"sweep {sweep.name!r} exists with backend {old.backend!r}; use `orchestrate resume "
+                                 f"{sweep.name}` or give another --sweep name")
+            if not _same_uri(old.tracking_uri, uri):
+                raise UsageError(f"sweep {sweep.name!r} is ledgered in {old.tracking_uri}, not {uri}; drop "
+                                 "--tracking-uri or give another --sweep name")
+            trials = merge_trials(sweep.read_trials(), trials)
+        allow_sqlite = args.allow_sqlite or (old is not None and old.allow_sqlite)
+        backend = make_backend(args.backend, sweep, uri, profile)
+        check_shared_ledger(backend, uri, allow_sqlite, "given with --tracking-uri" if args.tracking_uri else
+                            "the sweep's" if old is not None else "the default without --tracking-uri")
+        check_tracking_uri(uri)
+        sweep_id = (old.sweep_id if old is not None else "") or new_sweep_id()
+        # before anything is written; a folder that existed may adopt an experiment made before sweeps had ids
+        Ledger(uri, sweep.name).check_owner(sweep_id, str(sweep.path), adopt=old is not None)
+        max_failures = args.max_failures or (old.max_failures if old is not None else DEFAULT_MAX_FAILURES)
+        manifest = new_manifest(sweep.name, Path(args.grid).resolve(), args.backend, args.profile or "", uri,
+                                tuple(args.overrides), sweep_id=sweep_id, code=old.code if old is not None else (),
+                                max_failures=max_failures, allow_sqlite=allow_sqlite)
+        if old is not None:  # the sweep keeps its birth date; a later submit's settings and folder are today's
+            manifest = dataclasses.replace(manifest, created=old.created)
+        plan = run_sweep(sweep, manifest, trials, profile, include_failed=False, what="submit", write=True,
+                         adopt=old is not None, backend=backend, code=_code(), expand=_evaluations_of(sweep))
     print(f"sweep {sweep.name}: {plan.summary()}")
     print(f"  folder {sweep.path}\n  ledger {uri}\n  status: orchestrate status {sweep.name} "
           f"--sweep-root {args.sweep_root}")
-    return 0
+    return _behind(args, plan, sweep.name)
 
 
 def _evaluations_of(sweep: SweepDir):  # noqa: ANN202 - a closure for run_sweep's expand
@@ -314,10 +260,19 @@ def _same_uri(a: str, b: str) -> bool:
     return a.rstrip("/") == b.rstrip("/")
 
 
+def _sweep(args: argparse.Namespace) -> SweepDir:
+    """The sweep ``args`` name, which must exist (so that taking its lock creates no folder)."""
+    sweep = SweepDir(args.sweep_root, args.sweep)
+    if not sweep.exists():
+        sweep.read_manifest()  # raises SweepError saying there is no such sweep
+    return sweep
+
+
 def _read(args: argparse.Namespace) -> tuple[SweepDir, Manifest]:
     """The sweep folder and its manifest; a ``--tracking-uri`` other than the manifest's is refused: the jobs read
-    the manifest's, so a second one would split the ledger."""
-    sweep = SweepDir(args.sweep_root, args.sweep)
+    the manifest's, so a second one would split the ledger. A command that may write the sweep's files calls it
+    under the sweep's lock."""
+    sweep = _sweep(args)
     manifest = sweep.read_manifest()
     if args.tracking_uri and not _same_uri(args.tracking_uri, manifest.tracking_uri):
         raise UsageError(f"sweep {sweep.name!r} is ledgered in {manifest.tracking_uri} (its sweep.json, which its "
@@ -327,9 +282,21 @@ def _read(args: argparse.Namespace) -> tuple[SweepDir, Manifest]:
     return sweep, manifest
 
 
+def _refuse_other_uri(args: argparse.Namespace) -> None:
+    """Before the lock is taken: a refused ``--tracking-uri`` changes nothing, not even the lock's holder line."""
+    if args.tracking_uri:
+        try:
+            _read(args)
+        except SweepFileError:
+            pass  # said under the lock (where cancel first stops what it finds)
+
+
 def _open(args: argparse.Namespace) -> tuple[SweepDir, Manifest, list[Trial]]:
     sweep, manifest = _read(args)
-    check_tracking_uri(manifest.tracking_uri)
+    check_tracking_uri(manifest.tracking_uri, hint=f"start the sweep's server again ({SERVER_HINT}, its folder and "
+                       "port); the sweep's jobs write to this URI (its sweep.json), so no other can stand in"
+                       + ("; `orchestrate cancel --offline` stops the sweep without it" if args.command != "cancel"
+                          else ""))
     Ledger(manifest.tracking_uri, manifest.name).check_owner(manifest.sweep_id, str(sweep.path), adopt=True)
     return sweep, manifest, sweep.read_trials()
 
@@ -354,41 +321,46 @@ def cmd_resume(args: argparse.Namespace) -> int:
         if not retry:
             raise UsageError("retry what? pass --failed (failed trials, their failure count reset), --cancelled "
                              "(cancelled trials, from their checkpoints), or both")
-    sweep, manifest, trials = _open(args)
-    profile = load_profile(manifest.profile or None)
-    if not manifest.sweep_id:  # a folder made before sweeps had ids gets one now, and claims its experiment
-        manifest = dataclasses.replace(manifest, sweep_id=new_sweep_id())
-    if args.max_failures:
-        manifest = dataclasses.replace(manifest, max_failures=args.max_failures)
-    if args.allow_sqlite:
-        manifest = dataclasses.replace(manifest, allow_sqlite=True)
-    backend = make_backend(manifest.backend, sweep, manifest.tracking_uri, profile)
-    check_shared_ledger(backend, manifest.tracking_uri, manifest.allow_sqlite, "the sweep's, in its sweep.json")
-    changed = execution_overrides(trials, args.overrides)
-    if changed is not trials and not args.no_check_data:
-        _check_data(changed, Path(manifest.workdir or Path.cwd()))
-    if changed is not trials:
-        manifest = dataclasses.replace(manifest, overrides=manifest.overrides + tuple(args.overrides))
-    plan = run_sweep(sweep, manifest, changed, profile, include_failed=True, retry=retry, what=args.command,
-                     write=True, adopt=True, backend=backend, code=_code(), expand=_evaluations_of(sweep),
-                     only=_selected(args.where))
+    _refuse_other_uri(args)
+    with _sweep(args).lock(args.command):  # before the sweep's files are read: no stale copy is written back
+        sweep, manifest, trials = _open(args)
+        profile = load_profile(manifest.profile or None)
+        if not manifest.sweep_id:  # a folder made before sweeps had ids gets one now, and claims its experiment
+            manifest = dataclasses.replace(manifest, sweep_id=new_sweep_id())
+        if args.max_failures:
+            manifest = dataclasses.replace(manifest, max_failures=args.max_failures)
+        if args.allow_sqlite:
+            manifest = dataclasses.replace(manifest, allow_sqlite=True)
+        backend = make_backend(manifest.backend, sweep, manifest.tracking_uri, profile)
+        check_shared_ledger(backend, manifest.tracking_uri, manifest.allow_sqlite, "the sweep's, in its sweep.json")
+        changed = execution_overrides(trials, args.overrides)
+        if changed is not trials and not args.no_check_data:
+            check_data(changed, Path(manifest.workdir or Path.cwd()))
+        if changed is not trials:
+            manifest = dataclasses.replace(manifest, overrides=manifest.overrides + tuple(args.overrides))
+        plan = run_sweep(sweep, manifest, changed, profile, include_failed=True, retry=retry, what=args.command,
+                         write=True, adopt=True, backend=backend, code=_code(), expand=_evaluations_of(sweep),
+                         only=_selected(args.where))
     print(f"sweep {sweep.name}: {plan.summary()}")
-    return 0
+    return _behind(args, plan, sweep.name)
+
+
+def _behind(args: argparse.Namespace, plan: "Plan", name: str) -> int:
+    """0, or :data:`EXIT_TRACKER` and a line saying what to run once MLflow answers when a blocking backend's trials
+    ran but the ledger could not be read at the end (their results wait in their folders' outboxes)."""
+    if not plan.ledger_behind:
+        return 0
+    print(f"orchestrate {args.command}: the trials ran and their results are in their folders (outboxes), but "
+          f"{plan.ledger_behind}; once MLflow answers, `orchestrate status {name} --sweep-root "
+          f"{args.sweep_root}` ships them and brings the runs up to date", file=sys.stderr)
+    return EXIT_TRACKER
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
-    from orchestrate.dispatch import cancel_sweep
+    from orchestrate.cancel import cancel
 
-    sweep, manifest, trials = _open(args)
-    selected = _selected(args.where)
-    only = None if selected is None else {t.key for t in trials if selected(t)}
-    if only is not None and not only:
-        raise UsageError(f"--where {' '.join(args.where)} matches none of the {len(trials)} models and evaluation "
-                         f"jobs of sweep {sweep.name!r}; nothing cancelled")
-    job_ids = cancel_sweep(sweep, manifest, load_profile(manifest.profile or None), only)
-    which = f" ({len(only)} of {len(trials)} models and evaluation jobs match --where)" if only is not None else ""
-    print(f"sweep {sweep.name}: cancelled {len(job_ids)} jobs{which}; unfinished trials end KILLED (retry "
-          "--cancelled starts them again)")
+    _refuse_other_uri(args)
+    print(cancel(_sweep(args), lambda: _read(args)[1], _selected(args.where), offline=args.offline))
     return 0
 
 
@@ -416,53 +388,55 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
     spec = load_decode_file(args.spec or args.decode)
     where = parse_where(args.where)
-    sweep, manifest, trials = _open(args)
-    profile = load_profile(manifest.profile or None)
-    backend = make_backend(manifest.backend, sweep, manifest.tracking_uri, profile)
-    check_shared_ledger(backend, manifest.tracking_uri, manifest.allow_sqlite, "the sweep's, in its sweep.json")
-    setting = spec.setting()
-    names = EvaluationName(sweep, spec.name)
-    names.check_setting(spec, setting)
-    decoder = {k: v for k, v in spec.to_dict().items() if k not in ("name", "datasets", "snrs", "source")}
-    models = [t for t in trials if not t.is_evaluation and matches(t, where)]
-    have = decoded_before(manifest.tracking_uri, manifest.name, spec.name, models)
-    workdir = Path(manifest.workdir or Path.cwd())
-    planned: dict[str, list[Trial]] = {}
+    _refuse_other_uri(args)
+    with nullcontext() if args.dry_run else _sweep(args).lock(f"evaluate {spec.name}"):  # before the files are read
+        sweep, manifest, trials = _open(args)
+        profile = load_profile(manifest.profile or None)
+        backend = make_backend(manifest.backend, sweep, manifest.tracking_uri, profile)
+        check_shared_ledger(backend, manifest.tracking_uri, manifest.allow_sqlite, "the sweep's, in its sweep.json")
+        setting = spec.setting()
+        names = EvaluationName(sweep, spec.name)
+        names.check_setting(spec, setting)
+        decoder = {k: v for k, v in spec.to_dict().items() if k not in ("name", "datasets", "snrs", "source")}
+        models = [t for t in trials if not t.is_evaluation and matches(t, where)]
+        have = decoded_before(manifest.tracking_uri, manifest.name, spec.name, models)
+        workdir = Path(manifest.workdir or Path.cwd())
+        planned: dict[str, list[Trial]] = {}
 
-    def expand(ts: list[Trial]) -> list[Trial]:
-        out, planned["added"], planned["untrained"] = plan_named(sweep, ts, models, spec.name, setting,
-                                                                 spec.datasets, spec.snrs, decoder, have)
-        missing = missing_data(planned["added"], workdir)
-        if missing:
-            raise UsageError("data not found: " + ", ".join(f"{p} (evaluation job {k})" for p, k in
-                                                            sorted(missing.items()))
-                             + f"; give the datasets in {spec.source} ('datasets'), or move the data back")
-        return out
+        def expand(ts: list[Trial]) -> list[Trial]:
+            out, planned["added"], planned["untrained"] = plan_named(sweep, ts, models, spec.name, setting,
+                                                                     spec.datasets, spec.snrs, decoder, have)
+            missing = missing_data(planned["added"], workdir)
+            if missing:
+                raise UsageError("data not found: " + ", ".join(f"{p} (evaluation job {k})" for p, k in
+                                                                sorted(missing.items()))
+                                 + f"; give the datasets in {spec.source} ('datasets'), or move the data back")
+            return out
 
-    if args.dry_run:
-        expand(trials)
-        print(f"sweep {sweep.name}, evaluation {spec.name} (dry run, nothing submitted): {len(planned['added'])} "
-              f"evaluation jobs, {len(models) - len(planned['added']) - len(planned['untrained'])} models "
-              f"evaluated already, {len(planned['untrained'])} not trained yet, {len(trials) - len(models)} not "
-              "matching --where or evaluation jobs")
-        for t in planned["added"]:
-            print(f"  {t.label} ({t.key}): {describe_conditions(t.evaluation['conditions'])}")
-        return 0
+        if args.dry_run:
+            expand(trials)
+            print(f"sweep {sweep.name}, evaluation {spec.name} (dry run, nothing submitted): {len(planned['added'])} "
+                  f"evaluation jobs, {len(models) - len(planned['added']) - len(planned['untrained'])} models "
+                  f"evaluated already, {len(planned['untrained'])} not trained yet, {len(trials) - len(models)} not "
+                  "matching --where or evaluation jobs")
+            for t in planned["added"]:
+                print(f"  {t.label} ({t.key}): {describe_conditions(t.evaluation['conditions'])}")
+            return 0
 
-    def claim_and_expand(ts: list[Trial]) -> list[Trial]:
-        out = expand(ts)
-        if names.check_setting(spec, setting):  # again under the lock: another command may have claimed it
-            names.claim(spec, setting)
-        return out
+        def claim_and_expand(ts: list[Trial]) -> list[Trial]:
+            out = expand(ts)
+            if names.check_setting(spec, setting):  # again under the lock: another command may have claimed it
+                names.claim(spec, setting)
+            return out
 
-    plan = run_sweep(sweep, manifest, trials, profile, include_failed=False, what=f"evaluate {spec.name}",
-                     write=True, adopt=True, backend=backend, code=_code(), expand=claim_and_expand,
-                     only=lambda t: t.evaluation is not None and t.evaluation["name"] == spec.name)
-    print(f"sweep {sweep.name}, evaluation {spec.name}: {len(planned.get('added', []))} new evaluation jobs, "
-          f"{len(planned.get('untrained', []))} models not trained yet; {plan.summary()}")
-    print(f"  results: wer_{spec.name}/... in each model's run; status: orchestrate status {sweep.name} "
-          f"--sweep-root {args.sweep_root}")
-    return 0
+        plan = run_sweep(sweep, manifest, trials, profile, include_failed=False, what=f"evaluate {spec.name}",
+                         write=True, adopt=True, backend=backend, code=_code(), expand=claim_and_expand,
+                         only=lambda t: t.evaluation is not None and t.evaluation["name"] == spec.name)
+        print(f"sweep {sweep.name}, evaluation {spec.name}: {len(planned.get('added', []))} new evaluation jobs, "
+              f"{len(planned.get('untrained', []))} models not trained yet; {plan.summary()}")
+        print(f"  results: wer_{spec.name}/... in each model's run; status: orchestrate status {sweep.name} "
+              f"--sweep-root {args.sweep_root}")
+        return _behind(args, plan, sweep.name)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:

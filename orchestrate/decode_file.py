@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-import yaml
+from asr_core.yaml_input import YamlInputError, load_yaml_file
 
 KEYS = ("name", "lm", "alpha", "beta", "beam_width", "lm_context", "prompt", "datasets", "snrs", "stride")
 SETTING_KEYS = ("lm", "lm_sha256", "alpha", "beta", "beam_width", "lm_context", "prompt", "prompt_sha256", "stride")
@@ -93,11 +93,13 @@ def load_decode_file(path: str | Path) -> DecodeSpec:
     """Read and validate the decode file at ``path``; raises :class:`DecodeFileError`."""
     path = Path(path)
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = load_yaml_file(path)
     except FileNotFoundError:
         raise DecodeFileError(f"decode file {path} not found") from None
-    except (OSError, yaml.YAMLError) as e:
-        raise DecodeFileError(f"decode file {path}: cannot read it as YAML ({e})") from None
+    except YamlInputError as e:
+        raise DecodeFileError(str(e)) from None
+    except OSError as e:
+        raise DecodeFileError(f"decode file {path} cannot be read: {e.strerror or e}") from None
     return parse_decode(raw, path)
 
 

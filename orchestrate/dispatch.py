@@ -26,30 +26,28 @@ the scheduler's accounting (:meth:`~orchestrate.backends.base.Backend.job_ends`:
 Runs are created before anything is submitted and job ids are tagged after, so a crash at any point leaves a state
 that this same function repairs.
 
-``cancel`` is final: under the lock it writes ``CANCELLED`` into every unfinished trial folder first (a job that
-starts meanwhile exits at once), then cancels the live jobs (their trainers checkpoint, find the marker and end
-KILLED, never requeued), then marks the runs KILLED.
+``cancel`` is final (:mod:`orchestrate.cancel`); ``submit`` and ``resume`` start no cancelled trial again, and mark the
+runs of cancelled trials KILLED where a ``cancel`` without MLflow left them.
 """
 
 from __future__ import annotations
 
 import os
-import signal
-import socket
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Collection
+from typing import TYPE_CHECKING, Callable
 
-from asr_core.contract.trial import (FAILED, FINISHED, KILLED, OUTCOME_FAILED, OUTCOME_KILLED,
+from asr_core.contract.trial import (FAILED, FINISHED, KILLED, OUTCOME_DIVERGED, OUTCOME_FAILED, OUTCOME_KILLED,
                                      OUTCOME_LOST, OUTCOME_PREEMPTED, OUTCOME_RESET, SCHEDULED, TAG_BACKEND, TAG_ERROR,
                                      TAG_JOB_ID, record_attempt)
 from orchestrate.backends import make_backend
 from orchestrate.backends.base import Backend, Job
 from orchestrate.backends.profile import Profile
-from orchestrate.ledger import Ledger, TrialRun
-from orchestrate.sweep import DEFAULT_MAX_FAILURES, Manifest, SweepBusy, SweepDir, new_sweep_id
+from orchestrate.cancel import CANCELLED_ERROR
+from orchestrate.ledger import Ledger, LedgerError, TrialRun
+from orchestrate.sweep import DEFAULT_MAX_FAILURES, Manifest, SweepDir, new_sweep_id
 from orchestrate.trial import Trial
 from orchestrate.reconcile import reconcile_ledger
 from orchestrate.trial_state import FolderState, failure_reason, read_folder_state, read_folder_states
@@ -57,7 +55,6 @@ from orchestrate.trial_state import FolderState, failure_reason, read_folder_sta
 if TYPE_CHECKING:
     from asr_core.runtime.provenance import CodeVersion
 
-CANCELLED_ERROR = "cancelled"  # trial.error of a run that `cancel` ended KILLED (as reconciliation writes it)
 RETRY_WHAT = ("failed", "cancelled")  # what `retry` may start again
 
 
@@ -78,6 +75,7 @@ class Plan:
     stopping: list[str] = field(default_factory=list)  # CANCELLED and still live: retry --cancelled waits for them
     reset: list[str] = field(default_factory=list)  # failures reset by retry --failed (subset of failed)
     reasons: dict[str, str] = field(default_factory=dict)  # key -> the last failure's reason (failed, left, lost)
+    ledger_behind: str = ""  # a blocking backend's trials ran, but the ledger did not answer at the end: why
 
     def to_submit(self) -> list[str]:
         return self.new + self.lost + self.preempted + self.failed + self.uncancelled
@@ -151,8 +149,8 @@ def classify(trials: list[Trial], runs: dict[str, TrialRun], live: dict[str, str
             else:
                 plan.gave_up[k] = plan.reasons[k]
             continue
-        failed = last in (OUTCOME_FAILED, OUTCOME_KILLED) or (last is None and r is not None
-                                                             and r.status in (FAILED, KILLED))
+        failed = last in (OUTCOME_FAILED, OUTCOME_DIVERGED, OUTCOME_KILLED) or (
+            last is None and r is not None and r.status in (FAILED, KILLED))
         if failed:
             plan.reasons[k] = (failure_reason(fs, max_failures) if fs is not None and fs.failures
                                else (r.error if r is not None else ""))
@@ -343,10 +341,14 @@ def run_sweep(sweep: SweepDir, manifest: Manifest, trials: list[Trial], profile:
             _fault("after-submit")
 
         backend.submit(jobs, on_submitted)
-        if backend.blocking:
-            final = ledger.trial_runs()
-            if all(final.get(t.key) is not None and final[t.key].status == FINISHED for t in models):
-                ledger.finish_parent()
+        if backend.blocking:  # the trials ran: an unreachable ledger now loses nothing (their outboxes hold it)
+            try:
+                final = ledger.trial_runs()
+                if all(final.get(t.key) is not None and final[t.key].status == FINISHED for t in models):
+                    ledger.finish_parent()
+            except LedgerError as e:
+                plan.ledger_behind = f"MLflow at {manifest.tracking_uri} does not answer ({e})"
+                log(f"sweep {sweep.name}: {plan.ledger_behind}")
     return plan
 
 
@@ -371,73 +373,6 @@ def _mirror_left(ledger: Ledger, runs: dict[str, TrialRun], plan: Plan) -> None:
             by_error.setdefault((KILLED, CANCELLED_ERROR), []).append(r.run_id)
     for (state, why), run_ids in by_error.items():
         ledger.set_status(run_ids, state, tags={TAG_ERROR: why})
-
-
-def cancel_sweep(sweep: SweepDir, manifest: Manifest, profile: Profile, only: Collection[str] | None = None
-                 ) -> list[str]:
-    """Cancel the sweep for good: under the lock, write ``CANCELLED`` into every unfinished trial folder, then
-    cancel the live jobs, then mark the unfinished runs KILLED. ``submit`` and ``resume`` start none of them again;
-    ``retry --cancelled`` does. Returns the cancelled job ids. ``only``: the keys to cancel (``--where``: models
-    and evaluation jobs); the rest of the sweep runs on.
-
-    A ledger that cannot be written at the end is reported, not raised: the folders already say KILLED, and the next
-    ``status`` or ``resume`` mirrors them."""
-    backend = make_backend(manifest.backend, sweep, manifest.tracking_uri, profile)
-    ledger = Ledger(manifest.tracking_uri, manifest.name)
-    try:
-        return _cancel_locked(sweep, manifest, backend, ledger, only)
-    except SweepBusy as busy:
-        if manifest.backend != "local":
-            raise
-        _cancel_while_run(sweep, busy.holder, only)
-        return []
-
-
-def _cancel_while_run(sweep: SweepDir, holder: str, only: Collection[str] | None = None) -> None:
-    """Cancel a local sweep while the command that runs it (and holds its lock) goes on: ``CANCELLED`` in every
-    unfinished trial folder (what the trial job and the Tune driver read: a trial not yet started is skipped), then
-    SIGTERM to the trainers that hold a lease on this machine (each checkpoints and ends its run KILLED, exit 77).
-    The running command then ends; ``status`` and ``resume`` mirror the runs that never started."""
-    keys = [t.key for t in sweep.read_trials() if only is None or t.key in only]
-    states = read_folder_states(sweep, keys)
-    marked = sum(sweep.cancel_trial(k, "orchestrate cancel") for k in keys if not states[k].done)
-    here, signalled = socket.gethostname(), 0
-    for fs in states.values():
-        lease = fs.lease
-        if fs.done or not fs.live or lease is None or lease.host != here or lease.pid <= 0:
-            continue
-        try:
-            os.kill(lease.pid, signal.SIGTERM)
-            signalled += 1
-        except ProcessLookupError:
-            pass
-    log(f"sweep {sweep.name} is being run ({holder or 'another process'}): {marked} trial folders marked "
-        f"CANCELLED, {signalled} running trainers told to stop (each checkpoints and ends KILLED); that command "
-        "ends when they have")
-
-
-def _cancel_locked(sweep: SweepDir, manifest: Manifest, backend: Backend, ledger: Ledger,
-                   only: Collection[str] | None = None) -> list[str]:
-    with sweep.lock("cancel"):
-        ledger.check_owner(manifest.sweep_id, str(sweep.path), adopt=True)
-        keys = [t.key for t in sweep.read_trials() if only is None or t.key in only]
-        states = read_folder_states(sweep, keys)
-        unfinished = [k for k in keys if not states[k].done]
-        marked = sum(sweep.cancel_trial(k, "orchestrate cancel") for k in unfinished)
-        live = {k: j for k, j in backend.live_jobs().items() if only is None or k in only}
-        job_ids = sorted(set(live.values()))
-        if job_ids:
-            backend.cancel(job_ids)
-        try:
-            runs = ledger.trial_runs()
-            kill = [runs[k].run_id for k in unfinished if k in runs and runs[k].status not in (KILLED, FINISHED)]
-            ledger.set_status(kill, KILLED, tags={TAG_ERROR: CANCELLED_ERROR})
-        except Exception as e:  # noqa: BLE001 - the cancel itself is done: the folders hold it, the ledger follows
-            log(f"cancelled {len(job_ids)} jobs and marked {marked} trial folders CANCELLED, but the ledger could "
-                f"not be written ({e}); `orchestrate status` or `resume` marks the runs KILLED once it answers")
-            return job_ids
-        log(f"cancelled {len(job_ids)} jobs; {marked} trial folders marked CANCELLED; {len(kill)} runs marked KILLED")
-        return job_ids
 
 
 def new_manifest(name: str, grid: Path, backend: str, profile: str, tracking_uri: str,

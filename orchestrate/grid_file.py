@@ -1,5 +1,6 @@
-"""Grid files read: YAML that refuses duplicate keys, ``extends`` and ``include`` followed, each sub-grid with its
-file, base and seeds (:func:`subgrid_sources`); what a sub-grid's axes expand to is :mod:`orchestrate.grid`'s.
+"""Grid files read (YAML by :mod:`asr_core.yaml_input`: bounded, duplicate keys refused), ``extends`` and
+``include`` followed, each sub-grid with its file, base and seeds (:func:`subgrid_sources`); what a sub-grid's axes
+expand to is :mod:`orchestrate.grid`'s.
 
 A grid file is a base configuration plus named sub-grids::
 
@@ -24,7 +25,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping
 
-import yaml
+from asr_core.yaml_input import YamlInputError, load_yaml_file
 
 
 class GridError(ValueError):
@@ -35,39 +36,16 @@ TOP_KEYS = ("name", "description", "extends", "include", "base", "seeds", "subgr
 SUBGRID_KEYS = ("section", "description", "set", "axes", "seeds")
 
 
-# ---- YAML that refuses duplicate keys (PyYAML silently keeps the last one) ----------------------------------------
-class _StrictLoader(yaml.SafeLoader):
-    pass
-
-
-def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-    seen: dict[Any, int] = {}
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=deep)
-        if key in seen:
-            raise GridError(f"{loader.name}: line {key_node.start_mark.line + 1}: duplicate key {key!r} "
-                            f"(first at line {seen[key] + 1}); every key, sub-grid names included, must be unique")
-        seen[key] = key_node.start_mark.line
-    return loader.construct_mapping(node, deep=deep)
-
-
-_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
-
-
 def read_grid_yaml(path: Path) -> dict[str, Any]:
     """The top-level mapping of one grid file, its keys checked (duplicate keys refused while reading)."""
     try:
-        text = path.read_text()
+        raw = load_yaml_file(path)
     except FileNotFoundError:
         raise GridError(f"grid file not found: {path}") from None
-    loader = _StrictLoader(text)
-    loader.name = str(path)
-    try:
-        raw = loader.get_single_data()
-    except yaml.YAMLError as e:
-        raise GridError(f"{path}: not valid YAML: {e}") from None
-    finally:
-        loader.dispose()
+    except OSError as e:
+        raise GridError(f"grid file {path} cannot be read: {e.strerror or e}") from None
+    except YamlInputError as e:  # bounded, duplicate keys refused: one line with line and column
+        raise GridError(str(e)) from None
     if not isinstance(raw, dict):
         raise GridError(f"{path}: the top level must be a mapping with keys {', '.join(TOP_KEYS)}")
     unknown = sorted(set(raw) - set(TOP_KEYS))

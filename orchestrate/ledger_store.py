@@ -23,8 +23,9 @@ def default_tracking_uri(sweep_root: str | Path) -> str:
     return f"sqlite:///{Path(sweep_root).resolve() / 'mlflow.db'}"
 
 
-def check_tracking_uri(uri: str, timeout: float = 5.0) -> None:
-    """Fail fast (before anything is created) when the tracking URI cannot work."""
+def check_tracking_uri(uri: str, timeout: float = 5.0, hint: str = "") -> None:
+    """Fail fast (before anything is created) when the tracking URI cannot work. ``hint``: what to do about an
+    unreachable server, for a caller whose URI is fixed (an existing sweep's); by default, start one or use sqlite."""
     parsed = urlparse(uri)
     if parsed.scheme in ("http", "https"):
         url = uri.rstrip("/") + "/health"
@@ -37,8 +38,9 @@ def check_tracking_uri(uri: str, timeout: float = 5.0) -> None:
         except urllib.error.HTTPError as e:
             raise LedgerError(f"tracking URI {uri}: {url} answered HTTP {e.code}; is it an mlflow server?") from None
         except (urllib.error.URLError, OSError) as e:
-            raise LedgerError(f"tracking URI {uri} is unreachable ({getattr(e, 'reason', e)}); start one with "
-                              "slurm/mlflow-server.sh or pass --tracking-uri sqlite:///PATH/mlflow.db") from None
+            raise LedgerError(f"tracking URI {uri} is unreachable ({getattr(e, 'reason', e)}); " + (
+                hint or "start one with slurm/mlflow-server.sh or pass --tracking-uri sqlite:///PATH/mlflow.db")
+            ) from None
     elif parsed.scheme == "sqlite":
         path = Path(uri[len("sqlite:///"):])
         if not path.parent.exists():

@@ -30,8 +30,9 @@ from types import FrameType
 from typing import Callable
 
 from asr_core.runtime.lease import read_lease, release_if_dead
-from asr_core.contract.trial import (EXIT_CANCELLED, EXIT_FAILED, EXIT_FENCED, EXIT_OK, EXIT_PREEMPTED, EXIT_USAGE,
-                                     OUTCOME_FAILED, OUTCOME_FENCED, OUTCOME_KILLED, TrialFolder, record_attempt)
+from asr_core.contract.trial import (EXIT_CANCELLED, EXIT_DIVERGED, EXIT_FAILED, EXIT_FENCED, EXIT_OK, EXIT_PREEMPTED,
+                                     EXIT_USAGE, OUTCOME_FAILED, OUTCOME_FENCED, OUTCOME_KILLED, TrialFolder,
+                                     record_attempt)
 from asr_core.contract.segments import read_segments
 
 _PR_SET_PDEATHSIG = 1
@@ -164,7 +165,7 @@ def trainer_ended(trial_dir: Path, rc: int, *, job_id: str, pid: int, segments_b
         return TrainerEnd(rc, "fenced", f"another trainer holds the trial's lease ({who}); this one changed "
                                         "nothing and is not requeued")
     segment = _segment_of(folder.path, job_id, segments_before)
-    if rc in (EXIT_FAILED, EXIT_USAGE):
+    if rc in (EXIT_FAILED, EXIT_USAGE, EXIT_DIVERGED):
         why = last_line(log_path) if log_path is not None else ""
         record_attempt(folder.path, OUTCOME_FAILED, why or f"trainer exited {rc}", segment=segment, job_id=job_id,
                        by="task")

@@ -18,7 +18,8 @@ LOST         unfinished, not live, not held: never started, or its last segment 
 ===========  ========================================================================================================
 
 Then every failed, killed and lost trial with its reason and failure count, the running ones with their progress,
-the code versions, and a ledger line: how many trials hold outbox records not yet in MLflow. When the folders say
+the code versions, the trials whose outbox keeps records MLflow refused for good (``kept``, with the command that
+sends them again), and a ledger line: how many trials hold outbox records not yet in MLflow. When the folders say
 the ledger is behind and MLflow answers, ``status`` reconciles it (:func:`orchestrate.reconcile.reconcile_ledger`,
 under the sweep's lock, within ``--reconcile-deadline`` seconds) and says so; a lookup of the sweep's experiment
 (sqlite3 or one HTTP request, no mlflow import) first tells whether MLflow answers and whether this folder owns it.
@@ -34,6 +35,7 @@ from dataclasses import asdict
 from typing import Any
 
 from asr_core.contract.trial import FAILED, KILLED, RUNNING
+from asr_core.runtime.outbox_folder import REJECTED_FILE, read_kept
 from orchestrate.mlflow_rest import LedgerError
 from orchestrate.status_ledger import ledger_line
 from orchestrate.sweep import Manifest, SweepDir, SweepError
@@ -106,10 +108,27 @@ def show_status(args: argparse.Namespace, sweep: SweepDir, manifest: Manifest,
                                           f"{' -> '.join(r.code)}")
     if n_eval:
         _print_evaluations(trials, rows)
+    _print_kept(sweep, rows)
     print()
     print(ledger_line(sweep, manifest, trials, states, view, reconcile=reconcile, deadline_s=deadline_s,
                       max_failures=max_failures))
     return 0
+
+
+def _print_kept(sweep: SweepDir, rows: list[TrialStatus]) -> None:
+    """The trials whose outbox keeps records MLflow refused for good, the last refusal, and the command that sends
+    them again once the cause is fixed."""
+    held = [r for r in rows if r.kept]
+    if not held:
+        return
+    print(f"\n{len(held)} trials keep records MLflow refused (outbox/{REJECTED_FILE}); fix the cause, then send them "
+          "again:")
+    for r in sorted(held, key=lambda r: r.label):
+        trial_dir = sweep.trial_dir(r.key)
+        last = read_kept(trial_dir)[-1:]
+        why = " ".join(str(last[0].get("error", "")).split())[:160] if last else ""
+        print(f"  {r.label}  {r.key}  {r.kept} record{'s' if r.kept != 1 else ''} kept: {why}")
+        print(f"    python -m asr_core ship {trial_dir}")
 
 
 def _print_evaluations(trials: Sequence[Any], rows: list[TrialStatus]) -> None:

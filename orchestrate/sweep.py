@@ -36,8 +36,10 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from asr_core.config import Config
+from asr_core.contract.atomic import backup_of, write_atomic
 from asr_core.contract.evaluation import EvaluationSpec, is_evaluation
 from asr_core.contract.trial import TrialFolder, mark_cancelled, write_config
+from orchestrate.mounts import flock_problem
 from orchestrate.trial import Trial
 
 
@@ -53,6 +55,40 @@ class SweepBusy(SweepError):
         self.holder = holder
 
 
+class SweepFileError(SweepError):
+    """A file of the sweep folder cannot be read (truncated, empty, not JSON, the wrong shape): the message names it,
+    why, and how to get it back (its ``.bak``, when that one reads)."""
+
+    def __init__(self, path: Path, what: str, why: str) -> None:
+        self.path, self.what, self.why = path, what, why
+        super().__init__(f"{path} ({what}) is unreadable: {why}; {restore_hint(path)}")
+
+
+def restore_hint(path: Path) -> str:
+    """What to do about an unreadable sweep file: restore its ``.bak`` when that one reads, else from a backup."""
+    bak = backup_of(path)
+    try:
+        json.loads(bak.read_text())
+        good_bak = True
+    except (OSError, UnicodeDecodeError, ValueError):
+        good_bak = False
+    if good_bak:
+        older = (" (it may lack the trials of the last submit: submit that grid again to add them)"
+                 if path.name == TRIALS_FILE else "")
+        return (f"restore the version before its last write with `cp {bak} {path}`{older}, then run the command "
+                "again")
+    if path.name == TRIALS_FILE:
+        return ("restore it from a backup of the sweep folder, or move it aside and submit the sweep's grid(s) "
+                "again with the same --sweep (a trial keeps its key, so it finds its folder and run again); the "
+                "trial folders are intact")
+    if path.name == MANIFEST_FILE:
+        return ("restore it from a backup of the sweep folder (its sweep_id is the tag sweep.id of the sweep's "
+                "MLflow experiment); the trial folders are intact")
+    return "restore it from a backup of the sweep folder, or remove it if it is a stray file"
+
+
+MANIFEST_FILE = "sweep.json"
+TRIALS_FILE = "trials.json"
 DEFAULT_MAX_FAILURES = 3  # a trial that failed this often (its own error, killed, lost) is left FAILED
 # flock's answers on a filesystem that has no locks: NFS without lockd, Lustre without `-o flock`, some FUSE mounts
 NO_LOCKS = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS)
@@ -82,10 +118,25 @@ def new_sweep_id() -> str:
     return uuid.uuid4().hex
 
 
-def atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+def atomic_write(path: Path, text: str, *, keep: bool = False) -> None:
+    """Replace ``path`` by ``text`` so that a reader (or a crash, or a power cut) sees the old file or the new one,
+    never a mix (:func:`asr_core.contract.atomic.write_atomic`). ``keep``: the version before stays as
+    ``<name>.bak``."""
+    write_atomic(path, text, keep=keep)
+
+
+def read_json(path: Path, what: str, shape: type) -> Any:
+    """``path`` parsed as JSON of ``shape`` (dict or list), or :class:`SweepFileError` naming it. ``what`` says what
+    the file is, for the message."""
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise SweepFileError(path, what, f"{type(e).__name__}: {e}") from None
+    if not isinstance(data, shape):
+        raise SweepFileError(path, what, f"a JSON {type(data).__name__}, not the {shape.__name__} it should be")
+    return data
 
 
 class SweepDir:
@@ -99,39 +150,62 @@ class SweepDir:
     # ---- manifest and trials ----------------------------------------------------------------------------------------
     @property
     def manifest_path(self) -> Path:
-        return self.path / "sweep.json"
+        return self.path / MANIFEST_FILE
+
+    @property
+    def trials_path(self) -> Path:
+        return self.path / TRIALS_FILE
 
     def exists(self) -> bool:
         return self.manifest_path.exists()
 
     def read_manifest(self) -> Manifest:
         try:
-            d = json.loads(self.manifest_path.read_text())
+            d = read_json(self.manifest_path, "the sweep's manifest", dict)
         except FileNotFoundError:
             raise SweepError(f"no sweep {self.name!r} under {self.path.parent} (no {self.manifest_path}); "
                              "submit it first, or pass --sweep-root") from None
-        d["overrides"] = tuple(d.get("overrides", ()))
-        d["code"] = tuple(d.get("code", ()))
         known = set(Manifest.__dataclass_fields__)
         unknown = sorted(set(d) - known)
         if unknown:
             raise SweepError(f"{self.manifest_path}: unknown field {unknown[0]!r} (written by a newer version of the "
                              "project?); update the project, or remove the field")
-        return Manifest(**d)
+        try:
+            d["overrides"] = tuple(d.get("overrides", ()))
+            d["code"] = tuple(d.get("code", ()))
+            m = Manifest(**d)
+        except TypeError as e:
+            raise SweepFileError(self.manifest_path, "the sweep's manifest", str(e)) from None
+        if not all(isinstance(getattr(m, f), str) for f in ("name", "grid", "backend", "tracking_uri")):
+            raise SweepFileError(self.manifest_path, "the sweep's manifest", "name, grid, backend and tracking_uri "
+                                 "must be strings")
+        return m
 
     def write_manifest(self, m: Manifest) -> None:
         self.path.mkdir(parents=True, exist_ok=True)
-        atomic_write(self.manifest_path, json.dumps(asdict(m), indent=1))
+        atomic_write(self.manifest_path, json.dumps(asdict(m), indent=1), keep=True)
 
     def read_trials(self) -> list[Trial]:
-        p = self.path / "trials.json"
-        if not p.exists():
+        p = self.trials_path
+        try:
+            rows = read_json(p, "the sweep's trials", list)
+        except FileNotFoundError:
             return []
-        return [Trial.from_dict(d) for d in json.loads(p.read_text())]
+        try:
+            return [Trial.from_dict(d) for d in rows]
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise SweepFileError(p, "the sweep's trials", f"a trial record is not one ({type(e).__name__}: "
+                                 f"{e})") from None
 
     def write_trials(self, trials: list[Trial]) -> None:
         self.path.mkdir(parents=True, exist_ok=True)
-        atomic_write(self.path / "trials.json", json.dumps([t.to_dict() for t in trials]))
+        atomic_write(self.trials_path, json.dumps([t.to_dict() for t in trials]), keep=True)
+
+    def trial_keys_on_disk(self) -> list[str]:
+        """The keys of every trial folder under ``trials/`` (what ``cancel`` finds when ``trials.json`` is
+        unreadable)."""
+        d = self.path / "trials"
+        return sorted(p.name for p in d.iterdir() if p.is_dir()) if d.is_dir() else []
 
     def trial_dir(self, key: str) -> Path:
         return self.path / "trials" / key
@@ -195,14 +269,18 @@ class SweepDir:
     def submissions(self) -> list["Submission"]:
         if not self.submissions_dir.exists():
             return []
-        out = []
-        for p in sorted(self.submissions_dir.glob("*.json")):
-            out.append(Submission(self, p.stem, json.loads(p.read_text())))
-        return out
+        return [self.submission(p.stem) for p in sorted(self.submissions_dir.glob("*.json"))]
+
+    def submission_ids(self) -> list[str]:
+        """The id of every submission file, readable or not, oldest first (its job name is ``orch.<sweep>.<id>``)."""
+        return sorted(p.stem for p in self.submissions_dir.glob("*.json")) if self.submissions_dir.is_dir() else []
 
     def submission(self, sub_id: str) -> "Submission":
         p = self.submissions_dir / f"{sub_id}.json"
-        return Submission(self, sub_id, json.loads(p.read_text()))
+        data = read_json(p, "a submission record", dict)
+        if not isinstance(data.get("keys"), list):
+            raise SweepFileError(p, "a submission record", "it lists no trial keys")
+        return Submission(self, sub_id, data)
 
     # ---- exclusive access -------------------------------------------------------------------------------------------
     @contextmanager
@@ -210,10 +288,19 @@ class SweepDir:
         """One command at a time: two concurrent ``submit``/``resume`` calls could otherwise both create a run
         for the same key. A local sweep holds it while its trials run.
 
-        Taken before the command writes anything: a busy sweep raises :class:`SweepError` having changed no file
-        (the folder and its lock file are created only when the sweep is new). A filesystem without ``flock``
-        raises :class:`SweepError` saying how to get one, and leaves no folder or lock file it created."""
-        new_dir = not self.path.exists()
+        Taken before the command reads the sweep's files (``sweep.json``, ``trials.json``) that it may write back,
+        so that no command writes a copy read before another changed them. A busy sweep raises :class:`SweepBusy`
+        having changed no file (the folder and its lock file are created only when the sweep is new, and removed
+        again when the command fails having written nothing else). A filesystem without ``flock`` raises
+        :class:`SweepError` saying how to get one, and leaves no folder or lock file it created. Reentrant within
+        one process: a command holding the lock calls code that takes it again."""
+        if self.path in _HELD:
+            yield
+            return
+        if (per_node := flock_problem(self.path)) is not None:  # flock that locks within one node only
+            raise SweepError(per_node)
+        created = [p for p in (self.path, *self.path.parents) if not p.exists()]  # deepest first: removed so
+        new_dir = bool(created)
         self.path.mkdir(parents=True, exist_ok=True)
         lock_path = self.path / "lock"
         new_file = not lock_path.exists()
@@ -230,26 +317,40 @@ class SweepDir:
                     raise
                 if new_file:
                     lock_path.unlink(missing_ok=True)
-                if new_dir:
-                    _remove_empty(self.path)
+                _remove_empty(*created)
                 raise SweepError(
                     f"{lock_path}: the filesystem holding the sweep has no file locks (flock: {e.strerror}); "
                     "two commands could then change the sweep at once. Mount it with locks (Lustre: `-o flock`; "
-                    "NFS: with lockd running, or `-o local_lock=flock` if only this host runs orchestrate), or "
+                    "NFS: with lockd running; per-node locks such as `local_lock=flock` only with "
+                    "ORCHESTRATE_LOCAL_FLOCK_OK=1 when every command and job runs on this one host), or "
                     "pass --sweep-root on a filesystem with locks (the compute nodes must see it too)") from None
             os.ftruncate(fd, 0)
             os.pwrite(fd, f"{what} by pid {os.getpid()} on {socket.gethostname()}".encode(), 0)
-            yield
+            _HELD.add(self.path)
+            try:
+                yield
+            except BaseException:
+                if new_dir and set(os.listdir(self.path)) <= {"lock"}:  # a new sweep that got nothing: no trace
+                    lock_path.unlink(missing_ok=True)
+                    _remove_empty(*created)
+                raise
+            finally:
+                _HELD.discard(self.path)
         finally:
             os.close(fd)
 
 
-def _remove_empty(folder: Path) -> None:
-    """Remove ``folder`` if it is empty (a folder this process created and left nothing in)."""
-    try:
-        folder.rmdir()
-    except OSError:
-        pass
+_HELD: set[Path] = set()  # sweep folders whose lock this process holds
+
+
+def _remove_empty(*folders: Path) -> None:
+    """Remove each of ``folders``, in order, while it is empty (folders this process created and left nothing in;
+    give the deepest first)."""
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except OSError:
+            return
 
 
 class Submission:

@@ -15,7 +15,6 @@ MLflow is a mirror of it that may lag.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -196,21 +195,18 @@ def read_trial_refs(sweep: "SweepDir") -> list[TrialRef]:
     """Key and label of every trial in ``trials.json``, in order (none when the file does not exist).
 
     Raises :class:`orchestrate.sweep.SweepError` naming the file when it cannot be read as a list of trials."""
-    from orchestrate.sweep import SweepError
+    from orchestrate.sweep import SweepFileError, read_json
 
-    path = sweep.path / "trials.json"
+    path = sweep.trials_path
     try:
-        data = json.loads(path.read_text())
+        data = read_json(path, "the sweep's trials", list)
     except FileNotFoundError:
         return []
-    except (OSError, ValueError) as e:
-        raise SweepError(f"{path}: cannot read the sweep's trials ({e}); restore it from the submitting "
-                         "machine or submit the grid again") from None
     try:
         return [_ref(d) for d in data]
-    except (TypeError, KeyError) as e:
-        raise SweepError(f"{path}: not a list of trials with a 'key' each ({type(e).__name__}: {e}); restore it "
-                         "from the submitting machine or submit the grid again") from None
+    except (TypeError, KeyError, AttributeError) as e:
+        raise SweepFileError(path, "the sweep's trials", f"not a list of trials with a 'key' each "
+                             f"({type(e).__name__}: {e})") from None
 
 
 # ---- a trial's failures, in words --------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ from typing import Any
 
 from asr_core.contract.trial import (FAILED, FINISHED, KILLED, OUTCOME_CANCELLED, OUTCOME_FENCED, OUTCOME_FINISHED,
                                      OUTCOME_PREEMPTED, OUTCOME_RESET, RUNNING)
+from asr_core.runtime.outbox_folder import kept
 from orchestrate.progress import phase_text
 from orchestrate.sweep import Manifest, SweepDir
 from orchestrate.trial_state import DEFAULT_MAX_FAILURES, FolderState, failure_reason
@@ -131,6 +132,7 @@ class TrialStatus:
     code: tuple[str, ...]  # the code labels that ran its segments, in order
     pending: int  # outbox records not yet shipped to MLflow
     run_id: str  # from the submission files ("" when not submitted)
+    kept: int = 0  # outbox records MLflow refused for good, kept until `python -m asr_core ship` sends them again
 
 
 def _lost_reason(fs: FolderState) -> str:
@@ -207,8 +209,10 @@ def trial_statuses(sweep: SweepDir, manifest: Manifest, trials: Sequence[Any],
     """One :class:`TrialStatus` per trial of ``trials`` (anything with ``key`` and ``label``), in their order."""
     max_failures = int(getattr(manifest, "max_failures", DEFAULT_MAX_FAILURES) or DEFAULT_MAX_FAILURES)
     run_ids = _run_ids(sweep)
-    rows = [classify(states[t.key], t.label, held_job=view.held.get(t.key), held_state=view.states.get(t.key, ""),
-                     scheduler_known=view.known, max_failures=max_failures, run_id=run_ids.get(t.key, ""))
+    rows = [dataclasses.replace(classify(states[t.key], t.label, held_job=view.held.get(t.key),
+                                         held_state=view.states.get(t.key, ""), scheduler_known=view.known,
+                                         max_failures=max_failures, run_id=run_ids.get(t.key, "")),
+                                kept=kept(sweep.trial_dir(t.key)) if states[t.key].exists else 0)
             for t in trials]
     if manifest.backend == "slurm" and view.known:
         rows = _with_accounting(rows, states)

@@ -114,7 +114,8 @@ SCRIPTS = "Scripts"
 def commands() -> list[Command]:
     """Every command of the project, in the order of the page."""
     out = [Command("python -m asr_core --help", _call(ASR, ["--help"]), TRAINER)]
-    for name in ("train", "params", "evaluate", "heads", "reach", "score", "prepare", "synth", "trial", "outbox"):
+    for name in ("train", "params", "evaluate", "heads", "reach", "score", "prepare", "synth", "trial", "outbox",
+                 "ship"):
         out.append(Command(f"python -m asr_core {name} --help", _call(ASR, [name, "--help"]), TRAINER))
     out.append(Command("python -m asr_core bench", _call(ASR, ["bench"]), TRAINER))
     for name in ("train", "decode", "data", "calibrate"):

@@ -1,5 +1,6 @@
 """Atomic, weights_only checkpoints that rebuild their model alone."""
 
+import os
 import pickle
 
 import pytest
@@ -84,3 +85,16 @@ def test_failed_save_keeps_the_previous_checkpoint(tmp_path) -> None:
     with pytest.raises(Exception):
         save_checkpoint(path, {"format_version": 1, "bad": lambda: None})  # cannot be pickled
     assert load_checkpoint(path)["tokenizer"] == b"1" and len(list(tmp_path.iterdir())) == 1
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o002])
+def test_a_checkpoint_gets_the_mode_the_umask_gives_a_new_file(tmp_path, umask: int) -> None:
+    """0666 less the umask, like open(): mkstemp's 0600 kept a teammate's `evaluate` on a shared sweep from reading
+    the checkpoints."""
+    old = os.umask(umask)
+    try:
+        path = save_checkpoint(tmp_path / "ck.pt", {"format_version": 1, "config": {}, "model": {}, "tokenizer": b"1"})
+        (tmp_path / "plain").write_text("x")
+    finally:
+        os.umask(old)
+    assert oct(path.stat().st_mode & 0o777) == oct((tmp_path / "plain").stat().st_mode & 0o777) == oct(0o666 & ~umask)

@@ -94,6 +94,32 @@ def test_each_trial_is_decided_from_its_folder_within_the_budget(tmp_path: Path)
         lease.release()
 
 
+def test_a_diverged_trial_is_a_failure_of_the_budget_and_says_diverged(tmp_path: Path) -> None:
+    """The outcome of a trial whose loss stayed non-finite (exit EXIT_DIVERGED) counts against max_failures like any
+    failure, and status and the ledger say "diverged" with its step, not a generic error."""
+    from asr_core.contract import trial as contract
+    from orchestrate.reconcile import ledger_target
+    from orchestrate.trial_state import failure_reason
+
+    sweep = SweepDir(tmp_path, "div")
+    trials = [Trial(key="div", label="div", subgrids=("s",), seed=1, config=Config())]
+    sweep.trial_dir("div").mkdir(parents=True)
+    why = "diverged: loss nan at steps 3-7 (train.max_nonfinite_steps=5)"
+    record_attempt(sweep.trial_dir("div"), contract.OUTCOME_DIVERGED, why, segment=1, job_id="1_0", by="job")
+    runs = {"div": _run("div", "RUNNING")}
+    fs = read_folder_states(sweep, ["div"])["div"]
+    assert fs.failed and len(fs.failures) == 1
+    assert failure_reason(fs, 2) == f"1/2 failures: {why}"
+    assert classify(trials, runs, {}, {"div": fs}, max_failures=2, include_failed=False).left_failed == ["div"]
+    assert classify(trials, runs, {}, {"div": fs}, max_failures=2, include_failed=True).failed == ["div"]
+    target = ledger_target(fs, max_failures=2)
+    assert target is not None and (target.state, target.error) == (FAILED, f"1/2 failures: {why}")
+    record_attempt(sweep.trial_dir("div"), contract.OUTCOME_DIVERGED, why, segment=2, job_id="1_1", by="job")
+    fs = read_folder_states(sweep, ["div"])["div"]
+    plan = classify(trials, runs, {}, {"div": fs}, max_failures=2, include_failed=True)
+    assert plan.gave_up == {"div": f"gave up after 2 failures: {why}"} and plan.to_submit() == []
+
+
 @pytest.mark.slurm
 def test_sacct_says_how_jobs_ended(slurm_cluster: SlurmCluster) -> None:
     killed = slurm_cluster.sbatch("-p", "gpu", "--wrap", "kill -9 $$")

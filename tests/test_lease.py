@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from asr_core.runtime import lease as lease_mod
 from asr_core.runtime.lease import (HOST, KEEP_GENERATIONS, Lease, LeaseDirError, LeaseHeld, LeaseInfo, read_lease,
                             release_if_dead)
 from asr_core.contract.trial import TrialFolder
+from asr_core.runtime.lease_clock import proc_stat
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -156,7 +156,7 @@ def test_a_dead_holder_on_this_host_is_taken_over_at_once(tmp_path: Path, holder
     if reaped:
         h.proc.wait()
     else:  # killed but not yet reaped by its parent: a zombie is dead too
-        while lease_mod._proc_stat(h.pid) is None or lease_mod._proc_stat(h.pid)[0] != "Z":
+        while proc_stat(h.pid) is None or proc_stat(h.pid)[0] != "Z":
             time.sleep(0.01)
     assert not read_lease(tmp_path).alive()
     t0 = time.monotonic()

@@ -8,7 +8,8 @@ the command               :func:`trial_command` (``python -m asr_core trial --co
                           --run-id …``), run with ``cwd`` = the sweep's workdir and :data:`ENV_JOB_ID` set
 the config it reads       :data:`CONFIG_FILE` in the trial folder, written by :func:`write_config`
 exit codes                :data:`EXIT_OK` 0, :data:`EXIT_FAILED` 1, :data:`EXIT_USAGE` 2, :data:`EXIT_PREEMPTED` 75,
-                          :data:`EXIT_FENCED` 73, :data:`EXIT_CANCELLED` 77
+                          :data:`EXIT_FENCED` 73, :data:`EXIT_CANCELLED` 77,
+                          :data:`EXIT_DIVERGED` 65
 run states                :data:`SCHEDULED` … :data:`KILLED` (MLflow's), who writes which: see :data:`STATES`; the
                           job writes them through its outbox (:mod:`asr_core.runtime.outbox`, folder :data:`OUTBOX_DIR`)
 tags                      ``TAG_*`` below: the ledger writes the ``sweep.*`` and identity tags at submission, the
@@ -16,7 +17,7 @@ tags                      ``TAG_*`` below: the ledger writes the ``sweep.*`` and
                           :data:`TAG_CODE`, :data:`TAG_SEGMENTS`, :data:`TAG_DATA_FINGERPRINT` and
                           :func:`eval_fingerprint_tag`
 trial-folder files        :class:`TrialFolder`; the markers' writers :func:`mark_trained`, :func:`mark_done`,
-                          :func:`mark_cancelled`
+                          :func:`mark_cancelled`, :func:`mark_evaluated` (atomic: :mod:`asr_core.contract.atomic`)
 progress                  :class:`ProgressLog` (JSON lines the trainer and evaluator append) and
                           :func:`read_progress` (what ``orchestrate`` shows); never parsed from log text
 segments and outcomes     :func:`asr_core.contract.segments.read_segments` (one line per start of the job),
@@ -36,6 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from asr_core.contract.atomic import write_atomic
+
 if TYPE_CHECKING:
     from asr_core.config import Config
 
@@ -46,6 +49,7 @@ EXIT_USAGE = 2  # the config file is invalid; nothing ran
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL: SIGUSR2/SIGTERM arrived, checkpointed; run the same command again
 EXIT_FENCED = 73  # another live trainer holds the trial's lease: this one exited having changed nothing
 EXIT_CANCELLED = 77  # the trial was cancelled (`orchestrate cancel`): checkpointed if it trained, never requeued
+EXIT_DIVERGED = 65  # train.max_nonfinite_steps non-finite losses in a row: FAILED, the last finite checkpoint kept
 
 # ---- run states (MLflow's RunStatus names) --------------------------------------------------------------------------
 SCHEDULED = "SCHEDULED"  # created at submission (ledger), or written back by a preempted job
@@ -212,10 +216,7 @@ def write_config(trial_dir: Path, cfg: "Config") -> Path:
     text = config_json(cfg.to_dict()) + "\n"
     if folder.config.exists() and folder.config.read_text() == text:
         return folder.config
-    tmp = folder.config.with_name(f".{CONFIG_FILE}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, folder.config)
-    return folder.config
+    return write_atomic(folder.config, text)
 
 
 def error_line(text: str, default: str = "error") -> str:
@@ -265,29 +266,41 @@ def append_json_lines(path: Path, records: Iterable[dict[str, Any]]) -> None:
         f.write(line.encode())
 
 
-# ---- markers -----------------------------------------------------------------------------------------------------
+# ---- markers: each written whole or not at all (a full disk leaves the old marker or none) -------------------------
 def mark_trained(trial_dir: Path | str, checkpoint: Path | str, steps: int) -> None:
     """Write :data:`TRAINED_FILE`: training finished with ``checkpoint`` after ``steps`` steps."""
-    TrialFolder(Path(trial_dir)).trained.write_text(json.dumps({"checkpoint": str(checkpoint), "steps": steps}))
+    write_atomic(TrialFolder(Path(trial_dir)).trained, json.dumps({"checkpoint": str(checkpoint), "steps": steps}))
 
 
-def trained_checkpoint(trial_dir: Path | str) -> Path:
-    """The checkpoint :data:`TRAINED_FILE` names (raises OSError or ValueError when there is none)."""
-    return Path(json.loads(TrialFolder(Path(trial_dir)).trained.read_text())["checkpoint"])
+def trained_checkpoint(trial_dir: Path | str) -> Path | None:
+    """The checkpoint :data:`TRAINED_FILE` names; None when there is no such file, or (with a warning on stderr)
+    when it cannot be read: an unreadable marker counts as absent, and the trainer then finds from the checkpoint
+    itself that training finished."""
+    path = TrialFolder(Path(trial_dir)).trained
+    try:
+        return Path(json.loads(path.read_text())["checkpoint"])
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        print(f"[trial] warning: {path} is unreadable ({type(e).__name__}: {e}); treated as absent: the trainer "
+              "finds from the checkpoint whether training finished", file=sys.stderr, flush=True)
+        return None
 
 
 def mark_done(trial_dir: Path | str) -> None:
     """Write :data:`DONE_FILE`: the trial finished; nothing runs again."""
-    TrialFolder(Path(trial_dir)).done.write_text("finished\n")
+    write_atomic(TrialFolder(Path(trial_dir)).done, "finished\n")
+
+
+def mark_evaluated(trial_dir: Path | str, record: str) -> None:
+    """Write :data:`EVALUATED_FILE` with ``record`` (:func:`asr_core.contract.evaluation.evaluated_record`)."""
+    write_atomic(TrialFolder(Path(trial_dir)).evaluated, record)
 
 
 def mark_cancelled(trial_dir: Path | str, by: str, at: float | None = None) -> None:
-    """Write :data:`CANCELLED_FILE` atomically (JSON {"time", "by"}; ``at`` defaults to now). The folder must
-    exist."""
-    path = TrialFolder(Path(trial_dir)).cancelled
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"time": round(time.time(), 3) if at is None else at, "by": by}) + "\n")
-    os.replace(tmp, path)
+    """Write :data:`CANCELLED_FILE` (JSON {"time", "by"}; ``at`` defaults to now). The folder must exist."""
+    write_atomic(TrialFolder(Path(trial_dir)).cancelled,
+                 json.dumps({"time": round(time.time(), 3) if at is None else at, "by": by}) + "\n")
 
 
 # ---- progress records ---------------------------------------------------------------------------------------------
@@ -389,14 +402,15 @@ def progress_records(trial_dir: Path | str) -> list[Progress]:
 OUTCOME_FINISHED = "finished"  # the job: trained and evaluated
 OUTCOME_PREEMPTED = "preempted"  # the job: checkpointed after USR2/TERM, to be requeued (not a failure)
 OUTCOME_FAILED = "failed"  # the job: its own error (reason = the error's last line)
+OUTCOME_DIVERGED = "diverged"  # the job: train.max_nonfinite_steps non-finite losses in a row (EXIT_DIVERGED)
 OUTCOME_KILLED = "killed"  # the system ended it: a signal (SIGKILL: out of memory), OUT_OF_MEMORY, TIMEOUT, NODE_FAIL
 OUTCOME_LOST = "lost"  # it ended without a word and the scheduler cannot say how (no accounting)
 OUTCOME_FENCED = "fenced"  # a second trainer found the lease held and exited (not a failure)
 OUTCOME_CANCELLED = "cancelled"  # `orchestrate cancel` (not a failure; only `retry --cancelled` runs it again)
 OUTCOME_RESET = "reset"  # `retry --failed`: failures before this line no longer count
-OUTCOMES = (OUTCOME_FINISHED, OUTCOME_PREEMPTED, OUTCOME_FAILED, OUTCOME_KILLED, OUTCOME_LOST, OUTCOME_FENCED,
-            OUTCOME_CANCELLED, OUTCOME_RESET)
-FAILURE_OUTCOMES = (OUTCOME_FAILED, OUTCOME_KILLED, OUTCOME_LOST)  # what `max_failures` counts
+OUTCOMES = (OUTCOME_FINISHED, OUTCOME_PREEMPTED, OUTCOME_FAILED, OUTCOME_DIVERGED, OUTCOME_KILLED, OUTCOME_LOST,
+            OUTCOME_FENCED, OUTCOME_CANCELLED, OUTCOME_RESET)
+FAILURE_OUTCOMES = (OUTCOME_FAILED, OUTCOME_DIVERGED, OUTCOME_KILLED, OUTCOME_LOST)  # what `max_failures` counts
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from asr_core.runtime import signals
 from asr_core.contract.evaluation import EvaluationSpec, evaluation_tag, read_evaluation
-from asr_core.contract.trial import TrialFolder
+from asr_core.contract.trial import TrialFolder, trained_checkpoint
 
 if TYPE_CHECKING:
     from asr_core.config import Config
@@ -56,15 +56,28 @@ def earlier_tables(spec: EvaluationSpec) -> list[Path]:
 
 
 def check_model(spec: EvaluationSpec) -> Path:
-    """The model's checkpoint, once its training is finished; an error saying what to do otherwise."""
+    """The model's checkpoint, once its training is finished; an error saying what to do otherwise. An unreadable
+    ``TRAINED`` counts as absent (with a warning); the checkpoint itself then says whether training finished
+    (:func:`asr_core.training.checkpoint.training_finished`), as it does for the model's own job."""
     model = TrialFolder(Path(spec.model_dir))
-    if not (model.trained.exists() or model.done.exists()):
+    if not (model.done.exists() or trained_checkpoint(model.path) is not None or _finished_checkpoint(spec.checkpoint)):
         raise RuntimeError(f"evaluation {spec.key}: model {spec.model} has not finished training ({model.path} has "
-                           "no TRAINED marker); its own job evaluates it at the end of training")
+                           "no readable TRAINED marker); its own job evaluates it at the end of training (and "
+                           "writes TRAINED again: `orchestrate resume` runs it)")
     if not spec.checkpoint.is_file():
         raise FileNotFoundError(f"evaluation {spec.key}: the checkpoint of model {spec.model} is missing "
                                 f"({spec.checkpoint})")
     return spec.checkpoint
+
+
+def _finished_checkpoint(path: Path) -> bool:
+    """Whether the checkpoint at ``path`` is a finished training's (False when there is none or it is unreadable)."""
+    from asr_core.training.checkpoint import read_header, training_finished
+
+    try:
+        return path.is_file() and training_finished(read_header(path))
+    except Exception:  # noqa: BLE001 - a checkpoint being written or broken: not finished, as far as we can tell
+        return False
 
 
 def run_evaluation(spec: EvaluationSpec, cfg: "Config", folder: TrialFolder, tracking_uri: str | None,

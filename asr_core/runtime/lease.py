@@ -12,12 +12,14 @@ Layout (no ``flock``, so it works on NFS and Lustre)
     creates it, the other raises :class:`LeaseHeld`. A holder that finds a newer generation has lost the lease.
 
 Heartbeat
-    The file's mtime: a daemon thread sets it (``os.utime``) every :data:`HEARTBEAT_S` seconds while the lease is
-    held, and stops on release or when the lease is lost. A lease whose heartbeat is older than :data:`STALE_S` is
-    stale. Release rewrites the file (write a temporary file, ``os.replace`` it over the generation) with
-    ``released: true``. Readers on other nodes see an mtime or a new generation after their NFS attribute cache
-    expires (at most a minute by default), and the heartbeat is the holder's clock read by the reader's, which is
-    why :data:`STALE_S` is minutes, not seconds (the nodes' clocks must agree to well within it).
+    The file's mtime: a daemon thread sets it (``os.utime`` with no time, so the filesystem stamps it) every
+    :data:`HEARTBEAT_S` seconds while the lease is held, and stops on release or when the lease is lost. A lease
+    whose heartbeat is older than :data:`STALE_S` is stale, its age read on the filesystem's clock
+    (:func:`asr_core.runtime.lease_clock.fs_now`: a probe file touched in the lease folder), not the reader's: a
+    skew between nodes changes no verdict. Release rewrites the file (write a temporary file, ``os.replace`` it over
+    the generation) with ``released: true``. Readers on other nodes see an mtime or a new generation after their
+    NFS attribute cache expires (at most a minute by default), which is why :data:`STALE_S` is minutes, not
+    seconds.
 
 Taking over
     :meth:`Lease.acquire` takes the lease when there is none, or the current one is released, stale, held by a dead
@@ -44,11 +46,12 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from asr_core.contract.trial import TrialFolder
+from asr_core.runtime.lease_clock import fs_now, pid_alive, pid_start
 
 ENV_HEARTBEAT_S = "ORCHESTRATE_LEASE_HEARTBEAT_S"
 ENV_STALE_S = "ORCHESTRATE_LEASE_STALE_S"
@@ -79,47 +82,6 @@ if HEARTBEAT_S >= STALE_S:
 HOST = socket.gethostname()
 
 
-# ---- processes of this host ----------------------------------------------------------------------------------------
-def _proc_stat(pid: int) -> tuple[str, int] | None:
-    """(state, start time in clock ticks since boot) of a pid from ``/proc/PID/stat``; None when unreadable."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            text = f.read().decode(errors="replace")
-        fields = text[text.rindex(")") + 2:].split()  # the command name may hold spaces and parentheses
-        return fields[0], int(fields[19])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def _pid_start(pid: int) -> int | None:
-    stat = _proc_stat(pid)
-    return stat[1] if stat else None
-
-
-def _pid_alive(pid: int, start: int | None = None) -> bool:
-    """Whether ``pid`` (of this host) is a running process, and the one that started at ``start`` when given.
-
-    A zombie (dead, not yet reaped by its parent) is dead. A pid that cannot be judged (0, negative) counts as
-    alive: its lease then ends by staleness only."""
-    if pid <= 0:
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass  # another user's process: it exists
-    except OSError:
-        return True
-    stat = _proc_stat(pid)
-    if stat is None:
-        return not os.path.isdir("/proc/self")  # no /proc on this system: trust kill(); else it just ended
-    state, started = stat
-    if state in ("Z", "X", "x"):
-        return False
-    return start is None or started == start
-
-
 # ---- the lease record ----------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class LeaseInfo:
@@ -138,10 +100,14 @@ class LeaseInfo:
     released: bool
     took_over: dict | None
     pid_start: int | None = None  # the holder's start time (``/proc/PID/stat`` ticks), to tell a reused pid
+    # the filesystem's clock minus time.monotonic() when this was read (None: no probe; this host's clock is used)
+    clock: float | None = field(default=None, compare=False, repr=False)
 
     def age(self, now: float | None = None) -> float:
-        """Seconds since the last heartbeat."""
-        return max(0.0, (time.time() if now is None else now) - self.heartbeat)
+        """Seconds since the last heartbeat, on the filesystem's clock when it was probed (else this host's)."""
+        if now is None:
+            now = time.time() if self.clock is None else time.monotonic() + self.clock
+        return max(0.0, now - self.heartbeat)
 
     def alive(self, now: float | None = None, stale_s: float | None = None) -> bool:
         """Not released, heartbeat younger than ``stale_s`` (default :data:`STALE_S`) and, when the holder runs on
@@ -150,7 +116,7 @@ class LeaseInfo:
             return False
         if self.age(now) >= (STALE_S if stale_s is None else stale_s):
             return False
-        if self.host and self.host == HOST and not _pid_alive(self.pid, self.pid_start):
+        if self.host and self.host == HOST and not pid_alive(self.pid, self.pid_start):
             return False
         return True
 
@@ -195,16 +161,24 @@ def _read(lease_dir: Path, generation: int) -> LeaseInfo | None:
         d = json.loads(data)
         if not isinstance(d, dict):
             raise ValueError("not an object")
+        clock = None if d.get("released") else _fs_clock(lease_dir)  # a released lease needs no clock (no probe)
         took = d.get("took_over")
         start = d.get("pid_start")
         return LeaseInfo(generation=generation, job_id=str(d.get("job_id") or ""), host=str(d.get("host") or ""),
                          pid=int(d.get("pid") or 0), token=str(d.get("token") or ""),
                          acquired=float(d.get("acquired") or mtime), heartbeat=mtime,
                          released=bool(d.get("released")), took_over=took if isinstance(took, dict) else None,
-                         pid_start=int(start) if isinstance(start, int) else None)
+                         pid_start=int(start) if isinstance(start, int) else None, clock=clock)
     except (ValueError, TypeError):  # being written (empty or cut short): a lease without a holder yet
         return LeaseInfo(generation=generation, job_id="", host="", pid=0, token="", acquired=mtime,
-                         heartbeat=mtime, released=False, took_over=None)
+                         heartbeat=mtime, released=False, took_over=None, clock=_fs_clock(lease_dir))
+
+
+def _fs_clock(lease_dir: Path) -> float | None:
+    """The filesystem's clock in ``lease_dir`` minus ``time.monotonic()`` (:attr:`LeaseInfo.clock`); None when it
+    cannot be probed."""
+    fs = fs_now(lease_dir)
+    return None if fs is None else fs - time.monotonic()
 
 
 def read_lease(trial_dir: Path | str) -> LeaseInfo | None:
@@ -215,7 +189,8 @@ def read_lease(trial_dir: Path | str) -> LeaseInfo | None:
 
 
 def _record(info: LeaseInfo, **extra: Any) -> bytes:
-    d = {k: v for k, v in info.to_dict().items() if k != "heartbeat"}  # the heartbeat is the file's mtime
+    # the heartbeat is the file's mtime; the clock is the reader's
+    d = {k: v for k, v in info.to_dict().items() if k not in ("heartbeat", "clock")}
     return (json.dumps({**d, **extra}) + "\n").encode()
 
 
@@ -322,7 +297,7 @@ class Lease:
         age = current.age()
         if age >= self.stale_s:
             return f"stale: no heartbeat for {age:.0f} s"
-        if current.host and current.host == HOST and not _pid_alive(current.pid, current.pid_start):
+        if current.host and current.host == HOST and not pid_alive(current.pid, current.pid_start):
             return "dead: its pid is gone"
         if self.job_id and current.job_id == self.job_id:
             return "same job id: the scheduler requeued the job"
@@ -355,7 +330,7 @@ class Lease:
         pid = os.getpid()
         info = LeaseInfo(generation=generation, job_id=self.job_id, host=HOST, pid=pid, token=uuid.uuid4().hex,
                          acquired=round(now, 3), heartbeat=now, released=False, took_over=took_over,
-                         pid_start=_pid_start(pid))
+                         pid_start=pid_start(pid))
         path = _file(self.dir, generation)
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
@@ -424,9 +399,8 @@ class Lease:
             if current is None or current.token != self._info.token:
                 self._lose(current)
                 return False
-            t = time.time()
             try:
-                os.utime(self.path, (t, t))
+                os.utime(self.path)  # no time given: the filesystem stamps it (one clock, see lease_clock)
             except FileNotFoundError:
                 self._lose(self._current())
                 return False
@@ -487,7 +461,7 @@ def release_if_dead(trial_dir: Path | str, pid: int, host: str | None = None) ->
     info = read_lease(trial_dir)
     if info is None or not info.token or info.released or info.pid != pid or info.host != host:
         return False
-    if host == HOST and _pid_alive(pid, info.pid_start):
+    if host == HOST and pid_alive(pid, info.pid_start):
         return False
     try:
         _rewrite(lease_dir, replace(info, released=True), released_at=round(time.time(), 3),

@@ -8,7 +8,9 @@ When it ships. The background thread sends what has accumulated when the trainer
 steps), at most once a second, and at least every :data:`SHIP_INTERVAL_S` seconds; a status, artifact, params or tags
 record is sent at once. A failed call is retried with back-off (:data:`BACKOFF_MIN_S` doubling to
 :data:`BACKOFF_MAX_S`); the job's MLflow HTTP retries are set low (:func:`fail_fast_http`) so one call fails fast and
-the outbox does the retrying. An outage of any length costs nothing but delay: the records wait in the folder.
+the outbox does the retrying. An outage of any length costs nothing but delay: the records wait in the folder. An
+HTTP 400 is an outage too unless MLflow's error code says the value itself is invalid
+(:func:`asr_core.runtime.shipper.refused_for_good`): its server answers 400 BAD_REQUEST for a database error.
 
 What it writes. The writer keeps the first value per (metric key, step) across all files, so a segment resumed from a
 checkpoint older than the steps its killed predecessor logged does not log those steps again. Everything up to a
@@ -28,7 +30,7 @@ from typing import Any
 
 from asr_core.contract.trial import MAX_TAG_CHARS, STATES
 from asr_core.runtime.outbox_folder import (file_name, log, outbox_dir, parse_record, pending, read_lines,
-                                            record_files)
+                                            record_files, write_run)
 from asr_core.runtime.shipper import MAX_METRICS, MAX_PARAMS, MAX_TAGS, Outage, Shipper
 
 BACKOFF_MIN_S, BACKOFF_MAX_S = 1.0, 30.0
@@ -82,6 +84,8 @@ class Outbox:
         self.name = file_name(segment) if segment is not None else (files[-1] if files else file_name(0))
         self.path = self.dir / self.name
         self.tracking_uri, self.run_id = tracking_uri, run_id
+        if run_id:
+            write_run(self.dir, run_id, tracking_uri)
         self.guard, self._guard_checked, self.fenced = guard, 0.0, False
         self.interval_s = SHIP_INTERVAL_S if interval_s is None else interval_s
         self._max_step: dict[str, int] = {}
@@ -220,6 +224,7 @@ class Outbox:
         self.run_id = run_id
         if tracking_uri is not None:
             self.tracking_uri = tracking_uri
+        write_run(self.dir, run_id, self.tracking_uri)
         self._wake.set()
 
     def start(self) -> "Outbox":

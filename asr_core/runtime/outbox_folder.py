@@ -11,8 +11,13 @@ Layout:
   none). Only the holder of the trial's lease writes, so a file has one writer.
 * ``shipped.json``: the watermark, per file the byte ``offset`` and ``seq`` of the last record MLflow has
   acknowledged; replaced atomically after every call that succeeded.
-* ``rejected.jsonl``: records MLflow refused for good (HTTP 400/404: an invalid value, a deleted run), with the
-  error; they are reported on stderr and never block the records behind them.
+* ``rejected.jsonl``: the kept records, those MLflow refused for good (its error code says the value is invalid,
+  e.g. a run deleted meanwhile: :data:`asr_core.runtime.shipper.REFUSED_CODES`), one line each
+  (``{"file", "record", "error", "time"}``); reported on stderr, never blocking the records behind them, counted by
+  :func:`kept` (``orchestrate status``) and sent again by ``python -m asr_core ship`` (:mod:`asr_core.runtime.resend`),
+  which rewrites the file with those still refused.
+* ``run.json``: where the records go, ``{"run_id", "tracking_uri"}``, written by the job once it knows its run
+  (:func:`write_run`), so ``python -m asr_core ship TRIAL_DIR`` needs no more than the folder.
 
 Records (``kind``): ``params`` (at most 100), ``tags`` (at most 100), ``metrics`` (one step: ``step``, ``time`` in
 ms, ``metrics`` {key: value}; the timestamp is the record's, so sending it twice sends the identical point),
@@ -38,6 +43,7 @@ from asr_core.contract.trial import TrialFolder
 
 WATERMARK_FILE = "shipped.json"
 REJECTED_FILE = "rejected.jsonl"
+RUN_FILE = "run.json"
 FILE_DIGITS = 6
 READ_CHUNK = 4 << 20
 
@@ -95,6 +101,78 @@ def write_watermark(box: Path, state: dict[str, dict[str, int]]) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, box / WATERMARK_FILE)
+
+
+def _replace(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def write_run(box: Path, run_id: str, tracking_uri: str | None) -> None:
+    """Record where the outbox ships (``run.json``), atomically; unchanged when it already says so."""
+    want = {"run_id": run_id, "tracking_uri": tracking_uri or ""}
+    try:
+        if json.loads((box / RUN_FILE).read_text()) == want:
+            return
+    except (OSError, ValueError):
+        pass
+    box.mkdir(parents=True, exist_ok=True)
+    _replace(box / RUN_FILE, json.dumps(want).encode())
+
+
+def read_run(trial_dir: Path | str) -> tuple[str, str]:
+    """(run id, tracking URI) the trial's outbox ships to; ("", "") when it never recorded one."""
+    try:
+        d = json.loads((outbox_dir(trial_dir) / RUN_FILE).read_text())
+    except (OSError, ValueError):
+        return "", ""
+    if not isinstance(d, dict):
+        return "", ""
+    return str(d.get("run_id") or ""), str(d.get("tracking_uri") or "")
+
+
+def read_kept(trial_dir: Path | str) -> list[dict[str, Any]]:
+    """The kept records (``rejected.jsonl``), oldest first: ``{"file", "record", "error", "time"}`` each; a line that
+    is not one (cut short by a crash) is left out."""
+    try:
+        lines = (outbox_dir(trial_dir) / REJECTED_FILE).read_bytes().splitlines()
+    except OSError:
+        return []
+    out = []
+    for line in lines:
+        try:
+            d = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(d, dict) and isinstance(d.get("record"), dict):
+            out.append(d)
+    return out
+
+
+def kept(trial_dir: Path | str) -> int:
+    """How many records MLflow refused for good the trial's outbox keeps (lines of ``rejected.jsonl``). Cheap: one
+    ``stat`` when there are none, no mlflow import."""
+    path = outbox_dir(trial_dir) / REJECTED_FILE
+    try:
+        if os.path.getsize(path) == 0:
+            return 0
+        with open(path, "rb") as f:
+            return sum(1 for line in f if line.strip())
+    except OSError:
+        return 0
+
+
+def rewrite_kept(trial_dir: Path | str, entries: list[dict[str, Any]]) -> None:
+    """Replace ``rejected.jsonl`` with ``entries`` atomically (removed when there are none)."""
+    path = outbox_dir(trial_dir) / REJECTED_FILE
+    if not entries:
+        path.unlink(missing_ok=True)
+        return
+    _replace(path, b"".join(json.dumps(e).encode() + b"\n" for e in entries))
 
 
 def pending(trial_dir: Path | str) -> int:

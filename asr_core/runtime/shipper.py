@@ -6,7 +6,14 @@ job that is gone; ``python -m asr_core outbox``, :func:`cli`). The folder it rea
 Shipping. Consecutive params/tags/metrics records go in one ``log_batch`` call within MLflow's limits (1000 metrics,
 100 params, 100 tags, 1000 entities); a status or artifact record is sent on its own, in order, so the run's status
 follows the job's. A call that fails for an outage raises :class:`Outage` and the records stay where they are; a
-record MLflow refuses for good goes to ``rejected.jsonl`` and never blocks the ones behind it.
+record MLflow refuses for good goes to ``rejected.jsonl`` (kept: counted by ``orchestrate status``, sent again by
+``python -m asr_core ship``, :mod:`asr_core.runtime.resend`) and never blocks the ones behind it.
+
+Outage or refusal: MLflow's error code decides (:func:`refused_for_good`), not the HTTP status. Its server answers
+400 BAD_REQUEST for every database error but OperationalError (a connection-pool timeout under load, a lock), 500
+INTERNAL_ERROR for the unexpected, 503 TEMPORARILY_UNAVAILABLE for OperationalError: all outages, retried. Only
+what says the request itself cannot succeed (:data:`REFUSED_CODES`: an invalid value, a run deleted or never made)
+is refused for good.
 
 Exactly once. A crash between a call and its watermark re-sends at most that call's records, which is harmless:
 MLflow's store keeps one row for an identical (key, value, timestamp, step) (its primary key; checked against the
@@ -30,10 +37,16 @@ from typing import Any
 
 from asr_core.contract.trial import ENDED
 from asr_core.runtime.outbox_folder import (REJECTED_FILE, log, outbox_dir, parse_record, pending, read_lines,
-                                            read_watermark, record_files, write_watermark)
+                                            read_run, read_watermark, record_files, write_run, write_watermark)
 
 MAX_METRICS, MAX_PARAMS, MAX_TAGS, MAX_ENTITIES = 1000, 100, 100, 1000  # MLflow's log_batch limits
 ARTIFACT_ATTEMPTS = 3  # an artifact the store refuses (not an outage) this often is given up (it stays in the folder)
+# MLflow's error codes (mlflow/protos/databricks.proto) that say the request itself cannot succeed: the value is
+# invalid (a bad key, a param that changed, a run deleted meanwhile: "must be in the 'active' state"), the run does
+# not exist, or its state refuses it. Every other code (BAD_REQUEST: a database error; INTERNAL_ERROR,
+# TEMPORARILY_UNAVAILABLE, ...) and every answer that is not MLflow's JSON (a gateway's page) is an outage.
+REFUSED_CODES = frozenset({"INVALID_PARAMETER_VALUE", "RESOURCE_DOES_NOT_EXIST", "INVALID_STATE",
+                           "RESOURCE_ALREADY_EXISTS"})
 
 
 class Outage(Exception):
@@ -42,8 +55,8 @@ class Outage(Exception):
 
 @dataclass(frozen=True)
 class ShipResult:
-    """What :func:`ship_pending` did: records ``shipped`` (acknowledged by MLflow, including any ``rejected`` for
-    good), ``left`` (still pending) and ``error`` ("" when everything went)."""
+    """What :func:`ship_pending` did: records ``shipped`` (acknowledged by MLflow, including any ``rejected``: refused
+    for good and kept in ``rejected.jsonl``), ``left`` (still pending) and ``error`` ("" when everything went)."""
 
     shipped: int
     left: int
@@ -55,14 +68,15 @@ class ShipResult:
         return self.left == 0 and not self.error
 
 
-def _permanent(exc: BaseException) -> bool:
-    """MLflow refused the request itself (HTTP 400 invalid value or state, 404 run gone): sending it again cannot
-    help. Connection failures, timeouts, 401/403/429 and 5xx are outages: retried."""
+def refused_for_good(exc: BaseException) -> bool:
+    """Whether MLflow refused the request itself (its error code is one of :data:`REFUSED_CODES`): sending it
+    again cannot help until someone fixes the cause. Everything else (connection failures, timeouts, BAD_REQUEST,
+    INTERNAL_ERROR, TEMPORARILY_UNAVAILABLE, 401/403/429, a body that is not MLflow's) is an outage: retried."""
     try:
         from mlflow.exceptions import MlflowException
     except ImportError:  # pragma: no cover - mlflow is a dependency
         return False
-    return isinstance(exc, MlflowException) and exc.get_http_status_code() in (400, 404)
+    return isinstance(exc, MlflowException) and str(getattr(exc, "error_code", "")) in REFUSED_CODES
 
 
 def _connection_error(exc: BaseException) -> bool:
@@ -77,8 +91,12 @@ class Shipper:
     """Reads an outbox's files past the watermark and sends them to one run, in order. One shipping pass
     (:meth:`ship`) either reaches the end of every file or raises :class:`Outage`."""
 
-    def __init__(self, box: Path, tracking_uri: str | None, run_id: str, trial_dir: Path) -> None:
+    def __init__(self, box: Path, tracking_uri: str | None, run_id: str, trial_dir: Path,
+                 keep: Callable[[str, dict[str, Any], str], None] | None = None) -> None:
+        """``keep(file name, record, error)`` takes a record refused for good (default: append it to
+        ``rejected.jsonl``)."""
         self.box, self.tracking_uri, self.run_id, self.trial_dir = box, tracking_uri, run_id, trial_dir
+        self.keep = keep or self._keep_in_folder
         self.state = read_watermark(box)
         self.shipped = 0
         self.rejected = 0
@@ -162,7 +180,7 @@ class Shipper:
         try:
             fn()
         except Exception as e:  # noqa: BLE001 - classified: refused for good, or an outage to wait out
-            if _permanent(e):
+            if refused_for_good(e):
                 raise
             raise Outage(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]) from e
 
@@ -257,7 +275,7 @@ class Shipper:
             self.client.log_artifact(self.run_id, str(local), artifact_path=rec.get("dir") or None)
             return
         except Exception as e:  # noqa: BLE001 - the store's own failure, or an outage
-            if _permanent(e):
+            if refused_for_good(e):
                 self._reject(name, rec, e)
                 return
             from mlflow.exceptions import MlflowException
@@ -271,14 +289,31 @@ class Shipper:
                 return
             raise Outage(f"artifact {local}: {type(e).__name__}: {e}"[:300]) from e
 
+    # -- one record, outside the files' order (python -m asr_core ship) --
+    def send(self, name: str, rec: dict[str, Any]) -> None:
+        """Send one record of file ``name`` on its own, the watermark untouched; a refusal goes to ``keep``, an
+        outage raises :class:`Outage`."""
+        kind = rec.get("kind")
+        if kind in ("metrics", "params", "tags"):
+            self._send_batch(name, [(0, rec)])
+        elif kind == "status":
+            self._send_status(name, rec)
+        elif kind == "artifact":
+            self._send_artifact(name, rec)
+        else:
+            self._reject(name, rec, f"unknown record kind {kind!r}")
+
     def _reject(self, name: str, rec: dict[str, Any], error: BaseException | str) -> None:
         text = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
-        text = " ".join(text.split())[:1000]
-        log(f"MLflow refused a {rec.get('kind')} record of {self.box / name} for run "
-            f"{self.run_id} ({text}); it is kept in {self.box / REJECTED_FILE} and the records after it go on")
+        self.keep(name, rec, " ".join(text.split())[:1000])
+        self.rejected += 1
+
+    def _keep_in_folder(self, name: str, rec: dict[str, Any], text: str) -> None:
+        log(f"MLflow refused a {rec.get('kind')} record of {self.box / name} for run {self.run_id} ({text}); it is "
+            f"kept in {self.box / REJECTED_FILE} and the records after it go on; once the cause is fixed, "
+            f"`python -m asr_core ship {self.trial_dir}` sends it again")
         with open(self.box / REJECTED_FILE, "a") as f:
             f.write(json.dumps({"file": name, "record": rec, "error": text, "time": round(time.time(), 3)}) + "\n")
-        self.rejected += 1
 
 
 # ---- a job that is gone -----------------------------------------------------------------------------------------
@@ -291,9 +326,11 @@ def ship_pending(trial_dir: Path | str, tracking_uri: str | None, run_id: str, d
     before = pending(trial_dir)
     if before == 0:
         return ShipResult(0, 0)
-    holder = _live_holder(trial_dir)
+    holder = live_holder(trial_dir)
     if holder:
         return ShipResult(0, before, f"a live job holds the lease ({holder}); it ships its own outbox")
+    if not read_run(trial_dir)[0]:  # an outbox of an earlier version: `python -m asr_core ship` finds its run here
+        write_run(outbox_dir(trial_dir), run_id, tracking_uri)
     shipper = Shipper(outbox_dir(trial_dir), tracking_uri, run_id, trial_dir)
     result: dict[str, str] = {}
     stop = threading.Event()
@@ -317,7 +354,8 @@ def ship_pending(trial_dir: Path | str, tracking_uri: str | None, run_id: str, d
                       rejected=shipper.rejected)
 
 
-def _live_holder(trial_dir: Path) -> str:
+def live_holder(trial_dir: Path) -> str:
+    """Who holds the trial's lease while alive ("" when nobody does, or the lease cannot be read)."""
     try:
         from asr_core.runtime.lease import read_lease
     except ImportError:
@@ -345,6 +383,9 @@ def cli(argv: list[str] | None = None) -> int:
         return 0
     r = ship_pending(a.trial_dir, a.tracking_uri, a.run_id, a.deadline)
     print(f"shipped {r.shipped}, left {r.left}, rejected {r.rejected}" + (f": {r.error}" if r.error else ""))
+    if r.rejected:
+        print(f"records MLflow refused are kept in {outbox_dir(a.trial_dir) / REJECTED_FILE}; once the cause is "
+              f"fixed, `python -m asr_core ship {a.trial_dir}` sends them again")
     return 0 if r.complete else 1
 
 

@@ -12,9 +12,7 @@ the restricted unpickler accepts it.
 
 from __future__ import annotations
 
-import os
 import random
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +20,7 @@ import numpy as np
 import torch
 
 from asr_core.config import Config
+from asr_core.contract.atomic import write_with
 from asr_core.model.acoustic import AcousticModel, build_model
 from asr_core.data.tokenizer import Tokenizer
 
@@ -34,21 +33,14 @@ class CheckpointError(ValueError):
 
 
 def save_checkpoint(path: str | Path, state: dict[str, Any]) -> Path:
-    """Write ``state`` to ``path`` atomically: a temporary file in the same folder, fsync, ``os.replace``.
-    A crash at any moment leaves either the old checkpoint or the new one, never half of one."""
+    """Write ``state`` to ``path`` atomically: a temporary file in the same folder (``.<name>.<random>.tmp``, with
+    the mode the umask gives a new file, so teammates read it where they read the folder), fsync, ``os.replace``,
+    fsync of the folder (:mod:`asr_core.contract.atomic`). A crash at any moment leaves either the old checkpoint or
+    the new one, never half of one; the temporary file of a process killed while saving is removed by the trial
+    job's next start (:func:`asr_core.contract.atomic.stale_temps`)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return write_with(path, lambda f: torch.save(state, f))
 
 
 def read_header(path: str | Path) -> dict[str, Any]:
@@ -81,6 +73,13 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
 def _read(path: str | Path, *, mmap: bool) -> Any:
     """The one ``torch.load`` of this project's checkpoints: on the CPU, with the restricted unpickler."""
     return torch.load(str(path), map_location="cpu", weights_only=True, mmap=mmap)
+
+
+def training_finished(state: dict[str, Any]) -> bool:
+    """Whether a training checkpoint's run is over: its last step done, or its optimizer state dropped (which only
+    :func:`drop_optimizer_state` does, once training finished)."""
+    schedule = state.get("schedule") or {}
+    return state.get("optimizer") is None or int(state.get("step", 0)) >= int(schedule.get("total_steps", 1 << 62))
 
 
 def drop_optimizer_state(path: str | Path) -> int:

@@ -5,6 +5,11 @@ each logged, a checkpoint every ``train.checkpoint_every`` steps and at the end,
 (:class:`Cursor`: the step, the data position and the last loss, all of which go into every checkpoint) and where it
 reports (:class:`Reporting`). A stop signal ends it at the next step boundary with a checkpoint and
 :class:`Preempted`; a lost lease ends it before a save with :class:`Fenced`.
+
+A step whose loss or gradient is not finite changes nothing (:func:`asr_core.training.step.optimizer_step` skips its
+update) and no periodic checkpoint is written while the steps stay non-finite; ``train.max_nonfinite_steps`` of them in
+a row end the segment with :class:`Diverged`, leaving the last checkpoint as it was. No checkpoint is ever written
+with non-finite weights.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from asr_core.data.tokenizer import Tokenizer
 from asr_core.model.acoustic import AcousticModel
 from asr_core.runtime import signals
 from asr_core.runtime.outbox import Outbox
-from asr_core.training.checkpoint import FORMAT_VERSION, rng_state, save_checkpoint
+from asr_core.training.checkpoint import FORMAT_VERSION, read_header, rng_state, save_checkpoint
 from asr_core.training.step import HeadDiversity, optimizer_step
 
 
@@ -39,6 +44,12 @@ class Preempted(Exception):
 
 class Fenced(Exception):
     """Another trainer took this trial's lease: this one stopped without saving (exit code 73)."""
+
+
+class Diverged(Exception):
+    """The loss stayed non-finite for ``train.max_nonfinite_steps`` steps in a row (or the weights became
+    non-finite): the trial failed, its last checkpoint is kept as it was (exit code 65). The message starts with
+    ``diverged:`` and names the steps, the loss and the checkpoint kept."""
 
 
 @dataclass(frozen=True)
@@ -75,12 +86,14 @@ class Segment:
 
 @dataclass
 class Cursor:
-    """Where training stands: ``step`` optimiser steps done, the data ``pos`` after the last of them, and that
-    step's CTC loss. Advanced by :func:`run_loop` after each step; saved in every checkpoint."""
+    """Where training stands: ``step`` optimiser steps done, the data ``pos`` after the last of them, that
+    step's CTC loss, and how many steps in a row up to it had a non-finite loss or gradient (``nonfinite``).
+    Advanced by :func:`run_loop` after each step; saved in every checkpoint."""
 
     step: int = 0
     pos: Position = field(default_factory=Position)
     last_loss: float = math.nan
+    nonfinite: int = 0
 
 
 @dataclass(frozen=True)
@@ -105,17 +118,44 @@ def save(seg: Segment, at: Cursor, to: Reporting) -> None:
     if to.held is not None and not to.held():
         raise Fenced(f"another trainer took the lease of {seg.out_dir} before step {at.step} was saved; this one "
                      "stops without saving")
+    if not all(bool(torch.isfinite(p).all()) for p in seg.model.parameters()):
+        raise Diverged(f"diverged: the weights are not finite at step {at.step} (loss {at.last_loss:g}); "
+                       f"{kept(seg)}")
     if to.outbox is not None:
         to.outbox.sync()  # every step up to this checkpoint's is on disk before the checkpoint is
     save_checkpoint(seg.ckpt_path, {
         "format_version": FORMAT_VERSION, "config": seg.cfg.to_dict(), "model": seg.model.state_dict(),
         "optimizer": seg.opt.state_dict(), "step": at.step,
         "schedule": {"total_steps": seg.total_steps, "warmup_steps": t.warmup_steps, "peak_lr": t.lr,
-                     "last_loss": at.last_loss},
+                     "last_loss": at.last_loss, "nonfinite_steps": at.nonfinite},
         "rng": rng_state(), "data_position": at.pos.to_dict(),
         "mlflow_run_id": to.run_id, "tracking_uri": to.tracking_uri,
         "tokenizer": seg.tok.to_bytes(), "data_fingerprint": seg.data_id, "precision": seg.precision,
     })
+
+
+def kept(seg: Segment) -> str:
+    """What a diverged segment leaves, in words: ``the checkpoint of step N (PATH) is left as it was``."""
+    if not seg.ckpt_path.is_file():
+        return "no checkpoint was written"
+    try:
+        return f"the checkpoint of step {int(read_header(seg.ckpt_path)['step'])} ({seg.ckpt_path}) is left as it was"
+    except Exception:  # noqa: BLE001 - only words for the error message
+        return f"the checkpoint {seg.ckpt_path} is left as it was"
+
+
+def nonfinite_step(seg: Segment, at: Cursor, values: dict[str, float]) -> None:
+    """Count a step whose update was skipped (its loss or gradient not finite); :class:`Diverged` at the
+    ``train.max_nonfinite_steps``-th in a row."""
+    limit = seg.cfg.train.max_nonfinite_steps
+    loss, norm = values["train/loss"], values["train/grad_norm"]
+    print(f"[train] step {at.step}: loss {loss:g}, gradient norm {norm:g}: update skipped ({at.nonfinite} such "
+          f"steps in a row; train.max_nonfinite_steps={limit} ends the trial)", flush=True)
+    if at.nonfinite >= limit:
+        raise Diverged(f"diverged: the loss or its gradient was not finite for {at.nonfinite} steps in a row (steps "
+                       f"{at.step - at.nonfinite + 1}-{at.step}, train.max_nonfinite_steps={limit}; at step "
+                       f"{at.step} loss {loss:g}, gradient norm {norm:g}); {kept(seg)}; lower train.lr or lengthen "
+                       "train.warmup_steps")
 
 
 def run_loop(seg: Segment, at: Cursor, to: Reporting) -> TrainResult:
@@ -152,16 +192,19 @@ def run_loop(seg: Segment, at: Cursor, to: Reporting) -> TrainResult:
                                         seg.bf16, head_diversity)
                 # the position after the step just trained on, never after steps the loader prefetched
                 at.step, at.pos, at.last_loss = at.step + 1, batch.next_pos, values["train/loss"]
+                at.nonfinite = at.nonfinite + 1 if "train/update_skipped" in values else 0
                 step = at.step
                 if to.outbox is not None:
                     to.outbox.metrics(step, values)  # local and cheap; the shipper sends them in the background
+                if at.nonfinite:
+                    nonfinite_step(seg, at, values)
                 if step % t.log_every == 0 or step == total_steps:
                     _report(bar, step, total_steps, values)
                     if to.progress is not None:
                         to.progress.write("train", step, total_steps)
                     if to.outbox is not None:
                         to.outbox.kick()
-                if step % t.checkpoint_every == 0:
+                if step % t.checkpoint_every == 0 and not at.nonfinite:  # the last finite step's checkpoint stays
                     save(seg, at, to)
             if signals.received() is not None:
                 save(seg, at, to)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -125,18 +126,36 @@ def optimizer_step(model: AcousticModel, opt: torch.optim.Optimizer, batch: Step
                    head_diversity: HeadDiversity | None = None) -> dict[str, float]:
     """Train optimiser step ``step + 1`` of ``total_steps`` on ``batch``: the schedule's learning rate
     (:func:`asr_core.schedules.learning_rate`), the step's gradient (:func:`step_gradients`), clipping at
-    ``t.grad_clip``, the update. Returns the step's metrics (``train/loss`` is the CTC loss)."""
+    ``t.grad_clip``, the update. Returns the step's metrics (``train/loss`` is the CTC loss).
+
+    A step whose loss or gradient norm is not finite makes no update: clipping would scale every gradient by
+    ``grad_clip / nan`` and the optimiser would write NaN into every weight and its own state (bf16 autocast has no
+    loss scaler that would skip it). Its gradients are dropped, the weights, the buffers (batch renormalisation's
+    running statistics, which the forward pass already moved towards NaN) and the optimiser's state stay as they
+    were, and its metrics carry ``train/update_skipped`` = 1 (the loop counts such steps in a row:
+    ``train.max_nonfinite_steps``)."""
     lr = learning_rate(step, t.lr, t.warmup_steps, total_steps)
     for g in opt.param_groups:
         g["lr"] = lr
+    buffers = [(b, b.detach().clone()) for b in model.buffers()]  # per-channel statistics: small
     losses = step_gradients(model, batch.micro, device, bf16, step, t.loss_norm, step_frames(batch.windows, data),
                             head_diversity)
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)
-    opt.step()
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip))
+    finite = math.isfinite(losses.ctc) and math.isfinite(grad_norm) and (
+        losses.head_div is None or math.isfinite(losses.head_div))
+    if finite:
+        opt.step()
+    else:
+        model.zero_grad(set_to_none=True)
+        with torch.no_grad():
+            for b, before in buffers:
+                b.copy_(before)
     seq = max((w.seq or w.duration) for w in batch.windows)
     values = {"train/loss": losses.ctc, "train/lr": lr, "train/seq_len_s": seq,
-              "train/batch_size": float(batch.size), "train/grad_norm": float(grad_norm),
+              "train/batch_size": float(batch.size), "train/grad_norm": grad_norm,
               "train/micro_batches": float(len(batch.micro))}
+    if not finite:
+        values["train/update_skipped"] = 1.0
     if losses.head_div is not None:
         values["train/head_div_loss"] = losses.head_div
     return values

@@ -15,7 +15,13 @@ exits 75). The signals are recorded by :mod:`asr_core.runtime.signals` (from the
 command): one that arrives while the trainer is still setting up (loading the corpus, learning the tokenizer,
 building the model) raises :class:`Preempted` at once, with nothing new to checkpoint. Calling ``train`` again with
 the same ``out_dir`` resumes exactly: weights, optimiser, batch-renorm statistics, RNG states and the data position
-all come back, and the same MLflow run continues.
+all come back, and the same MLflow run continues. A checkpoint whose training is finished (its last step done, or
+its optimizer state dropped: :func:`~asr_core.training.checkpoint.drop_optimizer_state`) is returned as it is,
+untouched: the trial job relies on this when its ``TRAINED`` marker cannot be read.
+
+A step whose loss or gradient is not finite is skipped (no update); ``train.max_nonfinite_steps`` in a row raise
+:class:`~asr_core.training.loop.Diverged` (the command exits 65), leaving the last checkpoint as it was
+(:mod:`asr_core.training.loop`).
 
 ``train.head_diversity_weight`` > 0 adds paper 003's auxiliary loss
 (:class:`~asr_core.training.step.HeadDiversity`, :func:`~asr_core.training.step.step_gradients`), logged as
@@ -59,8 +65,9 @@ import torch
 
 from asr_core.config import Config
 from asr_core.config_parse import ConfigError
-from asr_core.contract.trial import (CHECKPOINT_FILE, EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, EXIT_USAGE, FINISHED, RUNNING,
-                                     TAG_CHECKPOINT, TAG_DATA_FINGERPRINT, TAG_GIT_COMMIT, TOKENIZER_FILE, ProgressLog)
+from asr_core.contract.trial import (CHECKPOINT_FILE, EXIT_DIVERGED, EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, EXIT_USAGE,
+                                     FINISHED, RUNNING, TAG_CHECKPOINT, TAG_DATA_FINGERPRINT, TAG_GIT_COMMIT,
+                                     TOKENIZER_FILE, ProgressLog)
 from asr_core.data.chunking import Position, WindowStream
 from asr_core.data.corpora.base import Recording
 from asr_core.data.tokenizer import Tokenizer
@@ -71,8 +78,8 @@ from asr_core.runtime import signals
 from asr_core.runtime.outbox import FINAL_FLUSH_S, PREEMPT_FLUSH_S, Outbox, fail_fast_http
 from asr_core.runtime.outbox_folder import outbox_dir
 from asr_core.runtime.provenance import code_version
-from asr_core.training.checkpoint import load_checkpoint, set_rng_state
-from asr_core.training.loop import Cursor, Preempted, Reporting, Segment, TrainResult, run_loop
+from asr_core.training.checkpoint import load_checkpoint, set_rng_state, training_finished
+from asr_core.training.loop import Cursor, Diverged, Preempted, Reporting, Segment, TrainResult, run_loop
 from asr_core.training.step import build_optimizer
 
 CHECKPOINT_NAME = CHECKPOINT_FILE  # the trial contract's name for it
@@ -246,6 +253,10 @@ def _train(cfg: Config, out_dir: Path, tracking_uri: str | None, run_id: str | N
 
         recs = _recordings(cfg, recordings)
         data_id = _data_identity(cfg, recs, state)
+        if state is not None and training_finished(state):  # after the data check: other content is refused
+            step = int(state["step"])
+            print(f"[train] {ckpt_path} is trained to the end (step {step}); nothing to train", flush=True)
+            return TrainResult(ckpt_path, run_id, step, float(state["schedule"].get("last_loss", math.nan)))
         tok = _tokenizer(cfg, recs, out_dir, state)
         device, bf16 = train_device(cfg)
         precision = "bf16" if bf16 else "fp32"
@@ -266,7 +277,8 @@ def _train(cfg: Config, out_dir: Path, tracking_uri: str | None, run_id: str | N
             model.load_state_dict(state["model"])
             opt.load_state_dict(state["optimizer"])
             at = Cursor(int(state["step"]), Position.from_dict(state["data_position"]),
-                        float(state["schedule"].get("last_loss", math.nan)))
+                        float(state["schedule"].get("last_loss", math.nan)),
+                        int(state["schedule"].get("nonfinite_steps", 0)))
             total_steps = int(state["schedule"]["total_steps"])
             set_rng_state(state["rng"])
             print(f"[train] resuming {ckpt_path} at step {at.step}/{total_steps}", flush=True)
@@ -336,6 +348,9 @@ def cli(argv: list[str]) -> int:
     except Preempted as e:
         print(f"[train] preempted ({e}); resume with the same command", file=sys.stderr)
         return EXIT_PREEMPTED
+    except Diverged as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_DIVERGED
     except (TrainError, ConfigError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_FAILED

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import yaml
+from asr_core.yaml_input import YamlInputError, load_yaml_file
 
 if TYPE_CHECKING:
     from orchestrate.trial import Trial
@@ -150,7 +150,12 @@ def load_profile(name_or_path: str | None) -> Profile:
     if not p.exists():
         known = sorted(q.stem for q in profiles_dir().glob("*.yaml")) if profiles_dir().exists() else []
         raise BackendError(f"unknown profile {name_or_path!r} (no {p}); valid: {', '.join(known) or 'none yet'}")
-    raw = yaml.load(p.read_text(), Loader=_ProfileLoader) or {}
+    try:
+        raw = load_yaml_file(p, durations=True) or {}  # 4:00:00 stays a duration, not base-60 14400
+    except YamlInputError as e:
+        raise BackendError(str(e)) from None
+    except OSError as e:
+        raise BackendError(f"profile {p} cannot be read: {e.strerror or e}") from None
     if not isinstance(raw, dict):
         raise BackendError(f"{p}: a profile is a mapping of {', '.join(PROFILE_KEYS)}")
     unknown = sorted(set(raw) - set(PROFILE_KEYS) - {"name", "description"})
@@ -177,19 +182,6 @@ def load_profile(name_or_path: str | None) -> Profile:
         raise BackendError(f"{p}: invalid gpus_per_node {prof.gpus_per_node!r}; valid: a count or 'TYPE:COUNT'"
                            ) from None
     return prof
-
-
-class _ProfileLoader(yaml.SafeLoader):
-    """YAML 1.1 reads an unquoted ``4:00:00`` as the base-60 integer 14400 (which would be 14400 minutes):
-    here such a scalar stays the duration it looks like."""
-
-
-def _int_or_duration(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> Any:
-    text = loader.construct_scalar(node)
-    return str(text) if ":" in str(text) else yaml.SafeLoader.construct_yaml_int(loader, node)
-
-
-_ProfileLoader.add_constructor("tag:yaml.org,2002:int", _int_or_duration)
 
 
 def _checked(p: Path, k: str, v: Any) -> Any:

@@ -256,14 +256,14 @@ def _finished_sweep(root: Path) -> "SweepDir":
     """The fake paper sweep with every model finished, its folder as a finished trial leaves it: ``config.json``,
     ``TRAINED``, ``eval/`` tables, ``EVALUATED`` (what its own evaluation decoded, and how) and ``DONE``."""
     from asr_core.contract.evaluation import default_evaluation, evaluated_record
-    from asr_core.contract.trial import TrialFolder, mark_done, write_config
+    from asr_core.contract.trial import TrialFolder, mark_done, mark_evaluated, write_config
     from orchestrate.tools.fake_sweep import make_fake_sweep
 
     sweep = make_fake_sweep(root, 321, name="paper-finished", mix=(("finished", 1.0),))
     for t in sweep.read_trials():
         folder = TrialFolder(sweep.trial_dir(t.key))
         write_config(folder.path, t.config)
-        folder.evaluated.write_text(evaluated_record(*default_evaluation(t.config.eval)))
+        mark_evaluated(folder.path, evaluated_record(*default_evaluation(t.config.eval)))
         if not folder.done.exists():
             mark_done(folder.path)
     return sweep

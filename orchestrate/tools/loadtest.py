@@ -8,7 +8,16 @@ server acknowledged must be there exactly once. Prints a table:
 
     processes  seconds  points sent  points/s  errors  lost  duplicated  p50 ms  p99 ms
 
-and exits 0 when nothing was lost, duplicated or refused, 1 otherwise.
+Then a fault phase (``--fault-seconds``, 0 skips it): ``--fault-processes`` trainers log through the trial job's
+own outbox (:class:`asr_core.runtime.outbox.Outbox`, a trial folder each under a temporary folder) to a
+:class:`orchestrate.tools.flaky_proxy.FlakyProxy` in front of the server, which for ``--fault-seconds`` in the
+middle of the phase answers, first, 400 BAD_REQUEST (a database error, as under a connection-pool timeout), then
+503, 500 and 502, some of them after forwarding (the server did the work, the answer was lost). Every point logged
+must then be in the run exactly once, nothing kept as refused or left unshipped:
+
+    phase  processes  seconds  points logged  faulted requests  kept  left  lost  duplicated
+
+Exits 0 when nothing was lost, duplicated or refused in either phase, 1 otherwise.
 
 The load processes speak MLflow's REST API (``/api/2.0/mlflow/runs/log-batch``) through ``requests``: importing
 mlflow costs about 2 s of CPU per process, which would be the benchmark on a small machine. Credentials are found
@@ -25,6 +34,8 @@ import os
 import queue
 import random
 import sys
+import tempfile
+import threading
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -33,6 +44,7 @@ from typing import Any
 import requests
 
 from orchestrate.mlflow_rest import credentials
+from orchestrate.tools.flaky_proxy import DATABASE_ERRORS, SERVER_ERRORS, FlakyProxy
 
 API = "/api/2.0/mlflow"
 # What a trainer logs every step (asr_core.training.train logs a handful of train/* values per log_batch).
@@ -277,6 +289,149 @@ def run_load(uri: str, processes: int, seconds: float, steps_per_second: float =
     )
 
 
+# ---- the fault phase --------------------------------------------------------------------------------------------
+FAULT_FLUSH_S = 120.0  # how long each trainer's outbox may take to catch up after the phase
+
+
+@dataclass(frozen=True)
+class OutboxReport:
+    """What one trainer of the fault phase did: its :class:`TrainerReport` (every step it logged counts as owed),
+    and the records its outbox kept as refused and left unshipped at the end."""
+
+    report: TrainerReport
+    kept: int
+    left: int
+
+
+def outbox_trainer(index: int, uri: str, proxy_uri: str, auth: tuple[str, str] | None, experiment_id: str,
+                   folder: str, start_at: float, seconds: float, steps_per_second: float, out: Any) -> None:
+    """One trainer of the fault phase: a run made on the server itself, then RUNNING, a metrics record per step and
+    FINISHED through an outbox shipping to ``proxy_uri``, as the trial job does; puts its OutboxReport on ``out``."""
+    from asr_core.runtime.outbox import Outbox, fail_fast_http
+    from asr_core.runtime.outbox_folder import kept, pending
+
+    fail_fast_http()  # as the trial job: one call fails fast, the outbox retries
+    os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")  # no run links amid the table
+    steps, error, run_id, n_kept, left = 0, "", "", 0, 0
+    trial = os.path.join(folder, f"trainer-{index:03d}")
+    try:
+        run_id = RestClient(uri, auth).create_run(experiment_id, f"outbox-trainer-{index:03d}")
+        box = Outbox(trial, segment=1, tracking_uri=proxy_uri, run_id=run_id).start()
+        time.sleep(max(0.0, start_at - time.time()))
+        box.status("RUNNING")
+        rng, period, t0 = random.Random(index), 1.0 / steps_per_second, time.monotonic()
+        while time.monotonic() - t0 < seconds:
+            steps += 1
+            box.metrics(steps, {k: rng.random() for k in METRICS})
+            box.kick()
+            time.sleep(max(0.0, t0 + steps * period - time.monotonic()))
+        box.status("FINISHED")
+        if not box.flush(FAULT_FLUSH_S):
+            error = f"outbox not shipped within {FAULT_FLUSH_S:g} s: {box.last_error}"
+        box.close()
+        n_kept, left = kept(trial), pending(trial)
+    except LoadTestError as e:
+        error = str(e)
+    report = TrainerReport(index, run_id, tuple(range(1, steps + 1)), (), (), 0, 0, error)
+    out.put(OutboxReport(report, n_kept, left))
+
+
+@dataclass(frozen=True)
+class FaultResult:
+    """The outcome of the fault phase: points logged, the requests the proxy answered with a fault (by HTTP status),
+    and what the runs hold at the end."""
+
+    processes: int
+    seconds: float
+    fault_seconds: float
+    points: int
+    faulted: dict[int, int]
+    kept: int  # outbox records kept as refused for good (none may be: every fault was transient)
+    left: int  # outbox records never shipped
+    lost: int
+    duplicated: int
+    unfinished: int
+    missing: int  # trainers that ended without a report
+    first_error: str
+
+    @property
+    def ok(self) -> bool:
+        return not (self.kept or self.left or self.lost or self.duplicated or self.unfinished or self.missing)
+
+    def table(self) -> str:
+        faults = " ".join(f"{code}x{n}" for code, n in sorted(self.faulted.items())) or "none"
+        head = ("phase", "processes", "seconds", "points logged", "faulted requests", "kept", "left", "lost",
+                "duplicated")
+        row = (f"{self.fault_seconds:g} s of 400/5xx", str(self.processes), f"{self.seconds:.0f}", str(self.points),
+               faults, str(self.kept), str(self.left), str(self.lost), str(self.duplicated))
+        widths = [max(len(h), len(c)) for h, c in zip(head, row)]
+        lines = ["  ".join(x.rjust(w) for x, w in zip(line, widths)) for line in (head, row)]
+        lines.insert(1, "  ".join("-" * w for w in widths))
+        return "\n".join(lines)
+
+
+def run_fault_phase(uri: str, processes: int, fault_seconds: float, steps_per_second: float = 4.0,
+                    experiment: str | None = None) -> FaultResult:
+    """``processes`` outbox trainers log through a :class:`FlakyProxy` in front of ``uri`` for ``fault_seconds``
+    plus a lead and a tail (a quarter of it each, at least 2 s); the proxy answers faults for ``fault_seconds`` in the
+    middle: 400 BAD_REQUEST for the first half, 5xx for the second. Then every run's history is checked (:func:`check_history`)."""
+    import importlib
+
+    importlib.import_module("mlflow.tracking")  # once here, before the trainers fork, instead of once in each
+
+    auth = read_credentials()
+    name = experiment or f"loadtest-faults-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    try:
+        experiment_id = RestClient(uri, auth).create_experiment(name)
+    except LoadTestError as e:
+        raise LoadTestError(f"cannot create experiment {name!r} on {uri}: {e}") from None
+    lead = max(2.0, fault_seconds / 4)
+    seconds = fault_seconds + 2 * lead
+    ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+    reports_q = ctx.Queue()
+    proxy = FlakyProxy(uri)  # listening; served once the trainers are forked (a fork copies no serving thread)
+    try:
+        with tempfile.TemporaryDirectory(prefix="loadtest-faults-") as folder:
+            start_at = time.time() + 3.0 + 0.05 * processes  # every trainer has its run and outbox by then
+            procs = [ctx.Process(target=outbox_trainer, daemon=True,
+                                 args=(i, uri, proxy.uri, auth, experiment_id, folder, start_at, seconds,
+                                       steps_per_second, reports_q)) for i in range(processes)]
+            for p in procs:
+                p.start()
+            proxy.start()
+            half = fault_seconds / 2  # 400s first, then 5xx
+            timers = [threading.Timer(max(0.0, start_at + lead + i * half - time.time()), proxy.fail, (half, faults))
+                      for i, faults in enumerate((DATABASE_ERRORS, SERVER_ERRORS))]
+            for timer in timers:
+                timer.start()
+            got: list[OutboxReport] = []
+            deadline = start_at + seconds + FAULT_FLUSH_S + 60
+            while len(got) < processes and time.time() < deadline:
+                try:
+                    got.append(reports_q.get(timeout=1.0))
+                except queue.Empty:
+                    if not any(p.is_alive() for p in procs) and reports_q.empty():
+                        break
+            elapsed = time.time() - start_at
+            for timer in timers:
+                timer.cancel()
+            for p in procs:
+                p.join(timeout=5)
+            faulted = dict(proxy.by_status)
+    finally:
+        proxy.close()
+    reports = [g.report for g in got]
+    lost, duplicated, unfinished = check_history(uri, reports)
+    missing = processes - len(got)
+    first_error = next((r.error for r in reports if r.error), "")
+    if missing and not first_error:
+        first_error = f"{missing} fault-phase trainer(s) ended without a report"
+    return FaultResult(processes=processes, seconds=elapsed, fault_seconds=fault_seconds,
+                       points=sum(len(r.steps_ok) for r in reports) * len(METRICS), faulted=faulted,
+                       kept=sum(g.kept for g in got), left=sum(g.left for g in got), lost=lost,
+                       duplicated=duplicated, unfinished=unfinished, missing=missing, first_error=first_error)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m orchestrate.tools.loadtest", description=__doc__.split("\n\n")[0])
     ap.add_argument("--uri", required=True, help="the tracking server, e.g. http://login01:5000")
@@ -285,11 +440,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps-per-second", type=float, default=4.0,
                     help="each trainer's step rate, one log_batch per step (default 4)")
     ap.add_argument("--experiment", help="experiment to create (default loadtest-<time>-<pid>)")
+    ap.add_argument("--fault-seconds", type=float, default=10.0,
+                    help="how long the fault phase's proxy answers 400s and 5xx (default 10; 0 skips the phase)")
+    ap.add_argument("--fault-processes", type=int, default=None,
+                    help="trainers logging through their outbox in the fault phase (default: --processes, at most 4)")
     a = ap.parse_args(argv)
+    fault_processes = a.fault_processes if a.fault_processes is not None else min(a.processes, 4)
     for flag, value in (("--processes", a.processes), ("--seconds", a.seconds),
-                        ("--steps-per-second", a.steps_per_second)):
+                        ("--steps-per-second", a.steps_per_second), ("--fault-processes", fault_processes)):
         if value <= 0:
             ap.error(f"{flag} {value} must be positive")
+    if a.fault_seconds < 0:
+        ap.error(f"--fault-seconds {a.fault_seconds} must be 0 (no fault phase) or positive")
     if not a.uri.startswith(("http://", "https://")):
         ap.error(f"--uri {a.uri!r} is not a tracking server's http(s):// address (start one with "
                  "slurm/mlflow-server.sh)")
@@ -306,7 +468,21 @@ def main(argv: list[str] | None = None) -> int:
         extra.append(f"first error: {result.first_error}")
     for line in extra:
         print(line)
-    return 0 if result.ok else 1
+    if not a.fault_seconds:
+        return 0 if result.ok else 1
+    try:
+        faults = run_fault_phase(a.uri, fault_processes, a.fault_seconds, a.steps_per_second,
+                                 f"{a.experiment}-faults" if a.experiment else None)
+    except LoadTestError as e:
+        print(f"loadtest: {e}", file=sys.stderr)
+        return 2
+    print()
+    print(faults.table())
+    if faults.unfinished:
+        print(f"{faults.unfinished} runs not FINISHED")
+    if faults.first_error:
+        print(f"first error: {faults.first_error}")
+    return 0 if result.ok and faults.ok else 1
 
 
 if __name__ == "__main__":
