@@ -283,12 +283,15 @@ def _read(args: argparse.Namespace) -> tuple[SweepDir, Manifest]:
 
 
 def _refuse_other_uri(args: argparse.Namespace) -> None:
-    """Before the lock is taken: a refused ``--tracking-uri`` changes nothing, not even the lock's holder line."""
-    if args.tracking_uri:
-        try:
-            _read(args)
-        except SweepFileError:
-            pass  # said under the lock (where cancel first stops what it finds)
+    """Before the lock is taken, the read-only checks that refuse a command (another ``--tracking-uri``; a ledger
+    that answers and belongs to another sweep folder): a refused command changes nothing, not even the lock file."""
+    from orchestrate.status_ledger import check_owner, ledger_probe
+
+    try:
+        sweep, manifest = _read(args)
+    except SweepFileError:
+        return  # said under the lock (where cancel first stops what it finds)
+    check_owner(ledger_probe(manifest.tracking_uri, manifest.name), manifest, sweep)
 
 
 def _open(args: argparse.Namespace) -> tuple[SweepDir, Manifest, list[Trial]]:

@@ -324,6 +324,7 @@ class SweepDir:
                     "NFS: with lockd running; per-node locks such as `local_lock=flock` only with "
                     "ORCHESTRATE_LOCAL_FLOCK_OK=1 when every command and job runs on this one host), or "
                     "pass --sweep-root on a filesystem with locks (the compute nodes must see it too)") from None
+            before, stat = os.pread(fd, 4096, 0), os.fstat(fd)
             os.ftruncate(fd, 0)
             os.pwrite(fd, f"{what} by pid {os.getpid()} on {socket.gethostname()}".encode(), 0)
             _HELD.add(self.path)
@@ -333,6 +334,10 @@ class SweepDir:
                 if new_dir and set(os.listdir(self.path)) <= {"lock"}:  # a new sweep that got nothing: no trace
                     lock_path.unlink(missing_ok=True)
                     _remove_empty(*created)
+                elif not new_file:  # a refused command leaves even the holder line as it found it
+                    os.ftruncate(fd, 0)
+                    os.pwrite(fd, before, 0)
+                    os.utime(fd, ns=(stat.st_atime_ns, stat.st_mtime_ns))
                 raise
             finally:
                 _HELD.discard(self.path)
