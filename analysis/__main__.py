@@ -1,8 +1,12 @@
 """Analysis command line: a publishable report of a sweep (`report`), or one pairwise comparison (`compare`).
 
-    python -m analysis report --experiment SWEEP [--tracking-uri URI] --out DIR [--baseline-context 10.24] [--no-log]
+    python -m analysis report SWEEP --out DIR [--tracking-uri URI] [--baseline-context-s 10.24] [--no-log]
                               [--lm-experiment NAME ...] [--heads-repr A|Q|K|V|Y]
     python -m analysis compare SWEEP A B [--tracking-uri URI] [--dataset D] [--snr DB] [--family F]
+
+The ledger is found as by every command (:mod:`asr_core.contract.tracking`): ``--tracking-uri``, else the URI the
+sweep's folder (``--sweep-root``, default ``./runs``) recorded, else ``MLFLOW_TRACKING_URI``, else
+``sqlite:///runs/mlflow.db``; a ledger file that does not exist is said, never created.
 
 ``report`` also logs the report's files to ``report/`` of the sweep's parent run and saves a view of the runs
 table with the clean WER columns, linked from the experiment's description (:mod:`analysis.dashboard`);
@@ -35,6 +39,9 @@ from analysis.collect import Sweep, collect, greedy_rows
 from analysis.fetch import CollectError
 from analysis.werr import DEFAULT_BASELINE_CONTEXT_S, SelectionError, compare_configs, format_seconds, resolve_config
 from asr_core.contract.metrics import CLEAN, condition_name
+from asr_core.contract.options import positional, renamed
+from asr_core.contract.tracking import DEFAULT_SWEEP_ROOT, ENV, bad_uri, missing_ledger, tracking_uri
+from asr_core.version import ShowVersion
 
 if TYPE_CHECKING:
     from analysis.report import Report
@@ -51,14 +58,19 @@ MLFLOW_BOUNDS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BA
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m analysis", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action=ShowVersion)
     sub = p.add_subparsers(dest="command", required=True)
-    r = sub.add_parser("report", help="write DIR/index.html, report.md, figures and CSV tables for a sweep")
-    r.add_argument("--experiment", required=True, help="the sweep's MLflow experiment name")
-    r.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default: MLFLOW_TRACKING_URI)")
+    r = sub.add_parser("report", help="write DIR/index.html, report.md, figures and CSV tables for a sweep",
+                       description="Write DIR/index.html, report.md, figures and CSV tables for a sweep.")
+    renamed(r, "--experiment", r.add_argument("sweep", nargs="?", default=None, metavar="SWEEP",
+                                              help="the sweep (its MLflow experiment)"))
+    ledger_options(r)
     r.add_argument("--out", required=True, help="output folder (created)")
-    r.add_argument("--baseline-context", type=float, default=DEFAULT_BASELINE_CONTEXT_S,
-                   help="context length in seconds that WERR is measured from (nearest within 1%%; default 10.24)")
-    r.add_argument("--alpha", type=float, default=0.05, help="significance level after Holm correction")
+    renamed(r, "--baseline-context", r.add_argument(
+        "--baseline-context-s", type=float, default=DEFAULT_BASELINE_CONTEXT_S,
+        help="context length in seconds that WERR is measured from (nearest within 1%%; default 10.24)"))
+    renamed(r, "--alpha", r.add_argument("--significance", type=float, default=0.05,
+                                         help="significance level after Holm correction (default 0.05)"))
     r.add_argument("--level", type=float, default=0.95, help="confidence level of the bootstrap intervals")
     r.add_argument("--bootstrap", type=int, default=stats.BOOTSTRAP_RESAMPLES, help="bootstrap resamples")
     r.add_argument("--main-family", default=None,
@@ -76,30 +88,36 @@ def _parser() -> argparse.ArgumentParser:
                         "view of the runs table with the WER columns")
     c = sub.add_parser("compare", help="print one pairwise comparison (B against A) with p-values and intervals",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    c.add_argument("experiment", help="the sweep's MLflow experiment name")
+    c.add_argument("sweep", metavar="SWEEP", help="the sweep (its MLflow experiment)")
     c.add_argument("a", help="the reference configuration (see the forms above)")
     c.add_argument("b", help="the configuration compared with A")
-    c.add_argument("--tracking-uri", default=None)
+    ledger_options(c)
     c.add_argument("--dataset", default=None, help="one dataset (default: every dataset both have)")
     c.add_argument("--snr", type=float, default=None, help="the music SNR condition in dB (default: clean)")
     c.add_argument("--family", default=None, help="resolve context-length names within this family")
-    c.add_argument("--alpha", type=float, default=0.05, help="significance level of the verdict line")
+    renamed(c, "--alpha", c.add_argument("--significance", type=float, default=0.05,
+                                         help="significance level of the verdict line (default 0.05)"))
     c.add_argument("--level", type=float, default=0.95, help="confidence level of the bootstrap intervals")
     c.add_argument("--bootstrap", type=int, default=stats.BOOTSTRAP_RESAMPLES)
     c.add_argument("--ignore-param", action="append", default=[], metavar="KEY")
     return p
 
 
+def ledger_options(p: argparse.ArgumentParser) -> None:
+    """``--tracking-uri`` and ``--sweep-root``: where the sweep's ledger is, by the one rule."""
+    p.add_argument("--tracking-uri", default=None, help=f"MLflow tracking URI (default: the URI the sweep's folder "
+                   f"recorded, else ${ENV}, else sqlite:///SWEEP_ROOT/mlflow.db)")
+    p.add_argument("--sweep-root", default=DEFAULT_SWEEP_ROOT, help="the folder sweeps live in, for the sweep's "
+                   f"recorded URI and the default ledger (default: ./{DEFAULT_SWEEP_ROOT})")
+
+
 def _report(args: argparse.Namespace) -> int:
     from analysis.report import build_report
 
-    if not 0 < args.alpha < 1 or not 0 < args.level < 1 or args.bootstrap < 100 or args.baseline_context <= 0:
-        print("error: --alpha and --level must lie in (0, 1), --bootstrap be at least 100 and --baseline-context "
-              "positive", file=sys.stderr)
-        return EXIT_USAGE
-    sweep = collect(args.experiment, args.tracking_uri, ignore_params=args.ignore_param,
+    sweep = collect(args.sweep, args.tracking_uri, ignore_params=args.ignore_param,
                     lm_experiments=args.lm_experiment)
-    rep = build_report(sweep, args.out, baseline_context=args.baseline_context, alpha=args.alpha, level=args.level,
+    rep = build_report(sweep, args.out, baseline_context=args.baseline_context_s, alpha=args.significance,
+                       level=args.level,
                        bootstrap_resamples=args.bootstrap, main_family=args.main_family, progress=True,
                        heads_representation=args.heads_repr)
     sig = rep.significance
@@ -115,23 +133,22 @@ def _report(args: argparse.Namespace) -> int:
 def _log_report(args: argparse.Namespace, rep: Report, sweep: Sweep) -> int:
     """The written report to the sweep in MLflow (:func:`analysis.dashboard.publish`), said on stdout; a sweep
     without a parent run is said on stderr and is no failure."""
-    import mlflow
     from mlflow.exceptions import MlflowException
 
     from analysis.dashboard import ARTIFACT_DIR, DashboardError, publish
 
-    uri = args.tracking_uri or mlflow.get_tracking_uri()
+    uri = args.tracking_uri
     files = [rep.html, rep.markdown, *(f.path for f in rep.figures), *rep.csvs.values()]
     wer = greedy_rows(sweep.wer)
     clean = wer.loc[wer["condition"] == CLEAN, "dataset"] if len(wer) else []
     try:
-        pub = publish(args.experiment, files, clean, uri)
+        pub = publish(args.sweep, files, clean, uri)
     except (DashboardError, MlflowException, OSError) as e:  # e.g. a server gone away, no permission to write
         print(f"error: the report is in {rep.out_dir} but could not be logged to MLflow: {e}", file=sys.stderr)
         return EXIT_DATA
     if pub.parent_run_id is None:
         saved = "; only the view of the runs table with the WER columns is saved" if pub.view_link else ""
-        print(f"note: experiment {args.experiment!r} has no parent run (tag sweep.role=parent), so the report is "
+        print(f"note: experiment {args.sweep!r} has no parent run (tag sweep.role=parent), so the report is "
               f"not logged to MLflow{saved}", file=sys.stderr)
     else:
         removed = f"; removed {', '.join(pub.removed)} (not in this report)" if pub.removed else ""
@@ -144,7 +161,7 @@ def _log_report(args: argparse.Namespace, rep: Report, sweep: Sweep) -> int:
 
 
 def _compare(args: argparse.Namespace) -> int:
-    sweep = collect(args.experiment, args.tracking_uri, ignore_params=args.ignore_param, progress=False)
+    sweep = collect(args.sweep, args.tracking_uri, ignore_params=args.ignore_param, progress=False)
     series = sweep.trials.drop_duplicates("config_id").set_index("config_id")["series_id"]
     try:
         # a context length given for one side means "the same series as the other side" where that is unique
@@ -178,19 +195,47 @@ def _compare(args: argparse.Namespace) -> int:
             continue
         print(f"\n[{ds}] seeds A {list(res.seeds_a)}, B {list(res.seeds_b)}")
         print(res.summary())
-        verdict = "significant" if res.permutation.pvalue < args.alpha else "not significant"
-        print(f"-> B against A: {verdict} at alpha={args.alpha:g} by the permutation test (a single comparison: "
-              "no multiplicity correction; the report corrects across context lengths)")
+        verdict = "significant" if res.permutation.pvalue < args.significance else "not significant"
+        print(f"-> B against A: {verdict} at significance level {args.significance:g} by the permutation test (a "
+              "single comparison: no multiplicity correction; the report corrects across context lengths)")
     return EXIT_DATA if failed else 0
 
 
 def main(argv: list[str] | None = None) -> int:
+    from asr_core.runtime.crash import guarded  # a bug: one line naming its log, exit 1
+
+    return guarded("analysis", _main, argv)
+
+
+def _main(argv: list[str]) -> int:
     for key, value in MLFLOW_BOUNDS.items():  # the user's own settings win
         os.environ.setdefault(key, value)
     logging.basicConfig(level=logging.INFO, format="[analysis] %(message)s")
     logging.getLogger("mlflow").setLevel(logging.WARNING)
     logging.getLogger("alembic").setLevel(logging.WARNING)
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    args.sweep = positional(args, "sweep")
+    if args.sweep is None:
+        print(f"python -m analysis {args.command}: error: the following arguments are required: SWEEP",
+              file=sys.stderr)
+        return EXIT_USAGE
+    if not 0 < args.significance < 1 or not 0 < args.level < 1 or args.bootstrap < 100 \
+            or getattr(args, "baseline_context_s", 1) <= 0:  # before the ledger is looked for
+        print(f"error: --significance {args.significance:g} and --level {args.level:g} must lie in (0, 1), "
+              f"--bootstrap {args.bootstrap} be at least 100"
+              + (f" and --baseline-context-s {args.baseline_context_s:g} positive" if args.command == "report" else ""),
+              file=sys.stderr)
+        return EXIT_USAGE
+    args.tracking_uri = tracking_uri(args.tracking_uri, sweep_root=args.sweep_root, sweep=args.sweep)
+    bad = bad_uri(args.tracking_uri)
+    if bad:
+        print(f"error: {bad}", file=sys.stderr)
+        return EXIT_USAGE
+    missing = missing_ledger(args.tracking_uri)
+    if missing:
+        print(f"error: {missing}", file=sys.stderr)
+        return EXIT_DATA
     try:
         return _report(args) if args.command == "report" else _compare(args)
     except CollectError as e:

@@ -14,9 +14,11 @@ What MLflow 3.17's UI does, and so what is written here:
   server can hold is a *saved view*: an experiment tag ``mlflow.sharedViewState.<id>`` whose value is
   ``{"name", "createdAt", "updatedAt", "state"}`` (``state``: the page's state as JSON text), listed in the page's
   Views menu and opened by ``#/experiments/<experiment>/runs?viewStateShareKey=<id>``. The view written here selects
-  the clean WER columns (``wer/<dataset>``, what ``asr_core.evaluation.evaluate`` logs), leaves the parent run out and sorts by
-  run name: sorted by anything but the start time the table lists child runs flat instead of folded under their
-  parent, so every trial's WER shows without a click.
+  the clean WERs (``wer/<dataset>``, what ``asr_core.evaluation.evaluate`` logs) rounded to 2 decimals, as the run
+  tags ``WER <dataset>`` that ``evaluate`` writes beside them (the table prints a metric with all its digits; see
+  :mod:`asr_core.contract.ledger`); :func:`publish` writes those tags on every run that lacks them. The view leaves
+  the parent run out and sorts by run name: sorted by anything but the start time the table lists child runs flat
+  instead of folded under their parent, so every trial's WER shows without a click.
 * **The way in.** The experiment's description (experiment tag ``mlflow.note.content``) is shown under the title of
   every tab of the experiment, folded to its first line; that line (starting with :data:`NOTE_START`, replaced on
   every report, the rest of the description kept below it) links to the report and to that view.
@@ -31,7 +33,8 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from asr_core.contract.ledger import (NOTE_TAG, VIEW_ID, VIEW_TAG_PREFIX, headline_metrics, note_line, saved_view_value,
-                                 view_created_ms, view_link, with_note_line)
+                                     shown_tags, view_created_ms, view_link, with_note_line)
+from asr_core.contract.tracking import tracking_uri as ledger_uri
 from asr_core.contract.trial import ROLE_PARENT, TAG_ROLE
 
 log = logging.getLogger(__name__)
@@ -53,6 +56,7 @@ class Published:
     metrics: tuple[str, ...]  # the columns of the saved view
     view_link: str | None  # the UI route (from "#") of the saved view; None when there are no metrics
     report_link: str | None  # the UI route of the logged index.html
+    shown: int = 0  # runs whose shown-WER tags (the view's columns) were written or brought up to date
 
     def url(self, link: str, tracking_uri: str) -> str:
         """``link`` as an address to open: after the server's URL for an ``http(s)`` tracking URI; else the route
@@ -116,6 +120,25 @@ def upload_report(client: Any, tracking_uri: str, run_id: str, files: Sequence[P
     return uploaded, stale
 
 
+def tag_shown_wers(client: Any, experiment_id: str) -> int:
+    """Write the shown-WER tags (:func:`asr_core.contract.ledger.shown_tags`) on every run of the experiment whose
+    clean WER metrics lack them or disagree with them (runs logged before ``evaluate`` wrote them, or by other
+    tools); returns how many runs were written. One call per such run."""
+    from mlflow.entities import RunTag
+
+    written, token = 0, None
+    while True:
+        runs = client.search_runs([experiment_id], max_results=1000, page_token=token)
+        for r in runs:
+            stale = {k: v for k, v in shown_tags(r.data.metrics).items() if r.data.tags.get(k) != v}
+            if stale:
+                client.log_batch(r.info.run_id, tags=[RunTag(k, v) for k, v in sorted(stale.items())])
+                written += 1
+        token = runs.token
+        if not token:
+            return written
+
+
 def save_view(client: Any, experiment_id: str, tags: Mapping[str, str], metrics: Sequence[str]) -> str:
     """Write the saved view of ``metrics`` as the experiment tag (one tag, rewritten each time; its ``createdAt``
     kept) and return its UI route."""
@@ -133,10 +156,9 @@ def publish(experiment: str, files: Sequence[Path], datasets: Iterable[str], tra
 
     An experiment without a parent run gets the view and the line but no report (``Published.parent_run_id`` is
     None); the caller says so. Raises :class:`DashboardError` when there is no such experiment."""
-    import mlflow
     from mlflow.tracking import MlflowClient
 
-    uri = tracking_uri or mlflow.get_tracking_uri()
+    uri = ledger_uri(tracking_uri) or ""  # the one rule (asr_core.contract.tracking)
     client = MlflowClient(tracking_uri=uri)
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
@@ -150,10 +172,11 @@ def publish(experiment: str, files: Sequence[Path], datasets: Iterable[str], tra
         log.debug("report logged to run %s: %d files under %s/, %d stale removed", parent, len(uploaded),
                   artifact_dir, len(removed))
     metrics = headline_metrics(datasets)
+    shown = tag_shown_wers(client, eid) if metrics else 0
     view = save_view(client, eid, exp.tags, metrics) if metrics else None
     report = report_link(eid, parent, artifact_dir) if parent is not None else None
     if view or report:
         when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
         client.set_experiment_tag(eid, NOTE_TAG, with_note_line(exp.tags.get(NOTE_TAG, ""),
                                                                 note_line(view, report, when)))
-    return Published(eid, parent, tuple(uploaded), tuple(removed), tuple(metrics), view, report)
+    return Published(eid, parent, tuple(uploaded), tuple(removed), tuple(metrics), view, report, shown)

@@ -24,6 +24,8 @@ from typing import Any, Iterable, Mapping
 from urllib.parse import urlparse
 
 from asr_core.contract.metrics import LM_TAG, is_lm_ppl_key, parse_decoder_tag
+from asr_core.contract.tracking import missing_ledger
+from asr_core.contract.tracking import tracking_uri as ledger_uri
 from asr_core.contract.trial import EVAL_DIR, FINISHED, ROLE_TRIAL, TAG_ROLE
 
 log = logging.getLogger(__name__)
@@ -113,10 +115,12 @@ def fetch_records(experiment: str, tracking_uri: str | None = None, *, progress:
     """Every run of the experiment named ``experiment`` with its eval CSVs (downloaded to a temporary folder); then
     the LM runs its decoders name that lie elsewhere, and the LM runs (those with ``lm_ppl/`` metrics) of the
     experiments ``lm_experiments``."""
-    import mlflow
     from mlflow.exceptions import MlflowException
 
-    uri = tracking_uri or mlflow.get_tracking_uri()
+    uri = ledger_uri(tracking_uri) or ""  # the one rule (asr_core.contract.tracking), never MLflow's ./mlflow.db
+    missing = missing_ledger(uri)
+    if missing:
+        raise CollectError(missing)
     check_tracker(uri)
     try:
         return _fetch(experiment, uri, progress, lm_experiments)

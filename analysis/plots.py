@@ -30,6 +30,7 @@ from analysis.werr import format_seconds, in_family, varying_params  # noqa: E40
 from asr_core.contract.metrics import CLEAN  # noqa: E402
 
 MAX_PANELS = 4  # datasets per figure; more would be unreadable at report width
+FIGURE_DPI = 180  # one panel is 5.2 in: ~940 px, sharp at the report's full width (900 px and more)
 POSENC_KEYS = ("model.posenc", "model.rotary_theta")
 
 
@@ -122,7 +123,7 @@ def save(fig: plt.Figure, out_dir: Path, key: str) -> Path:
     """Write ``fig`` to ``OUT/<key>.png`` and close it."""
     path = out_dir / f"{key}.png"
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=FIGURE_DPI)
     plt.close(fig)
     return path
 

@@ -202,7 +202,8 @@ def render_markdown(sweep: Sweep, sections: Iterable[Section]) -> str:
 _CSS = """body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;color:#222}
 table.t{border-collapse:collapse;font-size:0.85em;margin:0.5em 0 1.5em}
 table.t th,table.t td{border-bottom:1px solid #ddd;padding:3px 8px;text-align:left}
-figure{margin:1em 0}img{max-width:100%}li{margin:0.3em 0}code{background:#f4f4f4}"""
+figure{margin:1.5em 0}img{max-width:100%}li{margin:0.3em 0}code{background:#f4f4f4}
+figure img{display:block;min-width:min(100%,900px);height:auto}figcaption{font-size:0.9em;color:#444}"""
 
 
 def _inline_md(text: str) -> str:

@@ -3,8 +3,12 @@
 ``OUT/index.html`` (self-contained: figures embedded as base64 PNG, inline CSS), ``OUT/report.md`` (figures linked
 beside it), the PNGs, and CSVs: ``wer.csv``, ``werr.csv``, ``significance.csv``, ``snr.csv``, ``problems.csv``,
 ``trials.csv``, ``external.csv`` (other systems scored by ``python -m asr_core score``, also a table beside the
-models' WER). Every comparison with a baseline is stated in words — significant or not after Holm's correction,
-with its p-values and intervals — and every run that was left out is listed with the reason.
+models' WER). Every comparison with a baseline is stated in one plain sentence (the two WERs and whether the difference
+is significant after Holm's correction), its numbers (intervals, p-values) in the table beside the sentences, and
+every run that was left out is listed with the reason. A configuration whose every seed is at
+:data:`~analysis.collect.NOTHING_LEARNED_WER`% WER or more on every clean test set has not learned to transcribe: it
+stays in the WER table and the CSVs, but no comparison, WERR table or figure is drawn from it (a sweep of such models
+gets no figures at all, only the sentence saying why).
 
 Sections that only a sweep with the data gets (a sweep without it gets the report it always got):
 
@@ -23,7 +27,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pandas as pd
@@ -32,7 +36,7 @@ from analysis import cue
 from analysis import decoders as dec
 from analysis import heads as hd
 from analysis import stats
-from analysis.collect import Sweep
+from analysis.collect import NOTHING_LEARNED_WER, Sweep
 from analysis.finding import Check, Gain, finding_checks, summary_sentence
 from analysis.plots import Figure, Skipped, choose_main_family, draw_figures, draw_heads_figures, draw_ppl_figure
 from analysis.render import (Section, decoder_display, external_pivot, fmt_num, fmt_p, heads_display, render_html,
@@ -58,32 +62,62 @@ class Report:
 
 # ---- what the report says ------------------------------------------------------------------------------------
 
-def sentence(row: pd.Series, level: float, alpha: float) -> str:
-    """One comparison with its baseline in plain words."""
-    head = (f"{row['config']} ({format_seconds(row['context_s'])}) vs {row['baseline_config']} "
-            f"({format_seconds(row['baseline_context_s'])}) on {row['dataset']}"
-            + ("" if row["condition"] == CLEAN else f" with music at {row['snr_db']:g} dB"))
+def sentence(row: pd.Series) -> str:
+    """One comparison with its baseline in one plain sentence: which contexts, on what, the verdict and the two
+    WERs. Every other number (WERR, intervals, p-values) is in the findings table."""
+    head = (f"{format_seconds(row['context_s'])} against {format_seconds(row['baseline_context_s'])} on "
+            f"{row['dataset']}" + ("" if row["condition"] == CLEAN else f" with music at {row['snr_db']:g} dB"))
     if not math.isfinite(row["p_permutation"]):
-        return f"{head}: **not tested** — {row['note']}"
-    lv = f"{100 * level:g}% CI"
-    text = (f"{head}: WER {fmt_num(row['wer_baseline'])}% → {fmt_num(row['wer'])}%, WERR "
-            f"{fmt_num(row['werr'], 1, True)}% [{lv} {fmt_num(row['werr_lo'], 1, True)}, "
-            f"{fmt_num(row['werr_hi'], 1, True)}], ΔWER {fmt_num(row['delta_wer'], 2, True)} points "
-            f"[{fmt_num(row['delta_lo'], 2, True)}, {fmt_num(row['delta_hi'], 2, True)}]; permutation p = "
-            f"{fmt_p(row['p_permutation'])} ({row['permutation']}, {int(row['n_recordings'])} recordings), "
-            f"Holm-adjusted p = {fmt_p(row['p_holm'])}; Wilcoxon p = {fmt_p(row['p_wilcoxon'])}; sign test "
-            f"p = {fmt_p(row['p_sign'])} (better on {int(row['n_better'])}, worse on {int(row['n_worse'])} "
-            f"recordings); Welch p = {fmt_p(row['p_welch'])} (seeds). ")
+        why = str(row["note"] or "no per-recording results").removeprefix("not tested: ")
+        return f"{head}: **not tested** ({why})."
     v = row["verdict"]
-    if v == "not significant":
-        text += f"**Not significant** at α = {alpha:g} after Holm correction: no evidence of a difference."
-    elif v.startswith("significantly") and "(may be seed variation)" not in v:
-        text += f"**{v.capitalize()}** at α = {alpha:g} after Holm correction."
-    else:
-        text += f"**{v.capitalize()}**."
-    if row.get("note"):
-        text += f" Note: {row['note']}."
-    return text
+    verdict = "no significant difference" if v == "not significant" else v
+    if "(may be seed variation)" in v:  # the table's verdict says why; the sentence stays short
+        verdict = v.split(",")[0] + " (may be seed variation)"
+    return f"{head}: **{verdict}**, WER {fmt_num(row['wer_baseline'])}% → {fmt_num(row['wer'])}%."
+
+
+def noisy_sentence(rows: pd.DataFrame) -> str:
+    """The comparisons with added music of one series in one sentence (each is a row of the findings table)."""
+    tested = rows[rows["p_permutation"].notna()]
+    verdicts = tested["verdict"].fillna("")
+    better = int((verdicts == "significantly better").sum())
+    worse = int((verdicts == "significantly worse").sum())
+    snrs = ", ".join(f"{x:g}" for x in sorted(rows["snr_db"].dropna().unique(), reverse=True))
+    return (f"With music added ({snrs} dB): of {len(tested)} tested comparisons {better} significantly better and "
+            f"{worse} significantly worse (each a row of the table below).")
+
+
+def unlearned_configs(wer: pd.DataFrame) -> set[str]:
+    """The configurations (names) whose every seed is at :data:`NOTHING_LEARNED_WER`% WER or more on every clean
+    test set: they have not learned to transcribe, and nothing is read from them."""
+    clean = wer[wer["condition"] == CLEAN] if not wer.empty else wer
+    if clean.empty:
+        return set()
+    best = clean.groupby("config")["wer_min"].min()
+    return set(best[best >= NOTHING_LEARNED_WER].index)
+
+
+def learned(frame: pd.DataFrame, unlearned: set[str]) -> pd.DataFrame:
+    """``frame`` without the rows of (or against a baseline of) the ``unlearned`` configurations."""
+    if frame.empty or not unlearned:
+        return frame
+    keep = ~frame["config"].isin(unlearned)
+    if "baseline_config" in frame.columns:
+        keep &= ~frame["baseline_config"].isin(unlearned)
+    return frame[keep]
+
+
+def unlearned_note(unlearned: set[str], total: int, *, names: bool = True) -> str:
+    """Why comparisons and figures leave configurations out ("" when none is); ``names``: name them (a few)."""
+    if not unlearned:
+        return ""
+    every = len(unlearned) == total
+    which = "every configuration" if every else f"{len(unlearned)} of {total} configurations"
+    if names and not every:
+        which += f" ({', '.join(sorted(unlearned)[:6])}{', …' if len(unlearned) > 6 else ''})"
+    return (f"{which} at {NOTHING_LEARNED_WER:g}% WER or more on clean audio: not learned to transcribe, so left "
+            f"out of the comparisons and figures (see \"{RUNS_LEFT_OUT}\")")
 
 
 def _headline(sig: pd.DataFrame) -> pd.DataFrame:
@@ -147,8 +181,15 @@ def build_report(sweep: Sweep, out_dir: Path | str, *, baseline_context: float =
     sig = significance_table(sweep, baseline_context, alpha=alpha, level=level,
                              bootstrap_resamples=bootstrap_resamples, progress=progress)
     log.info("tables in %.1f s (%d comparisons)", time.perf_counter() - t0, len(sig))
-    figures, skipped = draw_figures(sweep, werr, wer, out, baseline_context=baseline_context,
-                                    main_family=main_family)
+    unlearned = unlearned_configs(wer)
+    n_configs = wer["config"].nunique() if not wer.empty else 0
+    left_out = unlearned_note(unlearned, n_configs)
+    nothing_learned = bool(unlearned) and learned(wer, unlearned).empty
+    figures, skipped = draw_figures(sweep, learned(werr, unlearned), learned(wer, unlearned), out,
+                                    baseline_context=baseline_context, main_family=main_family)
+    if unlearned:  # the reason that matters first: a figure of runs left out would be drawn flat
+        brief = unlearned_note(unlearned, n_configs, names=False)
+        skipped = [replace(s, reason=brief if nothing_learned else f"{s.reason}; {brief}") for s in skipped]
     notes = baseline_notes(sweep, baseline_context) + evaluation_notes(sweep)
     checks, gains = finding_checks(sweep, alpha=alpha, wer=wer)
 
@@ -165,11 +206,13 @@ def build_report(sweep: Sweep, out_dir: Path | str, *, baseline_context: float =
         csvs["lm_ppl"] = sweep.lm_ppl
     if not sweep.heads.empty:
         section, tables = _heads_section(sweep, out, heads_representation, choose_main_family(sweep, main_family),
-                                         alpha)
+                                         alpha, unlearned_note(unlearned, n_configs, names=False)
+                                         if nothing_learned else "")
         extra.append(section)
         csvs.update(tables)
     if cue.has_cues(sweep):
-        section, table = _cue_section(sweep, out, baseline_context, alpha)
+        section, table = _cue_section(sweep, out, baseline_context, alpha,
+                                      unlearned_note(unlearned, n_configs, names=False) if nothing_learned else "")
         extra.append(section)
         csvs["cue"] = table
     paths = {}
@@ -177,8 +220,10 @@ def build_report(sweep: Sweep, out_dir: Path | str, *, baseline_context: float =
         paths[name] = out / f"{name}.csv"
         df.to_csv(paths[name], index=False)
 
-    sections = _sections(sweep, wer, werr, snr, sig, figures, skipped, notes, baseline_context, alpha, level,
-                         bootstrap_resamples)
+    werr_read = learned(werr, unlearned)
+    sections = _sections(sweep, wer, werr_read, snr_table(werr_read) if not werr_read.empty else pd.DataFrame(),
+                         learned(sig, unlearned), figures, skipped, notes, baseline_context, alpha, level,
+                         bootstrap_resamples, left_out)
     sections.insert(1, _finding_section(checks))
     at = next(i for i, s in enumerate(sections) if s.title == RUNS_LEFT_OUT)
     sections[at:at] = extra
@@ -233,12 +278,13 @@ def _ppl_section(sweep: Sweep, out: Path) -> Section:
                     [("", dec.ppl_table(sweep))], [fig] if fig else [], [("", sentences)] if sentences else [])
 
 
-def _heads_section(sweep: Sweep, out: Path, representation: str, main_family: str | None, alpha: float
-                   ) -> tuple[Section, dict[str, pd.DataFrame]]:
+def _heads_section(sweep: Sweep, out: Path, representation: str, main_family: str | None, alpha: float,
+                   no_figures: str = "") -> tuple[Section, dict[str, pd.DataFrame]]:
+    """``no_figures``: why no figure is drawn ("" to draw them)."""
     families = hd.head_families(sweep, main_family)
     table = hd.heads_table(sweep, families)
     tracking = hd.tracking_table(table, representation, alpha=alpha)
-    figs, skipped = draw_heads_figures(sweep, table, out, representation)
+    figs, skipped = draw_heads_figures(sweep, table, out, representation) if not no_figures else ([], [])
     paras = [
         f"How alike the attention heads are (paper 003), measured by each trial after evaluation "
         f"(heads/<dataset>/<R>/sum: eq. 6 summed over layers, 0 for orthogonal heads, (N − 1)/N per layer for "
@@ -256,12 +302,15 @@ def _heads_section(sweep: Sweep, out: Path, representation: str, main_family: st
     bullets = [("", list(tracking["sentence"]))] if not tracking.empty else []
     if skipped:
         bullets.append(("", [f"{s.title} — not drawn: {s.reason}." for s in skipped]))
+    if no_figures:
+        bullets.append(("", [f"Figures not drawn: {no_figures}."]))
     section = Section("Head similarity (paper 003) against context length", paras, tables, figs, bullets)
     return section, {"heads": table, "heads_tracking": tracking}
 
 
-def _cue_section(sweep: Sweep, out: Path, baseline_context: float, alpha: float
+def _cue_section(sweep: Sweep, out: Path, baseline_context: float, alpha: float, no_figures: str = ""
                  ) -> tuple[Section, pd.DataFrame]:
+    """``no_figures``: why no figure is drawn ("" to draw them)."""
     table = cue.cue_table(sweep, baseline_context)
     paras = [
         "The synthetic corpus plants homophones whose spelling only a word far back decides (20–60 s by default; "
@@ -275,9 +324,11 @@ def _cue_section(sweep: Sweep, out: Path, baseline_context: float, alpha: float
         f"rates (errors averaged over seeds; recordings without cue words left out) and, for WER and the other "
         f"words, on per-recording error counts. Each measure's p-values are Holm-corrected across every comparison "
         f"of this section; significant: adjusted p < {alpha:g}."]
-    figs = cue.draw_cue_figures(sweep, table, out)
-    section = Section("Planted cue (positive control)", paras, cue.display(table, baseline_context), figs,
-                       [("Shortest against longest context", cue.verdicts(table, alpha))])
+    figs = cue.draw_cue_figures(sweep, table, out) if not no_figures else []
+    bullets = [("Shortest against longest context", cue.verdicts(table, alpha))]
+    if no_figures:
+        bullets.append(("", [f"Figure not drawn: {no_figures}."]))
+    section = Section("Planted cue (positive control)", paras, cue.display(table, baseline_context), figs, bullets)
     return section, table
 
 
@@ -298,7 +349,9 @@ RUNS_LEFT_OUT = "Runs left out"
 
 def _sections(sweep: Sweep, wer: pd.DataFrame, werr: pd.DataFrame, snr: pd.DataFrame, sig: pd.DataFrame,
               figures: list[Figure], skipped: list[Skipped], notes: list[str], baseline_context: float,
-              alpha: float, level: float, resamples: int) -> list[Section]:
+              alpha: float, level: float, resamples: int, left_out: str = "") -> list[Section]:
+    """The report's own sections; ``werr``, ``snr`` and ``sig`` without the configurations that learned nothing
+    (``left_out`` says which, "" when none)."""
     status = sweep.trials["status"].value_counts().to_dict()
     n_cfg = sweep.trials["config_id"].nunique()
     overview = [
@@ -316,20 +369,34 @@ def _sections(sweep: Sweep, wer: pd.DataFrame, werr: pd.DataFrame, snr: pd.DataF
         tested = sig[sig["p_permutation"].notna()]
         n_sig = int((tested["significant"] == True).sum())  # noqa: E712 (None means untested)
         findings.append(f"{len(sig)} comparisons with a baseline, {len(tested)} tested: {n_sig} significant at "
-                        f"α = {alpha:g} after Holm correction, {len(tested) - n_sig} not.")
+                        f"α = {alpha:g} after Holm correction, {len(tested) - n_sig} not. Each is one sentence "
+                        f"below and one row of the table after them.")
+    if left_out:
+        findings.append(f"**Left out**: {left_out}.")
     headline = _headline(sig)
     bullets = []
     ordered = sig.sort_values(["family", "series", "dataset", "snr_db", "context_s"], na_position="first")
     for (fam, series), grp in ordered.groupby(["family", "series"], sort=False):
-        bullets.append((f"Family {fam}, series {series}", [sentence(r, level, alpha) for _, r in grp.iterrows()]))
-    if not bullets:
+        clean = grp[grp["condition"] == CLEAN]
+        noisy = grp[grp["condition"] != CLEAN]
+        items = [sentence(r) for _, r in clean.iterrows()] + ([noisy_sentence(noisy)] if not noisy.empty else [])
+        bullets.append((f"Family {fam}, series {series}", items))
+    if not bullets and not left_out:
         findings.append("No comparison with a baseline could be made: no family has finished models at the "
                         "baseline context and at another context length.")
-    secs.append(Section("Figures", [], [], figures,
-                         [("", [f"{s.title} — not drawn: {s.reason}." for s in skipped])] if skipped else []))
-    summary = [("Summary per family and dataset (clean audio; Holm-corrected permutation tests)", headline)] \
+    if not figures and skipped and len({s.reason for s in skipped}) == 1:  # one reason for all: said once
+        secs.append(Section("Figures", [f"No figure is drawn: {skipped[0].reason}."], [], [], []))
+    elif figures or skipped:
+        secs.append(Section("Figures", [], [], figures,
+                             [("", [f"{s.title} — not drawn: {s.reason}." for s in skipped])] if skipped else []))
+    tables = [("Summary per family and dataset (clean audio; Holm-corrected permutation tests)", headline)] \
         if not headline.empty else []
-    secs.append(Section("Findings: each context length against the baseline", findings, summary, [], bullets))
+    if not sig.empty:
+        tables.append((f"Every comparison: WERR and ΔWER with {100 * level:g}% intervals, p-values (all in "
+                       f"significance.csv)", significance_display(sig)))
+    secs.append(Section("Findings: each context length against the baseline", findings, [], [], bullets))
+    if tables:  # after the sentences, so that each sentence comes before its numbers
+        secs.append(Section("Findings in numbers", [], tables, [], []))
     tables = [("WER (%) per configuration: mean ± sd over seeds (number of seeds)", wer_pivot(wer))]
     if not sweep.external.empty:
         tables.append(("WER (%) of other systems on the same test sets (python -m asr_core score: the same "
@@ -343,7 +410,6 @@ def _sections(sweep: Sweep, wer: pd.DataFrame, werr: pd.DataFrame, snr: pd.DataF
     if not snr.empty:
         secs.append(Section("Noise robustness: WERR (%) from the baseline at each SNR", [], snr_pivots(snr), [],
                              []))
-    secs.append(Section("Significance table", [], [("", significance_display(sig))], [], []))
     secs.append(Section(RUNS_LEFT_OUT, [] if not sweep.problems.empty else ["None: every trial run finished "
                                                                               "with all its metrics and tables."],
                          [("", sweep.problems[["label", "status", "problem"]])] if not sweep.problems.empty else [],

@@ -45,7 +45,7 @@ def find_baseline(contexts: Iterable[float], baseline_context: float) -> float |
 
 def in_family(frame: pd.DataFrame, family: str) -> pd.DataFrame:
     """Rows of ``frame`` (which has a comma-joined ``families`` column) that belong to sub-grid ``family``."""
-    return frame[frame["families"].map(lambda s: family in s.split(","))]
+    return frame[frame["families"].map(lambda s: family in s.split(",")).astype(bool)]  # bool: also when empty
 
 
 # ---- WER and WERR tables -------------------------------------------------------------------------------------

@@ -28,8 +28,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "heads": ("asr_core.probes.heads", "how alike the attention heads are (paper 003): heads CKPT --data NAME=FORMAT:PATH ..."),
     "reach": ("asr_core.probes.reach", "how far back a model's decoded output reaches: reach CKPT --data NAME=FORMAT:PATH ..."),
     "score": ("asr_core.evaluation.external", "WER of another system's transcripts: score --ref NAME=FORMAT:PATH --hyp DIR --system S"),
-    "prepare": ("asr_core.data.prepare", "store a corpus once, memory-mapped, for every trial: prepare [NAME=]FORMAT:PATH OUT"),
-    "synth": ("asr_core.data.corpora.synth", "generate the synthetic long-form corpus: synth OUT --hours H --seed S"),
+    "prepare": ("asr_core.data.prepare", "store a corpus once, memory-mapped, for every trial: prepare [NAME=]FORMAT:PATH --out OUT"),
+    "synth": ("asr_core.data.corpora.synth", "generate the synthetic long-form corpus: synth --out OUT --hours H --seed S"),
     "trial": ("asr_core.trial", "one grid trial (train, then evaluate) inside an MLflow run; used by orchestrate"),
     "bench": ("asr_core.bench", "benchmarks: bench train | bench decode | bench data | bench calibrate"),
     "outbox": ("asr_core.runtime.shipper", "ship a trial's pending MLflow records by hand: outbox TRIAL_DIR --tracking-uri URI --run-id RUN"),
@@ -40,7 +40,12 @@ SIGNALLED = ("trial", "train")  # commands that checkpoint on SIGUSR2/SIGTERM (a
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    from asr_core.runtime.crash import guarded  # a bug: one line naming its log, exit 1
+
+    return guarded("asr_core", _main, argv)
+
+
+def _main(argv: list[str]) -> int:
     if argv and (argv[0] in SIGNALLED or argv[:2] == ["lm", "train"]):  # (done at import under ``python -m``)
         from asr_core.runtime import signals
 
@@ -49,7 +54,13 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m asr_core COMMAND [ARGS]\n\ncommands:")
         for name, (_, text) in COMMANDS.items():
             print(f"  {name:9s} {text}")
+        print("\n  --version print the version and the code's commit, then exit")
         return 0 if argv else 2
+    if argv[0] == "--version":
+        from asr_core.version import version_line
+
+        print(version_line("python -m asr_core"))
+        return 0
     name, rest = argv[0], argv[1:]
     if name not in COMMANDS:
         print(f"asr_core: unknown command {name!r}; valid: {', '.join(COMMANDS)}", file=sys.stderr)

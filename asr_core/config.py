@@ -22,7 +22,7 @@ from typing import Any, Mapping
 
 from asr_core.config_parse import (ConfigError, build_dataclass, coerce_value, deep_copy, field_types, merge,
                                    parse_override, set_path)
-from asr_core.contract.specs import dataset_name
+from asr_core.contract.specs import CORPUS_FORMATS, corpus_spec_problem, dataset_name
 from asr_core.identity import BASELINE, NAMED, field_defaults, trial_key
 from asr_core.yaml_input import YamlInputError, load_yaml_file
 
@@ -38,6 +38,7 @@ PRECISIONS = ("auto", "bf16", "fp32")
 OPTIMIZERS = ("madgrad", "adamw")  # madgrad: the paper's; adamw: AdamW with (momentum, 0.98) betas
 DEVICES = ("auto", "cpu", "cuda")
 HEAD_REPRESENTATIONS = ("A", "Q", "K", "V", "Y")  # paper 003 Table 1; asr_core.model.heads.REPRESENTATIONS
+FORMATS_TEXT = ", ".join(CORPUS_FORMATS)  # the corpus formats a spec may name, for messages
 
 
 def _require(cond: bool, key: str, value: Any, valid: str) -> None:
@@ -155,8 +156,8 @@ class DataConfig:
     features: FeatureConfig = field(default_factory=FeatureConfig)
 
     def __post_init__(self) -> None:
-        _require(not self.train or ":" in self.train, "data.train", self.train,
-                 "a corpus spec [NAME=]FORMAT:PATH, e.g. 'podcasts=podcast:data/train'")
+        _require(not self.train or corpus_spec_problem(self.train) is None, "data.train", self.train,
+                 f"a corpus spec [NAME=]FORMAT:PATH, e.g. 'podcasts=podcast:data/train'; formats: {FORMATS_TEXT}")
         _require(self.context_s > 0, "data.context_s", self.context_s, "a positive number of seconds")
         _require(self.batch_audio_s >= self.context_s, "data.batch_audio_s", self.batch_audio_s,
                  f"at least data.context_s={self.context_s} (one window per step)")
@@ -268,9 +269,9 @@ class EvalConfig:
             _require(name in names, "eval.noisy", name,
                      "names of datasets in eval.datasets (" + (", ".join(names) or "none given") + ")")
         for spec in self.datasets:
-            _require(isinstance(spec, str) and bool(dataset_name(spec)) and ":" in spec.partition("=")[2],
-                     "eval.datasets", spec,
-                     "strings of the form NAME=FORMAT:PATH, e.g. 'dev=podcast:data/dev'")
+            _require(isinstance(spec, str) and bool(dataset_name(spec)) and corpus_spec_problem(spec, named=True)
+                     is None, "eval.datasets", spec,
+                     f"strings of the form NAME=FORMAT:PATH, e.g. 'dev=podcast:data/dev'; formats: {FORMATS_TEXT}")
 
 
 @dataclass(frozen=True)
@@ -333,6 +334,10 @@ class Config:
             raise ConfigError(f"{path}: not valid JSON: {e}") from None
         except FileNotFoundError:
             raise ConfigError(f"config file not found: {path}") from None
+        except IsADirectoryError:
+            raise ConfigError(f"config file {path} is a folder; valid: a YAML config file or a preset name") from None
+        except OSError as e:
+            raise ConfigError(f"config file {path} cannot be read: {e.strerror or e}") from None
         except YamlInputError as e:  # bounded (asr_core.yaml_input): one line with line and column
             raise ConfigError(str(e)) from None
         if not isinstance(raw, dict):

@@ -4,6 +4,8 @@ Under the sweep's lock (taken before ``sweep.json`` and ``trials.json`` are read
 into every unfinished trial folder first (a job that starts meanwhile exits at once), then cancels the live jobs
 (their trainers checkpoint, find the marker and end KILLED, never requeued), then marks the runs KILLED.
 
+* **It asks first** (:func:`confirmed`) when a whole sweep is cancelled from a terminal; ``--yes`` skips the question,
+  and neither ``--where`` (a part) nor a run without a terminal (scripts, tests) asks.
 * **Without the tracker.** ``cancel --offline``, or the default when the sweep's MLflow does not answer (a line says
   so): the folders are marked and the jobs stopped all the same; the runs are left as they are, and the next command
   that reaches MLflow (``status``, ``resume``, ``submit``, ``retry``) marks them KILLED from the folders
@@ -43,6 +45,31 @@ CATCH_UP = "the next command that reaches it (status, resume) marks the runs KIL
 
 def log(msg: str) -> None:
     print(f"[orchestrate] {msg}", file=sys.stderr, flush=True)
+
+
+def _ask(prompt: str) -> str:
+    """``prompt`` on stderr (stdout may be piped), then one line of the terminal ("" at its end)."""
+    print(prompt, end="", file=sys.stderr, flush=True)
+    return sys.stdin.readline()
+
+
+def confirmed(sweep: SweepDir, ask: Callable[[str], str] = _ask) -> bool:
+    """Before a whole sweep is cancelled: on a terminal, ask (``y`` goes on; anything else, end of input or Ctrl-C
+    cancels nothing and says so); without one (a script, a test, a pipe) go on as asked. ``--yes`` and ``--where``
+    do not come here."""
+    if not sys.stdin.isatty():
+        return True
+    keys = sweep.trial_keys_on_disk()
+    unfinished = sum(not TrialFolder(sweep.trial_dir(k)).done.exists() for k in keys)
+    try:
+        answer = ask(f"cancel sweep {sweep.name!r} for good: its {unfinished} unfinished trials end KILLED (retry "
+                     "--cancelled starts them again); --where cancels a part. Go on? [y/N] ")
+    except (EOFError, KeyboardInterrupt):
+        answer = ""
+    if answer.strip().lower() in ("y", "yes"):
+        return True
+    print("\norchestrate cancel: nothing cancelled (answer y to go on, or pass --yes)", file=sys.stderr)
+    return False
 
 
 def cancel(sweep: SweepDir, read: Callable[[], Manifest], select: Callable[[Trial], bool] | None = None, *,

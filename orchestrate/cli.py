@@ -21,20 +21,24 @@ import argparse
 import dataclasses
 from contextlib import nullcontext
 import json
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
+from asr_core.contract.tracking import ENV, tracking_uri
 from asr_core.contract.trial import EXIT_USAGE
 from orchestrate.backends.base import BackendError
 from orchestrate.backends.profile import load_profile
+from orchestrate.cli_parser import build_parser
 from orchestrate.commands import SERVER_HINT, UsageError, check_data, check_shared_ledger, execution_overrides
 from orchestrate.decode_file import DecodeFileError
 from orchestrate.evaluations import EvaluationError
 from orchestrate.where import WhereError
 from orchestrate.grid import Grid, GridError, load_grid, plan_table
 from orchestrate.ledger import Ledger, LedgerError
-from orchestrate.ledger_store import check_tracking_uri, default_tracking_uri
+from orchestrate.ledger_store import check_tracking_uri
+from orchestrate.show import show_trial
 from orchestrate.sweep import (DEFAULT_MAX_FAILURES, Manifest, SweepDir, SweepError, SweepFileError, merge_trials,
                                new_sweep_id)
 from orchestrate.trial import Trial
@@ -45,123 +49,6 @@ if TYPE_CHECKING:
 
 
 EXIT_TRACKER = 3  # the work is done and on disk, but MLflow did not answer at the end: run what the message says later
-
-
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="orchestrate", description="Grids of training configurations → Ray Tune, "
-                                "SLURM or Ray-on-SLURM, with MLflow as the ledger.")
-    sub = p.add_subparsers(dest="command", required=True)
-
-    def sweep_settings(sp: argparse.ArgumentParser) -> None:
-        sp.add_argument("--max-failures", type=_positive_int, default=None, metavar="N",
-                        help=f"failures (its own error, killed by the system, lost) after which a trial stays FAILED "
-                             f"and is not resubmitted; `retry --failed` resets the count (default: the sweep's "
-                             f"setting, {DEFAULT_MAX_FAILURES} for a new sweep)")
-        sp.add_argument("--allow-sqlite", action="store_true",
-                        help="let a cluster backend (slurm, ray-slurm) use a sqlite: ledger; only safe when every "
-                             "job runs on this host (recorded in the sweep)")
-
-    def common(sp: argparse.ArgumentParser) -> None:
-        sp.add_argument("--sweep-root", default="runs", help="folder holding sweeps and the default sqlite ledger "
-                        "(default: ./runs)")
-        sp.add_argument("--tracking-uri", default=None, help="MLflow URI: sqlite:///PATH or http://HOST:PORT "
-                        "(default: sqlite:///SWEEP_ROOT/mlflow.db, or the sweep's own)")
-
-    sp = sub.add_parser("plan", help="expand a grid: trials per sub-grid (no side effects); --estimate: GPU-hours")
-    sp.add_argument("grid")
-    sp.add_argument("--json", action="store_true", help="list key, sub-grids, seed and config of every trial "
-                    "(with --estimate: the estimate of every trial)")
-    sp.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
-    sp.add_argument("--estimate", action="store_true",
-                    help="GPU-hours per trial, sub-grid and grid: the trainer's planner replayed over the training "
-                         "corpus's durations (assumed where it is not on disk) at a calibration's speed")
-    sp.add_argument("--calibration", default=None, metavar="FILE",
-                    help="with --estimate: a file from `python -m asr_core bench calibrate`, or a built-in one by "
-                         "name: a100-paper (the default, derived from paper 000) or h100-measured (bench calibrate "
-                         "on one H100, 8 loader threads)")
-    sp.add_argument("--profile", default=None,
-                    help="with --estimate: cluster profile (slurm/profiles/NAME.yaml or a path): requeues under its "
-                         "time limit, wall time at its max_parallel, its loader threads")
-    sp.add_argument("--trials", action="store_true", help="with --estimate: one row per trial too")
-
-    sp = sub.add_parser("submit", help="create the sweep's runs and submit every trial not finished yet")
-    sp.add_argument("grid")
-    sp.add_argument("--backend", required=True, choices=("local", "slurm", "ray-slurm"))
-    sp.add_argument("--profile", default=None, help="cluster profile: slurm/profiles/NAME.yaml or a path")
-    sp.add_argument("--sweep", default=None, help="sweep name (default: the grid's name)")
-    sp.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                    help="override a base field of every trial, e.g. data.train=podcast:/data/train")
-    sp.add_argument("--no-check-data", action="store_true", help="skip checking that data paths exist here")
-    sweep_settings(sp)
-    common(sp)
-
-    for name, text in (("status", "counts by state and the failed trials"),
-                       ("resume", "re-attach live jobs, resubmit lost, preempted and failed ones within the failure "
-                                  "budget, skip finished and cancelled ones"),
-                       ("retry", "start failed trials (their failure count reset) or cancelled ones again"),
-                       ("cancel", "cancel the sweep for good: unfinished trials end KILLED (retry --cancelled "
-                                  "starts them again)")):
-        sp = sub.add_parser(name, help=text)
-        sp.add_argument("sweep")
-        common(sp)
-        if name == "status":
-            from orchestrate.status import add_arguments
-
-            sp.add_argument("--json", action="store_true", help="one JSON object per trial")
-            add_arguments(sp)
-        if name == "cancel":
-            sp.add_argument("--offline", action="store_true",
-                            help="leave MLflow alone (the default when it does not answer): the jobs are stopped and "
-                                 "the folders marked; the next command that reaches MLflow marks the runs KILLED")
-        if name in ("resume", "retry", "cancel"):
-            sp.add_argument("--where", action="append", default=[], metavar="KEY=VALUE",
-                            help="only the models and evaluation jobs that match: a config field "
-                                 "(data.context_s=10.24), subgrid=NAME, key=KEY (a model with its evaluation jobs, "
-                                 "or one job) or evaluation=NAME (its jobs; none: the models); repeat a key for "
-                                 "alternatives, other keys must all hold")
-        if name == "retry":
-            sp.add_argument("--failed", action="store_true",
-                            help="start FAILED trials again, also those past --max-failures (their count is reset)")
-            sp.add_argument("--cancelled", action="store_true",
-                            help="start cancelled trials again, from their checkpoints")
-        if name in ("resume", "retry"):
-            sp.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                            help="change how unfinished trials run or where their data lies, under the same keys "
-                                 "(e.g. data.num_workers=8, data.train=podcasts=podcast:/scratch/podcasts); "
-                                 "anything that would change a trial's key is refused")
-            sp.add_argument("--no-check-data", action="store_true",
-                            help="skip checking that data paths given with --set exist here")
-            sweep_settings(sp)
-
-    sp = sub.add_parser("evaluate", help="decode finished trials by beam search (with an LM or without) as jobs on "
-                        "the sweep's backend; results go into each trial's run as wer_<name>/...")
-    sp.add_argument("sweep")
-    what = sp.add_mutually_exclusive_group(required=True)
-    what.add_argument("--spec", metavar="FILE",
-                      help="evaluation spec (YAML, e.g. grids/decode-lm.yaml): name, lm, alpha, beta, beam_width, "
-                           "lm_context, prompt, datasets, snrs, stride; run as evaluation jobs of the sweep (one "
-                           "per trained model lacking it: same backend, max_parallel, status, cancel and retry)")
-    what.add_argument("--decode", metavar="FILE", help="the same as --spec (its earlier name)")
-    sp.add_argument("--where", action="append", default=[], metavar="KEY=VALUE",
-                    help="only trials whose config has this value (e.g. data.context_s=10.24, model.heads=6) or "
-                         "sub-grid (subgrid=NAME); repeat a key for alternatives, other keys must all hold")
-    sp.add_argument("--dry-run", action="store_true", help="print what would be decoded; submit and write nothing")
-    common(sp)
-
-    sp = sub.add_parser("bench", help="time plan, submit and status against their goals")
-    sp.add_argument("--skip-slurm", action="store_true", help="skip the SLURM submission timing")
-    common(sp)
-    return p
-
-
-def _positive_int(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"invalid value {text!r}; valid: a whole number of at least 1")
-    return n
 
 
 # ---- commands ------------------------------------------------------------------------------------------------------
@@ -212,9 +99,13 @@ def cmd_submit(args: argparse.Namespace) -> int:
     grid = load_grid(args.grid, args.overrides)
     profile = load_profile(args.profile)
     sweep = SweepDir(args.sweep_root, args.sweep or grid.name)
+    if args.dry_run:
+        from orchestrate.dispatch import dry_run
+
+        return dry_run(args, grid, profile, sweep)
     with sweep.lock("submit"):  # before sweep.json and trials.json are read: no stale copy is written back
         old = sweep.read_manifest() if sweep.exists() else None
-        uri = args.tracking_uri or (old.tracking_uri if old else default_tracking_uri(args.sweep_root))
+        uri = args.tracking_uri or (old.tracking_uri if old else tracking_uri(None, sweep_root=args.sweep_root))
         trials = list(grid.trials)
         if not args.no_check_data:
             check_data(trials, Path.cwd())
@@ -229,13 +120,14 @@ def cmd_submit(args: argparse.Namespace) -> int:
         allow_sqlite = args.allow_sqlite or (old is not None and old.allow_sqlite)
         backend = make_backend(args.backend, sweep, uri, profile)
         check_shared_ledger(backend, uri, allow_sqlite, "given with --tracking-uri" if args.tracking_uri else
-                            "the sweep's" if old is not None else "the default without --tracking-uri")
+                            "the sweep's" if old is not None else f"from ${ENV}" if uri == os.environ.get(ENV) else
+                            "the default without --tracking-uri")
         check_tracking_uri(uri)
         sweep_id = (old.sweep_id if old is not None else "") or new_sweep_id()
         # before anything is written; a folder that existed may adopt an experiment made before sweeps had ids
         Ledger(uri, sweep.name).check_owner(sweep_id, str(sweep.path), adopt=old is not None)
         max_failures = args.max_failures or (old.max_failures if old is not None else DEFAULT_MAX_FAILURES)
-        manifest = new_manifest(sweep.name, Path(args.grid).resolve(), args.backend, args.profile or "", uri,
+        manifest = new_manifest(sweep.name, Path(grid.path).resolve(), args.backend, args.profile or "", uri,
                                 tuple(args.overrides), sweep_id=sweep_id, code=old.code if old is not None else (),
                                 max_failures=max_failures, allow_sqlite=allow_sqlite)
         if old is not None:  # the sweep keeps its birth date; a later submit's settings and folder are today's
@@ -360,9 +252,11 @@ def _behind(args: argparse.Namespace, plan: "Plan", name: str) -> int:
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
-    from orchestrate.cancel import cancel
+    from orchestrate.cancel import cancel, confirmed
 
     _refuse_other_uri(args)
+    if not args.where and not args.yes and not confirmed(_sweep(args)):
+        return 1
     print(cancel(_sweep(args), lambda: _read(args)[1], _selected(args.where), offline=args.offline))
     return 0
 
@@ -389,7 +283,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from orchestrate.evaluations import EvaluationName, decoded_before, missing_data, plan_named
     from orchestrate.where import matches, parse_where
 
-    spec = load_decode_file(args.spec or args.decode)
+    spec = load_decode_file(args.spec)
     where = parse_where(args.where)
     _refuse_other_uri(args)
     with nullcontext() if args.dry_run else _sweep(args).lock(f"evaluate {spec.name}"):  # before the files are read
@@ -445,15 +339,22 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     from orchestrate.tools.bench import run_bench
 
-    return run_bench(skip_slurm=args.skip_slurm)
+    return run_bench(skip_slurm=args.skip_slurm, tracking_uri=args.tracking_uri)
 
 
 COMMANDS = {"plan": cmd_plan, "submit": cmd_submit, "status": cmd_status, "resume": cmd_resume,
-            "retry": cmd_resume, "cancel": cmd_cancel, "evaluate": cmd_evaluate, "bench": cmd_bench}
+            "retry": cmd_resume, "cancel": cmd_cancel, "evaluate": cmd_evaluate,
+            "show": lambda args: show_trial(args, *_read(args)), "bench": cmd_bench}
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    from asr_core.runtime.crash import guarded  # a bug: one line naming its log, exit 1
+
+    return guarded("orchestrate", _main, argv)
+
+
+def _main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
     try:
         return COMMANDS[args.command](args)
     except (GridError, UsageError, BackendError, LedgerError, SweepError, DecodeFileError, WhereError,

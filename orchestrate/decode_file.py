@@ -210,10 +210,12 @@ def _file(where: str, key: str, v: Any, base: Path, what: str) -> str:
 
 def _loadable(where: str, lm: str) -> None:
     """The LM file is a checkpoint ``torch.load(weights_only=True)`` reads (memory-mapped: nothing is copied)."""
-    from asr_core.training.checkpoint import read_header
+    from asr_core.training.checkpoint import CheckpointError, read_header
 
     try:
         ck = read_header(lm)
+    except CheckpointError as e:  # names the file, what is wrong and what is valid
+        raise DecodeFileError(f"{where}: lm: {e}") from None
     except Exception as e:  # noqa: BLE001 - torch raises many kinds for a file that is not a checkpoint
         raise DecodeFileError(f"{where}: lm {lm} is not a checkpoint torch can read with weights_only=True "
                               f"({type(e).__name__}: {e}); valid: a checkpoint of `python -m asr_core lm train`"

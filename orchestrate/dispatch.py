@@ -53,7 +53,10 @@ from orchestrate.reconcile import reconcile_ledger
 from orchestrate.trial_state import FolderState, failure_reason, read_folder_state, read_folder_states
 
 if TYPE_CHECKING:
+    import argparse
+
     from asr_core.runtime.provenance import CodeVersion
+    from orchestrate.grid import Grid
 
 RETRY_WHAT = ("failed", "cancelled")  # what `retry` may start again
 
@@ -320,7 +323,7 @@ def run_sweep(sweep: SweepDir, manifest: Manifest, trials: list[Trial], profile:
         for k in plan.uncancelled:
             sweep.uncancel_trial(k)
         run_ids = ledger.create_trial_runs(parent, [by_key[k] for k in plan.new if k not in is_eval],
-                                           manifest.backend)
+                                           manifest.backend, sweep=trials)
         todo_evals = [k for k in todo_keys if k in is_eval]
         missing = [k for k in todo_evals if run_ids.get(by_key[k].model) is None]
         if missing:  # a model without a run cannot be evaluated into it: left for the next command
@@ -383,3 +386,68 @@ def new_manifest(name: str, grid: Path, backend: str, profile: str, tracking_uri
     return Manifest(name=name, grid=str(grid), backend=backend, profile=profile, tracking_uri=tracking_uri,
                     overrides=overrides, created=time.time(), workdir=str(Path.cwd()), sweep_id=sweep_id, code=code,
                     max_failures=max_failures, allow_sqlite=allow_sqlite)
+
+
+# ---- submit --dry-run ----------------------------------------------------------------------------------------------
+def dry_run(args: "argparse.Namespace", grid: "Grid", profile: Profile, sweep: SweepDir) -> int:
+    """``submit --dry-run``: what ``submit`` would do with ``grid`` (checked as ``submit`` checks it), printed;
+    nothing is created, written or submitted: no sweep folder, lock file, run or job. The ledger is only looked up
+    (:func:`orchestrate.status_ledger.ledger_probe`), the scheduler only asked which jobs it holds."""
+    from orchestrate.commands import UsageError, check_data, check_shared_ledger
+    from orchestrate.evaluations import plan_default
+    from asr_core.contract.tracking import tracking_uri
+    from orchestrate.ledger_store import check_tracking_uri
+    from orchestrate.status_ledger import ledger_probe
+    from orchestrate.sweep import merge_trials
+    from orchestrate.trial_status import scheduler_view
+
+    old = sweep.read_manifest() if sweep.exists() else None
+    uri = args.tracking_uri or (old.tracking_uri if old else tracking_uri(None, sweep_root=args.sweep_root))
+    if old is not None and old.backend != args.backend:
+        raise UsageError(f"sweep {sweep.name!r} exists with backend {old.backend!r}; use `orchestrate resume "
+                         f"{sweep.name}` or give another --sweep name")
+    if old is not None and old.tracking_uri.rstrip("/") != uri.rstrip("/"):
+        raise UsageError(f"sweep {sweep.name!r} is ledgered in {old.tracking_uri}, not {uri}; drop --tracking-uri "
+                         "or give another --sweep name")
+    trials = merge_trials(sweep.read_trials(), list(grid.trials)) if old is not None else list(grid.trials)
+    if not args.no_check_data:
+        check_data(trials, Path.cwd())
+    backend = make_backend(args.backend, sweep, uri, profile)
+    check_shared_ledger(backend, uri, args.allow_sqlite or (old is not None and old.allow_sqlite),
+                        "given with --tracking-uri" if args.tracking_uri else "the sweep's" if old is not None
+                        else "the default without --tracking-uri")
+    if not uri.startswith("sqlite:"):  # (for sqlite it would create the folder of the database)
+        check_tracking_uri(uri)
+    probe = ledger_probe(uri, sweep.name)
+    if probe.exists and probe.owner and (old is None or probe.owner != old.sweep_id):
+        raise UsageError(f"experiment {sweep.name!r} in {uri} belongs to another sweep (the folder "
+                         f"{probe.owner_root or 'it did not record'}); submit this one under another name with "
+                         "`--sweep NAME`")
+    max_failures = args.max_failures or (old.max_failures if old is not None else DEFAULT_MAX_FAILURES)
+    live: dict[str, str] = {}
+    states: dict[str, FolderState] = {}
+    submitted: set[str] = set()
+    if old is not None:
+        trials = plan_default(sweep, trials)
+        states = read_folder_states(sweep, [t.key for t in trials])
+        view = scheduler_view(sweep, old)
+        live = {**{k: fs.job_id or "lease" for k, fs in states.items() if fs.live}, **dict(view.held)}
+        submitted = {k for s in sweep.submissions() for k in s.keys}
+    plan = classify(trials, {}, live, states, include_failed=False, max_failures=max_failures)
+    plan.lost += [k for k in plan.new if k in submitted]  # they have runs: submit would send them again
+    plan.new = [k for k in plan.new if k not in submitted]
+    print(f"sweep {sweep.name} (dry run: nothing created, written or submitted): {len(trials)} trials: "
+          f"{plan.summary()}")
+    print(f"  backend {args.backend}, profile {args.profile or '(default)'}, ledger {uri}"
+          + ("" if probe.answered is not False else " (submit creates it)" if uri.startswith("sqlite:")
+             and not Path(uri[len("sqlite:///"):]).exists() else f" (unreachable: {probe.error})"))
+    print(f"  folder {sweep.path}" + (" (exists)" if old is not None else " (would be created)"))
+    by_key = {t.key: t for t in trials}
+    why = {k: w for w, keys in (("new", plan.new), ("lost", plan.lost), ("preempted", plan.preempted),
+                                ("failed", plan.failed)) for k in keys}
+    todo = plan.to_submit()
+    print(f"would submit {len(todo)}:")
+    for k in todo:
+        t = by_key[k]
+        print(f"  {t.label}  {k}  {why.get(k, '')}" + ("  (evaluation job)" if t.is_evaluation else ""))
+    return 0

@@ -36,6 +36,7 @@ from asr_core.config_parse import ConfigError
 from asr_core.contract.specs import dataset_name
 from orchestrate.grid_file import (SUBGRID_KEYS, GridError, where_in, parse_seeds, read_grid_yaml,
                                    subgrid_sources)
+from orchestrate.assets import grid_path
 from orchestrate.trial import Trial
 
 AXIS_NAMES: tuple[str, ...] = ("preset", *FIELD_TYPES)
@@ -86,8 +87,9 @@ def _check_name(name: str, path: Path, sub: str, kind: str) -> None:
 
 
 def load_grid(path: str | Path, overrides: Iterable[str] = ()) -> Grid:
-    """Expand a grid file into its unique trials; ``overrides`` (``section.field=value``) apply to every base."""
-    path = Path(path)
+    """Expand a grid file (a path, or a packaged grid's name: ``paper``) into its unique trials; ``overrides``
+    (``section.field=value``) apply to every base."""
+    path = grid_path(path)
     sources = subgrid_sources(path)
     if not sources:
         raise GridError(f"{path}: no sub-grids; add 'subgrids:' (or 'include:' files that have them)")

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from asr_core.yaml_input import YamlInputError, load_yaml_file
+from orchestrate.assets import grids_dir, names
 
 
 class GridError(ValueError):
@@ -38,10 +39,16 @@ SUBGRID_KEYS = ("section", "description", "set", "axes", "seeds")
 
 def read_grid_yaml(path: Path) -> dict[str, Any]:
     """The top-level mapping of one grid file, its keys checked (duplicate keys refused while reading)."""
+    if path.is_dir():
+        grids = sorted(f.name for f in path.glob("*.yaml"))[:8]
+        raise GridError(f"grid file {path} is a folder; valid: one grid file"
+                        + (f", e.g. {path / grids[0]} (the folder holds {', '.join(grids)})" if grids else
+                           ", e.g. grids/paper.yaml"))
     try:
         raw = load_yaml_file(path)
     except FileNotFoundError:
-        raise GridError(f"grid file not found: {path}") from None
+        raise GridError(f"grid file not found: {path}; valid: a path, or a packaged grid by name "
+                        f"({', '.join(names(grids_dir()))})") from None
     except OSError as e:
         raise GridError(f"grid file {path} cannot be read: {e.strerror or e}") from None
     except YamlInputError as e:  # bounded, duplicate keys refused: one line with line and column

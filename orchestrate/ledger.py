@@ -12,14 +12,18 @@ sweeps had ids carries no owner; one that holds trial runs is adopted only by a 
 that sweep's own (``adopt=True``: the folder existed before the command), never by a brand-new folder that happens
 to reuse the name. Run states and tag names are the trial contract's (:mod:`asr_core.contract.trial`), shared with
 the trial job.
+
+A trial run's *name* is for the eye only (:func:`run_names`): short enough for the UI's Run Name column, where the
+full label (tag ``trial.label``, what the analysis reads) is cut; nothing finds a run by its name.
 """
 
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Sequence
 from urllib.parse import urlparse
 
 from asr_core.contract.trial import (ENDED, FINISHED, ROLE_PARENT, ROLE_TRIAL, RUNNING, SCHEDULED, STATES,
@@ -30,7 +34,40 @@ from orchestrate.ledger_store import ClientStore, enable_wal, sqlite_path, sqlit
 from orchestrate.mlflow_rest import Experiment, LedgerError, MlflowRest, UncertainWrite
 from orchestrate.trial import Trial
 
-__all__ = ["STATES", "Ledger", "LedgerError", "SweepOwnershipError", "TrialRun", "counts", "wait_for"]
+__all__ = ["STATES", "Ledger", "LedgerError", "SweepOwnershipError", "TrialRun", "counts", "run_names", "wait_for"]
+
+RUN_NAME_CHARS = 19  # what MLflow 3's Run Name column (190 px) shows of a flat list (the saved view); nested: 14
+
+
+def _encoding(trial: Trial) -> str:
+    m = trial.config.model
+    if m.posenc != "rotary":
+        return {"sinusoidal": "sin", "none": "nopos"}.get(m.posenc, m.posenc)
+    theta = m.rotary_theta
+    for div, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(theta) >= div:
+            return f"rope{theta / div:g}{suffix}"
+    return f"rope{theta:g}"
+
+
+def run_names(trials: Sequence[Trial]) -> dict[str, str]:
+    """{key: run name} of the training trials among ``trials`` (a sweep's): the context and the seed, and the
+    positional encoding, the size (layers and width) and the heads only where a trial differs from the sweep's most
+    common value of them (as Ray Tune names a trial by its searched values only), e.g. ``82s s2`` for the main
+    model, ``82s sin s2`` and ``82s 3x2048 16h s2`` (layers x width, heads) for others; so that a name fits the UI's
+    Run Name column (about :data:`RUN_NAME_CHARS` characters) where the label ``ctx82s-rope1.5M-6L768d6h-s2`` is
+    cut. Names two trials share get the key's first 6 digits (as labels do). Evaluation jobs keep their label."""
+    parts: dict[str, tuple[str, ...]] = {}
+    for t in trials:
+        if t.is_evaluation:
+            continue
+        m, ctx = t.config.model, t.config.data.context_s
+        parts[t.key] = (f"{ctx:.0f}s" if ctx >= 1 else f"{ctx:g}s", _encoding(t), f"{m.layers}x{m.d_model}",
+                        f"{m.heads}h", f"s{t.seed}")
+    usual = {i: Counter(p[i] for p in parts.values()).most_common(1)[0][0] for i in (1, 2, 3)} if parts else {}
+    names = {k: " ".join([p[0], *(p[i] for i in (1, 2, 3) if p[i] != usual[i]), p[4]]) for k, p in parts.items()}
+    seen = Counter(names.values())
+    return {k: f"{n} {k[:6]}" if seen[n] > 1 else n for k, n in names.items()}
 
 
 class SweepOwnershipError(LedgerError):
@@ -282,8 +319,11 @@ class Ledger:
             max_results=1, order_by=["attributes.start_time ASC"])
         return runs[0].run_id if runs else None
 
-    def create_trial_runs(self, parent_id: str, trials: Iterable[Trial], backend: str) -> dict[str, str]:
+    def create_trial_runs(self, parent_id: str, trials: Iterable[Trial], backend: str,
+                          sweep: Sequence[Trial] | None = None) -> dict[str, str]:
         """Create a SCHEDULED child run for every trial whose key has none yet; returns {key: run_id} of all trials.
+        Runs are named by :func:`run_names` over ``sweep`` (the sweep's trials; default ``trials``), so that a run
+        added later says what it is among the others.
 
         Two calls per new run, runs in parallel on a server: the run with its identity tags, and SCHEDULED (MLflow
         creates every run RUNNING). The config's params are logged by the trial job when it first starts (its
@@ -292,7 +332,9 @@ class Ledger:
         caller holds the sweep lock, so no other submitter races us between the lookup and the creation).
         """
         existing = self.trial_runs()
+        trials = list(trials)
         todo = [t for t in trials if t.key not in existing]
+        names = run_names(list(sweep) if sweep is not None else trials)
         out = {k: r.run_id for k, r in existing.items()}
         experiment_id = self.experiment_id
 
@@ -301,7 +343,8 @@ class Ledger:
                     TAG_SUBGRIDS: ",".join(t.subgrids), TAG_LABEL: t.label, TAG_SEED: str(t.seed),
                     TAG_BACKEND: backend, TAG_JOB_ID: ""}
             run_id = self._create_once(lambda: self._find_trial_run(t.key),
-                                       lambda: self.store.create_run(experiment_id, t.label, tags).run_id)
+                                       lambda: self.store.create_run(experiment_id, names.get(t.key, t.label),
+                                                                     tags).run_id)
             self.store.update_run(run_id, SCHEDULED)
             return t.key, run_id
 

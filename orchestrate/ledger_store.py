@@ -15,12 +15,14 @@ from typing import Any, Callable, Mapping, TypeVar
 from urllib.parse import urlparse
 
 from asr_core.contract.ledger import artifact_location
+from asr_core.contract.tracking import default_tracking_uri as contract_default
 from orchestrate.mlflow_rest import MAX_PER_BATCH, Experiment, LedgerError, Run, auth_header
 
 
 def default_tracking_uri(sweep_root: str | Path) -> str:
-    """The ledger of a sweep root when none is named: a sqlite file in it (``<root>/mlflow.db``)."""
-    return f"sqlite:///{Path(sweep_root).resolve() / 'mlflow.db'}"
+    """The ledger of a sweep root when none is named: a sqlite file in it (``<root>/mlflow.db``); the local default
+    of the one rule every command follows (:func:`asr_core.contract.tracking.tracking_uri`)."""
+    return contract_default(sweep_root)
 
 
 def check_tracking_uri(uri: str, timeout: float = 5.0, hint: str = "") -> None:

@@ -7,7 +7,9 @@ The trial folders hold the truth (:mod:`orchestrate.trial_state`); the scheduler
 ===========  ========================================================================================================
 FINISHED     ``DONE`` exists
 RUNNING      a live lease: a trainer heartbeats in the folder now
-QUEUED       the scheduler holds a job for it (pending, or starting and not yet heartbeating)
+PENDING      queued and not yet (re)started: the scheduler lists its job as pending, or a local sweep's runner
+             holds it and has not started it yet
+QUEUED       the scheduler holds a job for it that is not pending (starting, and not yet heartbeating)
 PREEMPTED    its last segment checkpointed after a preemption notice; the requeue is pending or ``resume`` continues it
 FAILED       its last outcome was a failure (its own error, killed by the system, lost) and no job holds it; "gave up"
              once the failures since the last ``retry --failed`` reach the sweep's ``max_failures``
@@ -17,34 +19,48 @@ LOST         unfinished, not live, not held: never started, or its last segment 
              within the budget)
 ===========  ========================================================================================================
 
-Then every failed, killed and lost trial with its reason and failure count, the running ones with their progress,
-the code versions, the trials whose outbox keeps records MLflow refused for good (``kept``, with the command that
+Then the share of the work done (finished trials whole, the others by their training steps or evaluation units) and
+the GPU-hours the trials' segments ran, every failed, killed and lost trial with its reason and failure count, the
+running ones with their progress, rate (steps/s over the last minutes) and time left, each with its log, the code
+versions, the trials whose outbox keeps records MLflow refused for good (``kept``, with the command that
 sends them again), and a ledger line: how many trials hold outbox records not yet in MLflow. When the folders say
 the ledger is behind and MLflow answers, ``status`` reconciles it (:func:`orchestrate.reconcile.reconcile_ledger`,
 under the sweep's lock, within ``--reconcile-deadline`` seconds) and says so; a lookup of the sweep's experiment
 (sqlite3 or one HTTP request, no mlflow import) first tells whether MLflow answers and whether this folder owns it.
+
+``--where KEY=VALUE`` (:mod:`orchestrate.where`) counts and lists only the matching trials; ``--state S`` lists
+every trial in state S (repeatable) with its folder and log; ``--watch [SECONDS]`` redraws every SECONDS (30) until
+no trial runs or waits in the queue, or Ctrl-C. The sweep's GPU-hour estimate is not kept in its folder (it replays
+the training corpus: ``orchestrate plan GRID --estimate``), so status shows the hours spent and the share done.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
-from asr_core.contract.trial import FAILED, KILLED, RUNNING
+from asr_core.contract.trial import FAILED, KILLED, LOG_FILE, RUNNING
 from asr_core.runtime.outbox_folder import REJECTED_FILE, read_kept
 from orchestrate.mlflow_rest import LedgerError
+from orchestrate.progress import duration_text
 from orchestrate.status_ledger import ledger_line
 from orchestrate.sweep import Manifest, SweepDir, SweepError
 from orchestrate.trial_state import DEFAULT_MAX_FAILURES, read_folder_states, read_trial_refs
-from orchestrate.trial_status import LOST, STATUS_STATES, TrialStatus, scheduler_view, trial_statuses
+from orchestrate.trial_status import (LOST, PENDING, PREEMPTED, QUEUED, STATUS_STATES, TrialStatus, scheduler_view,
+                                      trial_statuses)
+from orchestrate.where import WhereError
 
-__all__ = ["add_arguments", "main", "show_status"]
+__all__ = ["add_arguments", "main", "show_status", "watch_status"]
 
 DEFAULT_RECONCILE_S = 30.0  # how long `status` may spend bringing a lagging ledger in line
+DEFAULT_WATCH_S = 30.0  # --watch without a number: a redraw every 30 s (a trainer logs progress every few seconds)
 
 
 # ---- the command -------------------------------------------------------------------------------------------------
@@ -54,14 +70,59 @@ def _print_table(rows: list[TrialStatus], fmt: Any) -> None:
         print(fmt(r, lw))
 
 
+def _selected(sweep: SweepDir, trials: list[Any], where: list[str]) -> list[Any]:
+    """The trials ``--where`` selects (their configs read from ``trials.json`` only then); raises
+    :class:`~orchestrate.where.WhereError` when none matches."""
+    if not where:
+        return trials
+    from orchestrate.where import matches, parse_where
+
+    w = parse_where(where)
+    keep = {t.key for t in sweep.read_trials() if matches(t, w)}
+    if not keep:
+        raise WhereError(f"--where {' '.join(where)} matches none of the {len(trials)} trials of sweep "
+                         f"{sweep.name!r}; `orchestrate plan` or `status --json` shows their configs and keys")
+    return [t for t in trials if t.key in keep]
+
+
+def _pace(r: TrialStatus) -> str:
+    """``2.41 steps/s, 4 h 43 min left`` for a running trial whose records give a rate, else ""."""
+    if not r.rate:
+        return ""
+    unit = "steps/s" if (r.phase or "").startswith("train") else "units/s"
+    left = f", {duration_text(r.eta_s)} left" if r.eta_s is not None else ""
+    return f"{r.rate:.3g} {unit}{left}"
+
+
+def _overall(rows: list[TrialStatus]) -> str:
+    """The share of the work done and the GPU-hours spent, in one line."""
+    done = sum(r.progress or 0.0 for r in rows) / len(rows) if rows else 0.0
+    hours = sum(r.gpu_hours for r in rows)
+    return (f"  progress {100 * done:.1f}% (finished trials whole, the others by their training steps or "
+            f"evaluation units); {hours:.1f} GPU-hours spent (one GPU per trial; the estimate is not kept in the "
+            "sweep folder: `orchestrate plan GRID --estimate` gives it)")
+
+
 def show_status(args: argparse.Namespace, sweep: SweepDir, manifest: Manifest,
                 trials: Sequence[Any] | None = None) -> int:
-    """Print the sweep's status (see the module docstring); ``--json``: one JSON object per trial.
+    """Print the sweep's status (see the module docstring); ``--json``: one JSON object per trial; ``--watch``:
+    again every few seconds (:func:`watch_status`).
 
     ``trials``: the sweep's trials (anything with ``key`` and ``label``), or None to read their keys and labels
     from ``trials.json`` (cheaper than building every config). ``args``: ``json``, and optionally
-    ``no_reconcile`` and ``reconcile_deadline`` (seconds)."""
+    ``no_reconcile``, ``reconcile_deadline`` (seconds), ``where``, ``state`` and ``watch``."""
+    if getattr(args, "watch", None) is not None:
+        return watch_status(args, sweep, manifest, trials)
+    _show_once(args, sweep, manifest, trials)
+    return 0
+
+
+def _show_once(args: argparse.Namespace, sweep: SweepDir, manifest: Manifest,
+               trials: Sequence[Any] | None = None) -> list[TrialStatus]:
+    """Print the status once; returns the rows of the selected trials."""
     trials = list(trials) if trials is not None else read_trial_refs(sweep)
+    trials = _selected(sweep, trials, list(getattr(args, "where", None) or []))
+    wanted = set(getattr(args, "state", None) or [])
     max_failures = int(getattr(manifest, "max_failures", DEFAULT_MAX_FAILURES) or DEFAULT_MAX_FAILURES)
     states = read_folder_states(sweep, [t.key for t in trials])
     view = scheduler_view(sweep, manifest)
@@ -70,18 +131,21 @@ def show_status(args: argparse.Namespace, sweep: SweepDir, manifest: Manifest,
     reconcile = not getattr(args, "no_reconcile", False)
     if getattr(args, "json", False):
         for r in rows:
-            print(json.dumps(asdict(r)))
+            if not wanted or r.status in wanted:
+                print(json.dumps(asdict(r)))
         line = ledger_line(sweep, manifest, trials, states, view, reconcile=reconcile, deadline_s=deadline_s,
                            max_failures=max_failures)
         print(line, file=sys.stderr)
-        return 0
+        return rows
     counts = {s: 0 for s in STATUS_STATES}
     for r in rows:
         counts[r.status] += 1
     is_eval = {t.key for t in trials if getattr(t, "is_evaluation", False)}
     n_eval = len(is_eval)
     print(f"sweep {sweep.name} ({manifest.backend}, {len(trials) - n_eval} models"
-          + (f" and {n_eval} evaluation jobs" if n_eval else "") + f", ledger {manifest.tracking_uri})")
+          + (f" and {n_eval} evaluation jobs" if n_eval else "") + f", ledger {manifest.tracking_uri})"
+          + (f", where {' '.join(args.where)}" if getattr(args, "where", None) else ""))
+    print(f"  folders {sweep.path / 'trials'}/KEY, each with its log {LOG_FILE} (--state STATE lists them)")
     if len(manifest.code) > 1:
         print(f"  submitted and resumed from code {', '.join(manifest.code)}")
     gave_up = sum(r.gave_up for r in rows)
@@ -89,8 +153,36 @@ def show_status(args: argparse.Namespace, sweep: SweepDir, manifest: Manifest,
         if counts[state]:
             extra = f"  ({gave_up} gave up after {max_failures} failures)" if state == FAILED and gave_up else ""
             print(f"  {state:<9}  {counts[state]:>5}{extra}")
+    print(_overall(rows))
     if view.note:
         print(f"  scheduler: {view.note}")
+    if wanted:
+        _print_states(rows, wanted)
+    else:
+        _print_sections(rows)
+    if n_eval and not wanted:
+        _print_evaluations(trials, rows)
+    _print_kept(sweep, rows)
+    print()
+    print(ledger_line(sweep, manifest, trials, states, view, reconcile=reconcile, deadline_s=deadline_s,
+                      max_failures=max_failures))
+    return rows
+
+
+def _print_states(rows: list[TrialStatus], wanted: set[str]) -> None:
+    """``--state``: every trial in those states, one line each and its log below."""
+    for state in (s for s in STATUS_STATES if s in wanted):
+        some = [r for r in rows if r.status == state]
+        print(f"\n{len(some)} {state.lower()}" + (":" if some else ""))
+        if some:
+            _print_table(some, lambda r, lw: f"  {r.label:<{lw}}  {r.key}  {r.phase or '-':<16}  "
+                                             + (_pace(r) + "  " if r.status == RUNNING and _pace(r) else "")
+                                             + (r.reason or r.lease) + f"\n    log {r.log}")
+
+
+def _print_sections(rows: list[TrialStatus]) -> None:
+    """Without ``--state``: the failed, killed and lost trials, the running ones, those whose segments ran
+    different code."""
     bad = [r for r in rows if r.status in (FAILED, KILLED, LOST)]
     if bad:
         print(f"\n{len(bad)} failed, killed or lost:")
@@ -100,19 +192,46 @@ def show_status(args: argparse.Namespace, sweep: SweepDir, manifest: Manifest,
     if running:
         print(f"\n{len(running)} running:")
         _print_table(running, lambda r, lw: f"  {r.label:<{lw}}  {r.key}  {r.phase or 'starting':<16}  "
-                                            f"{r.lease or 'job ' + (r.job_id or '-')}")
+                                            + (f"{_pace(r)}  " if _pace(r) else "")
+                                            + f"{r.lease or 'job ' + (r.job_id or '-')}")
     mixed = [r for r in rows if len(r.code) > 1]
     if mixed:
         print(f"\n{len(mixed)} trials ran different code in their segments (start and resumes):")
         _print_table(mixed, lambda r, lw: f"  {r.label:<{lw}}  {r.key}  {r.segments} segments  code "
                                           f"{' -> '.join(r.code)}")
-    if n_eval:
-        _print_evaluations(trials, rows)
-    _print_kept(sweep, rows)
-    print()
-    print(ledger_line(sweep, manifest, trials, states, view, reconcile=reconcile, deadline_s=deadline_s,
-                      max_failures=max_failures))
-    return 0
+
+
+def _moving(rows: list[TrialStatus]) -> bool:
+    """Whether something may still change without a command: a trial runs, waits in the queue, or waits for the
+    requeue of its preempted job."""
+    return any(r.status in (RUNNING, PENDING, QUEUED) or (r.status == PREEMPTED and r.held) for r in rows)
+
+
+def watch_status(args: argparse.Namespace, sweep: SweepDir, manifest: Manifest,
+                 trials: Sequence[Any] | None = None) -> int:
+    """``--watch [SECONDS]``: the status redrawn every SECONDS (the screen cleared on a terminal) until no trial
+    runs or waits in the queue (then a line says so), or Ctrl-C; exit 0 either way."""
+    every = float(args.watch)
+    clear = sys.stdout.isatty() and not getattr(args, "json", False)
+    try:
+        while True:
+            buf = io.StringIO()
+            with contextlib.redirect_stdout(buf):
+                rows = _show_once(args, sweep, manifest, trials)
+            if clear:
+                sys.stdout.write("\x1b[H\x1b[2J")
+            stamp = time.strftime("%H:%M:%S")
+            if not getattr(args, "json", False):
+                print(f"{stamp}  every {every:g} s, Ctrl-C ends  (orchestrate status {sweep.name} --watch)")
+            sys.stdout.write(buf.getvalue())
+            if not _moving(rows):
+                print(f"{stamp}  no trial runs or waits in the queue: watch ends", file=sys.stderr)
+                return 0
+            sys.stdout.flush()
+            time.sleep(every)
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+        return 0
 
 
 def _print_kept(sweep: SweepDir, rows: list[TrialStatus]) -> None:
@@ -157,8 +276,34 @@ def _print_evaluations(trials: Sequence[Any], rows: list[TrialStatus]) -> None:
             print(f"    {j.evaluation:<12} {r.status:<9} {j.conditions}  ({j.label}{phase}){why}")
 
 
+def _state(text: str) -> str:
+    state = text.strip().upper()
+    if state not in STATUS_STATES:
+        raise argparse.ArgumentTypeError(f"invalid state {text!r}; valid: {', '.join(STATUS_STATES)}")
+    return state
+
+
+def _seconds(text: str) -> float:
+    try:
+        s = float(text)
+    except ValueError:
+        s = -1.0
+    if not s > 0:
+        raise argparse.ArgumentTypeError(f"invalid interval {text!r}; valid: seconds, a number above 0")
+    return s
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The flags :func:`show_status` reads beyond the common ones (``--json``)."""
+    p.add_argument("--state", type=_state, action="append", default=[], metavar="STATE",
+                   help="list every trial in this state with its folder and log (repeatable; "
+                        f"{', '.join(STATUS_STATES)})")
+    p.add_argument("--where", action="append", default=[], metavar="KEY=VALUE",
+                   help="only the trials that match: a config field (data.context_s=10.24), subgrid=NAME, key=KEY or "
+                        "evaluation=NAME; repeat a key for alternatives, other keys must all hold")
+    p.add_argument("--watch", type=_seconds, nargs="?", const=DEFAULT_WATCH_S, default=None, metavar="SECONDS",
+                   help=f"redraw every SECONDS (default {DEFAULT_WATCH_S:g}) until no trial runs or waits in the "
+                        "queue, or Ctrl-C")
     p.add_argument("--no-reconcile", action="store_true",
                    help="never write to the ledger, even when the trial folders say it is behind")
     p.add_argument("--reconcile-deadline", type=float, default=DEFAULT_RECONCILE_S, metavar="S",
@@ -183,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
             raise SweepError(f"--tracking-uri {args.tracking_uri} is not the sweep's ledger "
                              f"({manifest.tracking_uri}, in {sweep.manifest_path}); drop it")
         return show_status(args, sweep, manifest, None)
-    except (SweepError, LedgerError) as e:
+    except (SweepError, LedgerError, WhereError) as e:
         print(f"orchestrate status: {e}", file=sys.stderr)
         return 2
 

@@ -9,22 +9,27 @@ from __future__ import annotations
 import dataclasses
 import fcntl
 import os
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from asr_core.contract.trial import (FAILED, FINISHED, KILLED, OUTCOME_CANCELLED, OUTCOME_FENCED, OUTCOME_FINISHED,
-                                     OUTCOME_PREEMPTED, OUTCOME_RESET, RUNNING)
+                                     OUTCOME_PREEMPTED, OUTCOME_RESET, RUNNING, TrialFolder)
 from asr_core.runtime.outbox_folder import kept
-from orchestrate.progress import phase_text
+from orchestrate.progress import phase_text, trial_pace
 from orchestrate.sweep import Manifest, SweepDir
 from orchestrate.trial_state import DEFAULT_MAX_FAILURES, FolderState, failure_reason
 
-__all__ = ["LOST", "PREEMPTED", "QUEUED", "STATUS_STATES", "SchedulerView", "TrialStatus", "classify",
+__all__ = ["LOST", "PENDING", "PREEMPTED", "QUEUED", "STATUS_STATES", "SchedulerView", "TrialStatus", "classify",
            "scheduler_view", "trial_statuses"]
 
-QUEUED, PREEMPTED, LOST = "QUEUED", "PREEMPTED", "LOST"  # besides the run states FINISHED, RUNNING, FAILED, KILLED
-STATUS_STATES = (FINISHED, RUNNING, QUEUED, PREEMPTED, FAILED, KILLED, LOST)  # the order status prints them
+# besides the run states FINISHED, RUNNING, FAILED, KILLED:
+PENDING, QUEUED, PREEMPTED, LOST = "PENDING", "QUEUED", "PREEMPTED", "LOST"
+STATUS_STATES = (FINISHED, RUNNING, PENDING, QUEUED, PREEMPTED, FAILED, KILLED, LOST)  # the order status prints them
+# the scheduler's states of a job waiting in the queue (squeue %T; a local sweep's runner reports PENDING for the
+# trials it holds and has not started): a trial held by such a job is PENDING, not QUEUED (starting)
+WAITING_STATES = ("PENDING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "SPECIAL_EXIT", "RESV_DEL_HOLD")
 
 
 # ---- the scheduler -----------------------------------------------------------------------------------------------
@@ -68,7 +73,8 @@ def scheduler_view(sweep: SweepDir, manifest: Manifest) -> SchedulerView:
             return SchedulerView({}, {})
         newest = subs[-1]
         held = {k: str(newest.job_id or "local") for k in newest.keys}
-        return SchedulerView(held, {k: "RUNNING" for k in held}, note=f"the sweep is being run ({holder})")
+        # the runner holds them; one that runs has a live lease (RUNNING), the others wait their turn
+        return SchedulerView(held, {k: "PENDING" for k in held}, note=f"the sweep is being run ({holder})")
     from orchestrate.backends.base import BackendError
     from orchestrate.backends.slurm_commands import squeue
 
@@ -133,6 +139,12 @@ class TrialStatus:
     pending: int  # outbox records not yet shipped to MLflow
     run_id: str  # from the submission files ("" when not submitted)
     kept: int = 0  # outbox records MLflow refused for good, kept until `python -m asr_core ship` sends them again
+    folder: str = ""  # the trial folder (<sweep>/trials/<key>)
+    log: str = ""  # the job's log in it (trial.log: stdout and stderr of every segment)
+    progress: float | None = None  # the share of its work done (training steps, or an evaluation's units), 0..1
+    rate: float | None = None  # steps (or evaluation units) a second over the last minutes, while it runs
+    eta_s: float | None = None  # seconds until the current phase ends at that rate
+    gpu_hours: float = 0.0  # the wall time its segments ran, one GPU each
 
 
 def _lost_reason(fs: FolderState) -> str:
@@ -175,6 +187,12 @@ def classify(fs: FolderState, label: str, *, held_job: str | None, held_state: s
             reason = "checkpointed"
         if n:
             reason += f" ({n}/{max_failures} failures so far)"
+    elif held_job and held_state in WAITING_STATES and not fs.unrecorded_segment:
+        status = PENDING
+        reason = f"job {held_job} {held_state.lower()} in the queue" + (", not started yet" if not fs.segments
+                                                                         else ", to start again")
+        if n:
+            reason += f" after {n}/{max_failures} failures"
     elif held_job:
         status = QUEUED
         reason = f"job {held_job} {held_state or 'held'}" + ("" if not fs.unrecorded_segment else ", no heartbeat")
@@ -209,11 +227,18 @@ def trial_statuses(sweep: SweepDir, manifest: Manifest, trials: Sequence[Any],
     """One :class:`TrialStatus` per trial of ``trials`` (anything with ``key`` and ``label``), in their order."""
     max_failures = int(getattr(manifest, "max_failures", DEFAULT_MAX_FAILURES) or DEFAULT_MAX_FAILURES)
     run_ids = _run_ids(sweep)
-    rows = [dataclasses.replace(classify(states[t.key], t.label, held_job=view.held.get(t.key),
-                                         held_state=view.states.get(t.key, ""), scheduler_known=view.known,
-                                         max_failures=max_failures, run_id=run_ids.get(t.key, "")),
-                                kept=kept(sweep.trial_dir(t.key)) if states[t.key].exists else 0)
-            for t in trials]
+    now = time.time()
+    rows = []
+    for t in trials:
+        fs, folder = states[t.key], sweep.trial_dir(t.key)
+        row = classify(fs, t.label, held_job=view.held.get(t.key), held_state=view.states.get(t.key, ""),
+                       scheduler_known=view.known, max_failures=max_failures, run_id=run_ids.get(t.key, ""))
+        pace = (trial_pace(folder, done=fs.done, live=fs.live, attempts=fs.attempts, last=fs.progress,
+                           evaluation=bool(getattr(t, "is_evaluation", False)), now=now) if fs.exists else None)
+        rows.append(dataclasses.replace(
+            row, kept=kept(folder) if fs.exists else 0, folder=str(folder), log=str(TrialFolder(folder).log),
+            progress=pace.progress if pace else None, rate=pace.rate if pace else None,
+            eta_s=pace.eta_s if pace else None, gpu_hours=round(pace.gpu_hours, 4) if pace else 0.0))
     if manifest.backend == "slurm" and view.known:
         rows = _with_accounting(rows, states)
     return rows

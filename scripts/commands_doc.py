@@ -104,6 +104,7 @@ def _header(path: str) -> Callable[[], str]:
 ASR = "asr_core.__main__:main"
 ORCH = "orchestrate.cli:main"
 ANALYSIS = "analysis.__main__:main"
+CONSOLE = "The one command: `asr-study GROUP` (each group is the command it names)"
 TRAINER = "The trainer: `python -m asr_core COMMAND`"
 ORCHESTRATE = "Sweeps: `orchestrate COMMAND` (also `python -m orchestrate COMMAND`)"
 REPORT = "Analysis: `python -m analysis COMMAND`"
@@ -113,7 +114,8 @@ SCRIPTS = "Scripts"
 
 def commands() -> list[Command]:
     """Every command of the project, in the order of the page."""
-    out = [Command("python -m asr_core --help", _call(ASR, ["--help"]), TRAINER)]
+    out = [Command("asr-study --help", _call("asr_study.cli:main", ["--help"]), CONSOLE),
+           Command("python -m asr_core --help", _call(ASR, ["--help"]), TRAINER)]
     for name in ("train", "params", "evaluate", "heads", "reach", "score", "prepare", "synth", "trial", "outbox",
                  "ship"):
         out.append(Command(f"python -m asr_core {name} --help", _call(ASR, [name, "--help"]), TRAINER))

@@ -71,15 +71,15 @@ if [ "$test_hours" = "$shifted_hours" ] && [ "$test_minutes" = "$shifted_minutes
   stamp "1/$steps synthetic corpus -> $corpus ($(espeak-ng --version 2>/dev/null | head -1))"
   # three voices (a domain small models learn in minutes); test-shifted: those voices at other rates and pitches,
   # in other rooms
-  $PY -m asr_core synth "$corpus" --hours "$hours" --eval-hours "$test_hours" --eval-max-minutes "$test_minutes" \
+  $PY -m asr_core synth --out "$corpus" --hours "$hours" --eval-hours "$test_hours" --eval-max-minutes "$test_minutes" \
     --voices 3 --shift near --splits train,test,test-shifted --seed 0 "${cue_args[@]}"
 else
   stamp "1/$steps synthetic corpus -> $corpus, $shifted ($(espeak-ng --version 2>/dev/null | head -1))"
   # as above, the two test sets at their own lengths: the same seed and cue in both folders (test-shifted's
   # recordings depend only on the seed, the split and the evaluation settings)
-  $PY -m asr_core synth "$corpus" --hours "$hours" --eval-hours "$test_hours" --eval-max-minutes "$test_minutes" \
+  $PY -m asr_core synth --out "$corpus" --hours "$hours" --eval-hours "$test_hours" --eval-max-minutes "$test_minutes" \
     --voices 3 --shift near --splits train,test --seed 0 "${cue_args[@]}"
-  $PY -m asr_core synth "$shifted" --hours "$hours" --eval-hours "$shifted_hours" \
+  $PY -m asr_core synth --out "$shifted" --hours "$hours" --eval-hours "$shifted_hours" \
     --eval-max-minutes "$shifted_minutes" --voices 3 --shift near --splits test-shifted --seed 0 --cue "$cue"
 fi
 # what a demo run on another machine must match to reproduce these numbers: the audio itself (another espeak-ng
@@ -100,7 +100,7 @@ $PY -m orchestrate status "$name" --sweep-root "$root/runs"
 
 stamp "3/$steps analysis report"
 uri="sqlite:///$(cd "$root/runs" && pwd)/mlflow.db"
-$PY -m analysis report --experiment "$name" --tracking-uri "$uri" --out "$root/report"
+$PY -m analysis report "$name" --tracking-uri "$uri" --out "$root/report"
 
 if [ "$cued" -eq 1 ]; then
   stamp "4/$steps how far back each model's decoded output reaches (python -m asr_core reach)"

@@ -71,7 +71,7 @@ def calibrate_parallel(cfg, contexts: list[float], steps: int, threads: int, par
         for i in range(parallel):
             out = Path(tmp) / f"cal{i}.json"
             outs.append(out)
-            cmd = [sys.executable, "-m", "asr_core", "bench", "calibrate", "--config", str(conf), "--contexts",
+            cmd = [sys.executable, "-m", "asr_core", "bench", "calibrate", "--config", str(conf), "--contexts-s",
                    ",".join(f"{c:g}" for c in contexts), "--steps", str(steps), "--warmup", "2", "--data",
                    cfg.data.train, "--threads", str(threads), "--out", str(out)]
             env = {**os.environ, "OMP_NUM_THREADS": str(threads)}

@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     ppl_csv = lm.parent / "ppl" / "ppl.csv"
     if not ppl_csv.exists():
         run(["asr_core", "lm", "ppl", str(lm), "--data", f"test=podcast:{corpus}/test", "--data",
-             f"lmdev=text:{lm_dir / 'dev.jsonl'}", "--context", "16,64,256,1024"], "perplexity against LM context")
+             f"lmdev=text:{lm_dir / 'dev.jsonl'}", "--lm-contexts", "16,64,256,1024"], "perplexity against LM context")
     ppl = pd.read_csv(ppl_csv)
 
     from analysis.stats import sign_flip_test
@@ -109,14 +109,14 @@ def main(argv: list[str] | None = None) -> int:
         tune = out / f"tune-{name}.json"
         if not tune.exists():
             run(["asr_core", "lm", "tune", str(models[ctx]), "--lm", str(lm), "--data", f"dev=podcast:{corpus}/dev",
-                 "--alpha", a.alpha, "--beta", a.beta, "--beam-width", str(a.beam_width), "--max-recordings",
+                 "--lm-weights", a.alpha, "--token-bonuses", a.beta, "--beam-width", str(a.beam_width), "--max-recordings",
                  str(a.tune_recordings), "--out", str(tune)], f"alpha and beta for the {ctx:g} s model")
         best = json.loads(tune.read_text())["best"]
         ev = out / f"eval-{name}"
         if not (ev / "test.lm.csv").exists():
             run(["asr_core", "evaluate", str(models[ctx]), "--data", f"test=podcast:{corpus}/test", "--clean-only",
                  "--out", str(ev), "--no-log", "--decoder", "beam", "--lm", str(lm),
-                 "--alpha", f"{best['alpha']:g}", "--beta", f"{best['beta']:g}", "--beam-width", str(a.beam_width),
+                 "--lm-weight", f"{best['alpha']:g}", "--token-bonus", f"{best['beta']:g}", "--beam-width", str(a.beam_width),
                  "--decoder-name", "lm"], f"test decoding of the {ctx:g} s model")
         g, b = errors_of(ev / "test.csv"), errors_of(ev / "test.lm.csv")
         g, b = g.loc[sorted(g.index)], b.loc[sorted(g.index)]

@@ -36,3 +36,6 @@ if [ ! -f "$stamp" ]; then
   touch "$stamp"
 fi
 echo "[setup] ready: $(.venv/bin/python -c 'import torch, torchaudio; print("torch", torch.__version__, "torchaudio", torchaudio.__version__)')"
+# the one console command (pyproject.toml [project.scripts]) and its shell completion (argcomplete)
+echo "[setup] $(.venv/bin/asr-study --version); on PATH after: source .venv/bin/activate"
+echo "[setup] tab completion (bash, zsh): eval \"\$(register-python-argcomplete asr-study)\""

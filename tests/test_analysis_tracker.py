@@ -52,7 +52,7 @@ def silent_port() -> Iterator[int]:
 
 
 def _analysis(command: str, uri: str, tmp_path: Path) -> tuple[subprocess.CompletedProcess[str], float]:
-    args = (["report", "--experiment", "sweep", "--out", str(tmp_path / "report")] if command == "report"
+    args = (["report", "sweep", "--out", str(tmp_path / "report")] if command == "report"
             else ["compare", "sweep", "10.24", "20.48"])
     t0 = time.monotonic()
     r = subprocess.run([sys.executable, "-m", "analysis", *args, "--tracking-uri", uri], cwd=tmp_path,

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from analysis.__main__ import main
-from asr_core.contract.ledger import VIEW_ID, metric_column
+from asr_core.contract.ledger import VIEW_ID, shown_tag, shown_value, tag_column
 from tests.plugins.browser import mlflow_run_rows, open_link_in_new_page, open_mlflow_run_list, save_screenshot
 from tests.plugins.mlflow_server import MlflowServer
 
@@ -77,6 +77,10 @@ def test_the_parent_run_holds_the_report_and_renders_it(reported: Reported, brow
     assert reported.experiment in report.locator("h1").inner_text()
     widths = report.locator("img").evaluate_all("els => els.map(e => e.complete ? e.naturalWidth : 0)")
     assert len(widths) == len(figures) and min(widths) > 100, widths
+    # sized to read: each figure drawn at least 800 px wide (or the page's whole width, if narrower)
+    shown = report.locator("img").evaluate_all(
+        "els => els.map(e => [e.getBoundingClientRect().width, e.parentElement.getBoundingClientRect().width])")
+    assert all(w >= min(800, page_w) - 1 for w, page_w in shown), shown
     assert "significan" in report.locator("body").inner_text().lower()
     assert save_screenshot(run_page, "dashboard-report-in-mlflow", full_page=False).stat().st_size > 20_000
 
@@ -99,10 +103,15 @@ def test_the_runs_list_shows_every_wer_column_and_value(reported: Reported, brow
     open_mlflow_run_list(page, reported.uri, reported.experiment_id)
     view = open_link_in_new_page(page, "every run with its WER columns")
     assert f"viewStateShareKey={VIEW_ID}" in view.url
-    for m in metrics:  # the headers are there without a click on the column chooser
-        header = view.locator(f'[role=columnheader][col-id="{metric_column(m)}"]').first
+    columns = {m: tag_column(shown_tag(m.split("/", 1)[1])) for m in metrics}
+    viewport = view.viewport_size
+    assert viewport is not None
+    for m, col in columns.items():  # in sight without a click on "Show more columns" or a scroll
+        header = view.locator(f'[role=columnheader][col-id="{col}"]').first
         header.wait_for()
-        assert header.inner_text().strip() == m
+        assert header.inner_text().strip() == shown_tag(m.split("/", 1)[1])
+        box = header.bounding_box()
+        assert box is not None and box["x"] >= 0 and box["x"] + box["width"] <= viewport["width"], (col, box)
 
     deadline = time.monotonic() + 30
     while len(rows := mlflow_run_rows(view)) < len(runs) and time.monotonic() < deadline:
@@ -111,10 +120,25 @@ def test_the_runs_list_shows_every_wer_column_and_value(reported: Reported, brow
     assert sorted(rows) == sorted(r.info.run_name for r in runs)
     for r in runs:
         for m in metrics:
-            cell = rows[r.info.run_name][metric_column(m)]
-            if m in r.data.metrics:
-                assert float(cell) == pytest.approx(r.data.metrics[m], rel=1e-9), (r.info.run_name, m)
+            cell = rows[r.info.run_name][columns[m]]
+            if m in r.data.metrics:  # rounded to 2 decimals, as the report writes WERs
+                assert cell == shown_value(r.data.metrics[m]), (r.info.run_name, m, cell)
             else:  # an unfinished trial
                 assert cell == "-", (r.info.run_name, m, cell)
     assert save_screenshot(view, "dashboard-runs-wer-columns", full_page=False).stat().st_size > 20_000
     view.close()
+
+
+def test_a_report_of_models_that_learned_nothing_shows_no_figure(browser_page, tmp_path: Path) -> None:
+    """The quick demo's report drew flat-zero WERR figures after saying every run was left out."""
+    from analysis.collect import build_sweep
+    from analysis.report import build_report
+    from tests.test_report import _family_records, _unlearned
+
+    build_report(build_sweep("blank", _unlearned(_family_records())), tmp_path, bootstrap_resamples=100)
+    page = browser_page
+    page.goto((tmp_path / "index.html").resolve().as_uri())
+    assert page.locator("img").count() == 0
+    body = page.locator("body").inner_text()
+    assert "Left out: every configuration" in body and "No figure is drawn" in body
+    save_screenshot(page, "report-nothing-learned", full_page=False)

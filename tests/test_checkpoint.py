@@ -71,12 +71,12 @@ def test_untrusted_pickles_are_refused(tmp_path) -> None:
 
     bad = tmp_path / "evil.pt"
     bad.write_bytes(pickle.dumps({"config": Evil()}))
-    with pytest.raises(CheckpointError, match="not a readable checkpoint"):
+    with pytest.raises(CheckpointError, match="not a checkpoint of this project"):
         load_checkpoint(bad)
     with pytest.raises(CheckpointError, match="not found"):
         load_checkpoint(tmp_path / "missing.pt")
     torch.save({"x": torch.zeros(1)}, tmp_path / "other.pt")
-    with pytest.raises(CheckpointError, match="not an asr_core checkpoint"):
+    with pytest.raises(CheckpointError, match="not a checkpoint of this project"):
         load_checkpoint(tmp_path / "other.pt")
 
 

@@ -36,12 +36,21 @@ def test_the_saved_view_is_the_envelope_the_ui_reads() -> None:
     assert {k: value[k] for k in ("createdAt", "updatedAt")} == {"createdAt": 5, "updatedAt": 9}
     assert isinstance(value["name"], str) and value["name"]
     state = json.loads(value["state"])  # the state travels as JSON text inside the envelope
-    assert state["selectedColumns"] == ["metrics.`wer/dev`", "metrics.`wer/test`"]
+    assert state["selectedColumns"] == ["tags.`WER dev`", "tags.`WER test`"]  # the rounded WERs
     # sorted by anything but the start time, the UI lists child runs flat; the parent run is left out
     assert state["orderByKey"] != "attributes.start_time"
     assert state["searchFilter"] == "tags.`sweep.role` != 'parent'"
     assert sweep_view.view_created_ms(json.dumps(value), default=7) == 5
     assert sweep_view.view_created_ms("not json", default=7) == sweep_view.view_created_ms(None, default=7) == 7
+
+
+def test_the_view_shows_clean_wers_rounded_to_two_decimals() -> None:
+    metrics = {"wer/test": 18.197260273972602, "wer/dev": 9.996, "wer/dev/snr-5": 40.1234, "wer_beam/dev": 8.0,
+               "cue/dev": 50.0, "wer/nan": float("nan"), "train/loss": 1.23456}
+    assert sweep_view.shown_tags(metrics) == {"WER test": "18.20", "WER dev": "10.00"}  # clean greedy WER only
+    assert sweep_view.shown_value(100.0) == "100.00" and sweep_view.shown_value(0.004) == "0.00"
+    with pytest.raises(ValueError, match="wer/dev/snr-5"):
+        sweep_view.view_columns(["wer/dev/snr-5"])
 
 
 def test_the_description_line_comes_first_once_and_keeps_what_people_wrote() -> None:
@@ -72,7 +81,7 @@ def _sweep(uri: str, root: Path, name: str, *, parent: bool = True) -> tuple[str
     pid = client.create_run(exp, run_name=name, tags={"sweep.role": "parent"}).info.run_id if parent else None
     tags = {"sweep.role": "trial", **({"mlflow.parentRunId": pid} if pid else {})}
     tid = client.create_run(exp, run_name="ctx10s-s0", tags=tags).info.run_id
-    client.log_metric(tid, "wer/dev", 20.0)
+    client.log_metric(tid, "wer/dev", 20.0 + 1 / 3)
     client.set_terminated(tid)
     return exp, pid, tid
 
@@ -97,7 +106,7 @@ def test_the_report_lands_on_the_parent_run_and_a_rerun_replaces_it(store: str, 
     first = _files(tmp_path / "r1", {"index.html": "<h1>one</h1>", "report.md": "# one", "fig9_old.png": "png",
                                      "wer.csv": "a\n1\n"})
     pub = dashboard.publish("sweep-a", first, ["dev"], store)
-    assert pub.parent_run_id == parent and pub.removed == ()
+    assert pub.parent_run_id == parent and pub.removed == () and pub.shown == 1
     assert _artifacts(client, parent, tmp_path / "d1") == {
         "report/index.html": "<h1>one</h1>", "report/report.md": "# one", "report/fig9_old.png": "png",
         "report/wer.csv": "a\n1\n"}
@@ -116,7 +125,9 @@ def test_the_report_lands_on_the_parent_run_and_a_rerun_replaces_it(store: str, 
     assert [k for k in tags if k.startswith(sweep_view.VIEW_TAG_PREFIX)] == [VIEW_TAG]  # one view, rewritten
     view = json.loads(tags[VIEW_TAG])
     assert view["createdAt"] == created and view["updatedAt"] >= created
-    assert json.loads(view["state"])["selectedColumns"] == ["metrics.`wer/dev`", "metrics.`wer/test`"]
+    assert json.loads(view["state"])["selectedColumns"] == ["tags.`WER dev`", "tags.`WER test`"]
+    # the trial logged wer/dev without its shown tag (as runs before evaluate wrote it): publish wrote it
+    assert client.get_run(trial).data.tags["WER dev"] == "20.33" and pub.shown == 0  # written by the first
     note = tags[sweep_view.NOTE_TAG]
     assert note.count(sweep_view.NOTE_START) == 1 and note.endswith("Written by a person.")
     assert f"({pub.report_link})" in note and f"({pub.view_link})" in note

@@ -69,12 +69,16 @@ def test_quick_demo_writes_the_report_and_says_where_it_is(quick_demo: QuickDemo
     assert f"{report.resolve()}/index.html" in out
     assert "mlflow ui --backend-store-uri" in out
     html = (report / "index.html").read_text()
-    assert html.count("data:image/png;base64,") >= 2  # WERR vs context and WERR vs SNR at least
+    if "No figure is drawn" in html:  # no configuration learned in the demo's steps: no figure, said once, why
+        assert "data:image/png;base64," not in html and not list(report.glob("*.png"))
+    else:
+        assert html.count("data:image/png;base64,") >= 2  # WERR vs context and WERR vs SNR at least
+        assert list(report.glob("*.png"))
     md = (report / "report.md").read_text()
     for ctx in ("5", "10", "20", "82"):
         assert re.search(rf"\b{ctx}(\.\d+)? ?s\b", md), f"context {ctx} s missing from report.md"
     assert re.search(r"significan", md, re.I)
-    assert list(report.glob("*.csv")) and list(report.glob("*.png"))
+    assert list(report.glob("*.csv"))
     # the report says, claim by claim, whether the paper's finding holds (whatever the answer is)
     finding = md[md.index("## The paper's finding in this sweep"):]
     verdicts = re.findall(r"^- \*\*(Holds|Does not hold|Cannot be checked)\*\*: ", finding, re.M)

@@ -21,7 +21,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 DOCS = ROOT / "docs"
-PACKAGES = ("asr_core", "orchestrate", "analysis")
+PACKAGES = ("asr_core", "orchestrate", "analysis", "asr_study")
 README_MAX_LINES = 150
 FIRST_LINES = 40
 REGENERATE = ".venv/bin/python scripts/commands_doc.py > docs/commands.md"

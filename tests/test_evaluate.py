@@ -83,6 +83,9 @@ def test_evaluate_writes_the_table_and_logs_into_the_checkpoints_run(setup: dict
             assert run.data.metrics[metric_key(name, snr)] == pytest.approx(expected)
     assert set(run.data.metrics) == {"wer/test", "wer/test/snr-7.5", "wer/test/snr10", "wer/shifted",
                                      "wer/shifted/snr-7.5", "wer/shifted/snr10"}
+    # the saved view's columns: each clean WER rounded to 2 decimals, as a tag beside it
+    assert {k: v for k, v in run.data.tags.items() if k.startswith("WER ")} == {
+        f"WER {n}": f"{run.data.metrics[f'wer/{n}']:.2f}" for n in ("test", "shifted")}
     artifacts = {a.path for a in client.list_artifacts(setup["run_id"], EVAL_DIR)}
     assert artifacts == {f"{EVAL_DIR}/test.csv", f"{EVAL_DIR}/shifted.csv"}
     for name, split in (("test", "test"), ("shifted", "test-shifted")):

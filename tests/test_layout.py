@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("asr_core", "orchestrate", "analysis")
+PACKAGES = ("asr_core", "orchestrate", "analysis", "asr_study")
 MAX_LINES = 500
 
 

@@ -12,7 +12,7 @@ from orchestrate.cli import main
 from orchestrate.grid import load_grid
 from asr_core.contract import trial as tc
 from orchestrate import ledger as ledger_module
-from orchestrate.ledger import Ledger, LedgerError, SweepOwnershipError, TrialRun, counts
+from orchestrate.ledger import RUN_NAME_CHARS, Ledger, LedgerError, SweepOwnershipError, TrialRun, counts, run_names
 from orchestrate.ledger_store import default_tracking_uri
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,7 +43,8 @@ def test_runs_follow_the_schema_and_are_created_once(ledger: Ledger) -> None:
     assert p.data.tags["sweep.grid"] == "grids/smoke.yaml"
     t = trials[0]
     r = c.get_run(ids[t.key])
-    assert r.info.status == "SCHEDULED" and r.info.run_name == t.label
+    assert r.info.status == "SCHEDULED" and r.info.run_name == run_names(trials)[t.key]
+    assert len(r.info.run_name) <= RUN_NAME_CHARS  # shown whole in the UI's Run Name column
     tags = r.data.tags
     assert tags["mlflow.parentRunId"] == parent and tags["sweep.role"] == "trial"
     assert tags["trial.key"] == t.key and tags["trial.label"] == t.label and tags["trial.seed"] == str(t.seed)
@@ -257,7 +258,7 @@ def test_the_first_submission_saves_the_view_of_every_wer_column_and_leaves_a_la
     ledger.ensure_sweep("grids/demo.yaml", "local", datasets=eval_dataset_names(trials))
     tags = ledger.client.get_experiment(ledger.experiment_id).tags
     state = json.loads(json.loads(tags[sv.VIEW_TAG_PREFIX + sv.VIEW_ID])["state"])
-    assert state["selectedColumns"] == [sv.metric_column("wer/test"), sv.metric_column("wer/test-shifted")]
+    assert state["selectedColumns"] == sv.view_columns(["wer/test", "wer/test-shifted"])
     first, _, rest = tags[sv.NOTE_TAG].partition("\n")
     assert first.startswith(sv.NOTE_START) and sv.view_link(ledger.experiment_id) in first
     assert "orchestrate submit" in first and rest.strip() == "notes people wrote"

@@ -35,7 +35,7 @@ def test_the_proxy_forwards_then_answers_mlflow_errors_for_a_while_then_forwards
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_loadtest_fault_phase_loses_and_doubles_no_point(mlflow_server) -> None:
-    p = subprocess.run([sys.executable, "-m", "orchestrate.loadtest", "--uri", mlflow_server.uri, "--processes", "2",
+    p = subprocess.run([sys.executable, "-m", "orchestrate.loadtest", "--tracking-uri", mlflow_server.uri, "--processes", "2",
                         "--seconds", "3", "--fault-seconds", "4", "--fault-processes", "2"], cwd=ROOT,
                        capture_output=True, text=True, timeout=280)
     print(p.stdout)

@@ -27,7 +27,7 @@ import pytest
 
 from asr_core.contract import trial as tc
 from orchestrate.grid import load_grid
-from orchestrate.ledger import Ledger, LedgerError
+from orchestrate.ledger import Ledger, LedgerError, run_names
 from orchestrate.mlflow_rest import MlflowRest, RestError, UncertainWrite, auth_header, credentials
 from tests.plugins.mlflow_server import MlflowServer, free_port, read_credentials, start_server, stop_server
 
@@ -206,7 +206,7 @@ def test_the_ledger_over_rest_writes_the_schema_and_never_imports_mlflow(mlflow_
     assert p.data.tags[tc.TAG_SWEEP_GRID] == "grids/smoke.yaml" and p.data.tags[tc.TAG_SWEEP_BACKEND] == "slurm"
     for t in trials:
         r = client.get_run(ids[t.key])
-        assert r.info.run_name == t.label
+        assert r.info.run_name == run_names(trials)[t.key]
         tags = r.data.tags
         assert tags["mlflow.parentRunId"] == got["parent"] and tags[tc.TAG_ROLE] == tc.ROLE_TRIAL
         assert tags[tc.TAG_KEY] == t.key and tags[tc.TAG_LABEL] == t.label and tags[tc.TAG_SEED] == str(t.seed)

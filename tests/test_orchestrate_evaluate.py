@@ -129,7 +129,8 @@ BAD = {
 def test_an_invalid_decode_file_exits_2_naming_file_and_key_having_written_nothing(
         case: str, finished: tuple[Path, SweepDir], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     root, sweep = finished
-    torch.save({"model": {"w": torch.zeros(2)}}, tmp_path / "lm.pt")  # an existing, readable checkpoint
+    torch.save({"model": {"w": torch.zeros(2)}, "config": {}, "tokenizer": b"x", "format_version": 1},
+               tmp_path / "lm.pt")  # an existing, readable checkpoint
     text, expected = BAD[case]
     decode = _decode_file(tmp_path, "bad", text)
     before = snapshot(sweep.path)

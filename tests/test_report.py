@@ -73,9 +73,11 @@ def test_html_renders_offline_with_every_figure(report_dir: Path, browser_page) 
     browser_page.goto((report_dir / "index.html").resolve().as_uri())
     widths = browser_page.eval_on_selector_all("img", "els => els.map(e => e.complete ? e.naturalWidth : 0)")
     assert len(widths) == 3 and min(widths) > 300
+    shown = browser_page.eval_on_selector_all("img", "els => els.map(e => e.getBoundingClientRect().width)")
+    assert min(shown) >= 800, shown  # sized to read, not left at a small native size
     assert all(u.startswith(("file:", "data:")) for u in requested), requested
     body = browser_page.locator("body").inner_text()
-    assert "Significantly better" in body and "Not significant" in body
+    assert "significantly better" in body and "no significant difference" in body
     assert save_screenshot(browser_page, "analysis-synthetic-report").stat().st_size > 20_000
 
 
@@ -83,16 +85,24 @@ def test_report_states_significance_plainly_and_honestly(report_dir: Path) -> No
     md = (report_dir / "report.md").read_text()
     lines = md.splitlines()
 
-    def line(config: str, dataset: str) -> str:
-        hits = [ln for ln in lines if ln.startswith(f"- {config} (") and f"on {dataset}:" in ln]
-        assert hits, (config, dataset)
-        return hits[0]
+    def line(context: str, dataset: str) -> str:
+        hits = [ln for ln in lines if ln.startswith(f"- {context} against 10 s on {dataset}:")]
+        assert hits, (context, dataset)
+        return hits[0]  # family context's, the first
 
-    planted = line("ctx41s-rope1.5M-2L96d4h", "test-shifted")
-    assert "**Significantly better** at α = 0.05 after Holm correction" in planted
-    assert "Holm-adjusted p = " in planted and "95% CI" in planted
-    null = line("ctx20s-rope1.5M-2L96d4h", "test-shifted")
-    assert "**Not significant**" in null and "no evidence of a difference" in null
+    # one plain sentence per finding: the verdict and the two WERs, no more numbers than that
+    planted = line("41 s", "test-shifted")
+    assert re.fullmatch(r"- 41 s against 10 s on test-shifted: \*\*significantly better\*\*, "
+                        r"WER \d+\.\d\d% → \d+\.\d\d%\.", planted), planted
+    null = line("20 s", "test-shifted")
+    assert "**no significant difference**" in null
+    for ln in lines:  # no sentence of the findings strings statistics together
+        if ln.startswith("- ") and " against 10 s on " in ln:
+            assert "p = " not in ln and "CI" not in ln and len(ln) < 160, ln
+    # ... and its numbers are in the table after the sentences
+    numbers = md[md.index("## Findings in numbers"):]
+    assert "| p Holm |" in numbers and "| WERR CI |" in numbers and "significantly better" in numbers
+    assert "95% intervals" in numbers
     # unfinished runs and the run lacking a metric are in the report, not silently dropped
     for text in ("ctx82s-rope1.5M-2L96d4h-s0", "RUNNING", "CUDA out of memory", "SCHEDULED",
                  "lacks metric wer/test-shifted/snr-5"):
@@ -143,6 +153,36 @@ def test_size_and_head_families_get_figures_4_and_5(tmp_path: Path) -> None:
     md = (tmp_path / "report.md").read_text()
     # without per-recording tables nothing can be tested, and the report says so rather than inventing p-values
     assert "**not tested**" in md and "no per-recording results" in md
+
+
+def _unlearned(records: list[RunRecord], context: str | None = None) -> list[RunRecord]:
+    """``records`` with the clean WER of every run (or of those at ``context``, e.g. "ctx20s") at 99.5% or more:
+    models that never left the CTC blank plateau."""
+    return [RunRecord(r.run_id, r.status, r.tags, r.params, {k: 99.5 + v / 100 for k, v in r.metrics.items()})
+            if context is None or context in r.run_id else r for r in records]
+
+
+def test_a_sweep_whose_models_learned_nothing_gets_no_figures(tmp_path: Path) -> None:
+    """The quick demo's report drew flat-zero WERR figures after saying every run was left out."""
+    rep = build_report(build_sweep("blank", _unlearned(_family_records())), tmp_path, bootstrap_resamples=200)
+    assert rep.figures == [] and not list(tmp_path.glob("*.png"))
+    md = (tmp_path / "report.md").read_text()
+    assert "![" not in md and "WERR (%) from" not in md
+    assert "**Left out**: every configuration" in md and "not learned to transcribe" in md
+    assert "No figure is drawn: every configuration at 99% WER" in md  # and says why, once
+
+
+def test_an_unlearned_configuration_is_left_out_of_figures_and_comparisons(tmp_path: Path) -> None:
+    rep = build_report(build_sweep("some", _unlearned(_family_records(), "ctx20s")), tmp_path,
+                       bootstrap_resamples=200)
+    assert {f.key for f in rep.figures} == {"fig1_werr_vs_context_heads", "fig4_werr_vs_context_sizes",
+                                            "fig5_wer_vs_context_heads"}
+    md = (tmp_path / "report.md").read_text()
+    assert "**Left out**: 4 of 12 configurations" in md
+    findings = md[md.index("## Findings: each"):md.index("## WER and WERR")]
+    assert "20 s against" not in findings and "41 s against 10 s" in findings
+    werr = pd.read_csv(tmp_path / "werr.csv")  # the CSVs keep every configuration
+    assert (werr["context_s"] == 20.48).any()
 
 
 def test_a_sweep_with_one_context_says_there_is_nothing_to_compare(tmp_path: Path) -> None:

@@ -234,9 +234,8 @@ def test_greedy_only_sweep_keeps_its_sections(tmp_path: Path) -> None:
     rep = build_report(build_sweep(synth.EXPERIMENT, synth.make_records()), tmp_path, bootstrap_resamples=200)
     titles = [ln[3:] for ln in (tmp_path / "report.md").read_text().splitlines() if ln.startswith("## ")]
     assert titles == ["Overview", "The paper's finding in this sweep", "Figures",
-                      "Findings: each context length against the baseline", "WER and WERR",
-                      "Noise robustness: WERR (%) from the baseline at each SNR", "Significance table", "Runs left out",
-                      "Methods"]
+                      "Findings: each context length against the baseline", "Findings in numbers", "WER and WERR",
+                      "Noise robustness: WERR (%) from the baseline at each SNR", "Runs left out", "Methods"]
     assert sorted(rep.csvs) == ["external", "finding", "problems", "significance", "snr", "trials", "wer", "werr"]
     assert {f.key for f in rep.figures} == {"fig1_werr_vs_context_context", "fig2_werr_vs_snr_context",
                                             "fig3_wer_vs_context_posenc"}

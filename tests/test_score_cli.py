@@ -124,7 +124,7 @@ def test_earnings22_release_scored_without_its_media(tmp_path: Path, capsys) -> 
     (["--ref", "{ref}", "--hyp", "{hyp}/r1.txt"], "{hyp}/r1.txt is not a folder"),
     (["--ref", "{ref}", "--hyp", "{tmp}/ref"], "holds no <recording id>.txt or .nlp files"),
     (["--ref", "{ref}", "--ref", "u=manifest:{tmp}/ref", "--hyp", "{hyp}"], "2 --ref but 1 --hyp"),
-    (["--ref", "{ref}", "--hyp", "{hyp}", "--tracking-uri", "http://127.0.0.1:9"], "needs --experiment"),
+    (["--ref", "{ref}", "--hyp", "{hyp}", "--tracking-uri", "http://127.0.0.1:9"], "needs --sweep"),
 ])
 def test_bad_arguments_exit_2_naming_what_is_wrong(pair: dict, capsys, monkeypatch, args, message) -> None:
     monkeypatch.delenv("MLFLOW_EXPERIMENT_NAME", raising=False)
@@ -133,11 +133,11 @@ def test_bad_arguments_exit_2_naming_what_is_wrong(pair: dict, capsys, monkeypat
     assert message.format(**fill) in capsys.readouterr().err
 
 
-def test_a_hypothesis_without_a_reference_or_twice_is_an_error(pair: dict, capsys) -> None:
+def test_a_hypothesis_without_a_reference_with_strict_or_twice_is_an_error(pair: dict, capsys) -> None:
     (pair["hyp"] / "stray.txt").write_text("who am i")
-    assert main(["score", "--ref", pair["ref"], "--hyp", str(pair["hyp"]), "--system", "w"]) == 2
+    assert main(["score", "--ref", pair["ref"], "--hyp", str(pair["hyp"]), "--system", "w", "--strict"]) == 2
     err = capsys.readouterr().err
-    assert "1 hypotheses have no reference recording in test" in err and str(pair["hyp"] / "stray.txt") in err
+    assert "1 hypothesis has no reference recording in test" in err and str(pair["hyp"] / "stray.txt") in err
     (pair["hyp"] / "stray.txt").unlink()
     (pair["hyp"] / "r1.nlp").write_text(R2_NLP)
     assert main(["score", "--ref", pair["ref"], "--hyp", str(pair["hyp"]), "--system", "w"]) == 2
@@ -178,7 +178,8 @@ def test_score_is_recorded_where_analysis_lists_it(pair: dict, mlflow_server, ca
     new_wer = 100 * 4 / 18  # r3 is right now
     assert ext.data.tags[TAG_SYSTEM] == "whisper-x" and ext.info.status == "FINISHED"
     assert ext.data.metrics[metric_key("test")] == pytest.approx(new_wer)
-    assert ext.data.tags["external.missing.test"] == "0"
+    assert ext.data.tags["external.missing.test"] == "0" and ext.data.tags["external.extra.test"] == "0"
+    assert ext.data.tags["WER test"] == f"{new_wer:.2f}"  # the saved view's column, rounded
     assert [f.path for f in client.list_artifacts(ext.info.run_id, "eval")] == ["eval/test.csv"]
 
     sweep = collect(experiment, mlflow_server.uri, progress=False)
@@ -192,3 +193,36 @@ def test_score_is_recorded_where_analysis_lists_it(pair: dict, mlflow_server, ca
     assert "WER (%) of other systems on the same test sets" in md
     assert f"| whisper-x | {new_wer:.2f} |" in md
     assert (tmp_path / "report" / "external.csv").is_file()
+
+
+def test_a_release_folder_with_an_extra_hypothesis_is_scored_and_the_extra_named(tmp_path: Path, capsys) -> None:
+    """Earnings-21 as downloaded: ``output/google`` holds a hypothesis (4396498.nlp) of a call the references lack.
+    The calls that have references are scored; the extra is named on stderr and in the summary; ``--strict`` makes
+    it (and a missing one) an error."""
+    from tests.test_corpora_releases import earnings22_release
+
+    root = earnings22_release(tmp_path / "earnings21", media="lfs")
+    hyp = tmp_path / "output" / "google"
+    hyp.mkdir(parents=True)
+    (hyp / "4420696.nlp").write_text(R2_NLP.replace("mister", "greetings"))
+    (hyp / "4453225.txt").write_text("good morning everyone")
+    (hyp / "MP3-A.txt").write_text("thank you")
+    (hyp / "4396498.nlp").write_text(R2_NLP)  # no reference of that call
+    args = ["score", "--ref", f"e21=earnings22:{root}", "--hyp", str(hyp), "--system", "google"]
+    assert main([*args, "--out", str(tmp_path / "out")]) == 0
+    captured = capsys.readouterr()
+    t = pd.read_csv(tmp_path / "out" / "e21.csv", dtype={"recording": str})
+    assert sorted(t.recording) == ["4420696", "4453225", "MP3-A"]
+    assert "1 hypothesis has no reference recording in e21" in captured.err and "4396498.nlp" in captured.err
+    summary = captured.out.splitlines()
+    header, row = summary[0].split(), summary[1].split()
+    assert dict(zip(header, row))["extra"] == "1" and dict(zip(header, row))["missing"] == "0"
+    assert "e21: extra (no reference, left out): 4396498" in captured.out
+    assert main([*args, "--strict"]) == 2
+    err = capsys.readouterr().err
+    assert "4396498.nlp" in err and "--strict" in err
+    (hyp / "4396498.nlp").unlink()
+    (hyp / "MP3-A.txt").unlink()  # a missing hypothesis is scored as empty output, fatal only with --strict
+    assert main(args) == 0
+    assert main([*args, "--strict"]) == 2
+    assert "MP3-A" in capsys.readouterr().err

@@ -46,7 +46,7 @@ def status(root: Path, name: str, *args: str, module: tuple[str, ...] = ("orches
 
 def counts(out: str) -> dict[str, int]:
     """{STATE: n} from the count lines of status's output."""
-    states = ("FINISHED", "RUNNING", "QUEUED", "PREEMPTED", "FAILED", "KILLED", "LOST")
+    states = ("FINISHED", "RUNNING", "PENDING", "QUEUED", "PREEMPTED", "FAILED", "KILLED", "LOST")
     found = {}
     for line in out.splitlines():
         parts = line.split()
@@ -129,7 +129,7 @@ def build_sweep(root: Path, name: str, uri: str, backend: str = "slurm") -> Buil
     return Built(sweep, trials, lease)
 
 
-EXPECTED = {"FINISHED": 1, "RUNNING": 1, "QUEUED": 1, "PREEMPTED": 1, "FAILED": 2, "KILLED": 1, "LOST": 2}
+EXPECTED = {"FINISHED": 1, "RUNNING": 1, "PENDING": 1, "PREEMPTED": 1, "FAILED": 2, "KILLED": 1, "LOST": 2}
 
 
 def hold_queued_trial(cluster, built: Built) -> str:  # noqa: ANN001 - the slurm_cluster fixture's object
@@ -227,7 +227,7 @@ def test_status_counts_from_the_folders_while_mlflow_is_down_then_reconciles_whe
                                          .splitlines())}
         assert Counter(r["status"] for r in rows.values()) == Counter(EXPECTED)
         queued = rows[built.trials["queued"].key]
-        assert queued["status"] == "QUEUED" and queued["job_id"] == f"{job}_{list(ROLES).index('queued')}"
+        assert queued["status"] == "PENDING" and queued["job_id"] == f"{job}_{list(ROLES).index('queued')}"
         assert rows[built.trials["finished"].key]["code"] == ["3f2a9c1d0b7e", "8d41e0c2a9f3"]
 
         # MLflow is back: the folders say the ledger is behind (a cancel and failures only orchestrate mirrors), so
@@ -270,7 +270,8 @@ def test_status_of_another_folders_sweep_is_refused_without_importing_mlflow(tmp
 
 def test_a_local_sweep_being_run_holds_its_trials_and_status_leaves_its_ledger_alone(tmp_path: Path) -> None:
     """A local sweep runs inside the process holding the sweep's lock: its submitted trials that have not started
-    are QUEUED (not lost), and status does not write the ledger under that process (it says why)."""
+    are PENDING (not lost; QUEUED when a segment started without a word yet), and status does not write the
+    ledger under that process (it says why)."""
     from orchestrate.ledger import Ledger
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -292,7 +293,8 @@ def test_a_local_sweep_being_run_holds_its_trials_and_status_leaves_its_ledger_a
                                          .stdout.splitlines())}
     got = {role: rows[t.key]["status"] for role, t in built.trials.items()}
     assert got == {"finished": "FINISHED", "running": "QUEUED", "queued": "LOST", "preempted": "PREEMPTED",
-                   "failed": "FAILED", "gave_up": "FAILED", "cancelled": "KILLED", "lost": "QUEUED", "new": "QUEUED"}
+                   "failed": "FAILED", "gave_up": "FAILED", "cancelled": "KILLED", "lost": "QUEUED", "new": "PENDING"}
+    assert rows[built.trials["new"].key]["reason"] == f"job {sub.job_id} pending in the queue, not started yet"
     assert rows[built.trials["preempted"].key]["reason"].startswith(f"requeue pending (job {sub.job_id}")
     assert "scheduler: the sweep is being run (resume by pid" in p.stdout, p.stdout
     assert "not reconciled: sweep 'local-run' is busy" in p.stdout, p.stdout

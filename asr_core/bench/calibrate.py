@@ -51,6 +51,7 @@ from asr_core.config_parse import ConfigError
 from asr_core.contract.calibration import (VERSION, CalibrationFile, CheckpointTiming, ContextTiming, DataSettings,
                                            DecodeTiming, EvalTiming, ModelSummary, StepFit, TrainTiming)
 from asr_core.data.corpora.base import Recording
+from asr_core.contract.options import renamed
 
 DEFAULT_CONTEXTS = "5.12,10.24,20.48,40.96,81.92"
 
@@ -263,7 +264,8 @@ def cli(argv: list[str]) -> int:
                     help="a config file (YAML or JSON, e.g. a trial's config.json) instead of --preset")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                     help="config overrides, e.g. data.batch_audio_s=81.92 or model.vocab_size=48")
-    ap.add_argument("--contexts", default=DEFAULT_CONTEXTS, help=f"seconds, comma-separated ({DEFAULT_CONTEXTS})")
+    renamed(ap, "--contexts", ap.add_argument("--contexts-s", dest="contexts", default=DEFAULT_CONTEXTS,
+                                              help=f"seconds, comma-separated ({DEFAULT_CONTEXTS})"))
     ap.add_argument("--steps", type=int, default=5, help="timed steps per context (default 5)")
     ap.add_argument("--warmup", type=int, default=1, help="untimed steps before them (default 1)")
     ap.add_argument("--data", default=None, help="train on this corpus (NAME=FORMAT:PATH) instead of a synthesised one")

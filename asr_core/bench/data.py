@@ -34,6 +34,8 @@ from typing import Any
 
 import numpy as np
 
+from asr_core.contract.options import renamed
+
 PAPER_RECORDINGS = 105_000
 PAPER_HOURS = 58_000
 PAPER_WORDS = 500_000_000
@@ -201,7 +203,8 @@ def cli(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="python -m asr_core bench data", description=__doc__.splitlines()[0])
     ap.add_argument("--fraction", type=float, default=0.1, help="of the paper's corpus to generate (default 0.1)")
     ap.add_argument("--audio-s", type=float, default=60.0, help="seconds of audio the loader rows read (default 60)")
-    ap.add_argument("--keep", metavar="DIR", help="generate into DIR and keep it (default: a temporary folder)")
+    renamed(ap, "--keep", ap.add_argument("--out", dest="keep", metavar="DIR",
+                                          help="generate into DIR and keep it (default: a temporary folder)"))
     ap.add_argument("--probe", metavar="DIR", help=argparse.SUPPRESS)  # the fresh process's part
     args = ap.parse_args(argv)
     if args.probe:

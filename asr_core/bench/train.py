@@ -25,6 +25,7 @@ import torch
 from asr_core.config import PRESETS, ModelConfig, preset
 from asr_core.model.acoustic import build_model
 from asr_core.model.subsampling import time_mask
+from asr_core.contract.options import renamed
 
 PAPER_FRAMES_PER_S = 80_900
 PAPER_MAX_CONTEXT_MIN = 70
@@ -198,7 +199,8 @@ def cli(argv: list[str]) -> int:
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--frames", type=int, default=256, help="subsampled frames per recording (256 = 20.5 s)")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--contexts", default="30,60,120,240", help="seconds, comma-separated")
+    renamed(ap, "--contexts", ap.add_argument("--contexts-s", dest="contexts", default="30,60,120,240",
+                                              help="seconds, comma-separated"))
     ap.add_argument("--max-minutes", type=int, default=120, help="upper bound of the GPU context search")
     ap.add_argument("--gpu-presets", default="main",
                     help="comma-separated presets for the GPU rows (default main; 'all' for every paper preset)")

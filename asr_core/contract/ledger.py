@@ -6,17 +6,25 @@ adds the link to the report (:mod:`analysis.dashboard`, whose docstring says wha
 A saved view is an experiment tag ``mlflow.sharedViewState.<id>`` whose value is ``{"name", "createdAt", "updatedAt",
 "state"}`` (``state``: the runs page's state as JSON text), opened by
 ``#/experiments/<experiment>/runs?viewStateShareKey=<id>``. All pure.
+
+The view's columns are the *shown WERs*: run tags ``WER <dataset>`` (:func:`shown_tag`) holding the clean greedy WER
+``wer/<dataset>`` rounded to 2 decimals (:func:`shown_value`). MLflow's runs table prints a metric with every digit
+(``18.197260273972602``, cut to ``18.19726…`` by the column), and no setting of the page or the server formats
+it; a tag is printed as it is. The metric stays the record (and what ``analysis`` reads); the tag is written beside
+it by ``evaluate`` and ``score`` when they log the metric, and by ``python -m analysis report`` for runs that lack
+it (logged before, or by other tools). A tag column sorts as text, so the view keeps sorting by run name.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import re
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
-from asr_core.contract.metrics import metric_key
+from asr_core.contract.metrics import CLEAN, metric_key, parse_metric_key
 from asr_core.contract.trial import ROLE_PARENT, TAG_ROLE
 
 log = logging.getLogger(__name__)
@@ -48,11 +56,50 @@ def metric_column(metric: str) -> str:
     return f"metrics.`{metric}`"
 
 
+SHOWN_DIGITS = 2  # decimals of the WERs the view shows
+
+
+def shown_tag(dataset: str) -> str:
+    """The run tag the saved view shows for the clean WER of ``dataset``: ``WER test``."""
+    return f"WER {dataset}"
+
+
+def shown_value(wer: float) -> str:
+    """A WER (percent) as the view shows it: ``18.197…`` -> ``"18.20"``."""
+    return f"{wer:.{SHOWN_DIGITS}f}"
+
+
+def shown_tags(metrics: Mapping[str, float]) -> dict[str, str]:
+    """The shown-WER tags of the clean greedy WERs (``wer/<dataset>``) among ``metrics``; NaN is left out."""
+    out = {}
+    for key, value in metrics.items():
+        parsed = parse_metric_key(key)
+        if parsed is not None and parsed[1] == CLEAN and "`" not in parsed[0] and math.isfinite(value):
+            out[shown_tag(parsed[0])] = shown_value(value)
+    return out
+
+
+def tag_column(tag: str) -> str:
+    """The UI's column id of a run tag: ``tags.`WER dev```."""
+    return f"tags.`{tag}`"
+
+
+def view_columns(metrics: Sequence[str]) -> list[str]:
+    """The view's column ids for the headline ``metrics`` (``wer/<dataset>``): their shown-WER tags."""
+    out = []
+    for m in metrics:
+        parsed = parse_metric_key(m)
+        if parsed is None or parsed[1] != CLEAN:
+            raise ValueError(f"{m!r} is not a clean WER metric wer/<dataset>; the view shows only those")
+        out.append(tag_column(shown_tag(parsed[0])))
+    return out
+
+
 def view_state(metrics: Sequence[str]) -> dict[str, Any]:
-    """The runs page's state of the saved view: ``metrics`` as the visible columns, every run but the parent,
-    listed flat by run name. Fields left out keep the UI's defaults."""
+    """The runs page's state of the saved view: the shown WERs of ``metrics`` as the visible columns, every run but
+    the parent, listed flat by run name. Fields left out keep the UI's defaults."""
     return {
-        "selectedColumns": [metric_column(m) for m in metrics],
+        "selectedColumns": view_columns(metrics),
         "searchFilter": NOT_PARENT_FILTER,
         "orderByKey": RUN_NAME_SORT_KEY,
         "orderByAsc": True,

@@ -51,6 +51,18 @@ def split_named_spec(spec: str) -> tuple[str, str]:
     return name, corpus
 
 
+def corpus_spec_problem(spec: str, *, named: bool = False) -> str | None:
+    """What is wrong with a corpus spec (``NAME=FORMAT:PATH`` when ``named``, else ``[NAME=]FORMAT:PATH``), or None
+    when it parses: for validators that raise their own error (a config field names itself)."""
+    if not isinstance(spec, str):
+        return f"corpus spec {spec!r} is not a string"
+    try:
+        (parse_dataset_spec if named else split_named_spec)(spec)
+    except CorpusError as e:
+        return str(e)
+    return None
+
+
 def dataset_name(spec: str) -> str:
     """The name of a corpus spec, without parsing or reading it: ``NAME`` of ``NAME=FORMAT:PATH``, ``""`` for an
     unnamed ``FORMAT:PATH``.

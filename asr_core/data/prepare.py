@@ -1,4 +1,4 @@
-"""``python -m asr_core prepare [NAME=]FORMAT:PATH OUT [--jobs N]``: read a corpus once and store it prepared
+"""``python -m asr_core prepare [NAME=]FORMAT:PATH --out OUT [--jobs N]``: read a corpus once and store it prepared
 (:mod:`asr_core.data.corpora.prepared`), so that every trial opens it in seconds and maps it instead of holding it.
 
 The podcast corpus (about 105,000 transcripts, tens of GB of JSON) is read in shards of ``--shard-size``
@@ -28,6 +28,7 @@ from asr_core.data.corpora import CorpusError, read_corpus
 from asr_core.data.corpora.base import Problems
 from asr_core.data.corpora.prepared import MANIFEST, PreparedCorpus, merge_prepared, write_prepared
 from asr_core.data.tokenizer import TokenizerError
+from asr_core.contract.options import positional_alias, take_positional
 
 SHARD_SIZE = 2000  # transcripts a shard holds: a few minutes of one core, a few hundred MB at most
 PAPER_VOCAB = 4096
@@ -97,7 +98,9 @@ def _shard(files: list[str], base: str, out: str, spec: str, name: str, strict: 
 def cli(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="python -m asr_core prepare", description=__doc__.split("\n\n")[0])
     p.add_argument("corpus", metavar="[NAME=]FORMAT:PATH", help="the source corpus, e.g. podcasts=podcast:/data/sp")
-    p.add_argument("out", metavar="OUT", help="the folder to write (must not hold a prepared corpus yet)")
+    p.add_argument("--out", default=None, metavar="OUT",
+                   help="the folder to write (required; must not hold a prepared corpus yet)")
+    positional_alias(p, "out", "--out")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
                    help="processes reading podcast transcripts (default: this machine's cores)")
     p.add_argument("--shard-size", type=int, default=SHARD_SIZE, help=f"transcripts a shard (default {SHARD_SIZE})")
@@ -106,6 +109,7 @@ def cli(argv: list[str]) -> int:
                    help="train the tokenizer of V outputs (model.vocab_size, blank included) on all transcripts, "
                         f"once, for every trial of that size (repeatable; default: {PAPER_VOCAB}, the paper's)")
     args = p.parse_args(argv)
+    take_positional(p, args, "out", "--out")
     if args.jobs < 1 or args.shard_size < 1:
         print(f"prepare: --jobs {args.jobs} and --shard-size {args.shard_size} must be positive", file=sys.stderr)
         return 2

@@ -64,14 +64,14 @@ def beam_decoding(decoder: str, *, lm_path: Path | None = None, alpha: float | N
     The LM must have been trained with the acoustic checkpoint's tokenizer (``tokenizer_of``)."""
     if decoder == GREEDY:
         if any(v is not None for v in (lm_path, alpha, beta, beam_width, lm_context, prompt, name)):
-            raise ValueError("--lm, --alpha, --beta, --beam-width, --lm-context, --prompt and --decoder-name go "
-                             "with --decoder beam")
+            raise ValueError("--lm, --lm-weight, --token-bonus, --beam-width, --lm-context, --prompt and "
+                             "--decoder-name go with --decoder beam")
         return None
     base = BeamConfig(alpha=BeamConfig().alpha if lm_path is not None else 0.0)  # without an LM, alpha means nothing
     kw = {k: v for k, v in (("alpha", alpha), ("beta", beta), ("beam_width", beam_width),
                             ("lm_context", lm_context)) if v is not None}
     if lm_path is None and alpha is not None:
-        raise ValueError("--alpha weighs the LM: it goes with --lm")
+        raise ValueError("--lm-weight weighs the LM: it goes with --lm")
     cfg = BeamConfig(**{**{f: getattr(base, f) for f in ("alpha", "beta", "beam_width", "lm_context",
                                                           "prune_threshold", "token_threshold")}, **kw})
     lm, describe, ids = None, {"alpha": f"{cfg.alpha:g}", "beta": f"{cfg.beta:g}", "beam_width": str(cfg.beam_width),

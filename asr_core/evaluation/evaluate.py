@@ -56,6 +56,7 @@ from asr_core.data.corpora.cues import planted
 from asr_core.data.corpora.fingerprint import fingerprint
 from asr_core.decoding.decode import WindowBatch, auto_batch_windows, window_frames
 from asr_core.contract.evaluation import merge_tables
+from asr_core.contract.ledger import shown_tags
 from asr_core.contract.metrics import (CUE_COLUMNS, GREEDY, TABLE_COLUMNS, condition_name, cue_metric_key, decoder_tag,
                                      metric_key, table_file)
 from asr_core.device import resolve_device, use_bf16
@@ -64,7 +65,8 @@ from asr_core.runtime.outbox import Outbox, fail_fast_http
 from asr_core.evaluation.score import Counts, corpus_wer
 from asr_core.evaluation.stage_run import check_fingerprints, known_tags, log_stage, stage_run
 from asr_core.contract.trial import EVAL_DIR, ProgressLog
-from asr_core.training.checkpoint import read_header
+from asr_core.training.checkpoint import acoustic_header
+from asr_core.contract.options import renamed
 
 if TYPE_CHECKING:
     from asr_core.config import EvalConfig
@@ -268,7 +270,8 @@ def evaluate(job: EvaluationRun, to: Destination = Destination()) -> pd.DataFram
     if run is not None:
         if beam is not None:
             new_tags = {**new_tags, decoder_tag(beam.name): json.dumps(dict(beam.describe), sort_keys=True)}
-        log_stage(outbox, out, run, new_tags, metrics, logged, EVAL_DIR, "eval")
+        # the saved view's rounded WERs (asr_core.contract.ledger), beside the metrics
+        log_stage(outbox, out, run, {**new_tags, **shown_tags(metrics)}, metrics, logged, EVAL_DIR, "eval")
     return df
 
 
@@ -306,16 +309,20 @@ def cli(argv: list[str]) -> int:
     ap.add_argument("--out", type=Path, default=None, help="folder for the CSV tables (default: next to CKPT)")
     ap.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     ap.add_argument("--strict", action="store_true", help="a bad corpus file is fatal instead of skipped")
-    ap.add_argument("--tracking-uri", default=None)
+    ap.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default: the one the checkpoint "
+                    "recorded; with no run known, nothing is logged)")
     ap.add_argument("--run-id", default=None)
     ap.add_argument("--no-log", action="store_true", help="do not log to MLflow")
     b = ap.add_argument_group("beam search (paper 004): logged as wer_<NAME>/... beside the greedy wer/...")
     b.add_argument("--decoder", default=GREEDY, choices=(GREEDY, "beam"), help="greedy (default) or beam")
     b.add_argument("--lm", type=Path, default=None, help="with --decoder beam: an LM checkpoint (lm train)")
-    b.add_argument("--alpha", type=float, default=None, help="LM weight (default: BeamConfig's, paper 004's code)")
-    b.add_argument("--beta", type=float, default=None, help="bonus per token")
+    renamed(b, "--alpha", b.add_argument("--lm-weight", dest="alpha", type=float, default=None,
+                                         help="the LM's weight (default: BeamConfig's, paper 004's code)"))
+    renamed(b, "--beta", b.add_argument("--token-bonus", dest="beta", type=float, default=None,
+                                        help="bonus per token"))
     b.add_argument("--beam-width", type=int, default=None)
-    b.add_argument("--lm-context", type=int, default=None, help="tokens the LM remembers")
+    b.add_argument("--lm-context", type=int, default=None, help="tokens the LM remembers (an LM's context is "
+                   "counted in tokens)")
     b.add_argument("--prompt", type=Path, default=None, help="a text file the LM reads before each recording")
     b.add_argument("--decoder-name", default=None,
                    help="the metrics' prefix wer_<NAME>/ (default: beam, or beam-lm<CONTEXT> with an LM)")
@@ -327,7 +334,7 @@ def cli(argv: list[str]) -> int:
     try:
         from asr_core.config import Config
 
-        ev = Config.from_stored(read_header(a.checkpoint)["config"], source=str(a.checkpoint)).eval
+        ev = Config.from_stored(acoustic_header(a.checkpoint)["config"], source=str(a.checkpoint)).eval
         noisy = a.noisy if a.noisy is not None else ([] if a.data else list(ev.noisy))
         beam = beam_decoding(a.decoder, lm_path=a.lm, alpha=a.alpha, beta=a.beta, beam_width=a.beam_width,
                              lm_context=a.lm_context, prompt=a.prompt, name=a.decoder_name,

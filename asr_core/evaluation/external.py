@@ -1,7 +1,7 @@
 """Score another system's transcripts (Whisper, a vendor) exactly as ``evaluate`` scores a model.
 
 ``python -m asr_core score --ref NAME=FORMAT:PATH --hyp [NAME=]FOLDER --system SYSTEM [--ref ... --hyp ...]
-[--out DIR] [--tracking-uri URI --experiment SWEEP] [--strict] [--verbose]``
+[--out DIR] [--tracking-uri URI --sweep SWEEP] [--strict] [--verbose]``
 
 References are read with the corpus readers (:func:`asr_core.data.corpora.read_corpus`, ``audio=False``: no audio is
 needed). Hypotheses are a folder with one file per recording, named by its recording id: ``<id>.txt`` (plain text)
@@ -10,13 +10,16 @@ a ``/`` (podcast episodes) is a sub-folder. ``--hyp NAME=FOLDER`` pairs a folder
 unnamed ``--hyp`` folders pair with the ``--ref`` options in order.
 
 Scoring is ``evaluate``'s (:mod:`asr_core.evaluation.score`): Whisper's English normaliser on both sides, per-recording S/D/I
-counts, corpus WER = all errors / all reference words, in percent. A recording without a hypothesis file counts as
-empty output (all its words deleted) and is named on stderr; a hypothesis file without a reference recording is an
-error (exit 2) naming it, as are a bad ``--ref`` spec, a missing ``--hyp`` folder and an unreadable file.
+counts, corpus WER = all errors / all reference words, in percent. Every hypothesis that has a reference recording
+is scored. A recording without a hypothesis file (*missing*) counts as empty output (all its words deleted); a
+hypothesis file without a reference recording (*extra*: a release's output folder may hold a call its references
+lack) is left out. Both are named on stderr and counted in the summary (and in MLflow's tags); with ``--strict``
+either is an error (exit 2), as is a reference file the reader would skip. A bad ``--ref`` spec, a missing ``--hyp``
+folder, an unreadable file and two hypotheses of one recording are errors (exit 2) naming it.
 
 Prints the corpus WER per dataset (``--verbose``: and per recording); ``--out DIR`` writes ``DIR/<NAME>.csv`` with
 ``evaluate``'s columns. With ``--tracking-uri`` (or ``MLFLOW_TRACKING_URI``) the result is recorded in MLflow in the
-form ``python -m analysis report`` lists beside the sweep's models: one run per system in experiment ``--experiment``
+form ``python -m analysis report`` lists beside the sweep's models: one run per system in experiment ``--sweep``
 (or ``MLFLOW_EXPERIMENT_NAME``; give the sweep's), tags ``sweep.role=external`` (:data:`ROLE_EXTERNAL`) and
 ``external.system=SYSTEM`` (:data:`TAG_SYSTEM`), ``evaluate``'s metric keys (``wer/<NAME>``) and per-recording tables
 (artifact ``eval/<NAME>.csv``). Scoring the same system again updates its run (one run per system; the newest values
@@ -34,17 +37,20 @@ import os
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from asr_core.contract.specs import parse_dataset_spec
 from asr_core.data.corpora import CorpusError, read_corpus
 from asr_core.contract.trial import EVAL_DIR, ROLE_EXTERNAL, TAG_ROLE, TAG_SYSTEM
+from asr_core.contract.options import renamed
+from asr_core.contract.tracking import tracking_uri as ledger_uri
 
 TAG_REF = "external.ref.{}"  # the reference spec a dataset name stood for
 TAG_HYP = "external.hyp.{}"  # the hypothesis folder
 TAG_MISSING = "external.missing.{}"  # recordings without a hypothesis file (scored as empty output)
+TAG_EXTRA = "external.extra.{}"  # hypothesis files without a reference recording (left out)
 HYP_SUFFIXES = (".txt", ".nlp")
 EXIT_OK, EXIT_TRACKING, EXIT_USAGE = 0, 1, 2
 
@@ -55,8 +61,8 @@ class ScoreError(ValueError):
 
 @dataclass
 class Scored:
-    """One dataset's result: per-recording rows (``evaluate``'s columns), its corpus WER and the recordings that had
-    no hypothesis file."""
+    """One dataset's result: per-recording rows (``evaluate``'s columns), its corpus WER, the recordings that had
+    no hypothesis file (``missing``) and the hypothesis files of no reference recording (``extra``, left out)."""
 
     name: str
     spec: str
@@ -64,6 +70,7 @@ class Scored:
     rows: list[dict[str, Any]]
     wer: float
     missing: list[str]
+    extra: list[str] = field(default_factory=list)
 
 
 def read_hypotheses(folder: Path) -> dict[str, tuple[Path, str]]:
@@ -95,8 +102,14 @@ def read_hypotheses(folder: Path) -> dict[str, tuple[Path, str]]:
     return out
 
 
+def _listed(items: list[str], most: int = 10) -> str:
+    return ", ".join(items[:most]) + (f" and {len(items) - most} more" if len(items) > most else "")
+
+
 def score_dataset(name: str, spec: str, hyp_dir: Path, *, strict: bool = False) -> Scored:
-    """Score the hypotheses in ``hyp_dir`` against the references of ``spec``, as ``evaluate`` scores a model."""
+    """Score the hypotheses in ``hyp_dir`` that have a reference recording in ``spec``, as ``evaluate`` scores a
+    model. The others (extra) and the recordings without a hypothesis (missing) are named on stderr; with ``strict``
+    either raises :class:`ScoreError`."""
     from asr_core.contract.metrics import condition_name
     from asr_core.evaluation.score import Counts, corpus_wer, normalise, score
 
@@ -105,13 +118,15 @@ def score_dataset(name: str, spec: str, hyp_dir: Path, *, strict: bool = False) 
     ids = {r.id for r in report.recordings}
     stray = sorted(set(hyps) - ids)
     if stray:
-        more = f" and {len(stray) - 5} more" if len(stray) > 5 else ""
-        files = ", ".join(str(hyps[i][0]) for i in stray[:5]) + more
+        files = _listed([str(hyps[i][0]) for i in stray], 5)
         names = {Path(i).name for i in stray}
         why = "; ".join(f"{f}: {reason}" for f, reason in report.skipped if Path(f).stem in names)
-        raise ScoreError(f"{len(stray)} hypotheses have no reference recording in {name} ({spec}): {files}"
-                         + (f" (the reader skipped {why})" if why else "")
-                         + f"; its recordings are e.g. {', '.join(sorted(ids)[:3])}")
+        what = (f"{len(stray)} {'hypothesis has' if len(stray) == 1 else 'hypotheses have'} no reference recording "
+                f"in {name} ({spec}): {files}" + (f" (the reader skipped {why})" if why else ""))
+        if strict:
+            raise ScoreError(f"{what}; its recordings are e.g. {', '.join(sorted(ids)[:3])} (--strict: drop "
+                             f"--strict to score the others and leave these out)")
+        print(f"score: {what}; left out", file=sys.stderr)
     rows, missing = [], []
     for rec in report.recordings:
         if rec.id in hyps:
@@ -124,11 +139,13 @@ def score_dataset(name: str, spec: str, hyp_dir: Path, *, strict: bool = False) 
                      "ref_words": c.ref_words, "substitutions": c.substitutions, "deletions": c.deletions,
                      "insertions": c.insertions, "hyp_words": c.hyp_words, "wer": c.wer})
     if missing:
-        print(f"score: {name}: {len(missing)} of {len(rows)} recordings have no hypothesis in {hyp_dir} and count as "
-              f"empty output: {', '.join(missing[:10])}{', ...' if len(missing) > 10 else ''}", file=sys.stderr)
+        what = f"{name}: {len(missing)} of {len(rows)} recordings have no hypothesis in {hyp_dir}: {_listed(missing)}"
+        if strict:
+            raise ScoreError(f"{what} (--strict: drop --strict to score them as empty output)")
+        print(f"score: {what}; they count as empty output", file=sys.stderr)
     wer = corpus_wer(Counts(r["ref_words"], r["substitutions"], r["deletions"], r["insertions"], r["hyp_words"])
                      for r in rows)
-    return Scored(name, spec, hyp_dir, rows, wer, missing)
+    return Scored(name, spec, hyp_dir, rows, wer, missing, stray)
 
 
 def pair_hypotheses(refs: list[tuple[str, str]], hyps: list[str]) -> list[tuple[str, str, Path]]:
@@ -174,7 +191,7 @@ def record(results: list[Scored], tables: dict[str, Path], system: str, tracking
     from mlflow.entities import Metric, RunTag
     from mlflow.tracking import MlflowClient
 
-    from asr_core.contract.ledger import experiment_id
+    from asr_core.contract.ledger import experiment_id, shown_tags
     from asr_core.contract.metrics import metric_key
 
     client = MlflowClient(tracking_uri)
@@ -189,9 +206,11 @@ def record(results: list[Scored], tables: dict[str, Path], system: str, tracking
     now = int(time.time() * 1000)
     metrics = [Metric(metric_key(s.name), s.wer, now, 0) for s in results if not math.isnan(s.wer)]
     tags = [RunTag(TAG_ROLE, ROLE_EXTERNAL), RunTag(TAG_SYSTEM, system)]
+    tags += [RunTag(k, v) for k, v in shown_tags({m.key: m.value for m in metrics}).items()]  # the view's columns
     for s in results:
         tags += [RunTag(TAG_REF.format(s.name), s.spec), RunTag(TAG_HYP.format(s.name), str(s.hyp_dir.resolve())),
-                 RunTag(TAG_MISSING.format(s.name), str(len(s.missing)))]
+                 RunTag(TAG_MISSING.format(s.name), str(len(s.missing))),
+                 RunTag(TAG_EXTRA.format(s.name), str(len(s.extra)))]
     client.log_batch(run_id, metrics=metrics, tags=tags)
     for path in tables.values():
         client.log_artifact(run_id, str(path), EVAL_DIR)
@@ -213,9 +232,15 @@ def _summary(results: list[Scored], system: str, verbose: bool) -> str:
     for s in results:
         t = pd.DataFrame(s.rows, columns=CSV_COLUMNS)
         rows.append({"system": system, "dataset": s.name, "recordings": len(t), "missing": len(s.missing),
-                     "ref_words": int(t.ref_words.sum()), "substitutions": int(t.substitutions.sum()),
+                     "extra": len(s.extra), "ref_words": int(t.ref_words.sum()),
+                     "substitutions": int(t.substitutions.sum()),
                      "deletions": int(t.deletions.sum()), "insertions": int(t.insertions.sum()), "wer": s.wer})
     lines.append(pd.DataFrame(rows).round(2).to_string(index=False))
+    for s in results:  # what the table's counts stand for
+        if s.missing:
+            lines.append(f"{s.name}: missing (scored as empty output): {_listed(s.missing)}")
+        if s.extra:
+            lines.append(f"{s.name}: extra (no reference, left out): {_listed(s.extra)}")
     return "\n".join(lines)
 
 
@@ -228,19 +253,21 @@ def cli(argv: list[str]) -> int:
     ap.add_argument("--system", required=True, help="the system's name, e.g. whisper-large-v3")
     ap.add_argument("--out", type=Path, default=None, help="write OUT/<NAME>.csv (evaluate's columns)")
     ap.add_argument("--tracking-uri", default=None, help="record the result in MLflow (default: MLFLOW_TRACKING_URI)")
-    ap.add_argument("--experiment", default=None, help="the sweep's MLflow experiment (default: "
-                    "MLFLOW_EXPERIMENT_NAME); the run is listed by python -m analysis report --experiment")
-    ap.add_argument("--strict", action="store_true", help="a bad reference file is fatal instead of skipped")
+    renamed(ap, "--experiment", ap.add_argument("--sweep", dest="experiment", default=None, help="the sweep "
+                                                "(its MLflow experiment; default: MLFLOW_EXPERIMENT_NAME) the run "
+                                                "is recorded in, so python -m analysis report SWEEP lists it"))
+    ap.add_argument("--strict", action="store_true", help="fail (exit 2) on a bad reference file, a hypothesis "
+                    "without a reference or a recording without a hypothesis, instead of naming it and going on")
     ap.add_argument("--verbose", action="store_true", help="also print the per-recording table")
     a = ap.parse_args(argv)
-    tracking_uri = a.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or None
+    tracking_uri = ledger_uri(a.tracking_uri, local_default=False)
     experiment = a.experiment or os.environ.get("MLFLOW_EXPERIMENT_NAME") or None
     try:
         system = a.system.strip()
         if not system or any(c in system for c in "'\"\\\n"):
             raise ScoreError(f"--system {a.system!r}: give a name without quotes or backslashes")
         if tracking_uri and not experiment:
-            raise ScoreError(f"recording in MLflow at {tracking_uri} needs --experiment (the sweep's experiment, so "
+            raise ScoreError(f"recording in MLflow at {tracking_uri} needs --sweep (the sweep's experiment, so "
                              f"that python -m analysis report lists the system beside its models)")
         try:
             refs = [parse_dataset_spec(r) for r in a.ref]

@@ -53,10 +53,17 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
                            "SentencePiece .model file")
     if zipfile.is_zipfile(p):  # torch.save's format: a checkpoint
         return Tokenizer.from_bytes(load_checkpoint(p)["tokenizer"])
+    valid = "give an acoustic checkpoint (checkpoint.pt) or the SentencePiece .model file of its tokenizer"
+    if p.stat().st_size == 0:  # SentencePiece would load it as a model with no pieces
+        raise LMTrainError(f"tokenizer file {p} is empty; {valid}")
     try:
-        return Tokenizer.load(p)
-    except TokenizerError as e:
-        raise LMTrainError(f"{p}: neither a checkpoint nor a SentencePiece model ({e})") from None
+        tok = Tokenizer.load(p)
+    except TokenizerError:
+        raise LMTrainError(f"{p}: neither a checkpoint nor a SentencePiece model; {valid}") from None
+    if tok.vocab_size < 3:
+        raise LMTrainError(f"tokenizer file {p} holds no usable SentencePiece model ({tok.vocab_size - 1} pieces); "
+                           f"{valid}")
+    return tok
 
 
 def check_resume(path: Path, state: dict[str, Any], cfg: LMTrainConfig, tok: Tokenizer, data_id: str,
@@ -88,8 +95,9 @@ def load_lm(path: str | Path, device: str | torch.device = "cpu") -> LMCheckpoin
     path = Path(path)
     state = load_checkpoint(path)
     if state.get("kind") != KIND:
-        raise CheckpointError(f"{path}: not an LM checkpoint (kind {state.get('kind')!r}); an acoustic checkpoint "
-                              "goes to evaluate, an LM one comes from python -m asr_core lm train")
+        what = "an acoustic model's" if state.get("kind") is None else f"of kind {state.get('kind')!r}"
+        raise CheckpointError(f"{path}: not an LM checkpoint ({what}); an acoustic checkpoint goes to evaluate, an "
+                              "LM one comes from python -m asr_core lm train")
     if state["format_version"] > FORMAT_VERSION:
         raise CheckpointError(f"{path}: LM format_version {state['format_version']} is newer than this code "
                               f"({FORMAT_VERSION}); update asr_core")

@@ -1,10 +1,10 @@
 """``python -m asr_core lm SUBCOMMAND ...``: the language model's commands.
 
-- ``lm text OUT.jsonl --docs N --seed S [--min-words A --max-words B] [--against SPEC ...]``: generated documents in
+- ``lm text --out OUT.jsonl --docs N --seed S [--min-words A --max-words B] [--against SPEC ...]``: generated documents in
   the synthetic corpus's language (:func:`asr_core.lm.data.generate_documents`); with ``--against``, the fraction
   of each SPEC's word 8-grams that the generated text contains (0: disjoint);
 - ``lm train --text SPEC [--text SPEC ...] --tokenizer FILE --out DIR [--preset tiny|paper] [--set k=v ...]
-  [--dev-text SPEC ...] [--tracking-uri U --experiment E]``: train or resume (:mod:`asr_core.lm.train`); exit 75
+  [--dev-text SPEC ...] [--tracking-uri U --sweep E]``: train or resume (:mod:`asr_core.lm.train`); exit 75
   after SIGUSR2/SIGTERM (checkpointed: run the same command again);
 - ``lm ppl CKPT --data SPEC [--data SPEC ...] --context 64,256,1024 [--tracking-uri U --run-id R]``: per-token
   perplexity at each context (:mod:`asr_core.lm.ppl`).
@@ -15,12 +15,13 @@ Each subcommand's heavy imports happen only when it runs.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
 from asr_core.contract.trial import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, EXIT_USAGE
+from asr_core.contract.options import positional_alias, renamed, take_positional
+from asr_core.contract.tracking import tracking_uri as ledger_uri
 
 
 
@@ -29,7 +30,8 @@ def text_cli(argv: list[str]) -> int:
 
     ap = argparse.ArgumentParser(prog="python -m asr_core lm text",
                                  description="Write generated documents (JSON lines) for LM training.")
-    ap.add_argument("out", type=Path, help="OUT.jsonl")
+    ap.add_argument("--out", type=Path, default=None, help="the file to write, OUT.jsonl (required)")
+    positional_alias(ap, "out", "--out")
     ap.add_argument("--docs", type=int, required=True, help="how many documents")
     ap.add_argument("--seed", type=int, required=True)
     ap.add_argument("--min-words", type=int, default=300)
@@ -37,6 +39,7 @@ def text_cli(argv: list[str]) -> int:
     ap.add_argument("--against", action="append", default=[], metavar="SPEC",
                     help="print the 8-gram overlap with this text or corpus (e.g. the test set: podcast:DIR)")
     a = ap.parse_args(argv)
+    take_positional(ap, a, "out", "--out")
     try:
         docs = generate_documents(a.docs, a.seed, min_words=a.min_words, max_words=a.max_words)
     except ValueError as e:
@@ -83,8 +86,11 @@ def _train(argv: list[str]) -> int:
                     help="e.g. lm.d_model=128, lr=1e-3, max_steps=500 (repeatable)")
     ap.add_argument("--dev-text", action="append", default=[], metavar="SPEC",
                     help="perplexity of this text is logged at each checkpoint (lm/dev_ppl)")
-    ap.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default $MLFLOW_TRACKING_URI)")
-    ap.add_argument("--experiment", default=DEFAULT_EXPERIMENT, help="MLflow experiment of a new run")
+    ap.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default $MLFLOW_TRACKING_URI; "
+                    "neither: nothing is logged to MLflow)")
+    renamed(ap, "--experiment", ap.add_argument("--sweep", dest="experiment", default=DEFAULT_EXPERIMENT,
+                                                help="the sweep (MLflow experiment) of a new run (default "
+                                                     f"{DEFAULT_EXPERIMENT})"))
     ap.add_argument("--run-id", default=None, help="continue this MLflow run")
     a = ap.parse_args(argv)
     fail_fast_http()  # one MLflow call fails fast; the outbox retries
@@ -96,7 +102,7 @@ def _train(argv: list[str]) -> int:
         return EXIT_USAGE
     try:
         result = train_lm(cfg, a.text, tok, a.out, dev_texts=a.dev_text,
-                          tracking_uri=a.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI"), run_id=a.run_id,
+                          tracking_uri=ledger_uri(a.tracking_uri, local_default=False), run_id=a.run_id,
                           experiment=a.experiment)
     except Preempted as e:
         print(f"[lm] preempted ({e}); resume with the same command", file=sys.stderr)
@@ -117,7 +123,7 @@ def ppl_cli(argv: list[str]) -> int:
 
 
 SUBCOMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {
-    "text": (text_cli, "generated documents: text OUT.jsonl --docs N --seed S [--against SPEC]"),
+    "text": (text_cli, "generated documents: text --out OUT.jsonl --docs N --seed S [--against SPEC]"),
     "train": (train_cli, "train the LM: train --text SPEC --tokenizer FILE --out DIR [--preset P] [--set k=v]"),
     "ppl": (ppl_cli, "perplexity vs context: ppl CKPT --data SPEC --context 64,256,1024"),
     "tune": (lambda argv: _tune(argv), "alpha and beta on a dev set: tune AM_CKPT --lm LM_CKPT --data NAME=FORMAT:PATH"),

@@ -189,7 +189,7 @@ TRAIN_PRESETS: dict[str, dict[str, Any]] = {
 
 
 def resolve_config(preset: str, overrides: Sequence[str] = (), *, vocab_size: int | None = None,
-                   source: str = "lm train") -> LMTrainConfig:
+                   source: str = "the LM's config") -> LMTrainConfig:
     """Preset < ``vocab_size`` (the tokenizer's) < ``--set key=value`` overrides (``lm.d_model=128``, ``lr=1e-3``),
     validated; :class:`ConfigError` names an unknown key or bad value and what is valid."""
     if preset not in PRESETS or preset not in TRAIN_PRESETS:

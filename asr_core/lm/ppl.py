@@ -36,6 +36,7 @@ from asr_core.contract.metrics import lm_ppl_key
 from asr_core.device import DeviceError, resolve_device, use_bf16
 from asr_core.lm.data import Document, TextError, chunk_batches, read_documents
 from asr_core.lm.model import KVCache, TransformerLM
+from asr_core.contract.options import renamed
 
 PPL_DIR = "ppl"
 
@@ -175,7 +176,8 @@ def cli(argv: list[str]) -> int:
     ap.add_argument("checkpoint", type=Path)
     ap.add_argument("--data", action="append", required=True, metavar="[NAME=]SPEC",
                     help="text:FILE.jsonl|FILE.txt|FOLDER or a corpus spec FORMAT:PATH (repeatable)")
-    ap.add_argument("--context", default="64,256,1024", help="LM contexts in tokens, comma-separated")
+    renamed(ap, "--context", ap.add_argument("--lm-contexts", dest="context", default="64,256,1024",
+                                             help="LM contexts in tokens, comma-separated"))
     ap.add_argument("--chunk", type=int, default=0, help="tokens scored per forward pass (0: the training chunk)")
     ap.add_argument("--batch", type=int, default=8, help="documents scored side by side")
     ap.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
@@ -189,7 +191,7 @@ def cli(argv: list[str]) -> int:
         if not contexts or min(contexts) < 0:
             raise ValueError
     except ValueError:
-        print(f"lm ppl: --context {a.context!r} must be non-negative integers separated by commas, e.g. 64,256,1024",
+        print(f"lm ppl: --lm-contexts {a.context!r} must be non-negative integers separated by commas, e.g. 64,256,1024",
               file=sys.stderr)
         return 2
     try:

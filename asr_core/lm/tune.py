@@ -4,7 +4,7 @@ bonus beta that give the lowest WER on a dev set (paper 004 §3.4 tuned them on 
 The acoustic model's moving-window posteriors of every dev recording are computed once (clean audio, the
 checkpoint's context and the evaluation's stride); each (alpha, beta) pair then runs only the beam search. Prints
 the grid's WERs and the best pair beside greedy decoding's WER, and writes them as JSON with ``--out``; the pair is
-what ``evaluate --decoder beam --alpha A --beta B`` and ``orchestrate evaluate --decode FILE`` take.
+what ``evaluate --decoder beam --lm-weight A --token-bonus B`` and ``orchestrate evaluate --spec FILE`` take.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import torch
 
 from asr_core.decoding.beam import BeamConfig, beam_search
 from asr_core.evaluation.score import Counts, corpus_wer, normalise, score
+from asr_core.contract.options import renamed
 
 DEFAULT_ALPHAS = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
 DEFAULT_BETAS = (0.0, 0.5, 1.0, 1.5, 2.0, 2.5)
@@ -112,17 +113,19 @@ def cli(argv: list[str]) -> int:
     ap.add_argument("checkpoint", type=Path, help="the acoustic model's checkpoint")
     ap.add_argument("--lm", type=Path, required=True, help="an LM checkpoint (lm train)")
     ap.add_argument("--data", required=True, metavar="NAME=FORMAT:PATH", help="the dev set")
-    ap.add_argument("--alpha", default=",".join(f"{a:g}" for a in DEFAULT_ALPHAS), help="alphas to try")
-    ap.add_argument("--beta", default=",".join(f"{b:g}" for b in DEFAULT_BETAS), help="betas to try")
+    renamed(ap, "--alpha", ap.add_argument("--lm-weights", dest="alpha", default=",".join(
+        f"{a:g}" for a in DEFAULT_ALPHAS), help="the LM weights to try, comma-separated"))
+    renamed(ap, "--beta", ap.add_argument("--token-bonuses", dest="beta", default=",".join(
+        f"{b:g}" for b in DEFAULT_BETAS), help="the bonuses per token to try, comma-separated"))
     ap.add_argument("--beam-width", type=int, default=BeamConfig().beam_width)
-    ap.add_argument("--lm-context", type=int, default=BeamConfig().lm_context)
+    ap.add_argument("--lm-context", type=int, default=BeamConfig().lm_context, help="tokens the LM remembers")
     ap.add_argument("--stride", type=float, default=0.125)
     ap.add_argument("--max-recordings", type=int, default=0, help="only the first N dev recordings (0: all)")
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     ap.add_argument("--out", type=Path, default=None, help="write the grid and the best pair as JSON")
     a = ap.parse_args(argv)
     try:
-        alphas, betas = parse_floats(a.alpha, "--alpha"), parse_floats(a.beta, "--beta")
+        alphas, betas = parse_floats(a.alpha, "--lm-weights"), parse_floats(a.beta, "--token-bonuses")
         base = BeamConfig(beam_width=a.beam_width, lm_context=a.lm_context)
         for path, what in ((a.checkpoint, "acoustic checkpoint"), (a.lm, "--lm")):
             if not path.is_file():

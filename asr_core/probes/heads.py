@@ -50,7 +50,7 @@ from asr_core.runtime.outbox import Outbox, fail_fast_http
 from asr_core.contract.metrics import heads_key, heads_windows_key
 from asr_core.contract.trial import HEADS_DIR  # the folder beside the checkpoint (or in the trial's), and the run's
 from asr_core.evaluation.stage_run import check_fingerprints, known_tags, log_stage, stage_run
-from asr_core.training.checkpoint import load_for_eval, read_header
+from asr_core.training.checkpoint import acoustic_header, load_for_eval
 
 DEFAULT_WINDOWS = 32  # eval.head_windows' default
 Progress = Callable[[int, int], None]  # (windows done, windows total)
@@ -307,7 +307,8 @@ def cli(argv: list[str]) -> int:
     ap.add_argument("--out", type=Path, default=None, help=f"folder for the matrices and figures (default: "
                     f"{HEADS_DIR}/ next to CKPT)")
     ap.add_argument("--strict", action="store_true", help="a bad corpus file is fatal instead of skipped")
-    ap.add_argument("--tracking-uri", default=None)
+    ap.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default: the one the checkpoint "
+                    "recorded; with no run known, nothing is logged)")
     ap.add_argument("--run-id", default=None)
     ap.add_argument("--no-log", action="store_true", help="do not log to MLflow")
     a = ap.parse_args(argv)
@@ -318,7 +319,7 @@ def cli(argv: list[str]) -> int:
     try:
         from asr_core.config import Config
 
-        ck = read_header(a.checkpoint)
+        ck = acoustic_header(a.checkpoint)
         ev = Config.from_stored(ck["config"], source=str(a.checkpoint)).eval
         del ck
         data = a.data or list(ev.datasets[:1])

@@ -47,7 +47,7 @@ from asr_core.contract.specs import parse_dataset_spec
 from asr_core.data.corpora import CorpusError, Recording, load_corpus
 from asr_core.decoding.decode import Model, posteriors_at, prepare_features, window_frames
 from asr_core.data.features import zero_regions
-from asr_core.training.checkpoint import load_for_eval, read_header
+from asr_core.training.checkpoint import acoustic_header, load_for_eval
 
 DISTANCES_S = (1.0, 2.0, 5.0, 10.0, 20.0, 40.0, 60.0)
 CHANGED = 1e-6  # a probability that moved by more than this counts as a change (float32 noise is ~1e-7)
@@ -337,7 +337,7 @@ def cli(argv: list[str]) -> int:
             if not data:
                 from asr_core.config import Config
 
-                ck = read_header(ckpt)
+                ck = acoustic_header(ckpt)
                 data = list(Config.from_stored(ck["config"], source=str(ckpt)).eval.datasets[:1])
                 del ck
             out = a.out if len(a.checkpoints) == 1 else a.out / f"{k}-{ckpt.parent.name}"

@@ -378,6 +378,10 @@ def cli(argv: list[str] | None = None) -> int:
     ap.add_argument("--run-id", default=None)
     ap.add_argument("--deadline", type=float, default=60.0)
     a = ap.parse_args(argv)
+    if not outbox_dir(a.trial_dir).is_dir():
+        print(f"outbox: {a.trial_dir} has no outbox/ (not a trial folder, or nothing was ever logged): pass the "
+              "folder of a trial, e.g. <sweep>/trials/<key>", file=sys.stderr)
+        return 2
     if not a.run_id:
         print(pending(a.trial_dir))
         return 0

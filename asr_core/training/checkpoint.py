@@ -12,7 +12,9 @@ the restricted unpickler accepts it.
 
 from __future__ import annotations
 
+import pickle
 import random
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -45,28 +47,93 @@ def save_checkpoint(path: str | Path, state: dict[str, Any]) -> Path:
 
 def read_header(path: str | Path) -> dict[str, Any]:
     """A checkpoint's dict without reading its weights: the tensors are memory-mapped, so only what is looked at
-    (``config``, ``tokenizer``, ``mlflow_run_id``, ...) is read from disk. For any ``torch.save`` file (an LM's
-    too); not checked to be one of ours (:func:`load_checkpoint` does). torch's own errors pass through."""
+    (``config``, ``tokenizer``, ``mlflow_run_id``, ...) is read from disk. Checked as :func:`load_checkpoint` checks
+    (an LM's checkpoint passes too: it has the same keys); :class:`CheckpointError` otherwise."""
+    path = Path(path)
+    _check_file(path)
     try:
-        return _read(path, mmap=True)
-    except RuntimeError:  # mmap needs the zip format; older files still load plainly
-        return _read(path, mmap=False)
+        try:
+            state = _read(path, mmap=True)
+        except RuntimeError:  # mmap needs the zip format of torch >= 1.6; an older zip still loads plainly
+            state = _read(path, mmap=False)
+    except Exception as e:  # noqa: BLE001 - torch raises many kinds for a file that is not a checkpoint
+        raise _not_ours(path, _why_unreadable(e)) from None
+    return _checked(path, state)
+
+
+def acoustic_header(path: str | Path) -> dict[str, Any]:
+    """:func:`read_header` of an acoustic model's checkpoint: an LM's (``kind: lm``) is refused, naming where it
+    goes, before its config is taken for a model's."""
+    return _acoustic(Path(path), read_header(path))
+
+
+def _acoustic(path: Path, state: dict[str, Any]) -> dict[str, Any]:
+    if state.get("kind") is not None:
+        raise CheckpointError(f"{path} is an LM checkpoint (kind {state['kind']!r}), not an acoustic model's; an LM "
+                              "goes to --lm of evaluate or lm tune, a model's checkpoint.pt here")
+    return state
 
 
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
-    """Read a checkpoint on the CPU with the restricted (``weights_only``) unpickler."""
+    """Read a checkpoint on the CPU with the restricted (``weights_only``) unpickler; :class:`CheckpointError`
+    (one line naming the file and what is wrong) for anything that is not a checkpoint of this project."""
     path = Path(path)
+    _check_file(path)
+    try:
+        state = _read(path, mmap=False)
+    except Exception as e:  # noqa: BLE001 - as in read_header
+        raise _not_ours(path, _why_unreadable(e)) from None
+    return _checked(path, state)
+
+
+def _check_file(path: Path) -> None:
+    """A checkpoint path names a file of ``torch.save``'s format (a zip archive: every checkpoint this project
+    writes is one), else :class:`CheckpointError`. Checked before torch reads it, so torch's advice on how to load
+    other files (some of which would run code from the file) never reaches the user."""
+    if path.is_dir():
+        inside = path / "checkpoint.pt"
+        hint = f"; did you mean {inside}?" if inside.is_file() else ""
+        raise CheckpointError(f"{path} is a folder, not a checkpoint{hint}")
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path}")
     try:
-        state = _read(path, mmap=False)
-    except Exception as e:
-        raise CheckpointError(f"{path}: not a readable checkpoint ({type(e).__name__}: {e})") from None
-    if not isinstance(state, dict) or any(k not in state for k in REQUIRED):
-        raise CheckpointError(f"{path}: not an asr_core checkpoint (needs keys {', '.join(REQUIRED)})")
-    if state["format_version"] > FORMAT_VERSION:
-        raise CheckpointError(f"{path}: format_version {state['format_version']} is newer than this code "
-                              f"({FORMAT_VERSION}); update asr_core")
+        is_zip = zipfile.is_zipfile(path)
+    except OSError as e:
+        raise CheckpointError(f"checkpoint {path} cannot be read: {e.strerror or e}") from None
+    if not is_zip:
+        size = path.stat().st_size
+        raise _not_ours(path, "an empty file" if size == 0 else "not a file torch.save wrote")
+
+
+def _why_unreadable(e: Exception) -> str:
+    """What is wrong with a file torch could not read, in a few words, without torch's advice."""
+    if isinstance(e, pickle.UnpicklingError) and "Weights only load failed" in str(e):
+        return "it holds Python objects no checkpoint of this project holds; refused unread"
+    if isinstance(e, OSError):
+        return f"cannot be read: {e.strerror or e}"
+    first = (str(e).strip().splitlines() or [""])[0][:160]
+    return f"unreadable: {type(e).__name__}" + (f": {first}" if first else "")
+
+
+def _not_ours(path: Path, why: str) -> CheckpointError:
+    return CheckpointError(f"not a checkpoint of this project: {path} ({why}); valid: a checkpoint.pt written by "
+                           "`python -m asr_core train` or a grid trial (an LM's: by `python -m asr_core lm train`)")
+
+
+def _checked(path: Path, state: Any) -> dict[str, Any]:
+    """``state`` if it is a checkpoint's dict this code can read, else :class:`CheckpointError`."""
+    if not isinstance(state, dict):
+        raise _not_ours(path, f"it holds a {type(state).__name__}, not a checkpoint's dict")
+    missing = [k for k in REQUIRED if k not in state]
+    if missing:
+        raise _not_ours(path, f"a dict without {', '.join(repr(k) for k in missing)}; a checkpoint has "
+                              f"{', '.join(REQUIRED)}")
+    version = state["format_version"]
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise _not_ours(path, f"format_version {version!r} is not an integer")
+    if version > FORMAT_VERSION:
+        raise CheckpointError(f"{path}: format_version {version} is newer than this code ({FORMAT_VERSION}); "
+                              "update asr_core")
     return state
 
 
@@ -98,11 +165,16 @@ def drop_optimizer_state(path: str | Path) -> int:
 
 def load_for_eval(path: str | Path, device: str | torch.device = "cpu") -> tuple[AcousticModel, Config, Tokenizer]:
     """(model in eval mode on ``device``, its config, its tokenizer) from a training checkpoint."""
-    state = load_checkpoint(path)
+    state = _acoustic(Path(path), load_checkpoint(path))
     cfg = Config.from_stored(state["config"], source=str(path))
     model = build_model(cfg.model, cfg.data.features.n_mels)
-    model.load_state_dict(state["model"])
-    tok = Tokenizer.from_bytes(state["tokenizer"])
+    try:
+        model.load_state_dict(state["model"])
+        tok = Tokenizer.from_bytes(state["tokenizer"])
+    except (RuntimeError, TypeError, ValueError) as e:  # weights of another shape, a broken tokenizer
+        said = " ".join(str(e).split())[:240]
+        raise CheckpointError(f"{path}: its weights or tokenizer do not fit its config ({type(e).__name__}: "
+                              f"{said}); the file is damaged or was edited") from None
     if tok.vocab_size != cfg.model.vocab_size:
         raise CheckpointError(f"{path}: tokenizer has {tok.vocab_size} outputs, model {cfg.model.vocab_size}")
     return model.to(device).eval(), cfg, tok

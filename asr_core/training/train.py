@@ -78,9 +78,12 @@ from asr_core.runtime import signals
 from asr_core.runtime.outbox import FINAL_FLUSH_S, PREEMPT_FLUSH_S, Outbox, fail_fast_http
 from asr_core.runtime.outbox_folder import outbox_dir
 from asr_core.runtime.provenance import code_version
-from asr_core.training.checkpoint import load_checkpoint, set_rng_state, training_finished
+from asr_core.contract.specs import CorpusError
+from asr_core.training.checkpoint import CheckpointError, load_checkpoint, set_rng_state, training_finished
 from asr_core.training.loop import Cursor, Diverged, Preempted, Reporting, Segment, TrainResult, run_loop
 from asr_core.training.step import build_optimizer
+from asr_core.contract.options import renamed
+from asr_core.contract.tracking import tracking_uri as ledger_uri
 
 CHECKPOINT_NAME = CHECKPOINT_FILE  # the trial contract's name for it
 DEFAULT_EXPERIMENT = "asr_core"
@@ -317,9 +320,13 @@ def _train(cfg: Config, out_dir: Path, tracking_uri: str | None, run_id: str | N
         if own_outbox is not None:
             hurry = signals.received() is not None
             if not own_outbox.flush(PREEMPT_FLUSH_S if hurry else FINAL_FLUSH_S, signals.received):
+                import shlex  # the command below is printed to be pasted into a shell
+
                 why = own_outbox.last_error or "no answer in time"
+                ship = f"python -m asr_core ship {shlex.quote(str(out_dir.resolve()))}"
                 print(f"[train] MLflow at {tracking_uri} has not taken everything yet ({why}); the rest waits in "
-                      f"{own_outbox.dir} and is shipped by the next segment", file=sys.stderr, flush=True)
+                      f"{own_outbox.dir}: once the server answers, send it with\n  {ship}", file=sys.stderr,
+                      flush=True)
             own_outbox.close()
 
 
@@ -329,9 +336,11 @@ def cli(argv: list[str]) -> int:
     ap.add_argument("config", help="YAML config (may start from 'preset: NAME') or a preset name")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--out", default=None, help="run folder (default runs/<trial key>)")
-    ap.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default $MLFLOW_TRACKING_URI)")
+    ap.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default $MLFLOW_TRACKING_URI; "
+                    "neither: nothing is logged to MLflow)")
     ap.add_argument("--run-id", default=None, help="continue this MLflow run")
-    ap.add_argument("--experiment", default=None, help=f"MLflow experiment for a new run ({DEFAULT_EXPERIMENT})")
+    renamed(ap, "--experiment", ap.add_argument("--sweep", dest="experiment", default=None, help=f"the sweep (MLflow "
+                                                f"experiment) of a new run (default {DEFAULT_EXPERIMENT})"))
     args = ap.parse_args(argv)
     fail_fast_http()  # one MLflow call fails fast; the outbox retries
     from asr_core.model.size import load_config
@@ -343,7 +352,7 @@ def cli(argv: list[str]) -> int:
         return EXIT_USAGE
     out = Path(args.out or f"runs/{cfg.key()}")
     try:
-        result = train(cfg, out, tracking_uri=args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI"),
+        result = train(cfg, out, tracking_uri=ledger_uri(args.tracking_uri, local_default=False),
                        run_id=args.run_id, experiment=args.experiment)
     except Preempted as e:
         print(f"[train] preempted ({e}); resume with the same command", file=sys.stderr)
@@ -351,6 +360,9 @@ def cli(argv: list[str]) -> int:
     except Diverged as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_DIVERGED
+    except (CorpusError, CheckpointError) as e:  # the data or checkpoint given: the user's to fix (exit 2)
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_USAGE
     except (TrainError, ConfigError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_FAILED

@@ -1,4 +1,5 @@
-"""Cluster profiles (``slurm/profiles/NAME.yaml``): what the SLURM backends (``slurm``, ``ray-slurm``) ask the
+"""Cluster profiles (``--profile NAME``: the packaged ``NAME.yaml`` of :mod:`orchestrate.assets`, in a checkout also
+``slurm/profiles/NAME.yaml``; or a path): what the SLURM backends (``slurm``, ``ray-slurm``) ask the
 scheduler for. The ``local`` backend reads only ``cpus_per_task``.
 
 A profile is a flat mapping; every key has a safe default, and :func:`load_profile` refuses unknown keys and
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from asr_core.yaml_input import YamlInputError, load_yaml_file
+from orchestrate import assets
 
 if TYPE_CHECKING:
     from orchestrate.trial import Trial
@@ -136,20 +138,22 @@ PROFILE_KEYS = ("partition", "account", "qos", "gpus_per_node", "cpus_per_task",
 
 
 def profiles_dir() -> Path:
-    """``slurm/profiles`` of this checkout, where a bare profile name is looked up."""
-    return Path(__file__).resolve().parents[2] / "slurm" / "profiles"
+    """The packaged profiles (``slurm/profiles`` of a checkout), where a bare profile name is looked up."""
+    return assets.profiles_dir()
 
 
 def load_profile(name_or_path: str | None) -> Profile:
-    """``NAME`` (slurm/profiles/NAME.yaml) or a path; ``None`` gives the defaults. Errors name the key and value."""
+    """``NAME`` (a packaged profile, ``slurm/profiles/NAME.yaml`` in a checkout) or a path; ``None`` gives the
+    defaults. Errors name the key and value."""
     if not name_or_path:
         return Profile()
     p = Path(name_or_path)
     if not p.suffix:
         p = profiles_dir() / f"{name_or_path}.yaml"
     if not p.exists():
-        known = sorted(q.stem for q in profiles_dir().glob("*.yaml")) if profiles_dir().exists() else []
-        raise BackendError(f"unknown profile {name_or_path!r} (no {p}); valid: {', '.join(known) or 'none yet'}")
+        known = assets.names(profiles_dir())
+        raise BackendError(f"unknown profile {name_or_path!r} (no {p}); valid: a path to a YAML file, or one of "
+                           f"the packaged profiles: {', '.join(known) or 'none'}")
     try:
         raw = load_yaml_file(p, durations=True) or {}  # 4:00:00 stays a duration, not base-60 14400
     except YamlInputError as e:

@@ -19,8 +19,9 @@ import numpy as np
 
 from asr_core.contract.calibration import (CalibrationError, CalibrationFile, CalibrationNotFound,
                                            read_calibration)
+from orchestrate.assets import calibrations_dir
 
-BUILTIN = Path(__file__).resolve().parents[1] / "calibrations" / "a100-paper.json"
+BUILTIN = calibrations_dir() / "a100-paper.json"  # packaged (orchestrate.assets): the same in a checkout and a wheel
 PAPER_SOURCE = "paper 000 Table 1 and training times"
 
 
@@ -108,7 +109,7 @@ def calibration_from_dict(raw: Any, path: str) -> Calibration:
 
 
 def load_calibration(path: str | Path | None = None) -> Calibration:
-    """The calibration in ``path``, or a built-in one by name (``orchestrate/calibrations/NAME.json``:
+    """The calibration in ``path``, or a built-in one by name (packaged; ``orchestrate/calibrations/NAME.json``:
     ``a100-paper``, derived from paper 000 and the default; ``h100-measured``, measured by ``bench calibrate``)."""
     p = Path(path) if path else BUILTIN
     if path and not p.exists() and (BUILTIN.parent / f"{path}.json").is_file():

@@ -13,7 +13,7 @@
   on the sweep's trials merged with ``grids/paper.yaml`` given one more eval dataset plans one evaluation job per
   model and no training (goal < 2 s).
 
-The server: ``MLFLOW_TRACKING_URI`` (or ``tracking_uri``) when it names an http(s) server, else one started for
+The server: ``--tracking-uri`` (else ``MLFLOW_TRACKING_URI``) when it names an http(s) server, else one started for
 the bench with ``slurm/mlflow-server.sh`` under the bench's temporary folder and stopped afterwards (its start is
 not timed; neither is a first request that warms it). The submission needs a SLURM cluster (``SLURM_CONF``;
 ``slurm/testcluster/start.sh DIR`` makes one); without one those rows say they were skipped.
@@ -35,6 +35,8 @@ from urllib.parse import urlparse
 
 import yaml
 
+from asr_core.contract.tracking import tracking_uri as ledger_uri
+from orchestrate.assets import grids_dir, server_script
 from orchestrate.grid import load_grid
 
 if TYPE_CHECKING:
@@ -42,8 +44,8 @@ if TYPE_CHECKING:
     from orchestrate.sweep import SweepDir
 
 REPO = Path(__file__).resolve().parents[2]
-GRIDS = REPO / "grids"
-SERVER_SCRIPT = REPO / "slurm" / "mlflow-server.sh"
+GRIDS = grids_dir()
+SERVER_SCRIPT = server_script()
 CLI_TIMEOUT_S = 600
 STATUS_GOALS = ((321, 1.0), (3000, 3.0))  # (trials in the sweep folder, seconds ``status`` may take)
 NEW_TEST_SET = "spotify=podcast:data/spotify/test"  # the test set added to a finished sweep (its data need not exist)
@@ -104,7 +106,7 @@ def run_bench(skip_slurm: bool = False, tracking_uri: str | None = None,
             rows += [Row("submit 321 trials (slurm, mlflow server)", None, 5.0, why),
                      Row("ledger query, 321-trial sweep", None, 2.0, why)]
         else:
-            rows += _bench_submit(work, tracking_uri or os.environ.get("MLFLOW_TRACKING_URI"))
+            rows += _bench_submit(work, ledger_uri(tracking_uri, local_default=False))
         rows += _bench_status(work, status_goals)
         rows.append(bench_new_test_set(work).row)
     finally:

@@ -25,10 +25,11 @@ from asr_core.contract.trial import (OUTCOME_CANCELLED, OUTCOME_FAILED, OUTCOME_
                                      OUTCOME_PREEMPTED, Attempt, Progress, TrialFolder, mark_cancelled, mark_done,
                                      mark_trained, write_attempts, write_config, write_progress)
 from asr_core.runtime.lease import LeaseInfo, write_lease
+from orchestrate.assets import grids_dir
 from orchestrate.sweep import Manifest, SweepDir
 from orchestrate.trial import Trial
 
-PAPER_GRID = Path(__file__).resolve().parents[2] / "grids" / "paper.yaml"
+PAPER_GRID = grids_dir() / "paper.yaml"
 CODES = ("3f2a9c1d0b7e", "8d41e0c2a9f3", "8d41e0c2a9f3+dirty.1a2b3c4d")
 # (state, share of the trials): what a sweep half-way through its compute budget holds
 MIX = (("finished", 0.55), ("running", 0.10), ("waiting", 0.14), ("preempted", 0.06), ("failed", 0.05),

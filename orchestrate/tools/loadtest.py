@@ -1,4 +1,4 @@
-"""``python -m orchestrate.tools.loadtest --uri URI``: many trainers logging to one MLflow tracking server at once.
+"""``python -m orchestrate.tools.loadtest --tracking-uri URI``: many trainers logging to one MLflow tracking server at once.
 
 Each of ``--processes`` processes behaves like a trial job's trainer: it creates its own run, writes its status at
 the start (RUNNING) and at the end (FINISHED), and in between logs one ``log_batch`` of six metrics per training
@@ -43,6 +43,8 @@ from typing import Any
 
 import requests
 
+from asr_core.contract.options import renamed
+from asr_core.contract.tracking import tracking_uri as ledger_uri
 from orchestrate.mlflow_rest import credentials
 from orchestrate.tools.flaky_proxy import DATABASE_ERRORS, SERVER_ERRORS, FlakyProxy
 
@@ -434,12 +436,14 @@ def run_fault_phase(uri: str, processes: int, fault_seconds: float, steps_per_se
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m orchestrate.tools.loadtest", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--uri", required=True, help="the tracking server, e.g. http://login01:5000")
+    renamed(ap, "--uri", ap.add_argument("--tracking-uri", dest="uri", help="the tracking server, e.g. "
+                                         "http://login01:5000 (default: $MLFLOW_TRACKING_URI)"))
     ap.add_argument("--processes", type=int, default=64, help="trainers logging at once (default 64)")
     ap.add_argument("--seconds", type=float, default=120.0, help="how long each logs (default 120)")
     ap.add_argument("--steps-per-second", type=float, default=4.0,
                     help="each trainer's step rate, one log_batch per step (default 4)")
-    ap.add_argument("--experiment", help="experiment to create (default loadtest-<time>-<pid>)")
+    renamed(ap, "--experiment", ap.add_argument("--sweep", dest="experiment", help="the experiment to create "
+                                                "(default loadtest-<time>-<pid>)"))
     ap.add_argument("--fault-seconds", type=float, default=10.0,
                     help="how long the fault phase's proxy answers 400s and 5xx (default 10; 0 skips the phase)")
     ap.add_argument("--fault-processes", type=int, default=None,
@@ -452,8 +456,9 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"{flag} {value} must be positive")
     if a.fault_seconds < 0:
         ap.error(f"--fault-seconds {a.fault_seconds} must be 0 (no fault phase) or positive")
+    a.uri = ledger_uri(a.uri, local_default=False) or ""
     if not a.uri.startswith(("http://", "https://")):
-        ap.error(f"--uri {a.uri!r} is not a tracking server's http(s):// address (start one with "
+        ap.error(f"--tracking-uri {a.uri!r} is not a tracking server's http(s):// address (start one with "
                  "slurm/mlflow-server.sh)")
     try:
         result = run_load(a.uri, a.processes, a.seconds, a.steps_per_second, a.experiment)

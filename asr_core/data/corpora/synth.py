@@ -1,4 +1,4 @@
-"""A synthetic long-form corpus spoken by espeak-ng: ``python -m asr_core synth OUT --hours H --seed S``.
+"""A synthetic long-form corpus spoken by espeak-ng: ``python -m asr_core synth --out OUT --hours H --seed S``.
 
 Output layout (every split loads with the podcast reader, e.g. ``load_corpus("podcast:OUT/train")``)::
 
@@ -61,6 +61,7 @@ from asr_core.data.corpora.cues import (WINDOWS_S, CueConfig, CuePlanter, contai
                                   cue_topics, format_containment, sound_of)
 from asr_core.data.corpora.synth_audio import Room, Speaker, apply_room, espeak
 from asr_core.data.corpora.synth_text import CUE_GROUPS, TOPICS, SentenceMaker
+from asr_core.contract.options import positional_alias, take_positional
 
 FORMAT_VERSION = 1
 SPLITS = ("train", "dev", "test", "test-shifted")
@@ -350,7 +351,8 @@ def synthesise(out: Path, hours: float, seed: int, *, eval_hours: float | None =
 def cli(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="python -m asr_core synth", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("out", type=Path, help="output folder (see the layout below)")
+    ap.add_argument("--out", type=Path, default=None, help="output folder (required; see the layout below)")
+    positional_alias(ap, "out", "--out")
     ap.add_argument("--hours", type=float, required=True, help="hours of training audio (fractions allowed)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--eval-hours", type=float, default=None,
@@ -378,6 +380,8 @@ def cli(argv: list[str]) -> int:
     ap.add_argument("--jobs", type=int, default=2, help="parallel processes (output does not depend on it)")
     ap.add_argument("--splits", default=",".join(SPLITS), help=f"comma-separated subset of {','.join(SPLITS)}")
     a = ap.parse_args(argv)
+    take_positional(ap, a, "out", "--out")
+    a.out = Path(a.out)
     splits = tuple(s for s in a.splits.split(",") if s)
     bad = [s for s in splits if s not in SPLITS]
     if bad:

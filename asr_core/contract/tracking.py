@@ -1,0 +1,88 @@
+"""Where the ledger (MLflow) is: one rule for every command of the three groups.
+
+:func:`tracking_uri` is the rule: ``--tracking-uri`` if given; else, for a command on a sweep, the URI its sweep
+folder recorded (``SWEEP_ROOT/SWEEP/sweep.json``, which the sweep's jobs read); else ``MLFLOW_TRACKING_URI``; else
+the local default ``sqlite:///SWEEP_ROOT/mlflow.db`` (``SWEEP_ROOT`` is ``./runs`` unless ``--sweep-root`` says
+otherwise). The trainer's standalone commands (``train``, ``evaluate``, ``score``, ``lm``, ...) have no local
+default: without a URI they record nothing in MLflow.
+
+A command that only looks something up (``status``, ``report``, ``compare``) calls :func:`missing_ledger` first: a
+``sqlite:`` file that does not exist is said, never created as a side effect of the lookup.
+
+Torch-free and MLflow-free: ``orchestrate``, ``analysis`` and ``asr_core`` all import it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+ENV = "MLFLOW_TRACKING_URI"
+DEFAULT_SWEEP_ROOT = "runs"
+LEDGER_FILE = "mlflow.db"
+SWEEP_MANIFEST = "sweep.json"  # the sweep folder's manifest (written by orchestrate.sweep); its "tracking_uri"
+RULE = (f"--tracking-uri, else the sweep folder's recorded URI, else ${ENV}, else "
+        f"sqlite:///SWEEP_ROOT/{LEDGER_FILE} (SWEEP_ROOT: --sweep-root, default ./{DEFAULT_SWEEP_ROOT})")
+
+
+def default_tracking_uri(sweep_root: str | Path = DEFAULT_SWEEP_ROOT) -> str:
+    """The local default: a sqlite file in the sweep root, ``sqlite:///<root>/mlflow.db`` (an absolute path)."""
+    return f"sqlite:///{Path(sweep_root).resolve() / LEDGER_FILE}"
+
+
+def recorded_tracking_uri(sweep_root: str | Path, sweep: str) -> str | None:
+    """The URI the sweep folder ``<sweep_root>/<sweep>`` recorded, or None where there is no such folder or its
+    manifest names none (an unreadable manifest is the sweep commands' to report, not this lookup's)."""
+    path = Path(sweep_root) / sweep / SWEEP_MANIFEST
+    try:
+        uri = json.loads(path.read_text(encoding="utf-8")).get("tracking_uri")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return uri if isinstance(uri, str) and uri else None
+
+
+def tracking_uri(given: str | None, *, sweep_root: str | Path | None = None, sweep: str | None = None,
+                 local_default: bool = True) -> str | None:
+    """The ledger's address by the one rule (see the module docstring). ``sweep``: the sweep the command acts on
+    (its folder's recorded URI comes before the environment); ``local_default=False``: None instead of the local
+    sqlite file (the trainer's standalone commands)."""
+    if given:
+        return given
+    root = Path(sweep_root if sweep_root is not None else DEFAULT_SWEEP_ROOT)
+    if sweep:
+        recorded = recorded_tracking_uri(root, sweep)
+        if recorded:
+            return recorded
+    env = os.environ.get(ENV, "").strip()
+    if env:
+        return env
+    return default_tracking_uri(root) if local_default else None
+
+
+def sqlite_file(uri: str) -> Path | None:
+    """The database file of a ``sqlite:///`` URI, or None for any other kind of store."""
+    return Path(uri[len("sqlite:///"):]) if uri.startswith("sqlite:///") else None
+
+
+SCHEMES = ("sqlite", "http", "https", "postgresql", "mysql", "mssql", "databricks")  # what MLflow 3 can track in
+
+
+def bad_uri(uri: str) -> str | None:
+    """Why ``uri`` cannot be a ledger (a plain folder, ``file:``, an unknown scheme), as one line naming it and what
+    is valid; None when MLflow can track in it."""
+    scheme = uri.split("://", 1)[0].split("+", 1)[0].lower() if "://" in uri else ""
+    if scheme in SCHEMES:
+        return None
+    return (f"tracking URI {uri!r} is not one MLflow tracks in; valid: sqlite:///PATH/mlflow.db, http(s)://HOST:PORT "
+            f"(an mlflow server) or a database URI ({', '.join(SCHEMES[3:6])})")
+
+
+def missing_ledger(uri: str) -> str | None:
+    """Why a lookup at ``uri`` cannot find anything without creating a file (a ``sqlite:`` file that does not exist:
+    MLflow would create it), as one line naming the file and the rule; None when there is something to read."""
+    path = sqlite_file(uri)
+    if path is None or path.is_file():
+        return None
+    return (f"no ledger at {uri}: {path} does not exist (nothing was created). The ledger is found by "
+            f"{RULE}; name the one the sweep was submitted to")
