@@ -57,3 +57,17 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 
 _BEFORE = pytest.StashKey[set[str] | None]()
+
+
+@pytest.fixture(autouse=True)
+def _tracking_uri_stays_put():
+    """``MLFLOW_TRACKING_URI`` as each test found it: ``mlflow.set_tracking_uri`` sets it for the whole process, and
+    every command honours it (the ledger's address rule), so one test's ledger must not become the next test's."""
+    import os
+
+    before = os.environ.get("MLFLOW_TRACKING_URI")
+    yield
+    if before is None:
+        os.environ.pop("MLFLOW_TRACKING_URI", None)
+    else:
+        os.environ["MLFLOW_TRACKING_URI"] = before

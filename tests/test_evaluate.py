@@ -45,12 +45,12 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     torch.manual_seed(0)
     model = build_model(cfg.model, cfg.data.features.n_mels)
     uri = f"sqlite:///{tmp / 'mlflow.db'}"
+    before = os.environ.get("MLFLOW_TRACKING_URI")  # read before set_tracking_uri, which sets it
     mlflow.set_tracking_uri(uri)
     run = mlflow.MlflowClient(uri).create_run(experiment_id(mlflow.MlflowClient(uri), "eval-test"))
     ckpt = save_checkpoint(tmp / "run" / "checkpoint.pt", {
         "config": cfg.to_dict(), "model": model.state_dict(), "tokenizer": tok.to_bytes(), "format_version": 1,
         "mlflow_run_id": run.info.run_id, "tracking_uri": uri, "step": 0})
-    before = os.environ.get("MLFLOW_TRACKING_URI")
     yield {"tmp": tmp, "corpus": corpus, "ckpt": ckpt, "uri": uri, "run_id": run.info.run_id, "cfg": cfg}
     # mlflow.set_tracking_uri also sets MLFLOW_TRACKING_URI for the whole process: leave it as it was
     mlflow.set_tracking_uri(before or "")
