@@ -39,6 +39,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from asr_core.contract.atomic import write_atomic
 from asr_core.contract.trial import TrialFolder
 
 WATERMARK_FILE = "shipped.json"
@@ -103,15 +104,6 @@ def write_watermark(box: Path, state: dict[str, dict[str, int]]) -> None:
     os.replace(tmp, box / WATERMARK_FILE)
 
 
-def _replace(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def write_run(box: Path, run_id: str, tracking_uri: str | None) -> None:
     """Record where the outbox ships (``run.json``), atomically; unchanged when it already says so."""
     want = {"run_id": run_id, "tracking_uri": tracking_uri or ""}
@@ -121,7 +113,7 @@ def write_run(box: Path, run_id: str, tracking_uri: str | None) -> None:
     except (OSError, ValueError):
         pass
     box.mkdir(parents=True, exist_ok=True)
-    _replace(box / RUN_FILE, json.dumps(want).encode())
+    write_atomic(box / RUN_FILE, json.dumps(want).encode())
 
 
 def read_run(trial_dir: Path | str) -> tuple[str, str]:
@@ -172,7 +164,7 @@ def rewrite_kept(trial_dir: Path | str, entries: list[dict[str, Any]]) -> None:
     if not entries:
         path.unlink(missing_ok=True)
         return
-    _replace(path, b"".join(json.dumps(e).encode() + b"\n" for e in entries))
+    write_atomic(path, b"".join(json.dumps(e).encode() + b"\n" for e in entries))
 
 
 def pending(trial_dir: Path | str) -> int:

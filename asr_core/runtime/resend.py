@@ -18,6 +18,7 @@ import fcntl
 import os
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,7 @@ from typing import Any
 from asr_core.runtime.outbox_folder import (REJECTED_FILE, outbox_dir, parse_record, pending, read_kept, read_lines,
                                             read_run, record_files, rewrite_kept)
 from asr_core.runtime.outbox import fail_fast_http
-from asr_core.runtime.shipper import Outage, Shipper, live_holder, ship_pending
+from asr_core.runtime.shipper import Shipper, live_holder, ship_pending, within_deadline
 
 DEFAULT_DEADLINE_S = 120.0
 LOCK_FILE = ".ship.lock"  # one `ship` of a folder at a time
@@ -106,12 +107,10 @@ def resend_kept(trial_dir: Path | str, tracking_uri: str | None, run_id: str,
         done: set[int] = set()  # sent or superseded: dropped from the file
         again: dict[int, str] = {}  # refused again: the new error
         counts = {"sent": 0, "superseded": 0}
-        error: dict[str, str] = {}
-        stop = threading.Event()
 
-        def work() -> None:
+        def work(stop: Callable[[], bool]) -> None:
             for i, entry in enumerate(entries):
-                if stop.is_set():
+                if stop():
                     return
                 rec = _current(entry, status, tags)
                 if rec is None:
@@ -120,14 +119,7 @@ def resend_kept(trial_dir: Path | str, tracking_uri: str | None, run_id: str,
                         counts["superseded"] += 1
                     continue
                 refused.clear()
-                try:
-                    shipper.send(str(entry.get("file", "")), rec)
-                except Outage as e:
-                    error["error"] = f"MLflow unreachable at {tracking_uri}: {e}"
-                    return
-                except Exception as e:  # noqa: BLE001 - reported; the record stays kept
-                    error["error"] = f"{type(e).__name__}: {e}"
-                    return
+                shipper.send(str(entry.get("file", "")), rec)  # an outage or an error ends the pass (reported)
                 with guard:
                     if refused:
                         again[i] = refused[-1]
@@ -135,20 +127,15 @@ def resend_kept(trial_dir: Path | str, tracking_uri: str | None, run_id: str,
                         done.add(i)
                         counts["sent"] += 1
 
-        thread = threading.Thread(target=work, name="asr-outbox-resend", daemon=True)
-        thread.start()
-        thread.join(deadline_s)
+        # past the deadline the call in flight keeps its record kept: sent again later, harmlessly
+        error = within_deadline(work, deadline_s, tracking_uri, "asr-outbox-resend")
         with guard:
-            if thread.is_alive():  # the call in flight keeps its record kept: sent again later, harmlessly
-                stop.set()
-                error.setdefault("error", f"not done within {deadline_s:g} s (MLflow at {tracking_uri} slow or "
-                                          "unreachable)")
             still = [{**e, "error": again[i], "tries": int(e.get("tries", 1)) + 1} if i in again else e
                      for i, e in enumerate(entries) if i not in done]
             sent, superseded = counts["sent"], counts["superseded"]
         newer = read_kept(trial_dir)[len(entries):]  # kept meanwhile by a shipper (status/resume's ship_pending)
         rewrite_kept(trial_dir, still + newer)
-        return ResendResult(sent, superseded, len(still) + len(newer), error.get("error", ""))
+        return ResendResult(sent, superseded, len(still) + len(newer), error)
 
 
 def destination(trial_dir: Path, tracking_uri: str | None, run_id: str | None) -> tuple[str | None, str]:

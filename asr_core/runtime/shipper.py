@@ -159,12 +159,7 @@ class Shipper:
                 counts[:] = [a + b for a, b in zip(counts, n)]
                 continue
             send_group()
-            if kind == "status":
-                self._send_status(name, rec)
-            elif kind == "artifact":
-                self._send_artifact(name, rec)
-            else:
-                self._reject(name, rec, f"unknown record kind {kind!r}")
+            self.send(name, rec)  # a status, an artifact (or a kind nobody knows: kept), on its own
             self._advance(name, end, rec, 1)
         send_group()
         return True
@@ -332,26 +327,35 @@ def ship_pending(trial_dir: Path | str, tracking_uri: str | None, run_id: str, d
     if not read_run(trial_dir)[0]:  # an outbox of an earlier version: `python -m asr_core ship` finds its run here
         write_run(outbox_dir(trial_dir), run_id, tracking_uri)
     shipper = Shipper(outbox_dir(trial_dir), tracking_uri, run_id, trial_dir)
+    # past the deadline it ends after the call in flight; the watermark keeps whatever that call achieved
+    error = within_deadline(shipper.ship, deadline_s, tracking_uri, "asr-outbox-pending")
+    left = pending(trial_dir)
+    return ShipResult(shipped=max(0, before - left), left=left, error=error, rejected=shipper.rejected)
+
+
+def within_deadline(work: Callable[[Callable[[], bool]], object], deadline_s: float, tracking_uri: str | None,
+                    name: str) -> str:
+    """Run ``work(stop)`` in a daemon thread (``name``) for at most ``deadline_s`` seconds, then turn ``stop()``
+    true; the error it ended with ("" for none): an outage, any other exception (reported, never raised into the
+    caller), or the deadline passed."""
     result: dict[str, str] = {}
     stop = threading.Event()
 
-    def work() -> None:
+    def run() -> None:
         try:
-            shipper.ship(stop.is_set)
+            work(stop.is_set)
         except Outage as e:
             result["error"] = f"MLflow unreachable at {tracking_uri}: {e}"
         except Exception as e:  # noqa: BLE001 - reported in the result, never raised into orchestrate
             result["error"] = f"{type(e).__name__}: {e}"
 
-    thread = threading.Thread(target=work, name="asr-outbox-pending", daemon=True)
+    thread = threading.Thread(target=run, name=name, daemon=True)
     thread.start()
     thread.join(deadline_s)
     if thread.is_alive():
-        stop.set()  # it ends after the call in flight; the watermark keeps whatever that call achieved
+        stop.set()
         result.setdefault("error", f"not done within {deadline_s:g} s (MLflow at {tracking_uri} slow or unreachable)")
-    left = pending(trial_dir)
-    return ShipResult(shipped=max(0, before - left), left=left, error=result.get("error", ""),
-                      rejected=shipper.rejected)
+    return result.get("error", "")
 
 
 def live_holder(trial_dir: Path) -> str:
