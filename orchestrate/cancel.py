@@ -147,8 +147,7 @@ def _cancel_locked(sweep: SweepDir, backend: Backend, ledger: Ledger | None, key
     """Under the lock: the markers, then the live jobs, then the runs (when ``ledger``); the cancelled job ids."""
     keys = [k for k in keys if only is None or k in only]
     states = read_folder_states(sweep, keys)
-    unfinished = [k for k in keys if not states[k].done]
-    marked = sum(sweep.cancel_trial(k, "orchestrate cancel") for k in unfinished)
+    unfinished, marked = _mark(sweep, states)
     live = {k: j for k, j in backend.live_jobs().items() if only is None or k in only}
     job_ids = sorted(set(live.values()))
     if job_ids:
@@ -166,6 +165,13 @@ def _cancel_locked(sweep: SweepDir, backend: Backend, ledger: Ledger | None, key
         return job_ids
     log(f"cancelled {len(job_ids)} jobs; {marked} trial folders marked CANCELLED; {len(kill)} runs marked KILLED")
     return job_ids
+
+
+def _mark(sweep: SweepDir, states: dict[str, FolderState]) -> tuple[list[str], int]:
+    """``CANCELLED`` into the folder of every unfinished trial of ``states``: (the unfinished keys, how many folders
+    were marked now)."""
+    unfinished = [k for k, fs in states.items() if not fs.done]
+    return unfinished, sum(sweep.cancel_trial(k, "orchestrate cancel") for k in unfinished)
 
 
 def _signal_local_trainers(states: dict[str, FolderState]) -> int:
@@ -190,7 +196,7 @@ def _cancel_while_run(sweep: SweepDir, holder: str, keys: list[str], only: Colle
     The running command then ends; ``status`` and ``resume`` mirror the runs that never started."""
     keys = [k for k in keys if only is None or k in only]
     states = read_folder_states(sweep, keys)
-    marked = sum(sweep.cancel_trial(k, "orchestrate cancel") for k in keys if not states[k].done)
+    _, marked = _mark(sweep, states)
     signalled = _signal_local_trainers(states)
     log(f"sweep {sweep.name} is being run ({holder or 'another process'}): {marked} trial folders marked "
         f"CANCELLED, {signalled} running trainers told to stop (each checkpoints and ends KILLED); that command "
@@ -201,11 +207,10 @@ def cancel_unreadable(sweep: SweepDir) -> None:
     """What ``cancel`` still does when a sweep file does not read: mark every unfinished trial folder under
     ``trials/``, cancel the SLURM jobs named after the sweep's submissions, tell trainers leased on this machine
     to stop; one line says what was done and what could not be."""
-    keys = sweep.trial_keys_on_disk()
-    marked = sum(sweep.cancel_trial(k, "orchestrate cancel") for k in keys
-                 if not TrialFolder(sweep.trial_dir(k)).done.exists())
-    signalled = _signal_local_trainers(read_folder_states(sweep, keys))
-    names = [f"orch.{sweep.name}.{i}" for i in _cluster_submissions(sweep)]
+    states = read_folder_states(sweep, sweep.trial_keys_on_disk())
+    _, marked = _mark(sweep, states)
+    signalled = _signal_local_trainers(states)
+    names = [sweep.job_name(i) for i in _cluster_submissions(sweep)]
     slurm = ""
     if names and shutil.which("squeue") is None:
         slurm = f"; {len(names)} submissions may hold SLURM jobs, but squeue is not on PATH here: cancel them " \

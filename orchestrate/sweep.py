@@ -275,6 +275,11 @@ class SweepDir:
         """The id of every submission file, readable or not, oldest first (its job name is ``orch.<sweep>.<id>``)."""
         return sorted(p.stem for p in self.submissions_dir.glob("*.json")) if self.submissions_dir.is_dir() else []
 
+    def job_name(self, sub_id: str) -> str:
+        """The scheduler's name for submission ``sub_id``'s jobs (``orch.<sweep>.<id>``): finds them again after a
+        crash, or when the submission's own file does not read."""
+        return f"orch.{self.name}.{sub_id}"
+
     def submission(self, sub_id: str) -> "Submission":
         p = self.submissions_dir / f"{sub_id}.json"
         data = read_json(p, "a submission record", dict)
@@ -380,7 +385,7 @@ class Submission:
 
     def job_name(self) -> str:
         """Scheduler job name: finds this submission again after a crash (``orch.<sweep>.<id>``)."""
-        return f"orch.{self.sweep.name}.{self.id}"
+        return self.sweep.job_name(self.id)
 
     def save(self) -> None:
         self.sweep.submissions_dir.mkdir(parents=True, exist_ok=True)

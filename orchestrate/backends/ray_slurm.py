@@ -63,7 +63,7 @@ class RaySlurmBackend(Backend):
         per_node = max(1, gpus)
         out_dir = self.sweep.path / "ray_slurm" / sub_id
         lines = ["#!/bin/bash",
-                 f"#SBATCH --job-name=orch.{self.sweep.name}.{sub_id}",
+                 f"#SBATCH --job-name={self.sweep.job_name(sub_id)}",
                  f"#SBATCH --comment={shlex.quote(f'orchestrate sweep={self.sweep.name} submission={sub_id}')}",
                  f"#SBATCH --nodes={p.nodes}",
                  "#SBATCH --ntasks-per-node=1",

@@ -173,7 +173,7 @@ class SlurmBackend(Backend):
         p = self.profile
         res = res or Resources(p.time_limit_min(), mem_mb=int(float(p.mem_gb or 0) * 1024))
         # max_num_timeout is not set: it counts submitit's own timeout requeues, which TrialTask replaces with its own
-        return profile_executor(self.sweep.path / "slurm" / sub_id, p, res, job_name=f"orch.{self.sweep.name}.{sub_id}",
+        return profile_executor(self.sweep.path / "slurm" / sub_id, p, res, job_name=self.sweep.job_name(sub_id),
                                 comment=f"orchestrate sweep={self.sweep.name} submission={sub_id}",
                                 parallelism=parallelism or n, hold=hold, signal_delay_s=p.signal_delay_s)
 
