@@ -21,17 +21,16 @@ import argparse
 import dataclasses
 from contextlib import nullcontext
 import json
-import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-from asr_core.contract.tracking import ENV, tracking_uri
 from asr_core.contract.trial import EXIT_USAGE
 from orchestrate.backends.base import BackendError
 from orchestrate.backends.profile import load_profile
 from orchestrate.cli_parser import build_parser
-from orchestrate.commands import SERVER_HINT, UsageError, check_data, check_shared_ledger, execution_overrides
+from orchestrate.commands import (SERVER_HINT, UsageError, check_data, check_shared_ledger, execution_overrides,
+                                  same_uri, submit_input)
 from orchestrate.decode_file import DecodeFileError
 from orchestrate.evaluations import EvaluationError
 from orchestrate.where import WhereError
@@ -39,7 +38,7 @@ from orchestrate.grid import Grid, GridError, load_grid, plan_table
 from orchestrate.ledger import Ledger, LedgerError
 from orchestrate.ledger_store import check_tracking_uri
 from orchestrate.show import show_trial
-from orchestrate.sweep import (DEFAULT_MAX_FAILURES, Manifest, SweepDir, SweepError, SweepFileError, merge_trials,
+from orchestrate.sweep import (DEFAULT_MAX_FAILURES, Manifest, SweepDir, SweepError, SweepFileError,
                                new_sweep_id)
 from orchestrate.trial import Trial
 
@@ -93,7 +92,6 @@ def _code() -> "CodeVersion":
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    from orchestrate.backends import make_backend
     from orchestrate.dispatch import new_manifest, run_sweep
 
     grid = load_grid(args.grid, args.overrides)
@@ -104,24 +102,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
         return dry_run(args, grid, profile, sweep)
     with sweep.lock("submit"):  # before sweep.json and trials.json are read: no stale copy is written back
-        old = sweep.read_manifest() if sweep.exists() else None
-        uri = args.tracking_uri or (old.tracking_uri if old else tracking_uri(None, sweep_root=args.sweep_root))
-        trials = list(grid.trials)
-        if not args.no_check_data:
-            check_data(trials, Path.cwd())
-        if old is not None:
-            if old.backend != args.backend:
-                raise UsageError(f"sweep {sweep.name!r} exists with backend {old.backend!r}; use `orchestrate resume "
-                                 f"{sweep.name}` or give another --sweep name")
-            if not _same_uri(old.tracking_uri, uri):
-                raise UsageError(f"sweep {sweep.name!r} is ledgered in {old.tracking_uri}, not {uri}; drop "
-                                 "--tracking-uri or give another --sweep name")
-            trials = merge_trials(sweep.read_trials(), trials)
-        allow_sqlite = args.allow_sqlite or (old is not None and old.allow_sqlite)
-        backend = make_backend(args.backend, sweep, uri, profile)
-        check_shared_ledger(backend, uri, allow_sqlite, "given with --tracking-uri" if args.tracking_uri else
-                            "the sweep's" if old is not None else f"from ${ENV}" if uri == os.environ.get(ENV) else
-                            "the default without --tracking-uri")
+        checked = submit_input(args, grid.trials, profile, sweep)
+        old, uri, trials, backend = checked.old, checked.uri, checked.trials, checked.backend
         check_tracking_uri(uri)
         sweep_id = (old.sweep_id if old is not None else "") or new_sweep_id()
         # before anything is written; a folder that existed may adopt an experiment made before sweeps had ids
@@ -129,7 +111,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
         max_failures = args.max_failures or (old.max_failures if old is not None else DEFAULT_MAX_FAILURES)
         manifest = new_manifest(sweep.name, Path(grid.path).resolve(), args.backend, args.profile or "", uri,
                                 tuple(args.overrides), sweep_id=sweep_id, code=old.code if old is not None else (),
-                                max_failures=max_failures, allow_sqlite=allow_sqlite)
+                                max_failures=max_failures, allow_sqlite=checked.allow_sqlite)
         if old is not None:  # the sweep keeps its birth date; a later submit's settings and folder are today's
             manifest = dataclasses.replace(manifest, created=old.created)
         plan = run_sweep(sweep, manifest, trials, profile, include_failed=False, what="submit", write=True,
@@ -148,10 +130,6 @@ def _evaluations_of(sweep: SweepDir):  # noqa: ANN202 - a closure for run_sweep'
     return lambda trials: plan_default(sweep, trials)
 
 
-def _same_uri(a: str, b: str) -> bool:
-    return a.rstrip("/") == b.rstrip("/")
-
-
 def _sweep(args: argparse.Namespace) -> SweepDir:
     """The sweep ``args`` name, which must exist (so that taking its lock creates no folder)."""
     sweep = SweepDir(args.sweep_root, args.sweep)
@@ -166,7 +144,7 @@ def _read(args: argparse.Namespace) -> tuple[SweepDir, Manifest]:
     under the sweep's lock."""
     sweep = _sweep(args)
     manifest = sweep.read_manifest()
-    if args.tracking_uri and not _same_uri(args.tracking_uri, manifest.tracking_uri):
+    if args.tracking_uri and not same_uri(args.tracking_uri, manifest.tracking_uri):
         raise UsageError(f"sweep {sweep.name!r} is ledgered in {manifest.tracking_uri} (its sweep.json, which its "
                          f"jobs read), not {args.tracking_uri}; a second ledger would split the sweep's record. "
                          "Drop --tracking-uri (the sweep's own is used), or submit the grid under another --sweep "

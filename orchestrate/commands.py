@@ -5,10 +5,16 @@ of them (exit 2, one line naming the file, key or value and what is valid)."""
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from orchestrate.backends.base import Backend
 from orchestrate.trial import Trial
+
+if TYPE_CHECKING:
+    from orchestrate.backends.profile import Profile
+    from orchestrate.sweep import Manifest, SweepDir
 
 SERVER_HINT = "slurm/mlflow-server.sh --dir /shared/mlflow --host 0.0.0.0 --detach"
 
@@ -78,3 +84,50 @@ def check_shared_ledger(backend: Backend, uri: str, allow_sqlite: bool, source: 
         "write that one file over a network filesystem, where sqlite's locks fail (runs lost, the database "
         f"corrupted). Start an MLflow server on the login node (`{SERVER_HINT}`) and pass --tracking-uri "
         "http://LOGIN-NODE:5000, or pass --allow-sqlite if every job runs on this host")
+
+
+def same_uri(a: str, b: str) -> bool:
+    """Whether two tracking URIs name the same ledger (a trailing slash aside)."""
+    return a.rstrip("/") == b.rstrip("/")
+
+
+@dataclasses.dataclass(frozen=True)
+class SubmitInput:
+    """What ``submit`` (and ``submit --dry-run``) settled before anything is written: the sweep's manifest if it
+    exists, the ledger's address, the trials (the grid's, merged into the sweep's), the backend, and whether a
+    sqlite ledger is allowed."""
+
+    old: "Manifest | None"
+    uri: str
+    trials: list[Trial]
+    backend: Backend
+    allow_sqlite: bool
+
+
+def submit_input(args: Any, grid_trials: list[Trial], profile: "Profile", sweep: "SweepDir") -> SubmitInput:
+    """The checks ``submit`` makes of its input before it writes anything (the data the grid reads, a backend or a
+    ledger other than the sweep's, a sqlite ledger a cluster backend would share), and what they settle;
+    :class:`UsageError` for bad input. Reads the sweep's files: ``submit`` calls it under the sweep's lock."""
+    from asr_core.contract.tracking import ENV, tracking_uri
+    from orchestrate.backends import make_backend
+    from orchestrate.sweep import merge_trials
+
+    old = sweep.read_manifest() if sweep.exists() else None
+    uri = args.tracking_uri or (old.tracking_uri if old else tracking_uri(None, sweep_root=args.sweep_root))
+    trials = list(grid_trials)
+    if not args.no_check_data:
+        check_data(trials, Path.cwd())
+    if old is not None:
+        if old.backend != args.backend:
+            raise UsageError(f"sweep {sweep.name!r} exists with backend {old.backend!r}; use `orchestrate resume "
+                             f"{sweep.name}` or give another --sweep name")
+        if not same_uri(old.tracking_uri, uri):
+            raise UsageError(f"sweep {sweep.name!r} is ledgered in {old.tracking_uri}, not {uri}; drop "
+                             "--tracking-uri or give another --sweep name")
+        trials = merge_trials(sweep.read_trials(), trials)
+    allow_sqlite = args.allow_sqlite or (old is not None and old.allow_sqlite)
+    backend = make_backend(args.backend, sweep, uri, profile)
+    check_shared_ledger(backend, uri, allow_sqlite, "given with --tracking-uri" if args.tracking_uri else
+                        "the sweep's" if old is not None else f"from ${ENV}" if uri == os.environ.get(ENV) else
+                        "the default without --tracking-uri")
+    return SubmitInput(old, uri, trials, backend, allow_sqlite)

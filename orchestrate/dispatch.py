@@ -393,29 +393,14 @@ def dry_run(args: "argparse.Namespace", grid: "Grid", profile: Profile, sweep: S
     """``submit --dry-run``: what ``submit`` would do with ``grid`` (checked as ``submit`` checks it), printed;
     nothing is created, written or submitted: no sweep folder, lock file, run or job. The ledger is only looked up
     (:func:`orchestrate.status_ledger.ledger_probe`), the scheduler only asked which jobs it holds."""
-    from orchestrate.commands import UsageError, check_data, check_shared_ledger
+    from orchestrate.commands import UsageError, submit_input
     from orchestrate.evaluations import plan_default
-    from asr_core.contract.tracking import tracking_uri
     from orchestrate.ledger_store import check_tracking_uri
     from orchestrate.status_ledger import ledger_probe
-    from orchestrate.sweep import merge_trials
     from orchestrate.trial_status import scheduler_view
 
-    old = sweep.read_manifest() if sweep.exists() else None
-    uri = args.tracking_uri or (old.tracking_uri if old else tracking_uri(None, sweep_root=args.sweep_root))
-    if old is not None and old.backend != args.backend:
-        raise UsageError(f"sweep {sweep.name!r} exists with backend {old.backend!r}; use `orchestrate resume "
-                         f"{sweep.name}` or give another --sweep name")
-    if old is not None and old.tracking_uri.rstrip("/") != uri.rstrip("/"):
-        raise UsageError(f"sweep {sweep.name!r} is ledgered in {old.tracking_uri}, not {uri}; drop --tracking-uri "
-                         "or give another --sweep name")
-    trials = merge_trials(sweep.read_trials(), list(grid.trials)) if old is not None else list(grid.trials)
-    if not args.no_check_data:
-        check_data(trials, Path.cwd())
-    backend = make_backend(args.backend, sweep, uri, profile)
-    check_shared_ledger(backend, uri, args.allow_sqlite or (old is not None and old.allow_sqlite),
-                        "given with --tracking-uri" if args.tracking_uri else "the sweep's" if old is not None
-                        else "the default without --tracking-uri")
+    checked = submit_input(args, grid.trials, profile, sweep)
+    old, uri, trials = checked.old, checked.uri, checked.trials
     if not uri.startswith("sqlite:"):  # (for sqlite it would create the folder of the database)
         check_tracking_uri(uri)
     probe = ledger_probe(uri, sweep.name)

@@ -28,8 +28,9 @@ from asr_core.contract.evaluation import (DEFAULT_EVALUATION, Conditions, Evalua
                                           conditions_lacking, conditions_of, conditions_union, default_evaluation,
                                           read_evaluated, setting_differences)
 from asr_core.identity import evaluation_key
+from asr_core.contract.atomic import write_atomic
 from asr_core.contract.trial import TrialFolder
-from orchestrate.sweep import SweepDir, atomic_write
+from orchestrate.sweep import SweepDir
 from orchestrate.trial import Trial
 
 if TYPE_CHECKING:
@@ -245,9 +246,9 @@ class EvaluationName:
         """Record the setting under this name (the caller holds the sweep's lock and checked it is new)."""
         text = Path(spec.source).read_text()
         self.path.mkdir(parents=True, exist_ok=True)
-        atomic_write(self.path / "decode.yaml", f"# copied from {spec.source} (relative paths are relative to its "
+        write_atomic(self.path / "decode.yaml", f"# copied from {spec.source} (relative paths are relative to its "
                      f"folder) by `orchestrate evaluate` at {time.strftime('%Y-%m-%d %H:%M:%S')}\n{text}")
-        atomic_write(self.spec_path, json.dumps({"spec": spec.to_dict(), "setting": setting}, indent=1))
+        write_atomic(self.spec_path, json.dumps({"spec": spec.to_dict(), "setting": setting}, indent=1))
 
 
 def decoder_metrics(uri: str, experiment_id: str, name: str) -> dict[str, set[str]]:

@@ -118,13 +118,6 @@ def new_sweep_id() -> str:
     return uuid.uuid4().hex
 
 
-def atomic_write(path: Path, text: str, *, keep: bool = False) -> None:
-    """Replace ``path`` by ``text`` so that a reader (or a crash, or a power cut) sees the old file or the new one,
-    never a mix (:func:`asr_core.contract.atomic.write_atomic`). ``keep``: the version before stays as
-    ``<name>.bak``."""
-    write_atomic(path, text, keep=keep)
-
-
 def read_json(path: Path, what: str, shape: type) -> Any:
     """``path`` parsed as JSON of ``shape`` (dict or list), or :class:`SweepFileError` naming it. ``what`` says what
     the file is, for the message."""
@@ -183,7 +176,7 @@ class SweepDir:
 
     def write_manifest(self, m: Manifest) -> None:
         self.path.mkdir(parents=True, exist_ok=True)
-        atomic_write(self.manifest_path, json.dumps(asdict(m), indent=1), keep=True)
+        write_atomic(self.manifest_path, json.dumps(asdict(m), indent=1), keep=True)
 
     def read_trials(self) -> list[Trial]:
         p = self.trials_path
@@ -199,7 +192,7 @@ class SweepDir:
 
     def write_trials(self, trials: list[Trial]) -> None:
         self.path.mkdir(parents=True, exist_ok=True)
-        atomic_write(self.trials_path, json.dumps([t.to_dict() for t in trials]), keep=True)
+        write_atomic(self.trials_path, json.dumps([t.to_dict() for t in trials]), keep=True)
 
     def trial_keys_on_disk(self) -> list[str]:
         """The keys of every trial folder under ``trials/`` (what ``cancel`` finds when ``trials.json`` is
@@ -250,7 +243,7 @@ class SweepDir:
         d = self.path / "code"
         d.mkdir(parents=True, exist_ok=True)
         out = d / f"{label.replace('+', '-')}.diff"
-        atomic_write(out, diff)
+        write_atomic(out, diff)
         return out
 
     # ---- submissions ------------------------------------------------------------------------------------------------
@@ -389,7 +382,7 @@ class Submission:
 
     def save(self) -> None:
         self.sweep.submissions_dir.mkdir(parents=True, exist_ok=True)
-        atomic_write(self.path, json.dumps(self.data, indent=1))
+        write_atomic(self.path, json.dumps(self.data, indent=1))
 
     def record_job(self, job_id: str) -> None:
         self.data["job_id"] = job_id
