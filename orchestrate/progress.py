@@ -14,8 +14,6 @@ minutes (steps a second while training) and the time left at that rate, and the 
 
 from __future__ import annotations
 
-import json
-import os
 import sys
 import time
 from dataclasses import dataclass
@@ -23,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from asr_core.contract.segments import read_segments
-from asr_core.contract.trial import PHASES, Progress, TrialFolder, read_progress
+from asr_core.contract.trial import Progress, TrialFolder, progress_tail, read_progress
 
 STOPPED = ("failed", "preempted", "cancelled")  # phases of a trial whose job is no longer running (and not finished)
 
@@ -103,36 +101,12 @@ class Pace:
     gpu_hours: float  # wall hours its segments ran (one GPU each)
 
 
-def _parse(line: str) -> Progress | None:
-    try:
-        d: Any = json.loads(line)
-        if isinstance(d, dict) and d.get("phase") in PHASES:
-            return Progress(phase=d["phase"], done=int(d.get("done", 0)), total=int(d.get("total", 0)),
-                            dataset=str(d.get("dataset", "")), time=float(d.get("time", 0.0)))
-    except (ValueError, TypeError):
-        pass
-    return None  # a line cut by the window or being written
-
-
-def _tail_lines(trial_dir: Path, tail_bytes: int) -> list[str]:
-    try:
-        with open(TrialFolder(Path(trial_dir)).progress, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - tail_bytes))
-            return f.read().decode(errors="replace").splitlines()
-    except OSError:
-        return []
-
-
-def progress_tail(trial_dir: Path, tail_bytes: int = TAIL_BYTES, window_s: float | None = None) -> list[Progress]:
+def recent_progress(trial_dir: Path, tail_bytes: int = TAIL_BYTES, window_s: float | None = None) -> list[Progress]:
     """The complete progress records at the end of a trial folder's ``progress.jsonl``, oldest first (none when it
     has none). With ``window_s``: only those of the current segment (from its last ``start``) within ``window_s``
     seconds of the newest, read from the end and no further (3,000 folders: status stays well under its goal)."""
     out: list[Progress] = []
-    for line in reversed(_tail_lines(trial_dir, tail_bytes)):
-        rec = _parse(line)
-        if rec is None:
-            continue
+    for rec in reversed(progress_tail(trial_dir, tail_bytes)):
         if window_s is not None and out and (rec.phase == "start" or rec.time < out[0].time - window_s):
             if rec.phase == "start":
                 out.append(rec)
@@ -142,13 +116,8 @@ def progress_tail(trial_dir: Path, tail_bytes: int = TAIL_BYTES, window_s: float
 
 
 def newest_of(trial_dir: Path, phases: tuple[str, ...], tail_bytes: int = TAIL_BYTES) -> Progress | None:
-    """The newest record of one of ``phases`` at the end of the trial's progress records (parsed from the end, no
-    further than needed), or None."""
-    for line in reversed(_tail_lines(trial_dir, tail_bytes)):
-        rec = _parse(line)
-        if rec is not None and rec.phase in phases:
-            return rec
-    return None
+    """The newest record of one of ``phases`` at the end of the trial's progress records, or None."""
+    return next((r for r in reversed(progress_tail(trial_dir, tail_bytes)) if r.phase in phases), None)
 
 
 def rate_of(records: list[Progress], window_s: float = RATE_WINDOW_S) -> float | None:
@@ -207,7 +176,7 @@ def trial_pace(trial_dir: Path, *, done: bool, live: bool, attempts: Any, last: 
     """The :class:`Pace` of one trial folder from its newest progress record (``last``, as the caller read it),
     the records of the last minutes while it runs (``live``: the rate and time left), its segments and its
     recorded outcomes (``attempts``)."""
-    recent = progress_tail(trial_dir, window_s=RATE_WINDOW_S) if live else []
+    recent = recent_progress(trial_dir, window_s=RATE_WINDOW_S) if live else []
     if recent:
         last = recent[-1]
     rate = rate_of(recent) if recent else None

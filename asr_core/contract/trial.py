@@ -360,32 +360,35 @@ def write_progress(trial_dir: Path | str, records: Iterable[Progress]) -> None:
     append_json_lines(TrialFolder(Path(trial_dir)).progress, [r.to_dict() for r in records])
 
 
-def _parse(line: str) -> Progress | None:
+def parse_progress(line: str) -> Progress | None:
+    """One line of ``progress.jsonl`` as a record, or None for a line that is not one (cut by a tail window, or
+    being written)."""
     try:
         d = json.loads(line)
-    except json.JSONDecodeError:
-        return None  # a line cut by a tail window, or being written
-    if not isinstance(d, dict) or d.get("phase") not in PHASES:
-        return None
-    return Progress(phase=d["phase"], done=int(d.get("done", 0)), total=int(d.get("total", 0)),
-                    dataset=str(d.get("dataset", "")), time=float(d.get("time", 0.0)))
+        if isinstance(d, dict) and d.get("phase") in PHASES:
+            return Progress(phase=d["phase"], done=int(d.get("done", 0)), total=int(d.get("total", 0)),
+                            dataset=str(d.get("dataset", "")), time=float(d.get("time", 0.0)))
+    except (ValueError, TypeError):
+        pass
+    return None
 
 
-def read_progress(trial_dir: Path | str, tail_bytes: int = 4096) -> Progress | None:
-    """The last complete record of a trial folder, or None when the job has written none."""
-    path = TrialFolder(Path(trial_dir)).progress
+def progress_tail(trial_dir: Path | str, tail_bytes: int = 4096) -> list[Progress]:
+    """The complete records in the last ``tail_bytes`` of a trial folder's ``progress.jsonl``, oldest first."""
     try:
-        with open(path, "rb") as f:
+        with open(TrialFolder(Path(trial_dir)).progress, "rb") as f:
             f.seek(0, os.SEEK_END)
             f.seek(max(0, f.tell() - tail_bytes))
             lines = f.read().decode(errors="replace").splitlines()
     except OSError:
-        return None
-    for line in reversed(lines):
-        rec = _parse(line)
-        if rec is not None:
-            return rec
-    return None
+        return []
+    return [rec for line in lines if (rec := parse_progress(line)) is not None]
+
+
+def read_progress(trial_dir: Path | str, tail_bytes: int = 4096) -> Progress | None:
+    """The last complete record of a trial folder, or None when the job has written none."""
+    recs = progress_tail(trial_dir, tail_bytes)
+    return recs[-1] if recs else None
 
 
 def progress_records(trial_dir: Path | str) -> list[Progress]:
@@ -395,7 +398,7 @@ def progress_records(trial_dir: Path | str) -> list[Progress]:
         text = TrialFolder(Path(trial_dir)).progress.read_text(errors="replace")
     except OSError:
         return []
-    return [rec for line in text.splitlines() if (rec := _parse(line)) is not None]
+    return [rec for line in text.splitlines() if (rec := parse_progress(line)) is not None]
 
 
 # ---- attempts: how each segment ended (the failure budget) --------------------------------------------------------
