@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
+from asr_core.contract.tracking import sqlite_file
 from asr_core.contract.trial import (FAILED, FINISHED, KILLED, OUTCOME_DIVERGED, OUTCOME_FAILED, OUTCOME_KILLED,
                                      OUTCOME_LOST, OUTCOME_PREEMPTED, OUTCOME_RESET, SCHEDULED, TAG_BACKEND, TAG_ERROR,
                                      TAG_JOB_ID, record_attempt)
@@ -425,7 +426,7 @@ def dry_run(args: "argparse.Namespace", grid: "Grid", profile: Profile, sweep: S
           f"{plan.summary()}")
     print(f"  backend {args.backend}, profile {args.profile or '(default)'}, ledger {uri}"
           + ("" if probe.answered is not False else " (submit creates it)" if uri.startswith("sqlite:")
-             and not Path(uri[len("sqlite:///"):]).exists() else f" (unreachable: {probe.error})"))
+             and not (sqlite_file(uri) or Path()).exists() else f" (unreachable: {probe.error})"))
     print(f"  folder {sweep.path}" + (" (exists)" if old is not None else " (would be created)"))
     by_key = {t.key: t for t in trials}
     why = {k: w for w, keys in (("new", plan.new), ("lost", plan.lost), ("preempted", plan.preempted),

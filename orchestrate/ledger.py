@@ -26,11 +26,12 @@ from functools import cached_property
 from typing import Any, Callable, Iterable, Sequence
 from urllib.parse import urlparse
 
+from asr_core.contract.tracking import sqlite_file
 from asr_core.contract.trial import (ENDED, FINISHED, ROLE_PARENT, ROLE_TRIAL, RUNNING, SCHEDULED, STATES,
                                      TAG_BACKEND, TAG_CODE, TAG_ERROR, TAG_JOB_ID, TAG_KEY, TAG_LABEL,
                                      TAG_PARENT_RUN, TAG_PREEMPTIONS, TAG_ROLE, TAG_SEED, TAG_SEGMENTS, TAG_SUBGRIDS,
                                      TAG_SWEEP_BACKEND, TAG_SWEEP_GRID, TAG_SWEEP_ID, TAG_SWEEP_ROOT)
-from orchestrate.ledger_store import ClientStore, enable_wal, sqlite_path, sqlite_sync_normal
+from orchestrate.ledger_store import ClientStore, enable_wal, sqlite_sync_normal
 from orchestrate.mlflow_rest import Experiment, LedgerError, MlflowRest, UncertainWrite
 from orchestrate.trial import Trial
 
@@ -166,7 +167,7 @@ class Ledger:
         not created. ``sweep_id`` "" stands for a sweep folder without an id (itself from before sweep ids), which
         owns no tagged experiment and adopts nothing. ``root`` is this sweep's folder, named in the message.
         """
-        db = sqlite_path(self.uri)
+        db = sqlite_file(self.uri)
         if db is not None and not db.exists():
             return
         exp = self.store.get_experiment_by_name(self.name)
@@ -269,7 +270,7 @@ class Ledger:
 
     def _deleted_error(self, exp: Experiment) -> LedgerError:
         eid = exp.experiment_id
-        gc = (f"`mlflow gc --backend-store-uri {self.uri} --experiment-ids {eid}`" if sqlite_path(self.uri)
+        gc = (f"`mlflow gc --backend-store-uri {self.uri} --experiment-ids {eid}`" if sqlite_file(self.uri)
               else f"`mlflow gc --backend-store-uri STORE --experiment-ids {eid}` with the server's backend store")
         owner = exp.tags.get(TAG_SWEEP_ROOT)
         return LedgerError(

@@ -1,5 +1,5 @@
-"""Where a sweep's ledger lives: its tracking URI (:func:`default_tracking_uri`, and :func:`check_tracking_uri`
-before anything is created), and for a ``sqlite:`` file the store :class:`orchestrate.ledger.Ledger` speaks to
+"""Where a sweep's ledger lives: its tracking URI (the rule: :mod:`asr_core.contract.tracking`; checked by
+:func:`check_tracking_uri` before anything is created), and for a ``sqlite:`` file the store :class:`orchestrate.ledger.Ledger` speaks to
 (:class:`ClientStore`: the calls of :class:`~orchestrate.mlflow_rest.MlflowRest` on an ``MlflowClient``), with
 write-ahead logging and ``synchronous=NORMAL`` so that many trial jobs write while ``status`` reads.
 """
@@ -15,14 +15,8 @@ from typing import Any, Callable, Mapping, TypeVar
 from urllib.parse import urlparse
 
 from asr_core.contract.ledger import artifact_location
-from asr_core.contract.tracking import default_tracking_uri as contract_default
+from asr_core.contract.tracking import sqlite_file
 from orchestrate.mlflow_rest import MAX_PER_BATCH, Experiment, LedgerError, Run, auth_header
-
-
-def default_tracking_uri(sweep_root: str | Path) -> str:
-    """The ledger of a sweep root when none is named: a sqlite file in it (``<root>/mlflow.db``); the local default
-    of the one rule every command follows (:func:`asr_core.contract.tracking.tracking_uri`)."""
-    return contract_default(sweep_root)
 
 
 def check_tracking_uri(uri: str, timeout: float = 5.0, hint: str = "") -> None:
@@ -60,7 +54,7 @@ def check_tracking_uri(uri: str, timeout: float = 5.0, hint: str = "") -> None:
 def enable_wal(uri: str) -> None:
     """Write-ahead logging for a sqlite ledger: many trial jobs write while ``status`` reads, and one fsync per
     commit instead of several makes creating hundreds of runs several times faster. The mode sticks to the file."""
-    db = sqlite_path(uri)
+    db = sqlite_file(uri)
     if db is not None:
         con = sqlite3.connect(db, timeout=30)
         try:
@@ -90,11 +84,6 @@ def sqlite_sync_normal() -> None:
                 dbapi_con.execute("PRAGMA synchronous=NORMAL")
 
     _PRAGMAS_SET = True
-
-
-def sqlite_path(uri: str) -> Path | None:
-    """The database file of a ``sqlite:///`` URI, or None for any other kind of store."""
-    return Path(uri[len("sqlite:///"):]) if uri.startswith("sqlite:///") else None
 
 
 T = TypeVar("T")

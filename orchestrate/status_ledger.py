@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from asr_core.contract.tracking import sqlite_file
 from asr_core.contract.trial import TAG_SWEEP_ID, TAG_SWEEP_ROOT
 from orchestrate.mlflow_rest import LedgerError, auth_header
 from orchestrate.reconcile import behind, read_sync, reconcile_ledger
@@ -76,7 +77,7 @@ def _probe_http(uri: str, name: str, timeout: float) -> LedgerProbe:
 
 
 def _probe_sqlite(uri: str, name: str, timeout: float) -> LedgerProbe:
-    path = Path(uri[len("sqlite:///"):])
+    path = sqlite_file(uri) or Path(uri)  # a sqlite:/// URI (the caller checked)
     if not path.exists():
         return LedgerProbe(answered=False, error=f"{path} does not exist")
     try:

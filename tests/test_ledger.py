@@ -13,7 +13,7 @@ from orchestrate.grid import load_grid
 from asr_core.contract import trial as tc
 from orchestrate import ledger as ledger_module
 from orchestrate.ledger import RUN_NAME_CHARS, Ledger, LedgerError, SweepOwnershipError, TrialRun, counts, run_names
-from orchestrate.ledger_store import default_tracking_uri
+from asr_core.contract.tracking import default_tracking_uri
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = ROOT / "grids" / "smoke.yaml"

@@ -21,10 +21,10 @@ import json
 import logging
 import math
 import re
-from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from asr_core.contract.metrics import CLEAN, metric_key, parse_metric_key
+from asr_core.contract.tracking import sqlite_file
 from asr_core.contract.trial import ROLE_PARENT, TAG_ROLE
 
 log = logging.getLogger(__name__)
@@ -150,9 +150,9 @@ def artifact_location(tracking_uri: str | None, experiment: str) -> str | None:
     """Where a new experiment keeps its artifacts: beside the database for a ``sqlite:///PATH`` store, since MLflow's
     default there (``./mlruns``) is whatever folder the command happens to run in; None (the server's own
     ``--artifacts-destination``) for every other store."""
-    if not tracking_uri or not tracking_uri.startswith("sqlite:///"):
+    db = sqlite_file(tracking_uri or "")
+    if db is None:
         return None
-    db = Path(tracking_uri[len("sqlite:///"):])
     return (db.resolve().parent / "artifacts" / re.sub(r"[^A-Za-z0-9._-]", "_", experiment)).as_uri()
 
 
