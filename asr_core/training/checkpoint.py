@@ -49,16 +49,7 @@ def read_header(path: str | Path) -> dict[str, Any]:
     """A checkpoint's dict without reading its weights: the tensors are memory-mapped, so only what is looked at
     (``config``, ``tokenizer``, ``mlflow_run_id``, ...) is read from disk. Checked as :func:`load_checkpoint` checks
     (an LM's checkpoint passes too: it has the same keys); :class:`CheckpointError` otherwise."""
-    path = Path(path)
-    _check_file(path)
-    try:
-        try:
-            state = _read(path, mmap=True)
-        except RuntimeError:  # mmap needs the zip format of torch >= 1.6; an older zip still loads plainly
-            state = _read(path, mmap=False)
-    except Exception as e:  # noqa: BLE001 - torch raises many kinds for a file that is not a checkpoint
-        raise _not_ours(path, _why_unreadable(e)) from None
-    return _checked(path, state)
+    return _load(Path(path), mmap=True)
 
 
 def acoustic_header(path: str | Path) -> dict[str, Any]:
@@ -77,11 +68,21 @@ def _acoustic(path: Path, state: dict[str, Any]) -> dict[str, Any]:
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
     """Read a checkpoint on the CPU with the restricted (``weights_only``) unpickler; :class:`CheckpointError`
     (one line naming the file and what is wrong) for anything that is not a checkpoint of this project."""
-    path = Path(path)
+    return _load(Path(path), mmap=False)
+
+
+def _load(path: Path, mmap: bool) -> dict[str, Any]:
+    """The checked dict of the checkpoint at ``path`` (:func:`_check_file` before torch reads it, :func:`_checked`
+    after); ``mmap``: tensors memory-mapped, where the file's format allows it."""
     _check_file(path)
     try:
-        state = _read(path, mmap=False)
-    except Exception as e:  # noqa: BLE001 - as in read_header
+        try:
+            state = _read(path, mmap=mmap)
+        except RuntimeError:  # mmap needs the zip format of torch >= 1.6; an older zip still loads plainly
+            if not mmap:
+                raise
+            state = _read(path, mmap=False)
+    except Exception as e:  # noqa: BLE001 - torch raises many kinds for a file that is not a checkpoint
         raise _not_ours(path, _why_unreadable(e)) from None
     return _checked(path, state)
 
