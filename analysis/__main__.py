@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 from typing import TYPE_CHECKING
 
@@ -40,7 +39,8 @@ from analysis.fetch import CollectError
 from analysis.werr import DEFAULT_BASELINE_CONTEXT_S, SelectionError, compare_configs, format_seconds, resolve_config
 from asr_core.contract.metrics import CLEAN, condition_name
 from asr_core.contract.options import positional, renamed
-from asr_core.contract.tracking import DEFAULT_SWEEP_ROOT, ENV, bad_uri, missing_ledger, tracking_uri
+from asr_core.contract.tracking import (DEFAULT_SWEEP_ROOT, ENV, bad_uri, bound_mlflow_http, missing_ledger,
+                                        mlflow_http, tracking_uri)
 from asr_core.version import ShowVersion
 
 if TYPE_CHECKING:
@@ -51,8 +51,7 @@ EXIT_DATA = 3
 # MLflow's own HTTP retries, unless set: a server that stops answering mid-read is given up in seconds, not minutes
 # (its defaults retry 7 times with up to 2 min between tries; a server that is down from the start is found by
 # analysis.fetch.check_tracker before any of them)
-MLFLOW_BOUNDS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
-                 "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
+MLFLOW_BOUNDS = mlflow_http(max_retries=2, backoff_factor=1, timeout_s=10)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -208,8 +207,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str]) -> int:
-    for key, value in MLFLOW_BOUNDS.items():  # the user's own settings win
-        os.environ.setdefault(key, value)
+    bound_mlflow_http(MLFLOW_BOUNDS)  # the user's own settings win
     logging.basicConfig(level=logging.INFO, format="[analysis] %(message)s")
     logging.getLogger("mlflow").setLevel(logging.WARNING)
     logging.getLogger("alembic").setLevel(logging.WARNING)

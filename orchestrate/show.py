@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from dataclasses import asdict
 from typing import Any
 
 from asr_core.contract.segments import read_segments
+from asr_core.contract.tracking import bound_mlflow_http, mlflow_http
 from asr_core.contract.trial import read_attempts
 from orchestrate.commands import UsageError
 from orchestrate.status_ledger import ledger_probe
@@ -29,8 +29,7 @@ from orchestrate.trial_status import scheduler_view, trial_statuses
 __all__ = ["add_arguments", "find_trial", "show_trial", "trial_record"]
 
 # MLflow's own HTTP retries while show reads a run (unless set by the user): an answer within seconds, or none
-MLFLOW_BOUNDS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
-                 "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
+MLFLOW_BOUNDS = mlflow_http(max_retries=1, backoff_factor=1, timeout_s=10)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -63,8 +62,7 @@ def _ledger_runs(manifest: Manifest, run_ids: list[str]) -> tuple[dict[str, dict
     probe = ledger_probe(manifest.tracking_uri, manifest.name)
     if probe.answered is False:
         return {}, f"MLflow unreachable: {probe.error}"
-    for var, value in MLFLOW_BOUNDS.items():
-        os.environ.setdefault(var, value)
+    bound_mlflow_http(MLFLOW_BOUNDS)
     try:
         from mlflow.tracking import MlflowClient
 

@@ -7,7 +7,6 @@ when the trial folders say the ledger is behind and MLflow answers, it is reconc
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
 import urllib.error
 import urllib.parse
@@ -17,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from asr_core.contract.tracking import sqlite_file
+from asr_core.contract.tracking import bound_mlflow_http, mlflow_http, sqlite_file
 from asr_core.contract.trial import TAG_SWEEP_ID, TAG_SWEEP_ROOT
 from orchestrate.mlflow_rest import LedgerError, auth_header
 from orchestrate.reconcile import behind, read_sync, reconcile_ledger
@@ -29,8 +28,7 @@ __all__ = ["LedgerProbe", "check_owner", "ledger_line", "ledger_probe"]
 
 PROBE_TIMEOUT_S = 3.0  # how long the lookup of the sweep's experiment waits for an mlflow server
 # MLflow's own HTTP retries while status reconciles (unless set by the user): fail within seconds, not minutes
-_MLFLOW_BOUNDS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
-                  "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
+_MLFLOW_BOUNDS = mlflow_http(max_retries=2, backoff_factor=1, timeout_s=10)
 
 
 # ---- the ledger, lightly -----------------------------------------------------------------------------------------
@@ -147,8 +145,7 @@ def ledger_line(sweep: SweepDir, manifest: Manifest, trials: Sequence[Any], stat
                 f"{manifest.tracking_uri}: restore it, then run status or resume")
     if not reconcile:
         return f"ledger: {head}; behind by {len(lag)} trials (not reconciled: --no-reconcile)"
-    for var, value in _MLFLOW_BOUNDS.items():  # a server that stops answering now must not hold status for minutes
-        os.environ.setdefault(var, value)
+    bound_mlflow_http(_MLFLOW_BOUNDS)  # a server that stops answering now must not hold status for minutes
     from orchestrate.ledger import Ledger, SweepOwnershipError
 
     try:

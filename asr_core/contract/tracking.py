@@ -60,6 +60,21 @@ def tracking_uri(given: str | None, *, sweep_root: str | Path | None = None, swe
     return default_tracking_uri(root) if local_default else None
 
 
+def mlflow_http(max_retries: int, backoff_factor: float, timeout_s: float) -> dict[str, str]:
+    """MLflow's own HTTP retry settings (environment variables) for these bounds; its defaults retry 7 times with
+    exponential back-off, minutes against a server that stopped answering."""
+    return {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": str(max_retries),
+            "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": f"{backoff_factor:g}",
+            "MLFLOW_HTTP_REQUEST_TIMEOUT": f"{timeout_s:g}"}
+
+
+def bound_mlflow_http(settings: dict[str, str]) -> None:
+    """Set ``settings`` (:func:`mlflow_http`) in this process, each unless the user set it. Process-wide: only
+    commands call it, each with its own bounds."""
+    for var, value in settings.items():
+        os.environ.setdefault(var, value)
+
+
 def sqlite_file(uri: str) -> Path | None:
     """The database file of a ``sqlite:///`` URI, or None for any other kind of store."""
     return Path(uri[len("sqlite:///"):]) if uri.startswith("sqlite:///") else None

@@ -28,6 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from asr_core.contract.tracking import bound_mlflow_http, mlflow_http
 from asr_core.contract.trial import MAX_TAG_CHARS, STATES
 from asr_core.runtime.outbox_folder import (file_name, log, outbox_dir, parse_record, pending, read_lines,
                                             record_files, write_run)
@@ -50,16 +51,14 @@ PREEMPT_FLUSH_S = _env_float("ASR_CORE_PREEMPT_FLUSH_S", 5.0)  # exit deadline a
 FINAL_FLUSH_S = _env_float("ASR_CORE_FINAL_FLUSH_S", 60.0)  # exit deadline at a normal end (finished or failed)
 
 # MLflow's own HTTP retries (default: 7 with exponential back-off, minutes) set low in the job: one call fails fast
-HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "0",
-                 "MLFLOW_HTTP_REQUEST_TIMEOUT": "15"}
+HTTP_DEFAULTS = mlflow_http(max_retries=0, backoff_factor=0, timeout_s=15)
 
 
 def fail_fast_http() -> None:
     """Set MLflow's HTTP retry settings of this process to fail fast (:data:`HTTP_DEFAULTS`), unless the user set
     them. Process-wide, so only the commands call it (``trial``, ``train``, ``evaluate``), never a library caller or
     the orchestrator."""
-    for k, v in HTTP_DEFAULTS.items():
-        os.environ.setdefault(k, v)
+    bound_mlflow_http(HTTP_DEFAULTS)
 
 
 def _now_ms() -> int:
