@@ -137,11 +137,6 @@ PROFILE_KEYS = ("partition", "account", "qos", "gpus_per_node", "cpus_per_task",
                 "setup", "additional")
 
 
-def profiles_dir() -> Path:
-    """The packaged profiles (``slurm/profiles`` of a checkout), where a bare profile name is looked up."""
-    return assets.profiles_dir()
-
-
 def load_profile(name_or_path: str | None) -> Profile:
     """``NAME`` (a packaged profile, ``slurm/profiles/NAME.yaml`` in a checkout) or a path; ``None`` gives the
     defaults. Errors name the key and value."""
@@ -149,9 +144,9 @@ def load_profile(name_or_path: str | None) -> Profile:
         return Profile()
     p = Path(name_or_path)
     if not p.suffix:
-        p = profiles_dir() / f"{name_or_path}.yaml"
+        p = assets.profiles_dir() / f"{name_or_path}.yaml"
     if not p.exists():
-        known = assets.names(profiles_dir())
+        known = assets.names(assets.profiles_dir())
         raise BackendError(f"unknown profile {name_or_path!r} (no {p}); valid: a path to a YAML file, or one of "
                            f"the packaged profiles: {', '.join(known) or 'none'}")
     try:
