@@ -133,6 +133,13 @@ def runs_of(sweep: SweepDir, keys: list[str]) -> dict[str, list[str]]:
     return out
 
 
+def moves(sweep: SweepDir) -> str:
+    """What the sweep's tasks did to the throttles (and what failed), from their logs, oldest log first."""
+    logs = sorted((sweep.path / "slurm").glob("*/*_log.*"), key=lambda p: p.stat().st_mtime)
+    return "\n".join(f"{p.name}: {line}" for p in logs for line in p.read_text(errors="replace").splitlines()
+                     if line.startswith("[orchestrate] sweep"))
+
+
 def pending_tasks(cluster: SlurmCluster, array: str) -> list[str]:
     out = cluster.run("squeue", "-h", "-r", "-t", "PENDING", "-j", array, "-o", "%i").stdout.split()
     return sorted(out, key=lambda j: int(j.split("_")[1]))
@@ -253,7 +260,7 @@ def test_every_trial_runs_once_across_arrays_and_a_resume(cluster_21: SlurmClust
 
     ran = runs_of(sweep, keys)
     print(f"{poll.polls} polls of squeue, at most {poll.most} running; {len(ran)} of {len(keys)} trials ran")
-    assert not poll.over, f"more than {MAX_PARALLEL} running: {poll.over[:3]}"
+    assert not poll.over, f"more than {MAX_PARALLEL} running: {poll.over[:3]}; the tasks' moves:\n{moves(sweep)}"
     assert poll.most == MAX_PARALLEL
     assert sorted(ran) == sorted(keys), f"never ran: {sorted(set(keys) - set(ran))}"
     assert Counter(len(j) for j in ran.values()) == Counter({1: len(keys)}), {k: j for k, j in ran.items()
@@ -286,6 +293,61 @@ def test_fair_shares_and_array_rows() -> None:
     assert held.own() == 1  # held by its user, who may release it: it counts with its throttle
     draining = ArrayState("c", ["14_7"], [], 2, lone=False, held_by_us=False)
     assert (draining.own(), draining.own("14_7")) == (1, 0)  # no more tasks than it has
+
+
+def test_pending_tasks_are_read_one_a_row_and_grouped_by_how_they_wait(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """``squeue`` without ``-r`` folds an array's pending tasks into one row that shows one task's dependency, every
+    reason joined (``JobHeldAdmin,Dependency,None``) and no throttle, as SLURM 23 prints after a part of the array was
+    updated; rows are read one task a row and grouped by dependency and hold."""
+    from orchestrate.backends import slurm_commands
+
+    bins = tmp_path / "bin"
+    bins.mkdir()
+    (bins / "squeue").write_text("""#!/bin/bash
+case " $* " in
+  *" -r "*) printf '%s\\n' '32_7|a|PENDING|afterany:31(unfulfilled)|None' \\
+      '32_5|a|PENDING|afterany:31(unfulfilled)|Dependency' '32_3|a|PENDING|afterany:31(unfulfilled)|Dependency' \\
+      '32_2|a|PENDING|(null)|JobHeldAdmin' '32_6|a|PENDING|(null)|JobHeldAdmin' '32_0|a|RUNNING|(null)|None' \\
+      '40|b|PENDING|(null)|Priority' ;;
+  *) echo '32_[2-7]|a|PENDING|(null)|JobHeldAdmin,Dependency,None'; echo '32_0|a|RUNNING|(null)|None' ;;
+esac
+""")
+    (bins / "squeue").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bins}:{os.environ['PATH']}")
+    rows = {r.job_id: r for r in slurm_commands.array_rows(["a", "b"])}
+    assert sorted(rows) == ["32_0", "32_[2,6]", "32_[3,5,7]", "40"]
+    assert rows["32_[2,6]"].held and rows["32_[2,6]"].tasks() == 2 and rows["32_[2,6]"].gates() == []
+    assert not rows["32_[3,5,7]"].held and rows["32_[3,5,7]"].gates() == ["afterany:31"]
+    assert rows["32_[3,5,7]"].expression() == "32_[3,5,7]" and rows["40"].lone
+    assert slurm_commands.index_ranges([7, 2, 3, 4, 9, 10]) == "2-4,7,9-10"
+
+
+@pytest.mark.parametrize("answer,made", [
+    ("1_0-17: Job has already finished\n1_18-20: No error", True),  # SLURM 23, an array with finished tasks
+    ("1_0-20: Job has already finished", True),
+    ("1_19: Job is no longer pending execution\n1_20: No error", False),
+    ("slurm_update error: Invalid job id specified", False)])
+def test_an_update_that_exits_1_is_made_when_it_says_so_for_every_task(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                        answer: str, made: bool) -> None:
+    """``scontrol update`` of an array some of whose tasks have finished changes the rest and exits 1: a throttle
+    taken for unchanged then leaves the recorded shares wrong (more than max_parallel ran). Any other line fails."""
+    from orchestrate.backends import slurm_commands
+    from orchestrate.backends.base import BackendError
+
+    bins = tmp_path / "bin"
+    bins.mkdir()
+    (bins / "scontrol").write_text(f"#!/bin/bash\nprintf '%s\\n' {' '.join(repr(x) for x in answer.splitlines())} >&2\n"
+                                   "exit 1\n")
+    (bins / "scontrol").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bins}:{os.environ['PATH']}")
+    for move in (lambda: slurm_commands.set_throttle("1", 2), lambda: slurm_commands.hold("1_[19-20]"),
+                 lambda: slurm_commands.set_dependency("1_[19-20]", "afterany:2_3")):
+        if made:
+            move()
+        else:
+            with pytest.raises(BackendError, match="failed \\(1\\)"):
+                move()
 
 
 def _fake_slurm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, rows: str) -> Path:
@@ -370,6 +432,7 @@ def test_a_resume_lowers_old_arrays_first_and_starts_new_ones_held_when_no_slot_
     calls = _fake_slurm(tmp_path, monkeypatch, "".join(f"100_{i}|orch.s.{a}|RUNNING|(null)|None\n" for i in range(3))
                         + f"100_[3-20%3]|orch.s.{a}|PENDING|(null)|JobArrayTaskLimit\n")
     throttle = SweepThrottle(sweep)
+    throttle.save({"max_parallel": 3, "throttle": {a: 3}, "held": []})  # as the submission of 100 recorded it
     with throttle.locked():
         assert throttle.admit([("new", 5)], 3) == [(1, True)]
     assert calls.read_text().splitlines() == ["update JobId=100 ArrayTaskThrottle=2"]

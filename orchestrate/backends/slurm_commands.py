@@ -14,9 +14,13 @@ an error). Three rules live here and nowhere else:
   ``failed``; a job accounting still sees running → ``None`` (not ended yet: never resubmitted).
 
 The ``slurm`` backend's sweep-wide ``max_parallel`` (:class:`orchestrate.backends.slurm_throttle.SweepThrottle`) reads
-the cluster's ``MaxArraySize`` (:func:`max_array_size`, once per process) and a pending array as one row
-(:func:`array_rows`: ``123_[5-999%3]`` holds the pending tasks 5 to 999 under a throttle of 3), and moves array
-throttles, holds and dependencies (:func:`set_throttle`, :func:`hold`, :func:`release`, :func:`set_dependency`).
+the cluster's ``MaxArraySize`` (:func:`max_array_size`, once per process) and an array's pending tasks in rows of
+tasks that wait alike (:func:`array_rows`: ``123_[5-999]`` holds the pending tasks 5 to 999, with one dependency
+and hold), and moves array throttles, holds and dependencies (:func:`set_throttle`, :func:`hold`, :func:`release`,
+:func:`set_dependency`). ``squeue`` is read one task a row (``-r``): without it SLURM folds tasks that wait
+differently into one row, showing one task's dependency and no throttle. An update of an array some of whose tasks
+have finished is made and still exits 1 (``1_0-17: Job has already finished`` / ``1_18-20: No error``):
+:func:`_update` takes that answer for what it is, a success.
 """
 
 from __future__ import annotations
@@ -57,17 +61,26 @@ class QueuedJob(NamedTuple):
     state: str
 
 
-def run(cmd: list[str], timeout: float = 60) -> str:
-    """Run a SLURM client command; its stdout, or BackendError with its stderr."""
+def _call(cmd: list[str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """Run a SLURM client command, whatever its exit code; BackendError when it is missing or does not answer."""
     try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except FileNotFoundError:
         raise BackendError(f"{cmd[0]} not found: is SLURM installed here and SLURM_CONF set?") from None
     except subprocess.TimeoutExpired:
         raise BackendError(f"{' '.join(cmd[:3])} ... did not answer within {timeout:.0f}s: is slurmctld up "
                            "(`scontrol ping`)?") from None
+
+
+def _failed(cmd: list[str], p: subprocess.CompletedProcess[str]) -> BackendError:
+    return BackendError(f"{' '.join(cmd[:3])} ... failed ({p.returncode}): {p.stderr.strip() or p.stdout.strip()}")
+
+
+def run(cmd: list[str], timeout: float = 60) -> str:
+    """Run a SLURM client command; its stdout, or BackendError with its stderr."""
+    p = _call(cmd, timeout)
     if p.returncode != 0:
-        raise BackendError(f"{' '.join(cmd[:3])} ... failed ({p.returncode}): {p.stderr.strip() or p.stdout.strip()}")
+        raise _failed(cmd, p)
     return p.stdout
 
 
@@ -154,9 +167,9 @@ def partition_max_minutes(partition: str = "") -> int | None:
 
 
 class ArrayRow(NamedTuple):
-    """One row of ``squeue`` without ``-r``: an array's pending rest (``123_[5-999%3]``), one array task
-    (``123_4``, running or split off: requeued) or a lone job (``123``); its name, state, unfulfilled dependencies
-    (``afterany:456_7``, comma-separated; "" for none) and pending reason (``JobHeldUser``)."""
+    """A running array task (``123_4``), an array's pending tasks that wait alike (``123_[5-999]``, or ``123_5``;
+    :func:`array_rows`) or a lone job (``123``); its name, state, unfulfilled dependencies (``afterany:456_7``,
+    comma-separated; "(null)" for none) and pending reason (``JobHeldUser``)."""
 
     job_id: str
     name: str
@@ -204,8 +217,37 @@ class ArrayRow(NamedTuple):
 
 
 def array_rows(names: list[str]) -> list[ArrayRow]:
-    """Every job whose name is one of ``names``, a pending array's rest in one row (see :class:`ArrayRow`)."""
-    return _squeue(names, "%i|%j|%T|%E|%r", ArrayRow, per_task=False)
+    """Every job whose name is one of ``names``: one row a running task or lone job, and one row for each set of an
+    array's pending tasks that wait alike (the same dependency, held or not), as ``123_[5-9,12]``. Read one task a
+    row (``squeue -r``) and grouped here: SLURM's own folding shows one task's dependency for all and no throttle."""
+    rows = _squeue(names, "%i|%j|%T|%E|%r", ArrayRow, per_task=True)
+    out: list[ArrayRow] = []
+    waiting: dict[tuple[str, str, str, str, bool], list[int]] = {}
+    reasons: dict[tuple[str, str, str, str, bool], str] = {}
+    for row in rows:
+        array, _, index = row.job_id.partition("_")
+        if row.state != "PENDING" or not index.isdigit():
+            out.append(row)
+            continue
+        key = (array, row.name, row.state, row.dependency, row.held)
+        waiting.setdefault(key, []).append(int(index))
+        reasons.setdefault(key, row.reason)
+    for key, indices in waiting.items():
+        array, name, state, dependency, _ = key
+        job = f"{array}_{indices[0]}" if len(indices) == 1 else f"{array}_[{index_ranges(indices)}]"
+        out.append(ArrayRow(job, name, state, dependency, reasons[key]))
+    return out
+
+
+def index_ranges(indices: list[int]) -> str:
+    """Array indices as SLURM writes them: ``[2, 3, 4, 7]`` → ``2-4,7``."""
+    out: list[list[int]] = []
+    for i in sorted(set(indices)):
+        if out and out[-1][1] == i - 1:
+            out[-1][1] = i
+        else:
+            out.append([i, i])
+    return ",".join(f"{lo}-{hi}" if hi > lo else str(lo) for lo, hi in out)
 
 
 def _squeue(names: list[str], fields: str, row: Any, per_task: bool) -> list[Any]:
@@ -218,9 +260,23 @@ def _squeue(names: list[str], fields: str, row: Any, per_task: bool) -> list[Any
     return [row(*parts) for parts in (line.strip().split("|") for line in out.splitlines()) if len(parts) == width]
 
 
+# what scontrol prints, one line per set of tasks, for an update made where it could be: the tasks it changed, and
+# those that had finished (an array's done tasks); it exits 1 all the same
+_UPDATE_LINE = re.compile(r"\S+: (No error|Job has already finished)")
+
+
+def _update(cmd: list[str]) -> None:
+    """Run ``scontrol`` update/hold/release ``cmd``; an exit 1 whose every line says "No error" or "Job has already
+    finished" is a success (the change was made on every task that is still queued)."""
+    p = _call(cmd)
+    lines = [ln.strip() for ln in (p.stderr + "\n" + p.stdout).splitlines() if ln.strip()]
+    if p.returncode != 0 and not (p.returncode == 1 and lines and all(_UPDATE_LINE.fullmatch(ln) for ln in lines)):
+        raise _failed(cmd, p)
+
+
 def set_throttle(array_id: str, n: int) -> None:
     """At most ``n`` tasks of array ``array_id`` run at once (0: no limit); running tasks above it are left alone."""
-    run(["scontrol", "update", f"JobId={array_id}", f"ArrayTaskThrottle={n}"])
+    _update(["scontrol", "update", f"JobId={array_id}", f"ArrayTaskThrottle={n}"])
 
 
 def array_throttle(task: str) -> int:
@@ -231,17 +287,17 @@ def array_throttle(task: str) -> int:
 
 def set_dependency(job: str, dependency: str) -> None:
     """Replace the dependency of the pending job or tasks ``job`` (``123_[5-999]``); "" removes it."""
-    run(["scontrol", "update", f"JobId={job}", f"Dependency={dependency}"])
+    _update(["scontrol", "update", f"JobId={job}", f"Dependency={dependency}"])
 
 
 def hold(job: str) -> None:
     """Hold pending ``job`` (``123_[5-999]``, ``123_4``): it starts nothing until released."""
-    run(["scontrol", "hold", job])
+    _update(["scontrol", "hold", job])
 
 
 def release(job: str) -> None:
     """Release ``job`` held by :func:`hold` (or submitted held)."""
-    run(["scontrol", "release", job])
+    _update(["scontrol", "release", job])
 
 
 class AccountedJob(NamedTuple):

@@ -162,14 +162,11 @@ class SweepThrottle:
             if not running and not pending:
                 continue
             lone = all(r.lone for r in rows)
-            shown = [r.throttle() or 0 for r in pending if "[" in r.job_id]  # the pending rest shows "%N" (or none)
             if lone:
                 throttle = 1
-            elif shown:
-                throttle = shown[0]
-            elif sub.id in state["throttle"]:
+            elif sub.id in state["throttle"]:  # set by the sweep's throttle alone, and recorded each time
                 throttle = int(state["throttle"][sub.id])
-            else:  # every task has started (or was requeued): ask one of them
+            else:  # an array submitted without max_parallel: ask one of its tasks
                 throttle = slurm_commands.array_throttle((running or [r.job_id for r in pending])[0])
             out.append(ArrayState(sub.id, running, pending, throttle, lone, sub.id in state["held"]))
         return out
@@ -229,9 +226,9 @@ class SweepThrottle:
             if allot <= 0:
                 break
             if allot > free:  # part of it is the ending task's slot: start nothing before that task has ended
-                deps = sorted({g for r in a.pending for g in r.gates()} | {f"afterany:{ending}"})
                 if not all(self._try(f"{r.expression()} waits for {ending} to end", slurm_commands.set_dependency,
-                                     r.expression(), ",".join(deps)) for r in a.pending):
+                                     r.expression(), ",".join(sorted({*r.gates(), f"afterany:{ending}"})))
+                           for r in a.pending):
                     continue
             to = have + allot
             if not a.lone and to != a.throttle:

@@ -297,8 +297,11 @@ start_munge() {
 db_opts=()
 set_db_opts() {
   # Durability traded for speed: a test database that loses its last second on a crash is fine.
-  db_opts=(--no-defaults --datadir="$DB_DIR/data" --socket="$DB_SOCKET" --port="$DB_PORT" --bind-address=127.0.0.1
-    --skip-name-resolve --user=root --innodb-buffer-pool-size=64M --innodb-log-file-size=16M
+  # its own temporary folder: two clusters initialising at once in the shared /tmp lost each other's temporary
+  # tables ("Could not remove temporary table", then mariadb-install-db aborted)
+  mkdir -p "$DB_DIR/tmp"
+  db_opts=(--no-defaults --datadir="$DB_DIR/data" --tmpdir="$DB_DIR/tmp" --socket="$DB_SOCKET" --port="$DB_PORT"
+    --bind-address=127.0.0.1 --skip-name-resolve --user=root --innodb-buffer-pool-size=64M --innodb-log-file-size=16M
     --innodb-flush-log-at-trx-commit=2 --innodb-doublewrite=0 --skip-log-bin)
 }
 
