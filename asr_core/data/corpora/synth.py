@@ -13,7 +13,9 @@ Output layout (every split loads with the podcast reader, e.g. ``load_corpus("po
                                 the training voices themselves, at rates and pitches just outside the training
                                 ranges, in the shifted rooms
     OUT/meta/<id>.json          per-recording metadata (gathered into recordings.jsonl); with ``--cue``, the
-                                planted words (``cues``: index, word, distances; see :mod:`asr_core.data.corpora.cues`)
+                                planted words (``cues``: index, word, distances; see :mod:`asr_core.data.corpora.cues`);
+                                with ``--recall``, the code word and its slots (``recall_slots``; see
+                                :mod:`asr_core.data.corpora.recall`)
 
 Recordings last ``--min-minutes`` to ``--max-minutes`` (default 1-5); ``--eval-max-minutes`` shortens those of
 dev, test and test-shifted, so that a small evaluation set still has enough recordings for a paired test. Each is
@@ -32,6 +34,13 @@ first K cue groups and deals every recording a topic that owns one of their spel
 examples of few spellings). ``--cue 0`` (the default) makes the corpus as it was before the cue existed, byte for
 byte; a spec without ``gK`` makes the corpus it made before ``gK`` existed. ``--cue-report`` prints, per split, how often a window of
 5, 10, 20, 40 and 80 s holds a disambiguating word with the cue word.
+
+``--recall RATE`` plants a masked-recall control (:mod:`asr_core.data.corpora.recall`): each recording's code word,
+one of 8 words the generator never says otherwise, is said clearly ("the code word is X") and asked for again RATE
+times a minute ("remember the code word X") with X's audio replaced by a fixed 0.8 s pink-noise masker at the
+sentence's level; the transcript keeps X. Half the slots lie 1-4 s after the latest clear mention, half 20-60 s; about
+10% are unmasked and about 5% of the recordings never say the key. ``--recall 0`` (the default) makes the corpus as it
+was before the plant existed, byte for byte.
 
 Word times are exact by construction: every word is synthesised on its own
 (:mod:`asr_core.data.corpora.synth_audio`), its leading and trailing silence trimmed, and placed at a known sample
@@ -59,6 +68,7 @@ from asr_core.data.corpora import podcast
 from asr_core.data.corpora.base import Word
 from asr_core.data.corpora.cues import (WINDOWS_S, CueConfig, CuePlanter, containment, corpus_sites, cue_sites,
                                   cue_topics, format_containment, sound_of)
+from asr_core.data.corpora.recall import RecallConfig, RecallPlanter, masker, sentence_rms
 from asr_core.data.corpora.synth_audio import Room, Speaker, apply_room, espeak
 from asr_core.data.corpora.synth_text import CUE_GROUPS, TOPICS, SentenceMaker
 from asr_core.contract.options import positional_alias, take_positional
@@ -205,15 +215,19 @@ def make_plans(split: str, hours: float, seed: int, *, min_minutes: float = 1.0,
 
 # ---- rendering -------------------------------------------------------------------------------------------------
 
-def render(plan: Plan, *, dry: bool = False) -> tuple[np.ndarray, list[Word], list[int], dict]:
+def render(plan: Plan, *, dry: bool = False,
+           recall: RecallConfig | None = None) -> tuple[np.ndarray, list[Word], list[int], dict]:
     """Synthesise one recording. Returns (waveform (N,) float32 16 kHz, words with times, speaker index per
     word, metadata). ``dry`` skips the room (channel, reverberation, noise), for tests of the word times.
 
     With ``plan.cue`` a :class:`~asr_core.data.corpora.cues.CuePlanter` chooses the sentences around the cue words and
-    the metadata lists them (``cues``); without one, nothing else is drawn and the recording is as it always was."""
+    the metadata lists them (``cues``); without one, nothing else is drawn and the recording is as it always was.
+    With an active ``recall`` a :class:`~asr_core.data.corpora.recall.RecallPlanter` puts in its key sentences and
+    slots (they take precedence over the cue's sentences) and the metadata lists them (``recall_slots``)."""
     rng = random.Random(plan.seed)
     maker = SentenceMaker(rng, plan.topic)
     planter = CuePlanter(plan.cue, plan.topic, plan.seed, plan.target_s) if plan.cue is not None else None
+    recaller = RecallPlanter(recall, plan.seed, plan.target_s) if recall is not None and recall.active else None
     cache: dict[tuple[int, str, int], np.ndarray] = {}
     pieces: list[tuple[int, np.ndarray]] = []
     words: list[Word] = []
@@ -222,28 +236,42 @@ def render(plan: Plan, *, dry: bool = False) -> tuple[np.ndarray, list[Word], li
     cursor = int(rng.uniform(0.3, 1.0) * SAMPLE_RATE)
     turn_left, who = rng.randint(1, 3), 0
     while cursor < plan.target_s * SAMPLE_RATE:
-        if plan.kind == "meeting" and turn_left == 0:
+        if plan.kind == "meeting" and turn_left <= 0 and not (recaller is not None and recaller.holds_turn()):
             who, turn_left = 1 - who, rng.randint(1, 3)
             cursor += int(rng.uniform(0.3, 0.9) * SAMPLE_RATE)
         spk = plan.speakers[who]
         sentence_starts.append(len(words))
-        sentence = maker.sentence() if planter is None else planter.sentence(maker, cursor / SAMPLE_RATE)[0]
+        recalled = recaller.sentence(cursor / SAMPLE_RATE) if recaller is not None else None
+        first_piece = len(pieces)
+        if recalled is not None:
+            sentence = recalled
+        else:
+            sentence = maker.sentence() if planter is None else planter.sentence(maker, cursor / SAMPLE_RATE)[0]
         for j, w in enumerate(sentence):
             variant = rng.randrange(2)  # two renditions per word (rate +-5%) so repeats are not sample-identical
-            said = w if planter is None else planter.spoken(j, w)  # a cue word: its group's one sound
+            # a cue word: its group's one sound
+            said = w if planter is None or recalled is not None else planter.spoken(j, w)
             key = (who, said, variant)
-            if key not in cache:
+            masked = recaller is not None and recaller.masks(j, cursor / SAMPLE_RATE)
+            if key not in cache and not masked:
                 rate = round(spk.rate * (0.95 if variant == 0 else 1.05))
                 cache[key] = espeak(said, Speaker(spk.voice, rate, spk.pitch))
-            audio = cache[key] * 10 ** (rng.uniform(-2, 2) / 20)
+            gain = 10 ** (rng.uniform(-2, 2) / 20)
+            # a masked code word: the fixed masker at the level of the sentence's other words
+            audio = masker(sentence_rms([a for _, a in pieces[first_piece:]])) if masked else cache[key] * gain
             pieces.append((cursor, audio))
             words.append(Word(w, round(cursor / SAMPLE_RATE, 3), round((cursor + len(audio)) / SAMPLE_RATE, 3)))
             speakers.append(who)
-            if planter is not None:
+            if planter is not None and recalled is None:
                 planter.heard(len(words) - 1, j, words[-1])
+            if recaller is not None:
+                recaller.heard(len(words) - 1, j, words[-1], cursor, cursor + len(audio))
             gap = plan.room.word_gap_s * rng.uniform(0.6, 1.4)
             cursor += len(audio) + int(gap * SAMPLE_RATE)
-        cursor += int(rng.uniform(0.25, 0.7) * SAMPLE_RATE)
+        pause = rng.uniform(0.25, 0.7)
+        if recaller is not None and recaller.holds_turn():
+            pause = 0.25  # a near slot follows its key sentence at once
+        cursor += int(pause * SAMPLE_RATE)
         turn_left -= 1
     total = cursor + int(0.5 * SAMPLE_RATE)
     wave = np.zeros(total, dtype=np.float32)
@@ -260,14 +288,17 @@ def render(plan: Plan, *, dry: bool = False) -> tuple[np.ndarray, list[Word], li
         meta["cues"] = [{"index": i, "word": words[i].text, "sound": sound_of(words[i].text),
                          "before_s": site.before_s, "after_s": site.after_s}
                         for i, site in zip(planter.planted, sites)]
+    if recaller is not None:
+        meta.update(recaller.meta(plan.id, words))
     return wave, words, speakers, meta
 
 
-def write_recording(plan: Plan, out: Path) -> dict:
-    """Render ``plan`` into ``out/<split>/<id>.wav|.json`` and ``out/meta/<id>.json``; returns the metadata.
-    The transcript is written last, so a recording whose JSON exists is complete (used to resume)."""
+def write_recording(plan: Plan, out: Path, recall: RecallConfig | None = None) -> dict:
+    """Render ``plan`` (with the recall plant ``recall``) into ``out/<split>/<id>.wav|.json`` and
+    ``out/meta/<id>.json``; returns the metadata. The transcript is written last, so a recording whose JSON exists
+    is complete (used to resume)."""
     t0 = time.perf_counter()
-    wave, words, speakers, meta = render(plan)
+    wave, words, speakers, meta = render(plan, recall=recall)
     split_dir = out / plan.split
     save_audio(split_dir / f"{plan.id}.wav", wave)
     meta["render_s"] = round(time.perf_counter() - t0, 2)
@@ -283,13 +314,16 @@ def write_recording(plan: Plan, out: Path) -> dict:
 def synthesise(out: Path, hours: float, seed: int, *, eval_hours: float | None = None, min_minutes: float = 1.0,
                max_minutes: float = 5.0, meeting_fraction: float = 0.3, jobs: int = 2,
                splits: tuple[str, ...] = SPLITS, voices: int = 0, shift: str = "far",
-               eval_max_minutes: float | None = None, cue: CueConfig | None = None) -> dict:
+               eval_max_minutes: float | None = None, cue: CueConfig | None = None,
+               recall: RecallConfig | None = None) -> dict:
     """Generate (or finish generating) the corpus in ``out``; returns the summary written to synth.json.
 
     ``eval_max_minutes`` (default ``max_minutes``) caps the recordings of dev, test and test-shifted, whose
     shortest stay ``min(min_minutes, eval_max_minutes)``. ``cue``: the planted cue of every split (None or a rate
-    of 0: none); the summary then counts each split's planted words (``cue_words``)."""
+    of 0: none); the summary then counts each split's planted words (``cue_words``). ``recall``: the recall plant
+    (None or a rate of 0: none); the summary then counts each split's slots (``recall_slots``)."""
     cue = cue if cue is not None and cue.active else None
+    recall = recall if recall is not None and recall.active else None
     if eval_hours is None:
         eval_hours = max(0.1, hours / 10)
     args = {"format_version": FORMAT_VERSION, "hours": hours, "eval_hours": eval_hours, "seed": seed,
@@ -304,6 +338,8 @@ def synthesise(out: Path, hours: float, seed: int, *, eval_hours: float | None =
         args["eval_max_minutes"] = eval_max_minutes
     if cue is not None:
         args["cue"] = cue.spec()
+    if recall is not None:
+        args["recall"] = recall.spec()
 
     def lengths(split: str) -> tuple[float, float]:
         if split == "train" or eval_max_minutes is None:
@@ -327,7 +363,7 @@ def synthesise(out: Path, hours: float, seed: int, *, eval_hours: float | None =
     t0 = time.perf_counter()
     done = 0
     with ProcessPoolExecutor(max_workers=max(1, jobs)) as pool:
-        futures = {pool.submit(write_recording, p, out): p for p in todo}
+        futures = {pool.submit(write_recording, p, out, recall): p for p in todo}
         for fut in as_completed(futures):
             meta = fut.result()
             done += 1
@@ -344,6 +380,9 @@ def synthesise(out: Path, hours: float, seed: int, *, eval_hours: float | None =
     if cue is not None:
         for s in splits:
             summary[s]["cue_words"] = sum(len(m.get("cues", ())) for m in metas if m["split"] == s)
+    if recall is not None:
+        for s in splits:
+            summary[s]["recall_slots"] = sum(len(m.get("recall_slots", ())) for m in metas if m["split"] == s)
     stamp.write_text(json.dumps({"args": args, "complete": True, "splits": summary}, indent=1))
     return summary
 
@@ -374,6 +413,11 @@ def cli(argv: list[str]) -> int:
                          f"within NEAR seconds after; gK: only the first K of the {len(CUE_GROUPS)} homophone "
                          "groups, every recording's topic one that owns a spelling in them (e.g. 10,2-6,g2: a "
                          "concentrated plant); 0 (default) = none, the corpus as without this option")
+    ap.add_argument("--recall", default="0", metavar="RATE",
+                    help="plant a masked-recall control: a code word said clearly (\"the code word is X\"), then "
+                         "asked for RATE times a minute (4-6 recommended) with its audio masked by pink noise, half "
+                         "1-4 s and half 20-60 s after the latest clear mention, with unmasked and no-key controls "
+                         "(see asr_core.data.corpora.recall); 0 (default) = none, the corpus as without this option")
     ap.add_argument("--cue-report", action="store_true",
                     help="print, per split, how often a window of 5/10/20/40/80 s holds a disambiguating word with "
                          "each cue word")
@@ -401,14 +445,21 @@ def cli(argv: list[str]) -> int:
         cue = CueConfig.parse(a.cue)
     except ValueError as e:
         ap.error(f"--cue: {e}")
+    try:
+        recall = RecallConfig.parse(a.recall)
+    except ValueError as e:
+        ap.error(f"--recall: {e}")
     summary = synthesise(a.out, a.hours, a.seed, eval_hours=a.eval_hours, min_minutes=a.min_minutes,
                          max_minutes=a.max_minutes, meeting_fraction=a.meeting_fraction, jobs=a.jobs, splits=splits,
-                         voices=a.voices, shift=a.shift, eval_max_minutes=a.eval_max_minutes, cue=cue)
+                         voices=a.voices, shift=a.shift, eval_max_minutes=a.eval_max_minutes, cue=cue,
+                         recall=recall)
     cued = cue.active
     print(f"{'split':14s} {'recordings':>10s} {'hours':>7s} {'words':>7s}{' cue words  a minute' if cued else ''}"
-          "  spec")
+          f"{'     slots  a minute' if recall.active else ''}  spec")
     for s, d in summary.items():
         planted = f"{d['cue_words']:10d} {d['cue_words'] / max(d['hours'] * 60, 1e-9):9.2f}" if cued else ""
+        if recall.active:
+            planted += f"{d['recall_slots']:10d} {d['recall_slots'] / max(d['hours'] * 60, 1e-9):9.2f}"
         print(f"{s:14s} {d['recordings']:10d} {d['hours']:7.3f} {d['words']:7d}{planted}  {d['spec']}")
     if a.cue_report:
         print()
