@@ -21,7 +21,8 @@ A and B name configurations (B is compared against A), in any of these forms:
   other side is named unambiguously;
 * the ``config_id`` column of ``trials.csv`` or its first 4+ characters.
 
-Exit codes: 0 done; 2 bad arguments or a selection that matches nothing or several; 3 the sweep cannot be read
+Exit codes: 0 done; 2 bad arguments, a ledger file that does not exist, or a selection that matches nothing or
+several; 3 the sweep cannot be read
 (an unreachable tracker included, found within seconds), A and B cannot be paired, or the written report cannot be
 logged to MLflow.
 """
@@ -231,9 +232,9 @@ def _main(argv: list[str]) -> int:
         print(f"error: {bad}", file=sys.stderr)
         return EXIT_USAGE
     missing = missing_ledger(args.tracking_uri)
-    if missing:
+    if missing:  # a ledger named (or looked for by the rule) that is not there: an input to correct
         print(f"error: {missing}", file=sys.stderr)
-        return EXIT_DATA
+        return EXIT_USAGE
     try:
         return _report(args) if args.command == "report" else _compare(args)
     except CollectError as e:

@@ -166,7 +166,7 @@ def _refuse_other_uri(args: argparse.Namespace) -> None:
 
 def _open(args: argparse.Namespace) -> tuple[SweepDir, Manifest, list[Trial]]:
     sweep, manifest = _read(args)
-    check_tracking_uri(manifest.tracking_uri, hint=f"start the sweep's server again ({SERVER_HINT}, its folder and "
+    check_tracking_uri(manifest.tracking_uri, hint=f"start the sweep's server again ({SERVER_HINT}; its folder and "
                        "port); the sweep's jobs write to this URI (its sweep.json), so no other can stand in"
                        + ("; `orchestrate cancel --offline` stops the sweep without it" if args.command != "cancel"
                           else ""))

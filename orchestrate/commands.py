@@ -16,7 +16,8 @@ if TYPE_CHECKING:
     from orchestrate.backends.profile import Profile
     from orchestrate.sweep import Manifest, SweepDir
 
-SERVER_HINT = "slurm/mlflow-server.sh --dir /shared/mlflow --host 0.0.0.0 --detach"
+SERVER_HINT = ("`asr-study mlflow-server --dir /shared/mlflow --host 0.0.0.0 --detach`, or slurm/mlflow-server.sh with "
+               "the same options in a checkout")
 
 
 class UsageError(Exception):
@@ -82,7 +83,7 @@ def check_shared_ledger(backend: Backend, uri: str, allow_sqlite: bool, source: 
     raise UsageError(
         f"--backend {backend.name} with the sqlite ledger {uri} ({source}): its jobs run on many hosts and would all "
         "write that one file over a network filesystem, where sqlite's locks fail (runs lost, the database "
-        f"corrupted). Start an MLflow server on the login node (`{SERVER_HINT}`) and pass --tracking-uri "
+        f"corrupted). Start an MLflow server on the login node ({SERVER_HINT}) and pass --tracking-uri "
         "http://LOGIN-NODE:5000, or pass --allow-sqlite if every job runs on this host")
 
 

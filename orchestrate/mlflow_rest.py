@@ -264,7 +264,7 @@ class MlflowRest:
                                          f"({_reason(e)}); it may or may not have been carried out") from None
                 if last:
                     raise RestError(f"tracking server {self.uri} is unreachable ({_reason(e)}; {attempt} "
-                                    "attempts): start it (slurm/mlflow-server.sh --detach), or check the URI "
+                                    "attempts): start it (asr-study mlflow-server --detach), or check the URI "
                                     "(--tracking-uri, or the sweep's sweep.json)") from None
                 self._sleep(attempt, None)
                 continue
@@ -317,7 +317,7 @@ class MlflowRest:
         if r.status_code >= 500:
             return what + f" ({attempt} attempts); see the server's log, and run the command again"
         if r.status_code == 404 and code in ("", "ENDPOINT_NOT_FOUND"):
-            return what + "; is it an MLflow server (slurm/mlflow-server.sh), of version 2 or later?"
+            return what + "; is it an MLflow server (asr-study mlflow-server), of version 2 or later?"
         return what
 
     # ---- experiments -------------------------------------------------------------------------------------------------

@@ -122,7 +122,7 @@ def test_the_runs_list_shows_every_wer_column_and_value(reported: Reported, brow
         for m in metrics:
             cell = rows[r.info.run_name][columns[m]]
             if m in r.data.metrics:  # rounded to 2 decimals, as the report writes WERs
-                assert cell == shown_value(r.data.metrics[m]), (r.info.run_name, m, cell)
+                assert cell.strip() == shown_value(r.data.metrics[m]).strip(), (r.info.run_name, m, cell)
             else:  # an unfinished trial
                 assert cell == "-", (r.info.run_name, m, cell)
     assert save_screenshot(view, "dashboard-runs-wer-columns", full_page=False).stat().st_size > 20_000

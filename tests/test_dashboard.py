@@ -47,8 +47,10 @@ def test_the_saved_view_is_the_envelope_the_ui_reads() -> None:
 def test_the_view_shows_clean_wers_rounded_to_two_decimals() -> None:
     metrics = {"wer/test": 18.197260273972602, "wer/dev": 9.996, "wer/dev/snr-5": 40.1234, "wer_beam/dev": 8.0,
                "cue/dev": 50.0, "wer/nan": float("nan"), "train/loss": 1.23456}
-    assert sweep_view.shown_tags(metrics) == {"WER test": "18.20", "WER dev": "10.00"}  # clean greedy WER only
-    assert sweep_view.shown_value(100.0) == "100.00" and sweep_view.shown_value(0.004) == "0.00"
+    assert sweep_view.shown_tags(metrics) == {"WER test": " 18.20", "WER dev": " 10.00"}  # clean greedy WER only
+    assert sweep_view.shown_value(100.0) == "100.00" and sweep_view.shown_value(0.004) == "  0.00"
+    wers = [9.5, 100.0, 18.197, 0.0, 35.1, 123.4]
+    assert sorted(wers, key=sweep_view.shown_value) == sorted(wers)  # the column sorts as text: numeric order
     with pytest.raises(ValueError, match="wer/dev/snr-5"):
         sweep_view.view_columns(["wer/dev/snr-5"])
 
@@ -127,7 +129,7 @@ def test_the_report_lands_on_the_parent_run_and_a_rerun_replaces_it(store: str, 
     assert view["createdAt"] == created and view["updatedAt"] >= created
     assert json.loads(view["state"])["selectedColumns"] == ["tags.`WER dev`", "tags.`WER test`"]
     # the trial logged wer/dev without its shown tag (as runs before evaluate wrote it): publish wrote it
-    assert client.get_run(trial).data.tags["WER dev"] == "20.33" and pub.shown == 0  # written by the first
+    assert client.get_run(trial).data.tags["WER dev"] == " 20.33" and pub.shown == 0  # written by the first
     note = tags[sweep_view.NOTE_TAG]
     assert note.count(sweep_view.NOTE_START) == 1 and note.endswith("Written by a person.")
     assert f"({pub.report_link})" in note and f"({pub.view_link})" in note

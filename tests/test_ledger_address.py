@@ -90,11 +90,11 @@ def test_a_failed_lookup_creates_no_file(tmp_path: Path) -> None:
     missing = tmp_path / "nowhere" / "mlflow.db"
     done = _run(tmp_path, {}, "-m", "analysis", "report", "paper", "--tracking-uri", f"sqlite:///{missing}",
                 "--out", "r")
-    assert done.returncode != 0 and str(missing) in done.stderr, done.stderr[-2000:]
+    assert done.returncode == 2 and str(missing) in done.stderr, done.stderr[-2000:]  # a bad input
     assert "Traceback" not in done.stderr
     # no URI anywhere: the documented default (./runs/mlflow.db) is looked for, and not created
     done = _run(tmp_path, {}, "-m", "analysis", "report", "--experiment", "paper", "--out", "r")
-    assert done.returncode != 0 and "runs/mlflow.db" in done.stderr, done.stderr[-2000:]
+    assert done.returncode == 2 and "runs/mlflow.db" in done.stderr, done.stderr[-2000:]
     done = _run(tmp_path, {}, "-m", "analysis", "compare", "paper", "a", "b")
-    assert done.returncode != 0 and "runs/mlflow.db" in done.stderr, done.stderr[-2000:]
+    assert done.returncode == 2 and "runs/mlflow.db" in done.stderr, done.stderr[-2000:]
     assert not missing.parent.exists() and _ledger_files(tmp_path) == [] and not (tmp_path / "r").exists()

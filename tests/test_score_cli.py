@@ -179,7 +179,7 @@ def test_score_is_recorded_where_analysis_lists_it(pair: dict, mlflow_server, ca
     assert ext.data.tags[TAG_SYSTEM] == "whisper-x" and ext.info.status == "FINISHED"
     assert ext.data.metrics[metric_key("test")] == pytest.approx(new_wer)
     assert ext.data.tags["external.missing.test"] == "0" and ext.data.tags["external.extra.test"] == "0"
-    assert ext.data.tags["WER test"] == f"{new_wer:.2f}"  # the saved view's column, rounded
+    assert ext.data.tags["WER test"].strip() == f"{new_wer:.2f}"  # the saved view's column, rounded
     assert [f.path for f in client.list_artifacts(ext.info.run_id, "eval")] == ["eval/test.csv"]
 
     sweep = collect(experiment, mlflow_server.uri, progress=False)

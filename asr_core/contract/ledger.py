@@ -64,9 +64,13 @@ def shown_tag(dataset: str) -> str:
     return f"WER {dataset}"
 
 
+SHOWN_WIDTH = 6  # "100.00": padded with spaces on the left, so that sorting the column (as text) sorts the WERs
+
+
 def shown_value(wer: float) -> str:
-    """A WER (percent) as the view shows it: ``18.197…`` -> ``"18.20"``."""
-    return f"{wer:.{SHOWN_DIGITS}f}"
+    """A WER (percent) as the view shows it: ``18.197…`` -> ``" 18.20"`` (a tag is text, and MLflow sorts a tag
+    column as text: right-aligned in a fixed width, text order is numeric order up to 999.99%)."""
+    return f"{wer:{SHOWN_WIDTH}.{SHOWN_DIGITS}f}"
 
 
 def shown_tags(metrics: Mapping[str, float]) -> dict[str, str]:
