@@ -116,6 +116,9 @@ def cmd_submit(args: argparse.Namespace) -> int:
             manifest = dataclasses.replace(manifest, created=old.created)
         plan = run_sweep(sweep, manifest, trials, profile, include_failed=False, what="submit", write=True,
                          adopt=old is not None, backend=backend, code=_code(), expand=_evaluations_of(sweep))
+    from orchestrate.budget.recorded import record_estimate
+
+    record_estimate(sweep.path, grid, profile, args.backend)  # for status: GPU-hours spent against it
     print(f"sweep {sweep.name}: {plan.summary()}")
     print(f"  folder {sweep.path}\n  ledger {uri}\n  status: orchestrate status {sweep.name} "
           f"--sweep-root {args.sweep_root}")

@@ -108,9 +108,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("sweep")
     what = sp.add_mutually_exclusive_group(required=True)
     renamed(what, "--decode", what.add_argument(
-        "--spec", metavar="FILE", help="evaluation spec (YAML, e.g. grids/decode-lm.yaml): name, lm, alpha, beta, "
-        "beam_width, lm_context, prompt, datasets, snrs, stride; run as evaluation jobs of the sweep (one per trained "
-        "model lacking it: same backend, max_parallel, status, cancel and retry)"))
+        "--spec", metavar="FILE", help="evaluation spec (YAML, or a packaged one by name, e.g. decode-lm): name, lm, "
+        "alpha, beta, beam_width, lm_context, prompt, datasets, snrs, stride; run as evaluation jobs of the sweep (one "
+        "per trained model lacking it: same backend, max_parallel, status, cancel and retry)"))
     sp.add_argument("--where", action="append", default=[], metavar="KEY=VALUE",
                     help="only trials whose config has this value (e.g. data.context_s=10.24, model.heads=6) or "
                          "sub-grid (subgrid=NAME); repeat a key for alternatives, other keys must all hold")

@@ -90,12 +90,16 @@ def _sha256(path: str | None) -> str | None:
 
 
 def load_decode_file(path: str | Path) -> DecodeSpec:
-    """Read and validate the decode file at ``path``; raises :class:`DecodeFileError`."""
-    path = Path(path)
+    """Read and validate the decode file at ``path`` (or the packaged one of that name: ``decode-lm``,
+    ``grids/decode-lm.yaml``, as :func:`orchestrate.assets.grid_path` finds grids); raises :class:`DecodeFileError`."""
+    from orchestrate.assets import grid_path, grids_dir, names
+
+    path = grid_path(path)
     try:
         raw = load_yaml_file(path)
     except FileNotFoundError:
-        raise DecodeFileError(f"decode file {path} not found") from None
+        packaged = [n for n in names(grids_dir()) if n.startswith("decode")]
+        raise DecodeFileError(f"decode file {path} not found (packaged ones, by name: {', '.join(packaged)})") from None
     except YamlInputError as e:
         raise DecodeFileError(str(e)) from None
     except OSError as e:
@@ -119,6 +123,10 @@ def parse_decode(raw: Any, path: Path) -> DecodeSpec:
                                   + ("; give an LM checkpoint's path, or null for beam search without an LM"
                                      if k == "lm" else ""))
     base = path.resolve().parent
+    from orchestrate.assets import grids_dir
+
+    if base == grids_dir().resolve():  # a packaged spec: its paths read as from ./grids/ of the folder it is run in
+        base = Path.cwd() / "grids"
     name = _name(where, raw["name"])
     lm = None if raw["lm"] is None else _file(where, "lm", raw["lm"], base,
                                                 "an LM checkpoint (python -m asr_core lm train), or null")

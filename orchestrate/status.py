@@ -48,6 +48,7 @@ from typing import Any
 
 from asr_core.contract.trial import FAILED, KILLED, LOG_FILE, RUNNING
 from asr_core.runtime.outbox_folder import REJECTED_FILE, read_kept
+from orchestrate.budget.recorded import estimated_hours
 from orchestrate.mlflow_rest import LedgerError
 from orchestrate.progress import duration_text
 from orchestrate.status_ledger import ledger_line
@@ -94,13 +95,15 @@ def _pace(r: TrialStatus) -> str:
     return f"{r.rate:.3g} {unit}{left}"
 
 
-def _overall(rows: list[TrialStatus]) -> str:
-    """The share of the work done and the GPU-hours spent, in one line."""
+def _overall(rows: list[TrialStatus], estimate: float | None) -> str:
+    """The share of the work done and the GPU-hours spent (against the recorded ``estimate``), in one line."""
     done = sum(r.progress or 0.0 for r in rows) / len(rows) if rows else 0.0
     hours = sum(r.gpu_hours for r in rows)
+    against = (f" of {estimate:.1f} estimated ({100 * hours / estimate:.0f}%; the estimate submit recorded)"
+               if estimate else " (no estimate recorded: a cluster submit records one; `orchestrate plan GRID "
+               "--estimate` gives it)")
     return (f"  progress {100 * done:.1f}% (finished trials whole, the others by their training steps or "
-            f"evaluation units); {hours:.1f} GPU-hours spent (one GPU per trial; the estimate is not kept in the "
-            "sweep folder: `orchestrate plan GRID --estimate` gives it)")
+            f"evaluation units); {hours:.1f} GPU-hours spent{against} (one GPU per trial)")
 
 
 def show_status(args: argparse.Namespace, sweep: SweepDir, manifest: Manifest,
@@ -153,7 +156,7 @@ def _show_once(args: argparse.Namespace, sweep: SweepDir, manifest: Manifest,
         if counts[state]:
             extra = f"  ({gave_up} gave up after {max_failures} failures)" if state == FAILED and gave_up else ""
             print(f"  {state:<9}  {counts[state]:>5}{extra}")
-    print(_overall(rows))
+    print(_overall(rows, estimated_hours(sweep.path, [r.key for r in rows])))
     if view.note:
         print(f"  scheduler: {view.note}")
     if wanted:

@@ -6,6 +6,7 @@ on this one host, as on the test cluster) it goes through, the manifest records 
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from pathlib import Path
 
@@ -48,10 +49,14 @@ def test_a_cluster_backend_refuses_a_sqlite_ledger_unless_allowed(tmp_path: Path
     assert json.loads(sweep.manifest_path.read_text())["allow_sqlite"] is True
     (sub,) = sweep.submissions()
     assert sub.job_id
+    estimate = json.loads((sweep.path / "estimate.json").read_text())  # recorded for status, as plan --estimate
+    assert estimate["calibration"] == "a100-paper" and len(estimate["trials"]) == 1 and estimate["total_gpu_hours"] > 0
     ledger = Ledger(manifest.tracking_uri, name)
     runs = wait_for(ledger, list(ledger.trial_runs()), timeout=400)
     assert {r.status for r in runs.values()} == {"FINISHED"}, {r.label: (r.status, r.error) for r in runs.values()}
     capsys.readouterr()
+    assert main(["status", name, "--sweep-root", str(root)]) == 0
+    assert re.search(r"GPU-hours spent of [\d.]+ estimated \(\d+%", capsys.readouterr().out)
     assert main(["resume", name, "--sweep-root", str(root)]) == 0  # the manifest's --allow-sqlite stands
     assert "1 finished (skipped)" in capsys.readouterr().out
     assert len(sweep.submissions()) == 1

@@ -260,3 +260,21 @@ def test_slurm_decode_is_a_job_array_whose_results_land_and_a_second_call_submit
     wait_until(lambda: accounted() == expected, 60, f"the accounting never said {expected}: {accounted()}", poll=1)
     assert _trial_files(sweep) == files_before
     assert {r.status for r in ledger.trial_runs().values()} == {FINISHED}
+
+
+def test_a_packaged_spec_is_found_by_name_and_reads_its_paths_from_the_working_folder(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--spec decode-lm`` (or ``grids/decode-lm.yaml`` outside a checkout) is the packaged spec; its relative LM path
+    reads as from ./grids/ of the folder the command runs in; an unknown name lists the packaged ones."""
+    from orchestrate.decode_file import DecodeFileError, load_decode_file
+
+    lm = tmp_path / "runs" / "lm-paper" / "checkpoint.pt"
+    lm.parent.mkdir(parents=True)
+    lm.write_bytes(b"")  # checked before any job is made: named as not a checkpoint, so the path it read is seen
+    monkeypatch.chdir(tmp_path)
+    for name in ("decode-lm", "decode-lm.yaml", "grids/decode-lm.yaml"):
+        with pytest.raises(DecodeFileError) as e:
+            load_decode_file(name)
+        assert "decode-lm.yaml: lm: not a checkpoint" in str(e.value) and str(lm) in str(e.value), (name, e.value)
+    with pytest.raises(DecodeFileError, match="packaged ones, by name: decode-lm"):
+        load_decode_file("decode-nope")
