@@ -34,7 +34,8 @@ from tests.test_backend import smoke_corpus, squeue_states, wait_until, write_pr
 
 __all__ = ["smoke_corpus"]  # the session fixture, shared with test_backend
 
-pytestmark = pytest.mark.timeout(600)
+# the tests that share the module's finished sweep run on one worker, so it is trained once
+pytestmark = [pytest.mark.timeout(600), pytest.mark.xdist_group("orchestrate_evaluate")]
 
 GRID = """
 name: %s

@@ -21,7 +21,9 @@ from orchestrate.grid import load_grid
 from orchestrate.ledger import Ledger
 
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.slow  # four real trials: about a minute of CPU on 2 cores
+# four real trials (about a minute of CPU on 2 cores), made once: both tests on one worker, so the module's
+# fixture is not built twice
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("report_real_runs")]
 GRID = """\
 name: tiny-real
 seeds: [1, 2]
