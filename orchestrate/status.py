@@ -30,8 +30,8 @@ under the sweep's lock, within ``--reconcile-deadline`` seconds) and says so; a 
 
 ``--where KEY=VALUE`` (:mod:`orchestrate.where`) counts and lists only the matching trials; ``--state S`` lists
 every trial in state S (repeatable) with its folder and log; ``--watch [SECONDS]`` redraws every SECONDS (30) until
-no trial runs or waits in the queue, or Ctrl-C. The sweep's GPU-hour estimate is not kept in its folder (it replays
-the training corpus: ``orchestrate plan GRID --estimate``), so status shows the hours spent and the share done.
+no trial runs or waits in the queue, or Ctrl-C. The GPU-hours spent are set against the estimate a cluster
+``submit`` recorded in the sweep folder (:mod:`orchestrate.budget.recorded`); a local sweep has none.
 """
 
 from __future__ import annotations
@@ -49,10 +49,9 @@ from typing import Any
 from asr_core.contract.trial import FAILED, KILLED, LOG_FILE, RUNNING
 from asr_core.runtime.outbox_folder import REJECTED_FILE, read_kept
 from orchestrate.budget.recorded import estimated_hours
-from orchestrate.mlflow_rest import LedgerError
 from orchestrate.progress import duration_text
 from orchestrate.status_ledger import ledger_line
-from orchestrate.sweep import Manifest, SweepDir, SweepError
+from orchestrate.sweep import Manifest, SweepDir
 from orchestrate.trial_state import DEFAULT_MAX_FAILURES, read_folder_states, read_trial_refs
 from orchestrate.trial_status import (LOST, PENDING, PREEMPTED, QUEUED, STATUS_STATES, TrialStatus, scheduler_view,
                                       trial_statuses)
@@ -314,26 +313,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m orchestrate.status SWEEP [--sweep-root R] [--json] ...``: the same output as ``orchestrate
-    status``, for timing it and for scripts."""
+    """``python -m orchestrate.status SWEEP [...]``: ``orchestrate status`` itself (the same options, the same rule
+    for the ledger's address and the same refusals), for timing it and for scripts."""
+    from orchestrate.cli import main as orchestrate_main
 
-    p = argparse.ArgumentParser(prog="python -m orchestrate.status", description=__doc__.split("\n\n")[0])
-    p.add_argument("sweep")
-    p.add_argument("--sweep-root", default="runs")
-    p.add_argument("--tracking-uri", default=None)
-    p.add_argument("--json", action="store_true", help="one JSON object per trial")
-    add_arguments(p)
-    args = p.parse_args(argv)
-    try:
-        sweep = SweepDir(args.sweep_root, args.sweep)
-        manifest = sweep.read_manifest()
-        if args.tracking_uri and args.tracking_uri != manifest.tracking_uri:
-            raise SweepError(f"--tracking-uri {args.tracking_uri} is not the sweep's ledger "
-                             f"({manifest.tracking_uri}, in {sweep.manifest_path}); drop it")
-        return show_status(args, sweep, manifest, None)
-    except (SweepError, LedgerError, WhereError) as e:
-        print(f"orchestrate status: {e}", file=sys.stderr)
-        return 2
+    return orchestrate_main(["status", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":
