@@ -88,6 +88,7 @@ def complete(top: argparse.ArgumentParser, groups: Collection[str], server: str,
         return original(self, args, namespace)  # not reached: argcomplete has exited
 
     argparse.ArgumentParser.parse_args = answering  # type: ignore[method-assign]
+    os.environ["ASR_STUDY_COMPLETING"] = "1"  # a group that completes by itself (orchestrate's script) leaves it here
     try:
         group_main(str(group))(words[2:])
     except SystemExit:

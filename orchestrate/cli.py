@@ -21,6 +21,7 @@ import argparse
 import dataclasses
 from contextlib import nullcontext
 import json
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
@@ -335,7 +336,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str]) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    if os.environ.get("_ARGCOMPLETE") and not os.environ.get("ASR_STUDY_COMPLETING"):
+        # the `orchestrate` script's own completion (eval "$(register-python-argcomplete orchestrate)"); under
+        # `asr-study orchestrate` the console's completion asks this parser itself (asr_study.complete)
+        import argcomplete
+
+        argcomplete.autocomplete(parser)
+    args = parser.parse_args(argv)
     try:
         return COMMANDS[args.command](args)
     except (GridError, UsageError, BackendError, LedgerError, SweepError, DecodeFileError, WhereError,

@@ -133,3 +133,16 @@ def completions(line: str, tmp_path: Path) -> set[str]:
 def test_completion_is_answered_by_the_groups_own_parser(line: str, expected: set[str], tmp_path: Path) -> None:
     got = completions(line, tmp_path)
     assert expected <= got, f"{line!r}: offered {sorted(got)}"
+
+
+def test_the_orchestrate_script_completes_by_itself(tmp_path: Path) -> None:
+    """``orchestrate`` (the second console script) answers the shell's hook with its own parser, as
+    ``eval "$(register-python-argcomplete orchestrate)"`` asks it."""
+    answer = tmp_path / "completions"
+    line = "orchestrate sta"
+    env = {**os.environ, "_ARGCOMPLETE": "1", "COMP_LINE": line, "COMP_POINT": str(len(line)),
+           "_ARGCOMPLETE_STDOUT_FILENAME": str(answer), "_ARGCOMPLETE_IFS": "\n", "_ARGCOMPLETE_SUPPRESS_SPACE": "1"}
+    r = subprocess.run([sys.executable, "-m", "orchestrate"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert {"status"} <= set(answer.read_text().split("\n")), answer.read_text() if answer.exists() else "no answer"
