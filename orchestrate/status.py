@@ -57,7 +57,7 @@ from orchestrate.trial_status import (LOST, PENDING, PREEMPTED, QUEUED, STATUS_S
                                       trial_statuses)
 from orchestrate.where import WhereError
 
-__all__ = ["add_arguments", "main", "show_status", "watch_status"]
+__all__ = ["add_arguments", "show_status", "watch_status"]
 
 DEFAULT_RECONCILE_S = 30.0  # how long `status` may spend bringing a lagging ledger in line
 DEFAULT_WATCH_S = 30.0  # --watch without a number: a redraw every 30 s (a trainer logs progress every few seconds)
@@ -310,16 +310,3 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="never write to the ledger, even when the trial folders say it is behind")
     p.add_argument("--reconcile-deadline", type=float, default=DEFAULT_RECONCILE_S, metavar="S",
                    help=f"seconds status may spend bringing a lagging ledger in line (default {DEFAULT_RECONCILE_S:g})")
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m orchestrate.status SWEEP [...]``: ``orchestrate status`` itself (the same options, the same rule
-    for the ledger's address and the same refusals), for timing it and for scripts."""
-    from orchestrate.cli import main as orchestrate_main
-
-    return orchestrate_main(["status", *(sys.argv[1:] if argv is None else argv)])
-
-
-if __name__ == "__main__":
-    sys.exit(main())
-
