@@ -28,6 +28,10 @@ Also read: head similarity (``heads/<DATASET>/<R>/sum|similarity|layer<i>``, pap
 and LM perplexity (``lm_ppl/<DATASET>/ctx<N>`` on the LM's own run, ``python -m asr_core lm ppl``) into
 :attr:`Sweep.lm_ppl`, from LM runs in the sweep's experiment, the LM runs its decoders name (``lm_run`` in their
 tag) and every run of the experiments given as ``lm_experiments``.
+
+Datasets with the recall plant (``synth --recall``) have per-slot tables ``eval/<DATASET>[.<DECODER>].slots.csv``
+(:data:`asr_core.contract.metrics.SLOT_COLUMNS`): read into :attr:`Sweep.slots` for the runs whose per-recording
+tables are read.
 """
 
 from __future__ import annotations
@@ -44,9 +48,9 @@ import pandas as pd
 from analysis.fetch import CollectError, RunRecord, fetch_records, is_lm_run
 from analysis.naming import (CONTEXT_PARAM, SEED_PARAM, config_label, digest, name_configs, name_series, number,
                              science_params, seed_of)
-from asr_core.contract.metrics import (CLEAN, CUE_COLUMNS, GREEDY, TABLE_COLUMNS, condition_name, decoder_tag,
-                                       metric_name, parse_decoder_metric_key, parse_heads_key, parse_lm_ppl_key,
-                                       parse_metric_key, snr_of, table_name)
+from asr_core.contract.metrics import (CLEAN, CUE_COLUMNS, GREEDY, SLOT_COLUMNS, TABLE_COLUMNS, condition_name,
+                                       decoder_tag, metric_name, parse_decoder_metric_key, parse_heads_key,
+                                       parse_lm_ppl_key, parse_metric_key, slot_table_name, snr_of, table_name)
 from asr_core.contract.trial import (FINISHED, ROLE_EXTERNAL, ROLE_PARENT, ROLE_TRIAL, TAG_ERROR, TAG_LABEL,
                                      TAG_ROLE, TAG_SUBGRIDS, TAG_SYSTEM)
 
@@ -72,6 +76,8 @@ LM_PPL_COLUMNS = ["lm_run", "lm_name", "dataset", "lm_context", "ppl"]
 # one row per finished run, evaluation that ran on it, dataset and condition (asr_core.contract.evaluation's tags);
 # ``job``: "own" (the trial's own evaluation at the end of training) or an evaluation job's id; ``setting``: JSON
 EVALUATION_COLUMNS = ["run_id", "evaluation", "job", "dataset", "condition", "setting"]
+# one row per finished run, decoder, dataset, condition and recall slot (the per-slot tables)
+SLOT_FRAME_COLUMNS = ["run_id", "dataset", "decoder", *SLOT_COLUMNS]
 
 
 def greedy_rows(frame: pd.DataFrame, decoder: str = GREEDY) -> pd.DataFrame:
@@ -102,7 +108,9 @@ class Sweep:
       representation (A, Q, K, V, Y) and statistic (``sum``, ``similarity``, ``layer`` with its ``layer``);
     * ``lm_ppl``: LM perplexity per token (:data:`LM_PPL_COLUMNS`), one row per LM run, dataset and LM context;
     * ``evaluations``: which evaluation measured what on each finished run (:data:`EVALUATION_COLUMNS`), from the
-      runs' ``eval.evaluation.<id>`` tags (none on runs made before evaluations were recorded).
+      runs' ``eval.evaluation.<id>`` tags (none on runs made before evaluations were recorded);
+    * ``slots``: the recall plant's per-slot rows (:data:`SLOT_FRAME_COLUMNS` and the trial columns), one row per
+      finished run, decoder, dataset, condition and slot; empty for a sweep without the plant.
     """
 
     experiment: str
@@ -116,6 +124,7 @@ class Sweep:
     heads: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=HEAD_COLUMNS))
     lm_ppl: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=LM_PPL_COLUMNS))
     evaluations: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=EVALUATION_COLUMNS))
+    slots: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=SLOT_FRAME_COLUMNS))
 
     @property
     def families(self) -> list[str]:
@@ -219,6 +228,7 @@ def build_sweep(experiment: str, records: Iterable[RunRecord], *, ignore_params:
     decoder_rows: list[dict[str, Any]] = []
     head_rows: list[dict[str, Any]] = []
     evaluation_rows: list[dict[str, Any]] = []
+    slot_frames: list[pd.DataFrame] = []
     for rec in kept:
         label = by_run.loc[rec.run_id, "label"]
         head_rows.extend(_head_rows(rec))
@@ -259,6 +269,14 @@ def build_sweep(experiment: str, records: Iterable[RunRecord], *, ignore_params:
                 problems.append(_problem(rec, label, f"eval/{name}.csv {why}; left out of the significance tests"))
                 continue
             tables[(dec, ds)] = table
+            slot_name = slot_table_name(ds, dec)
+            if slot_name in rec.tables:
+                slot_table, why = _read_slot_table(rec.tables[slot_name])
+                if why:
+                    problems.append(_problem(rec, label, f"eval/{slot_name}.csv {why}; left out of the recall "
+                                                         "control"))
+                else:
+                    slot_frames.append(slot_table.assign(run_id=rec.run_id, dataset=ds, decoder=dec))
         # per table, one pass: sums and duplicate checks per condition, then the usable rows in one slice
         summary = {key: _condition_summary(t) for key, t in tables.items()}
         usable: dict[tuple[str, str], dict[str, float]] = {}
@@ -304,9 +322,12 @@ def build_sweep(experiment: str, records: Iterable[RunRecord], *, ignore_params:
     heads = trials[info_cols].merge(heads, on="run_id", how="inner")
     lm_ppl = pd.DataFrame(lm_rows, columns=LM_PPL_COLUMNS).sort_values(["lm_name", "lm_run", "dataset",
                                                                         "lm_context"]).reset_index(drop=True)
+    slots = pd.concat(slot_frames, ignore_index=True)[SLOT_FRAME_COLUMNS] if slot_frames else \
+        pd.DataFrame(columns=SLOT_FRAME_COLUMNS)
+    slots = trials[info_cols].merge(slots, on="run_id", how="inner")
     return Sweep(experiment, trials, wer, recs, prob, params, external,
                  pd.DataFrame(decoder_rows, columns=DECODER_COLUMNS), heads, lm_ppl,
-                 pd.DataFrame(evaluation_rows, columns=EVALUATION_COLUMNS))
+                 pd.DataFrame(evaluation_rows, columns=EVALUATION_COLUMNS), slots)
 
 
 def _decoder_settings(rec: RunRecord, decoder: str) -> tuple[dict[str, Any], str]:
@@ -400,6 +421,29 @@ def _read_table(text: str, dataset: str) -> tuple[pd.DataFrame, str]:
     df["condition"] = keys.map(canon)
     df["errors"] = df["substitutions"] + df["deletions"] + df["insertions"]
     return df.drop(columns=["snr_db"]), ""
+
+
+def _read_slot_table(text: str) -> tuple[pd.DataFrame, str]:
+    """Parse one per-slot table (:data:`SLOT_COLUMNS`); returns (table, "") or (empty, why it is unusable).
+    Conditions are made canonical as in the per-recording tables."""
+    try:
+        df = pd.read_csv(io.StringIO(text), dtype={"recording": str, "condition": str, "slot": str, "word": str,
+                                                   "band": str, "kind": str, "hyp": str}, keep_default_na=False,
+                         na_values={"snr_db": [""], "distance_s": [""]})
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
+        return pd.DataFrame(), f"cannot be parsed ({type(e).__name__}: {e})"
+    missing = [c for c in SLOT_COLUMNS if c not in df.columns]
+    if missing:
+        return pd.DataFrame(), f"lacks columns {missing} (has {list(df.columns)})"
+    df = df[list(SLOT_COLUMNS)].copy()
+    for c in ("snr_db", "distance_s", "correct"):
+        df[c] = pd.to_numeric(df[c], errors="coerce")
+    if df["correct"].isna().any() or not df["correct"].isin([0, 1]).all():
+        return pd.DataFrame(), "has a 'correct' cell that is not 0 or 1"
+    df["condition"] = [CLEAN if c == CLEAN else condition_name(s if not math.isnan(s) else snr_of(c))
+                       for c, s in zip(df["condition"], df["snr_db"])]
+    df["correct"] = df["correct"].astype(int)
+    return df, ""
 
 
 def _condition_summary(table: pd.DataFrame) -> dict[str, dict]:

@@ -19,7 +19,10 @@ Sections that only a sweep with the data gets (a sweep without it gets the repor
   tracks WER (:mod:`analysis.heads`), ``heads.csv``, ``heads_tracking.csv`` and a figure per family;
 * the planted cue (``cue_words``/``cue_errors`` in the per-recording tables): the cue-word error rate against context
   beside WER on all and on the other words, with paired tests against the shortest and the baseline context
-  (:mod:`analysis.cue`), ``cue.csv`` and a figure per family.
+  (:mod:`analysis.cue`), ``cue.csv`` and a figure per family;
+* the recall plant (per-slot tables ``eval/<DATASET>.slots.csv``): a "Recall control" part of the positive-control
+  section, slot accuracy by band, distance and context with the ceiling and guess-rate controls, far-band tests
+  between context lengths and a verdict (:mod:`analysis.recall`), ``recall.csv`` and ``recall_tests.csv``.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ import pandas as pd
 from analysis import cue
 from analysis import decoders as dec
 from analysis import heads as hd
+from analysis import recall as rc
 from analysis import stats
 from analysis.collect import NOTHING_LEARNED_WER, Sweep
 from analysis.finding import Check, Gain, finding_checks, summary_sentence
@@ -215,6 +219,13 @@ def build_report(sweep: Sweep, out_dir: Path | str, *, baseline_context: float =
                                       unlearned_note(unlearned, n_configs, names=False) if nothing_learned else "")
         extra.append(section)
         csvs["cue"] = table
+    if rc.has_slots(sweep):
+        part, tables = _recall_part(sweep, alpha)
+        if extra and extra[-1].title == CUE_TITLE:  # one positive-control section
+            extra[-1] = _join(extra[-1], part)
+        else:
+            extra.append(part)
+        csvs.update(tables)
     paths = {}
     for name, df in csvs.items():
         paths[name] = out / f"{name}.csv"
@@ -328,8 +339,38 @@ def _cue_section(sweep: Sweep, out: Path, baseline_context: float, alpha: float,
     bullets = [("Shortest against longest context", cue.verdicts(table, alpha))]
     if no_figures:
         bullets.append(("", [f"Figure not drawn: {no_figures}."]))
-    section = Section("Planted cue (positive control)", paras, cue.display(table, baseline_context), figs, bullets)
+    section = Section(CUE_TITLE, paras, cue.display(table, baseline_context), figs, bullets)
     return section, table
+
+
+CUE_TITLE = "Planted cue (positive control)"
+RECALL_TITLE = "Recall control (positive control)"
+
+
+def _recall_part(sweep: Sweep, alpha: float) -> tuple[Section, dict[str, pd.DataFrame]]:
+    """The recall control: its own section, or the part :func:`_join` adds to the planted cue's."""
+    rates = rc.rate_table(sweep)
+    tests = rc.far_tests(sweep, rates)
+    paras = [
+        "**Recall control.** The synthetic corpus says a code word clearly (\"the code word is X\") and later asks "
+        "for it again with its audio masked by noise (\"remember the code word X\"; python -m asr_core synth "
+        "--recall): the masked word can only be recalled from the context, 1-4 s back (near band, inside every "
+        "window) or 20-60 s back (far band). Accuracy: slots whose aligned hypothesis word is the code word, pooled "
+        "over slots, greedy decoding with the moving windows of the evaluation, mean ± sd over seeds; masked slots "
+        "with a key sentence by band and distance, the ceiling (unmasked slots) and the guess rate (masked slots "
+        "of recordings without a key sentence; chance is 1/8).",
+        f"Tests: each context against the series' shortest on far-band accuracy, the paired sign-flip permutation "
+        f"test over recordings (per recording the far slots missed, averaged over seeds, over its far slots), "
+        f"Holm-corrected across every comparison of this part; significant: adjusted p < {alpha:g}."]
+    bullets = [("Recall control: shortest against longest context", rc.verdicts(rates, tests, alpha))]
+    return Section(RECALL_TITLE, paras, rc.display(rates, tests), [], bullets), {"recall": rates,
+                                                                                  "recall_tests": tests}
+
+
+def _join(section: Section, part: Section) -> Section:
+    """``section`` with ``part``'s paragraphs, tables, figures and bullets after its own."""
+    return Section(section.title, section.paragraphs + part.paragraphs, section.tables + part.tables,
+                   section.figures + part.figures, section.bullets + part.bullets)
 
 
 def _finding_frame(checks: list[Check], gains: list[Gain]) -> pd.DataFrame:

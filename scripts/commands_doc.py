@@ -116,8 +116,9 @@ def commands() -> list[Command]:
     """Every command of the project, in the order of the page."""
     out = [Command("asr-study --help", _call("asr_study.cli:main", ["--help"]), CONSOLE),
            Command("python -m asr_core --help", _call(ASR, ["--help"]), TRAINER)]
-    for name in ("train", "params", "evaluate", "heads", "reach", "score", "prepare", "synth", "trial", "outbox",
-                 "ship"):
+    from asr_core.__main__ import COMMANDS as CORE  # every command, in its table's order (bench and lm below)
+
+    for name in (n for n in CORE if n not in ("bench", "lm")):
         out.append(Command(f"python -m asr_core {name} --help", _call(ASR, [name, "--help"]), TRAINER))
     out.append(Command("python -m asr_core bench", _call(ASR, ["bench"]), TRAINER))
     for name in ("train", "decode", "data", "calibrate"):

@@ -9,6 +9,9 @@ at all: runs already logged keep the names they have, so every builder is the ex
   ``wer_<DECODER>/...`` for a beam decoder (:func:`metric_key`, :func:`parse_decoder_metric_key`);
 * cue-word error rate in percent, on datasets with planted cue words: ``cue/...`` and ``cue_<DECODER>/...``
   (:func:`cue_metric_key`, :func:`parse_cue_metric_key`);
+* slot accuracy in percent on datasets with the recall plant (clean audio): ``recall/<DATASET>/<GROUP>`` and
+  ``recall_<DECODER>/...`` (:func:`recall_metric_key`, :func:`parse_recall_metric_key`), and per-slot tables
+  ``eval/<DATASET>[.<DECODER>].slots.csv``, columns :data:`SLOT_COLUMNS` (:func:`slot_table_name`);
 * a beam decoder's settings: the run's tag ``eval.decoder.<DECODER>`` (JSON; :func:`decoder_tag`);
 * per-recording tables: artifacts ``eval/<DATASET>.csv`` (greedy) and ``eval/<DATASET>.<DECODER>.csv``
   (:func:`table_name`), columns :data:`TABLE_COLUMNS` then the optional :data:`CUE_COLUMNS`;
@@ -38,6 +41,12 @@ LM_TAG = "lm.data_fingerprint"  # every LM training run has it
 TABLE_COLUMNS = ("dataset", "condition", "snr_db", "recording", "ref_words", "substitutions", "deletions",
                  "insertions", "hyp_words", "wer")
 CUE_COLUMNS = ("cue_words", "cue_errors")
+# the per-slot table of a dataset with the recall plant (eval/<DATASET>[.<DECODER>].slots.csv), one row per slot and
+# condition; ``correct`` 0/1, ``hyp`` the aligned hypothesis word ("" where the alignment deletes the code word)
+RECALL = "recall"
+SLOT_COLUMNS = ("recording", "condition", "snr_db", "slot", "word", "band", "kind", "distance_s", "hyp", "correct")
+RECALL_GROUPS = ("near", "far", "unmasked", "no-key")  # masked slots with a key by band, then the two controls
+SLOTS_SUFFIX = ".slots"
 HEADS_STATISTICS = ("sum", "similarity", "layer")  # "layer" with the layer's index: layer<i>
 
 _NUMBER = r"[-+]?[0-9.]+(?:e[-+]?[0-9]+)?"
@@ -47,6 +56,8 @@ _RATE_RE = {kind: (re.compile(rf"^{kind}/(?P<dataset>.+?){_SNR}$"),
                    re.compile(rf"^{kind}_(?P<decoder>{_DECODER})/(?P<dataset>.+?){_SNR}$")) for kind in (WER, CUE)}
 _HEADS_RE = re.compile(rf"^{HEADS_DIR}/(?P<dataset>.+)/(?P<repr>[AQKVY])/"
                        r"(?P<stat>sum|similarity|layer(?P<layer>[0-9]+))$")
+_RECALL_RE = re.compile(rf"^{RECALL}(?:_(?P<decoder>{_DECODER}))?/(?P<dataset>.+)/"
+                        rf"(?P<group>{'|'.join(map(re.escape, RECALL_GROUPS))})$")
 _LM_PPL_RE = re.compile(rf"^{LM_PPL}/(?P<dataset>.+)/ctx(?P<context>[0-9]+)$")
 
 
@@ -124,6 +135,37 @@ def parse_cue_metric_key(key: str) -> tuple[str, str, str, float] | None:
     """Any decoder's cue-word error rate: ``"cue_beam/dev/snr10"`` -> ``("beam", "dev", "snr10", 10.0)``; else
     None."""
     return _parse_rate(CUE, key)
+
+
+# ---- recall slots (the recall plant, asr_core.data.corpora.recall) -----------------------------------------------
+
+def recall_metric_key(dataset: str, group: str, decoder: str = GREEDY) -> str:
+    """``recall/<NAME>/<GROUP>`` (``recall_<DECODER>/...`` for a beam decoder): slot accuracy in percent on clean
+    audio, ``group`` one of :data:`RECALL_GROUPS` (``near``/``far``: masked slots with a key sentence by band;
+    ``unmasked``, ``no-key``: the controls)."""
+    if group not in RECALL_GROUPS:
+        raise ValueError(f"recall group {group!r}: one of {', '.join(RECALL_GROUPS)}")
+    prefix = RECALL if decoder == GREEDY else f"{RECALL}_{decoder}"
+    return f"{prefix}/{dataset}/{group}"
+
+
+def parse_recall_metric_key(key: str) -> tuple[str, str, str] | None:
+    """``"recall/dev/far"`` -> ``("greedy", "dev", "far")``, ``"recall_beam/dev/no-key"`` -> ``("beam", "dev",
+    "no-key")``; else None."""
+    m = _RECALL_RE.match(key)
+    if not m or m.group("decoder") == GREEDY:
+        return None
+    return m.group("decoder") or GREEDY, m.group("dataset"), m.group("group")
+
+
+def slot_table_name(dataset: str, decoder: str = GREEDY) -> str:
+    """The stem of a run's per-slot table: ``eval/<dataset>.slots.csv``, ``eval/<dataset>.<decoder>.slots.csv``."""
+    return table_name(dataset, decoder) + SLOTS_SUFFIX
+
+
+def slot_table_file(dataset: str, decoder: str = GREEDY) -> str:
+    """The file name of a per-slot table (in the run's artifact folder ``eval``): :func:`slot_table_name` + .csv."""
+    return f"{slot_table_name(dataset, decoder)}.csv"
 
 
 # ---- beam decoders and tables ------------------------------------------------------------------------------------

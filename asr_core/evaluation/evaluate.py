@@ -20,6 +20,13 @@ planted words substituted or deleted, per recording in the columns ``cue_words``
 datasets without a plant), and as metrics ``cue/<NAME>`` and ``cue/<NAME>/snr<DB:g>`` in percent (beam decoders:
 ``cue_<decoder>/...``). Datasets without planted words log no ``cue/`` metric.
 
+A dataset whose recordings carry the recall plant's slots (``synth --recall``; :mod:`asr_core.evaluation.recall`)
+also gets a per-slot table ``DIR/<NAME>.slots.csv`` (``<NAME>.<decoder>.slots.csv`` for a beam decoder; one row
+per slot and condition, columns :data:`~asr_core.contract.metrics.SLOT_COLUMNS`), logged beside the per-recording
+table, and the clean condition's slot accuracy in percent as metrics ``recall/<NAME>/near``, ``.../far`` (masked
+slots with a key sentence), ``.../unmasked`` and ``.../no-key`` (the controls). Datasets without slots write and
+log nothing more.
+
 Everything logged goes through an outbox (:mod:`asr_core.runtime.outbox`): the trial job passes its own, so evaluation never
 waits for MLflow; the standalone command keeps one in ``DIR/outbox`` and waits for it at most
 ``ASR_CORE_FINAL_FLUSH_S`` seconds at the end (what is left is shipped later with ``python -m asr_core outbox DIR
@@ -58,8 +65,9 @@ from asr_core.decoding.decode import WindowBatch, auto_batch_windows, window_fra
 from asr_core.contract.evaluation import merge_tables
 from asr_core.contract.ledger import shown_tags
 from asr_core.contract.metrics import (CUE_COLUMNS, GREEDY, TABLE_COLUMNS, condition_name, cue_metric_key, decoder_tag,
-                                     metric_key, table_file)
+                                     metric_key, slot_table_file, table_file)
 from asr_core.device import resolve_device, use_bf16
+from asr_core.evaluation.recall import merge_slot_tables, recall_metrics, recall_slots, slot_table, write_slot_table
 from asr_core.evaluation.decoders import BeamDecoding, beam_decoding, check_lm_vocabulary, evaluate_dataset
 from asr_core.runtime.outbox import Outbox, fail_fast_http
 from asr_core.evaluation.score import Counts, corpus_wer
@@ -192,6 +200,7 @@ def evaluate(job: EvaluationRun, to: Destination = Destination()) -> pd.DataFram
         raise FileNotFoundError(f"noise file {noise} not found; use 'synthetic' or the path of an audio file")
     corpora = {name: load_corpus(spec, strict=job.strict) for name, spec in parsed}
     cues = {name: planted(recs) for name, recs in corpora.items()}  # None: no planted words in the dataset
+    slots = {name: recall_slots(recs) for name, recs in corpora.items()}  # None: no recall plant in the dataset
     run: tuple[str, str | None] | None = None
     new_tags: dict[str, str] = {}
     if to.log:
@@ -259,6 +268,18 @@ def evaluate(job: EvaluationRun, to: Destination = Destination()) -> pd.DataFram
                     metrics[key] = 100.0 * n_wrong / n_cue
                 print(f"[eval] {key} = " + (f"{100.0 * n_wrong / n_cue:.2f}%" if n_cue else "n/a")
                       + f" ({n_wrong} of {n_cue} planted words wrong)", file=sys.stderr, flush=True)
+            ds_slots = slots[name]
+            if ds_slots is not None:
+                slot_rows = slot_table(recordings, hyps, ds_slots, decoder)
+                table = write_slot_table(out / slot_table_file(name, decoder), slot_rows)
+                if job.tables_from:
+                    merge_slot_tables(table, [Path(d) / table.name for d in job.tables_from])
+                found = recall_metrics(name, slot_rows, decoder)
+                if beam is None or decoder != GREEDY:
+                    logged.append(table)
+                    metrics.update(found)
+                for key, value in found.items():
+                    print(f"[eval] {key} = {value:.2f}% (slot accuracy, clean)", file=sys.stderr, flush=True)
         with (out / f"{name}.hyp.jsonl").open("w", encoding="utf-8") as fh:
             for h in hyps:
                 fh.write(json.dumps(h, ensure_ascii=False) + "\n")
