@@ -127,7 +127,9 @@ def test_a_local_submit_whose_tracker_went_down_exits_3_and_the_next_command_cat
     submit = subprocess.Popen([sys.executable, "-m", "orchestrate", "submit",
                                str(grid(tmp_path, "5", str(smoke_corpus), 24)), "--backend", "local", "--sweep-root",
                                str(root), "--sweep", name, "--tracking-uri", server.uri],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+                              # the trainer's last wait for the dead tracker (60 s by default) is not under test
+                              env={**os.environ, "ASR_CORE_FINAL_FLUSH_S": "3"})
     try:
         sweep = SweepDir(root, name)
         keys = lambda: [t.key for t in sweep.read_trials()] if (sweep.path / "trials.json").exists() else []  # noqa: E731
