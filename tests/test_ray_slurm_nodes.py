@@ -159,3 +159,46 @@ if __name__ == "__main__":
 
     tune_driver.trial_command = probe_command
     sys.exit(ray_slurm.main())
+
+
+@pytest.mark.slow
+def test_a_ray_head_whose_port_was_taken_starts_again_on_another(tmp_path: Path) -> None:
+    """The allocation's Ray head: a free port taken by another process before Ray binds it (seen in CI: "Failed to
+    start the grpc server ... port 38501") made the head exit, the allocation end and its trials wait for ever. A
+    real ``ray start --head`` (no srun: the launch is the one thing replaced, so the test says so) is given a port
+    this test holds first: it exits (after some 40 s of Ray's own retries), and the head comes up on the next port
+    tried."""
+    import shutil
+    import socket
+    import subprocess
+    import tempfile
+
+    from orchestrate.backends.ray_slurm import _free_port, _wait_for_head, start_head
+
+    ray_bin = str(Path(sys.executable).with_name("ray"))
+    held = socket.socket()
+    held.bind(("0.0.0.0", 0))  # as another process's server would hold it
+    held.listen()
+    ports = iter([held.getsockname()[1], _free_port()])
+    started: list[subprocess.Popen[bytes]] = []
+    short = tempfile.mkdtemp(prefix="rt", dir="/tmp")  # Ray's unix sockets live under it: at most 107 bytes
+
+    def launch(port: int) -> subprocess.Popen[bytes]:
+        started.append(subprocess.Popen([ray_bin, "start", "--head", "--node-ip-address", "127.0.0.1", "--port",
+                                         str(port), "--include-dashboard=false", "--num-cpus", "1",
+                                         "--temp-dir", f"{short}/r{port}", "--disable-usage-stats",
+                                         "--block"], stdout=open(tmp_path / f"head{port}.log", "w"), stderr=subprocess.STDOUT))
+        return started[-1]
+
+    try:
+        head, port = start_head(launch, lambda p, proc: _wait_for_head(f"127.0.0.1:{p}", ray_bin, proc, 150.0),
+                                free_port=lambda: next(ports))
+        assert len(started) == 2 and started[0].poll() is not None and head is started[1] and head.poll() is None
+        assert port != held.getsockname()[1]
+    finally:
+        held.close()
+        for p in started:
+            if p.poll() is None:
+                p.terminate()
+                p.wait(timeout=60)
+        shutil.rmtree(short, ignore_errors=True)

@@ -28,6 +28,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
@@ -161,20 +162,26 @@ def allocation(sweep_path: Path, sub_id: str, cpus_per_trial: int, gpus_per_tria
     cpus = int(os.environ.get("SLURM_CPUS_ON_NODE", os.cpu_count() or 1))
     gpus = _allocated_gpus()
     head_ip = _node_address(nodes[0])
-    port = _free_port()
-    address = f"{head_ip}:{port}"
-    tmp = f"/tmp/ray-{job_id}-{port}"  # short (Ray keeps unix sockets under it) and unique per allocation
     ray_bin = str(Path(sys.executable).with_name("ray"))
-    common = ["--num-cpus", str(cpus), "--num-gpus", str(gpus), "--temp-dir", tmp, "--disable-usage-stats", "--block"]
-    steps = [subprocess.Popen(["srun", "--overlap", "--nodes=1", "--ntasks=1", "-w", nodes[0], ray_bin, "start",
-                               "--head", "--node-ip-address", head_ip, "--port", str(port),
-                               "--include-dashboard=false", *common])]
-    print(f"[orchestrate] ray-slurm job {job_id}: head {address} with {cpus} CPUs, {gpus} GPUs; "
-          f"{len(nodes) - 1} worker nodes", flush=True)
-    _wait_for_head(address, ray_bin, steps[0])
+
+    def common(port: int) -> list[str]:
+        tmp = f"/tmp/ray-{job_id}-{port}"  # short (Ray keeps unix sockets under it) and unique per allocation
+        return ["--num-cpus", str(cpus), "--num-gpus", str(gpus), "--temp-dir", tmp, "--disable-usage-stats",
+                "--block"]
+
+    def launch(port: int) -> subprocess.Popen[bytes]:
+        print(f"[orchestrate] ray-slurm job {job_id}: head {head_ip}:{port} with {cpus} CPUs, {gpus} GPUs; "
+              f"{len(nodes) - 1} worker nodes", flush=True)
+        return subprocess.Popen(["srun", "--overlap", "--nodes=1", "--ntasks=1", "-w", nodes[0], ray_bin, "start",
+                                 "--head", "--node-ip-address", head_ip, "--port", str(port),
+                                 "--include-dashboard=false", *common(port)])
+
+    head, port = start_head(launch, lambda p, proc: _wait_for_head(f"{head_ip}:{p}", ray_bin, proc))
+    address = f"{head_ip}:{port}"
+    steps = [head]
     for node in nodes[1:]:
         steps.append(subprocess.Popen(["srun", "--overlap", "--nodes=1", "--ntasks=1", "-w", node, ray_bin, "start",
-                                       "--address", address, *common]))
+                                       "--address", address, *common(port)]))
     flag = sweep.path / "ray_slurm" / sub_id / PREEMPT_FLAG
     flag.unlink(missing_ok=True)
     preempted: list[int] = []
@@ -217,6 +224,31 @@ def _unfinished(sweep: SweepDir, sub_id: str) -> list[str]:
         if not folder.done.exists() and not folder.cancelled.exists():
             out.append(key)
     return out
+
+
+HEAD_TRIES = 3  # ports tried for the Ray head: a free port can be taken by another process before Ray binds it
+
+
+def start_head(launch: Callable[[int], subprocess.Popen[bytes]],
+               wait: Callable[[int, subprocess.Popen[bytes]], None], tries: int = HEAD_TRIES,
+               free_port: Callable[[], int] | None = None) -> tuple[subprocess.Popen[bytes], int]:
+    """Start the Ray head (``launch(port)``) and wait for it (``wait(port, process)``, BackendError when it exits
+    first); a head that exits before it is up (its port taken meanwhile: "Failed to start the grpc server ...
+    Address already in use") is started again on another free port, up to ``tries`` times. (head, port)."""
+    pick = free_port or _free_port
+    for attempt in range(1, tries + 1):
+        port = pick()
+        head = launch(port)
+        try:
+            wait(port, head)
+            return head, port
+        except BackendError as e:
+            if head.poll() is None:
+                head.terminate()
+            if attempt == tries:
+                raise BackendError(f"{e} ({tries} ports tried)") from None
+            print(f"[orchestrate] ray-slurm: {e} (port {port}); trying another port", flush=True)
+    raise AssertionError("unreachable")
 
 
 def _wait_for_head(address: str, ray_bin: str, head: subprocess.Popen[bytes], timeout: float = 120.0) -> None:
