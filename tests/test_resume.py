@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -63,6 +64,8 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list]:
 def setup(request: pytest.FixtureRequest, corpus: tuple[Path, list]) -> dict:
     root, recs = corpus
     root = root / request.param
+    # pytest builds a parametrized module fixture again when the tests of its params interleave on a worker
+    shutil.rmtree(root, ignore_errors=True)
     root.mkdir()
     cfg = tiny_cfg(**{"train.max_steps": 2 * K, "train.checkpoint_every": K, "train.log_every": 1,
                       "data.batch_audio_s": 30, "model.vocab_size": 40, **VARIANTS[request.param]})
