@@ -173,13 +173,13 @@ def test_a_ray_head_whose_port_was_taken_starts_again_on_another(tmp_path: Path)
     import subprocess
     import tempfile
 
-    from orchestrate.backends.ray_slurm import _free_port, _wait_for_head, start_head
+    from orchestrate.backends.ray_slurm import pick_free_port, start_head, wait_for_head
 
     ray_bin = str(Path(sys.executable).with_name("ray"))
     held = socket.socket()
     held.bind(("0.0.0.0", 0))  # as another process's server would hold it
     held.listen()
-    ports = iter([held.getsockname()[1], _free_port()])
+    ports = iter([held.getsockname()[1], pick_free_port()])
     started: list[subprocess.Popen[bytes]] = []
     short = tempfile.mkdtemp(prefix="rt", dir="/tmp")  # Ray's unix sockets live under it: at most 107 bytes
 
@@ -187,11 +187,12 @@ def test_a_ray_head_whose_port_was_taken_starts_again_on_another(tmp_path: Path)
         started.append(subprocess.Popen([ray_bin, "start", "--head", "--node-ip-address", "127.0.0.1", "--port",
                                          str(port), "--include-dashboard=false", "--num-cpus", "1",
                                          "--temp-dir", f"{short}/r{port}", "--disable-usage-stats",
-                                         "--block"], stdout=open(tmp_path / f"head{port}.log", "w"), stderr=subprocess.STDOUT))
+                                         "--block"],
+                                        stdout=open(tmp_path / f"head{port}.log", "w"), stderr=subprocess.STDOUT))
         return started[-1]
 
     try:
-        head, port = start_head(launch, lambda p, proc: _wait_for_head(f"127.0.0.1:{p}", ray_bin, proc, 150.0),
+        head, port = start_head(launch, lambda p, proc: wait_for_head(f"127.0.0.1:{p}", ray_bin, proc, 150.0),
                                 free_port=lambda: next(ports))
         assert len(started) == 2 and started[0].poll() is not None and head is started[1] and head.poll() is None
         assert port != held.getsockname()[1]

@@ -127,7 +127,7 @@ class RaySlurmBackend(Backend):
 
 
 # ---- inside the allocation ------------------------------------------------------------------------------------------
-def _free_port() -> int:
+def pick_free_port() -> int:
     with socket.socket() as s:
         s.bind(("", 0))
         return int(s.getsockname()[1])
@@ -176,7 +176,7 @@ def allocation(sweep_path: Path, sub_id: str, cpus_per_trial: int, gpus_per_tria
                                  "--head", "--node-ip-address", head_ip, "--port", str(port),
                                  "--include-dashboard=false", *common(port)])
 
-    head, port = start_head(launch, lambda p, proc: _wait_for_head(f"{head_ip}:{p}", ray_bin, proc))
+    head, port = start_head(launch, lambda p, proc: wait_for_head(f"{head_ip}:{p}", ray_bin, proc))
     address = f"{head_ip}:{port}"
     steps = [head]
     for node in nodes[1:]:
@@ -235,7 +235,7 @@ def start_head(launch: Callable[[int], subprocess.Popen[bytes]],
     """Start the Ray head (``launch(port)``) and wait for it (``wait(port, process)``, BackendError when it exits
     first); a head that exits before it is up (its port taken meanwhile: "Failed to start the grpc server ...
     Address already in use") is started again on another free port, up to ``tries`` times. (head, port)."""
-    pick = free_port or _free_port
+    pick = free_port or pick_free_port
     for attempt in range(1, tries + 1):
         port = pick()
         head = launch(port)
@@ -251,7 +251,7 @@ def start_head(launch: Callable[[int], subprocess.Popen[bytes]],
     raise AssertionError("unreachable")
 
 
-def _wait_for_head(address: str, ray_bin: str, head: subprocess.Popen[bytes], timeout: float = 120.0) -> None:
+def wait_for_head(address: str, ray_bin: str, head: subprocess.Popen[bytes], timeout: float = 120.0) -> None:
     """Return once ``ray status`` answers at ``address``; BackendError if the head exits or ``timeout`` passes."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
