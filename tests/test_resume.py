@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -63,10 +63,9 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list]:
 @pytest.fixture(scope="module", params=list(VARIANTS))
 def setup(request: pytest.FixtureRequest, corpus: tuple[Path, list]) -> dict:
     root, recs = corpus
-    root = root / request.param
-    # pytest builds a parametrized module fixture again when the tests of its params interleave on a worker
-    shutil.rmtree(root, ignore_errors=True)
-    root.mkdir()
+    # a folder (and ledger URI) of each build's own: pytest builds a parametrized module fixture again when the
+    # tests of its params interleave on a worker, and MLflow keeps a store per URI for the life of the process
+    root = Path(tempfile.mkdtemp(prefix=f"{request.param}-", dir=root))
     cfg = tiny_cfg(**{"train.max_steps": 2 * K, "train.checkpoint_every": K, "train.log_every": 1,
                       "data.batch_audio_s": 30, "model.vocab_size": 40, **VARIANTS[request.param]})
     (root / "train.py").write_text(SCRIPT)
