@@ -97,7 +97,8 @@ def test_cancel_stops_the_slurm_jobs_while_the_tracker_is_down(tmp_path: Path, s
                                                                request: pytest.FixtureRequest) -> None:
     request.getfixturevalue("slurm_cluster")
     root, name = tmp_path / "runs", f"offslurm-{uuid.uuid4().hex[:8]}"
-    p = cli("submit", str(grid(tmp_path, "3, 4", str(smoke_corpus), 40)), "--backend", "slurm", "--sweep-root",
+    # 400 steps: neither trial may finish in the seconds the cancel takes (a finished one is rightly left unmarked)
+    p = cli("submit", str(grid(tmp_path, "3, 4", str(smoke_corpus), 400)), "--backend", "slurm", "--sweep-root",
             str(root), "--sweep", name, "--tracking-uri", server.uri, "--profile",
             str(write_profile(tmp_path, "a100:1")), cwd=tmp_path)
     assert p.returncode == 0, p.stderr
@@ -112,7 +113,7 @@ def test_cancel_stops_the_slurm_jobs_while_the_tracker_is_down(tmp_path: Path, s
     wait_until(lambda: not squeue_states(f"orch.{name}."), 120, "the cancelled jobs run on", poll=0.5)
     for f in folders:
         outcomes = [a.outcome for a in read_attempts(f.path)]
-        assert f.cancelled.exists() and not f.done.exists(), f.path
+        assert f.cancelled.exists() and not f.done.exists(), (f.path, read_progress(f.path), outcomes)
         assert OUTCOME_CANCELLED in outcomes and not set(outcomes) & set(FAILURE_OUTCOMES), outcomes
     server.start()
     p = cli("status", name, "--sweep-root", str(root), cwd=tmp_path)
