@@ -48,8 +48,9 @@ import pandas as pd
 from analysis.fetch import CollectError, RunRecord, fetch_records, is_lm_run
 from analysis.naming import (CONTEXT_PARAM, SEED_PARAM, config_label, digest, name_configs, name_series, number,
                              science_params, seed_of)
-from asr_core.contract.metrics import (CLEAN, CUE_COLUMNS, GREEDY, SLOT_COLUMNS, TABLE_COLUMNS, condition_name,
-                                       decoder_tag, metric_name, parse_decoder_metric_key, parse_heads_key,
+from asr_core.contract.metrics import (AVERAGE, CLEAN, CUE_COLUMNS, GREEDY, SLOT_COLUMNS, TABLE_COLUMNS,
+                                       condition_name, decoder_tag, metric_name, parse_decoder_metric_key,
+                                       parse_heads_key,
                                        parse_lm_ppl_key, parse_metric_key, slot_table_name, snr_of, table_name)
 from asr_core.contract.trial import (FINISHED, ROLE_EXTERNAL, ROLE_PARENT, ROLE_TRIAL, TAG_ERROR, TAG_LABEL,
                                      TAG_ROLE, TAG_SUBGRIDS, TAG_SYSTEM)
@@ -428,10 +429,13 @@ def _read_slot_table(text: str) -> tuple[pd.DataFrame, str]:
     Conditions are made canonical as in the per-recording tables."""
     try:
         df = pd.read_csv(io.StringIO(text), dtype={"recording": str, "condition": str, "slot": str, "word": str,
-                                                   "band": str, "kind": str, "hyp": str}, keep_default_na=False,
-                         na_values={"snr_db": [""], "distance_s": [""]})
+                                                   "band": str, "kind": str, "hyp": str, "scoring": str},
+                         keep_default_na=False, na_values={"snr_db": [""], "distance_s": [""]})
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
         return pd.DataFrame(), f"cannot be parsed ({type(e).__name__}: {e})"
+    if "scoring" not in df.columns:  # written before the column: the moving-window scoring only
+        df["scoring"] = AVERAGE
+    df["scoring"] = df["scoring"].replace("", AVERAGE)
     missing = [c for c in SLOT_COLUMNS if c not in df.columns]
     if missing:
         return pd.DataFrame(), f"lacks columns {missing} (has {list(df.columns)})"

@@ -6,6 +6,11 @@ masked (:mod:`asr_core.data.corpora.recall`); evaluation scores each slot (:mod:
 :attr:`analysis.collect.Sweep.slots`. A model that uses its context recalls a masked code word when the clear
 mention lies inside it: the near band (1-4 s) is inside every window, the far band (20-60 s) only inside long ones.
 
+Two scorings (the table's ``scoring``): the moving-window decoding that evaluation makes, reported under its condition
+(``clean``), and one window per slot ending at it (:mod:`asr_core.evaluation.recall_window`), reported as the
+condition ``clean, one window per slot`` (:func:`scored_condition`): where the far band is recalled in one window
+but not under averaging, the decoder dilutes distant evidence.
+
 Here, per family, series, dataset and condition (greedy decoding) and per context length, for each group of
 :data:`GROUPS` (masked slots with a key sentence by band and by distance bin, :data:`BINS`; then the controls:
 unmasked slots, the acoustic ceiling, and masked slots of recordings without a key sentence, the guess rate 1/K):
@@ -28,7 +33,7 @@ import pandas as pd
 from analysis import stats
 from analysis.collect import Sweep, greedy_rows
 from analysis.werr import family_rows, format_seconds, stable_seed
-from asr_core.contract.metrics import CLEAN
+from asr_core.contract.metrics import AVERAGE, CLEAN, WINDOW
 
 # distance bins of masked slots: (label, upper edge in seconds, exclusive); the plant's bands are 1-4 s and 20-60 s
 BINS = (("1-4 s", 5.0), ("5-10 s", 10.0), ("10-20 s", 20.0), ("20-40 s", 40.0), ("40-60 s", math.inf))
@@ -36,6 +41,7 @@ CONTROLS = ("unmasked", "no-key")
 GROUPS = ("near", "far", *(label for label, _ in BINS), *CONTROLS)
 GROUP_NAMES = {"near": "near band (1-4 s)", "far": "far band (20-60 s)", "unmasked": "ceiling (unmasked)",
                "no-key": "guess rate (no key)", **{label: f"distance {label}" for label, _ in BINS}}
+SCORING_NAMES = {WINDOW: "one window per slot"}
 KEYS = ["config", "config_id", "series", "series_id", "families", "context_s", "dataset", "condition"]
 RATE_COLUMNS = ["family", "series", "series_id", "dataset", "condition", "config", "config_id", "context_s", "group",
                 "n_seeds", "seeds", "n_recordings", "n_slots", "accuracy", "accuracy_sd", "accuracy_min",
@@ -52,9 +58,20 @@ def distance_bin(distance_s: float) -> str:
     return next(label for label, hi in BINS if distance_s < hi)
 
 
+def scored_condition(condition: str, scoring: str) -> str:
+    """The condition a slot row is reported under: its own for the moving-window scoring, with the scoring named
+    otherwise (``"clean"``, ``"window"`` -> ``"clean, one window per slot"``), so every table, test and verdict of the
+    section is made once per scoring."""
+    return condition if scoring in ("", AVERAGE) else f"{condition}, {SCORING_NAMES.get(scoring, scoring)}"
+
+
 def slot_rows(sweep: Sweep) -> pd.DataFrame:
-    """The greedy per-slot rows of ``sweep`` (empty without the plant)."""
-    return greedy_rows(sweep.slots)
+    """The greedy per-slot rows of ``sweep`` (empty without the plant), the single-window rows under their own
+    condition (:func:`scored_condition`)."""
+    rows = greedy_rows(sweep.slots)
+    if rows.empty or "scoring" not in rows.columns:
+        return rows
+    return rows.assign(condition=[scored_condition(c, s) for c, s in zip(rows["condition"], rows["scoring"])])
 
 
 def has_slots(sweep: Sweep) -> bool:

@@ -46,18 +46,24 @@ def correct(ds: str, ctx: float, seed: int, rec: int, k: int) -> int:
     return int(ds == "rec" and ctx > 20 and not (rec == 9 and k == 3))
 
 
-def slot_table(ds: str, ctx: float, seed: int) -> str:
+def slot_table(ds: str, ctx: float, seed: int, window: bool = False) -> str:
+    """The moving-window rows as a table written before the ``scoring`` column (nine columns and the rest empty);
+    with ``window``, single-window rows too, where every keyed far slot of the long context is recalled."""
     lines = [",".join(SLOT_COLUMNS)]
-    for rec in range(KEYED + NO_KEY):
-        slots = SLOTS if rec < KEYED else (("near", "no-key", math.nan),) * 2
-        for k, (band, kind, d) in enumerate(slots):
-            ok = correct(ds, ctx, seed, rec, k)
-            hyp = "zebra" if ok else ("" if k == 3 else "walrus")  # a deletion leaves the cell empty
-            lines.append(f"rec{rec:02d},clean,,rec{rec:02d}/{k},zebra,{band},{kind},{'' if d != d else d},{hyp},{ok}")
+    for scoring in ("", "window") if window else ("",):
+        for rec in range(KEYED + NO_KEY):
+            slots = SLOTS if rec < KEYED else (("near", "no-key", math.nan),) * 2
+            for k, (band, kind, d) in enumerate(slots):
+                ok = correct(ds, ctx, seed, rec, k)
+                if scoring and band == "far" and rec < KEYED and ctx > 20:
+                    ok = 1
+                hyp = "zebra" if ok else ("" if k == 3 else "walrus")  # a deletion leaves the cell empty
+                lines.append(f"rec{rec:02d},clean,,rec{rec:02d}/{k},zebra,{band},{kind},{'' if d != d else d},{hyp},"
+                             f"{ok}" + (f",{scoring}" if scoring else ""))
     return "\n".join(lines) + "\n"
 
 
-def records(slots: bool = True, cue: bool = False) -> list[RunRecord]:
+def records(slots: bool = True, cue: bool = False, window: bool = False) -> list[RunRecord]:
     out = [RunRecord("parent", "RUNNING", {"sweep.role": "parent"}, {}, {})]
     for ctx in CONTEXTS:
         for seed in SEEDS:
@@ -73,7 +79,7 @@ def records(slots: bool = True, cue: bool = False) -> list[RunRecord]:
                 tables[ds] = "\n".join([head, *rows]) + "\n"
                 metrics[f"wer/{ds}"] = 10.0
                 if slots:
-                    tables[f"{ds}.slots"] = slot_table(ds, ctx, seed)
+                    tables[f"{ds}.slots"] = slot_table(ds, ctx, seed, window)
                 if cue:
                     metrics[f"cue/{ds}"] = 25.0
             out.append(RunRecord(f"r{ctx:.0f}-{seed}", "FINISHED", tags, params, metrics, tables))
@@ -187,3 +193,21 @@ def test_no_plant_no_part(tmp_path: Path) -> None:
         assert "Recall control" not in md and "recall" not in rep.csvs and not (out / "recall.csv").exists()
         texts.append(md)
     assert texts[0] == texts[1]
+
+
+def test_single_window_rows_are_reported_as_their_own_condition(tmp_path: Path) -> None:
+    """The single-window rows (scoring ``window``) get their own tables, tests and verdicts, beside the moving-window
+    ones (rows of a table written before the column), which stay as they were."""
+    sw = build_sweep("recall", records(window=True))
+    assert set(rc.slot_rows(sw)["condition"]) == {"clean", "clean, one window per slot"}
+    rates = rc.rate_table(sw)
+    one = rates[rates["condition"] == "clean, one window per slot"]
+    assert _acc(one, "flat", 81.92, "far")["accuracy"] == 100.0 and _acc(one, "flat", 10.24, "far")["accuracy"] == 10.0
+    plain = rates[rates["condition"] == "clean"]
+    pd.testing.assert_frame_equal(plain.reset_index(drop=True), rc.rate_table(build_sweep("recall", records())))
+    lines = rc.verdicts(rates, rc.far_tests(sw, rates), 0.05)
+    flat_one = next(x for x in lines if ", flat (clean, one window per slot)" in x)
+    assert "**yes: the longer context recalls far slots significantly better**" in flat_one
+    assert "**no: no significant difference" in next(x for x in lines if ", flat, " in x)
+    md = build_report(sw, tmp_path, bootstrap_resamples=200).markdown.read_text()
+    assert "Family context, flat, clean, one window per slot: recall slot accuracy" in md

@@ -19,7 +19,9 @@ from asr_core.contract import metrics as m
 from asr_core.contract.specs import CorpusError
 from asr_core.data.corpora import load_corpus
 from asr_core.data.corpora.base import Recording, Word
+from asr_core.data.corpora.recall import CODE_WORDS
 from asr_core.data.corpora.synth_text import vocabulary
+from asr_core.evaluation.recall import group_of as rc_group
 from asr_core.evaluation.recall import (Slot, aligned_words, group_accuracy, marked_reference, merge_slot_tables,
                                         recall_metrics, recall_slots, slot_rows, slot_table, write_slot_table)
 from asr_core.evaluation.score import marked_counts
@@ -54,13 +56,13 @@ def test_each_slot_is_scored_by_its_aligned_word() -> None:
     hyp[6] = "tock"
     hyp.insert(0, "um")
     ref = marked_reference(WORDS, SLOTS)
-    rows = slot_rows(ref, " ".join(hyp).upper(), "r", "snr10", extra={"scoring": "window"})
+    rows = slot_rows(ref, " ".join(hyp).upper(), "r", "snr10", extra={"key": "swap"}, scoring="window")
     assert [tuple(r[c] for c in m.SLOT_COLUMNS) for r in rows] == [
-        ("r", "snr10", 10.0, "r/0", "zebra", "near", "masked", 2.5, "zebra", 1),
-        ("r", "snr10", 10.0, "r/1", "zebra", "far", "masked", 30.0, "walrus", 0),
-        ("r", "snr10", 10.0, "r/2", "zebra", "far", "unmasked", 41.0, "", 0),
-        ("r", "snr10", 10.0, "r/3", "zebra", "near", "no-key", None, "zebra", 1)]
-    assert all(r["scoring"] == "window" for r in rows)
+        ("r", "snr10", 10.0, "r/0", "zebra", "near", "masked", 2.5, "zebra", 1, "window"),
+        ("r", "snr10", 10.0, "r/1", "zebra", "far", "masked", 30.0, "walrus", 0, "window"),
+        ("r", "snr10", 10.0, "r/2", "zebra", "far", "unmasked", 41.0, "", 0, "window"),
+        ("r", "snr10", 10.0, "r/3", "zebra", "near", "no-key", None, "zebra", 1, "window")]
+    assert all(r["key"] == "swap" for r in rows) and slot_rows(ref, "", "r")[0]["scoring"] == "average"
     # wrong exactly where the marked-word count (the cue words' scoring) counts an error
     assert marked_counts(list(ref.words), " ".join(hyp).split(), ref.positions).errors == 2
     assert slot_rows(ref, "", "r")[0]["hyp"] == "" and not any(r["correct"] for r in slot_rows(ref, "", "r"))
@@ -94,14 +96,21 @@ def test_metric_keys_and_table_names_round_trip() -> None:
         m.recall_metric_key("syn", "mid")
 
 
-def test_slot_tables_merge_by_condition_and_slot(tmp_path: Path) -> None:
+def test_slot_tables_merge_by_condition_slot_and_scoring(tmp_path: Path) -> None:
     ref = marked_reference(WORDS, SLOTS)
     old = write_slot_table(tmp_path / "old.csv", slot_rows(ref, "", "r") + slot_rows(ref, "", "r", "snr10"))
-    new = write_slot_table(tmp_path / "new.csv", slot_rows(ref, " ".join(WORDS), "r"))
+    new = write_slot_table(tmp_path / "new.csv", slot_rows(ref, " ".join(WORDS), "r")
+                           + slot_rows(ref, " ".join(WORDS), "r", scoring="window"))
     assert merge_slot_tables(new, [old, tmp_path / "missing.csv"]) == 4
     t = pd.read_csv(new)
-    assert list(t.columns) == list(m.SLOT_COLUMNS) and len(t) == 8
-    assert t[t.condition == "clean"].correct.tolist() == [1] * 4 and t[t.condition == "snr10"].correct.sum() == 0
+    assert list(t.columns) == list(m.SLOT_COLUMNS) and len(t) == 12
+    clean = t[t.condition == "clean"]
+    assert clean.correct.tolist() == [1] * 8 and sorted(set(clean.scoring)) == ["average", "window"]
+    assert t[t.condition == "snr10"].correct.sum() == 0
+    # a table written before the scoring column holds moving-window rows: its clean rows are measured already
+    legacy = tmp_path / "legacy.csv"
+    write_slot_table(legacy, slot_rows(ref, "", "r") + slot_rows(ref, "", "r", "snr20"), m.SLOT_COLUMNS[:-1])
+    assert merge_slot_tables(new, [legacy]) == 4 and len(pd.read_csv(new)) == 16
 
 
 def test_recall_slots_reads_the_metadata_and_refuses_a_mismatch(tmp_path: Path) -> None:
@@ -219,10 +228,13 @@ def test_evaluate_writes_the_slot_table_and_metrics_and_nothing_new_without_the_
     table = pd.read_csv(tmp_path / "a" / "eval" / "rec.slots.csv", dtype={"recording": str, "hyp": str})
     assert list(table.columns) == list(m.SLOT_COLUMNS)
     n = sum(map(len, slots.values()))
-    assert len(table) == 2 * n and set(table.condition) == {"clean", "snr10"}
-    assert sorted(table[table.condition == "clean"].slot) == sorted(s.slot for ss in slots.values() for s in ss)
+    # the moving-window rows of both conditions, and one single-window row per slot on clean audio
+    assert len(table) == 3 * n and set(table.condition) == {"clean", "snr10"}
+    assert table.groupby(["condition", "scoring"]).size().to_dict() == {("clean", "average"): n,
+                                                                        ("clean", "window"): n, ("snr10", "average"): n}
+    assert sorted(table[table.condition == "clean"].slot) == sorted(2 * [s.slot for ss in slots.values() for s in ss])
     assert set(table.correct) <= {0, 1}
-    clean = table[table.condition == "clean"].to_dict("records")
+    clean = table[(table.condition == "clean") & (table.scoring == "average")].to_dict("records")
     expected = recall_metrics("rec", clean)
     assert expected and {k: v for k, v in logged.items() if k.startswith("recall")} == pytest.approx(expected)
     assert not (tmp_path / "a" / "eval" / "plain.slots.csv").exists()
@@ -240,7 +252,7 @@ def test_evaluate_writes_the_slot_table_and_metrics_and_nothing_new_without_the_
 # ---- single-window scoring (python -m asr_core recall) -------------------------------------------------------------
 
 def test_slot_window_and_its_words() -> None:
-    from asr_core.probes.recall import slot_window, window_words
+    from asr_core.evaluation.recall_window import slot_window, window_words
 
     assert slot_window(12.345, 256, 5000, 100.0) == (1235 - 256, 1235)
     assert slot_window(1.0, 256, 5000, 100.0) == (0, 100)  # the recording starts later: a shorter window
@@ -252,7 +264,7 @@ def test_slot_window_and_its_words() -> None:
 def test_each_slot_is_scored_from_its_own_window(recall_corpus: Path) -> None:
     """A stand-in model that writes the index of its window's first frame, and a tokenizer that turns it into the
     words lying inside that window, with every other slot's code word swapped: exactly those are wrong."""
-    from asr_core.probes.recall import WindowModel, score_recording, slot_window, window_words
+    from asr_core.evaluation.recall_window import WindowModel, score_recording, slot_window, window_words
 
     recs = list(load_corpus(f"podcast:{recall_corpus}", audio=False))
     slots = recall_slots(recs)
@@ -289,12 +301,37 @@ def test_recall_command_writes_the_table(recall_corpus: Path, tmp_path: Path,
 
     ckpt = _checkpoint(tmp_path)
     assert probe.cli([str(ckpt), "--data", f"rec=podcast:{recall_corpus}", "--device", "cpu", "--out",
-                      str(tmp_path / "out")]) == 0
-    table = pd.read_csv(tmp_path / "out" / "rec.slots.csv", dtype={"recording": str, "hyp": str})
-    assert list(table.columns) == [*m.SLOT_COLUMNS, "scoring"] and set(table.scoring) == {"window"}
+                      str(tmp_path / "out"), "--key", "as-is,swap,silence"]) == 0
+    table = pd.read_csv(tmp_path / "out" / "rec.slots.csv", dtype={"recording": str, "hyp": str, "swap_word": str},
+                        keep_default_na=False)
+    assert list(table.columns) == [*m.SLOT_COLUMNS, "key", "swap_word", "followed"]
+    assert set(table.scoring) == {"window"} and set(table.key) == {"as-is", "swap", "silence"}
     slots = recall_slots(load_corpus(f"podcast:{recall_corpus}", audio=False))
-    assert slots is not None and sorted(table.slot) == sorted(s.slot for ss in slots.values() for s in ss)
-    assert "rec near:" in capsys.readouterr().out
+    assert slots is not None
+    for key in ("as-is", "swap", "silence"):  # every slot once per edit (the fixture's recording says its key)
+        assert sorted(table[table.key == key].slot) == sorted(s.slot for ss in slots.values() for s in ss), key
+    swapped = table[table.key == "swap"]
+    assert set(table[table.key != "swap"].swap_word) == {""} and (swapped.swap_word != swapped.word).all()
+    assert set(swapped.swap_word) <= set(CODE_WORDS)
+    assert (table.followed == ((table.key == "swap") & (table.hyp == table.swap_word)).astype(int)).all()
+    out = capsys.readouterr().out
+    assert "rec as-is near:" in out and "rec silence near:" in out and "follow the swap" in out
+    assert probe.cli([str(ckpt), "--data", f"rec=podcast:{recall_corpus}", "--key", "swap,muffle"]) == 2
+    assert "--key 'swap,muffle': a comma-separated list of as-is, swap, silence" in capsys.readouterr().err
+    # several checkpoints: a folder each and the summary, one row per checkpoint, edit and group
+    other = tmp_path / "other"
+    other.mkdir()
+    ckpt2 = _checkpoint(other)
+    assert probe.cli([str(ckpt), str(ckpt2), "--data", f"rec=podcast:{recall_corpus}", "--device", "cpu", "--out",
+                      str(tmp_path / "two"), "--key", "swap,silence"]) == 0
+    summary = pd.read_csv(tmp_path / "two" / "summary.csv")
+    assert list(summary.columns) == list(probe.SUMMARY_COLUMNS) and set(summary.checkpoint) == {str(ckpt), str(ckpt2)}
+    assert set(summary.key) == {"swap", "silence"} and (summary.context_s == 2.56).all()
+    swap = table[table.key == "swap"]
+    for _, r in summary[(summary.checkpoint == str(ckpt)) & (summary.key == "swap")].iterrows():
+        mine = swap[[rc_group(b, k) == r.group for b, k in zip(swap.band, swap.kind)]]
+        assert (r.slots, r.correct, r.followed) == (len(mine), mine.correct.sum(), mine.followed.sum()), r.group
+    assert summary[summary.key == "silence"].followed.isna().all()
     plain = tmp_path / "plain" / "test"
     plain.mkdir(parents=True)
     for f in sorted(recall_corpus.iterdir())[:2]:

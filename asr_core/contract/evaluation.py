@@ -24,11 +24,13 @@ This module imports neither torch nor mlflow: ``orchestrate`` reads it on every 
 from __future__ import annotations
 
 import csv
+import io
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, BinaryIO, Iterable, Mapping, Sequence
+
+from asr_core.contract.atomic import write_atomic, write_with
 
 EVALUATION_FILE = "evaluation.json"  # in an evaluation job's folder: its EvaluationSpec
 DEFAULT_EVALUATION = "greedy"  # the grid's eval section: greedy CTC, metrics wer/..., tables eval/<dataset>.csv
@@ -146,14 +148,7 @@ class EvaluationSpec:
 
     def write(self, folder: Path) -> Path:
         folder.mkdir(parents=True, exist_ok=True)
-        path = folder / EVALUATION_FILE
-        tmp = path.with_name(f".{EVALUATION_FILE}.{os.getpid()}.tmp")
-        with open(tmp, "w") as fh:
-            fh.write(json.dumps(self.to_dict(), indent=1))
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-        return path
+        return write_atomic(folder / EVALUATION_FILE, json.dumps(self.to_dict(), indent=1))
 
 
 def read_evaluation(folder: Path | str) -> EvaluationSpec | None:
@@ -210,15 +205,26 @@ def read_evaluated(path: Path) -> tuple[Conditions, dict[str, Any]] | None:
 
 
 # ---- tables ---------------------------------------------------------------------------------------------------------
-def merge_tables(new: Path, older: Iterable[Path]) -> int:
-    """Rewrite the per-recording table ``new`` so that it also holds the rows of the ``older`` tables of the same
-    dataset and decoder that it does not measure itself (one row per recording and condition; ``new``'s rows win).
-    Returns the number of rows taken over. Tables that are missing or unreadable are skipped."""
+TABLE_KEY = ("condition", "recording")  # a per-recording table holds one row per recording and condition
+
+
+def merge_tables(new: Path, older: Iterable[Path], key: Sequence[str] = TABLE_KEY,
+                 missing: Mapping[str, str] | None = None) -> int:
+    """Rewrite the table ``new`` so that it also holds the rows of the ``older`` tables of the same dataset and
+    decoder that it does not measure itself: rows are told apart by their ``key`` columns (per-recording tables: one
+    row per recording and condition; ``new``'s rows win), a key column a row lacks or leaves empty read as
+    ``missing``'s value for it (a column added later: what rows written before it meant). Returns the number of rows taken over. Tables that are
+    missing or unreadable are skipped; ``new`` is replaced whole (:func:`asr_core.contract.atomic.write_with`)."""
     with open(new, newline="") as fh:
         reader = csv.DictReader(fh)
         columns = list(reader.fieldnames or [])
         rows = list(reader)
-    seen = {(r.get("condition"), r.get("recording")) for r in rows}
+    fill = dict(missing or {})
+
+    def key_of(r: Mapping[str, str | None]) -> tuple[str, ...]:
+        return tuple(r.get(c) or fill.get(c, "") for c in key)
+
+    seen = {key_of(r) for r in rows}
     taken: list[dict[str, str]] = []
     for p in older:
         try:
@@ -227,15 +233,18 @@ def merge_tables(new: Path, older: Iterable[Path]) -> int:
         except (OSError, csv.Error):
             continue
         for r in old:
-            k = (r.get("condition"), r.get("recording"))
+            k = key_of(r)
             if k not in seen:
                 seen.add(k)
                 taken.append({c: r.get(c, "") for c in columns})
     if taken:
-        tmp = new.with_name(f".{new.name}.{os.getpid()}.tmp")
-        with open(tmp, "w", newline="") as fh:
-            w = csv.DictWriter(fh, columns)
+        def write(fh: BinaryIO) -> None:
+            text = io.TextIOWrapper(fh, newline="", encoding="utf-8")
+            w = csv.DictWriter(text, columns)
             w.writeheader()
             w.writerows(taken + rows)
-        os.replace(tmp, new)
+            text.flush()
+            text.detach()
+
+        write_with(new, write)
     return len(taken)

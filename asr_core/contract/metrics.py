@@ -41,10 +41,16 @@ LM_TAG = "lm.data_fingerprint"  # every LM training run has it
 TABLE_COLUMNS = ("dataset", "condition", "snr_db", "recording", "ref_words", "substitutions", "deletions",
                  "insertions", "hyp_words", "wer")
 CUE_COLUMNS = ("cue_words", "cue_errors")
-# the per-slot table of a dataset with the recall plant (eval/<DATASET>[.<DECODER>].slots.csv), one row per slot and
-# condition; ``correct`` 0/1, ``hyp`` the aligned hypothesis word ("" where the alignment deletes the code word)
+# the per-slot table of a dataset with the recall plant (eval/<DATASET>[.<DECODER>].slots.csv), one row per slot,
+# condition and scoring; ``correct`` 0/1, ``hyp`` the aligned hypothesis word ("" where the alignment deletes the
+# code word); ``scoring``: AVERAGE (the moving-window decoding of the whole recording, each frame the average of every
+# window covering it) or WINDOW (greedy, clean: the one window of the model's context that ends at the slot's code
+# word). A table written before the column holds AVERAGE rows only.
 RECALL = "recall"
-SLOT_COLUMNS = ("recording", "condition", "snr_db", "slot", "word", "band", "kind", "distance_s", "hyp", "correct")
+AVERAGE, WINDOW = "average", "window"
+SCORINGS = (AVERAGE, WINDOW)
+SLOT_COLUMNS = ("recording", "condition", "snr_db", "slot", "word", "band", "kind", "distance_s", "hyp", "correct",
+                "scoring")
 RECALL_GROUPS = ("near", "far", "unmasked", "no-key")  # masked slots with a key by band, then the two controls
 SLOTS_SUFFIX = ".slots"
 HEADS_STATISTICS = ("sum", "similarity", "layer")  # "layer" with the layer's index: layer<i>

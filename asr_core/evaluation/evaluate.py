@@ -23,7 +23,9 @@ datasets without a plant), and as metrics ``cue/<NAME>`` and ``cue/<NAME>/snr<DB
 A dataset whose recordings carry the recall plant's slots (``synth --recall``; :mod:`asr_core.evaluation.recall`)
 also gets a per-slot table ``DIR/<NAME>.slots.csv`` (``<NAME>.<decoder>.slots.csv`` for a beam decoder; one row
 per slot and condition, columns :data:`~asr_core.contract.metrics.SLOT_COLUMNS`), logged beside the per-recording
-table, and the clean condition's slot accuracy in percent as metrics ``recall/<NAME>/near``, ``.../far`` (masked
+table (moving-window rows, and for greedy decoding of clean audio one row per slot decoded from the one window that
+ends at it: :mod:`asr_core.evaluation.recall_window`), and the clean condition's moving-window slot accuracy in
+percent as metrics ``recall/<NAME>/near``, ``.../far`` (masked
 slots with a key sentence), ``.../unmasked`` and ``.../no-key`` (the controls). Datasets without slots write and
 log nothing more.
 
@@ -68,6 +70,7 @@ from asr_core.contract.metrics import (CUE_COLUMNS, GREEDY, TABLE_COLUMNS, condi
                                      metric_key, slot_table_file, table_file)
 from asr_core.device import resolve_device, use_bf16
 from asr_core.evaluation.recall import merge_slot_tables, recall_metrics, recall_slots, slot_table, write_slot_table
+from asr_core.evaluation.recall_window import WindowModel, window_rows
 from asr_core.evaluation.decoders import BeamDecoding, beam_decoding, check_lm_vocabulary, evaluate_dataset
 from asr_core.runtime.outbox import Outbox, fail_fast_http
 from asr_core.evaluation.score import Counts, corpus_wer
@@ -271,6 +274,9 @@ def evaluate(job: EvaluationRun, to: Destination = Destination()) -> pd.DataFram
             ds_slots = slots[name]
             if ds_slots is not None:
                 slot_rows = slot_table(recordings, hyps, ds_slots, decoder)
+                if decoder == GREEDY and None in conditions[name]:  # and one window per slot, clean audio
+                    slot_rows += window_rows(WindowModel(model, window, fps, tokenizer, dev, batch.size), recordings,
+                                             ds_slots, extractor)
                 table = write_slot_table(out / slot_table_file(name, decoder), slot_rows)
                 if job.tables_from:
                     merge_slot_tables(table, [Path(d) / table.name for d in job.tables_from])

@@ -7,11 +7,12 @@ normalised hypothesis by the same Levenshtein alignment (jiwer's), and the slot 
 aligned with its code word (:func:`aligned_words`; none where the alignment deletes it) equals the code word. So a
 slot is wrong exactly when :func:`~asr_core.evaluation.score.marked_counts` counts its word as an error.
 
-Two scorings share this: ``evaluate`` scores the moving-window decoding of whole recordings (:func:`slot_rows`, the
-table ``eval/<DATASET>[.<DECODER>].slots.csv`` and the metrics ``recall/<DATASET>/<GROUP>`` of
-:mod:`asr_core.contract.metrics`), and ``python -m asr_core recall`` (:mod:`asr_core.probes.recall`) the single
-window ending at each slot. The table has one row per slot and condition (:data:`SLOT_COLUMNS`); the metrics are the
-clean condition's accuracy in percent per group (:func:`group_accuracy`): masked slots with a key sentence by band
+Two scorings share this (the table's ``scoring`` column): ``average``, the moving-window decoding of whole recordings
+that ``evaluate`` makes (:func:`slot_rows`, the table ``eval/<DATASET>[.<DECODER>].slots.csv`` and the metrics
+``recall/<DATASET>/<GROUP>`` of :mod:`asr_core.contract.metrics`), and ``window``, the single window ending at each
+slot (:mod:`asr_core.evaluation.recall_window`; greedy and clean, in the same table, no metrics). The table has one
+row per slot, condition and scoring (:data:`SLOT_COLUMNS`); the metrics are the clean condition's moving-window
+accuracy in percent per group (:func:`group_accuracy`): masked slots with a key sentence by band
 (``near``, ``far``) and the controls (``unmasked``: the acoustic ceiling; ``no-key``: the guess rate, 1/K).
 """
 
@@ -19,7 +20,6 @@ from __future__ import annotations
 
 import csv
 import math
-import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +27,9 @@ from typing import Any
 
 import jiwer
 
-from asr_core.contract.metrics import CLEAN, GREEDY, RECALL_GROUPS, SLOT_COLUMNS, recall_metric_key, snr_of
+from asr_core.contract.evaluation import merge_tables
+from asr_core.contract.metrics import (AVERAGE, CLEAN, GREEDY, RECALL_GROUPS, SLOT_COLUMNS, recall_metric_key,
+                                     snr_of)
 from asr_core.contract.specs import CorpusError
 from asr_core.data.corpora.base import Recording
 from asr_core.data.corpora.cues import meta_file, read_meta
@@ -120,9 +122,9 @@ def marked_reference(words: Sequence[str], slots: Sequence[Slot]) -> MarkedRefer
 
 
 def slot_rows(reference: MarkedReference, hyp_text: str, recording: str, condition: str = CLEAN,
-              extra: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+              extra: Mapping[str, Any] | None = None, scoring: str = AVERAGE) -> list[dict[str, Any]]:
     """One row per slot of ``reference`` (:data:`SLOT_COLUMNS`, then ``extra``'s columns) for the hypothesis
-    ``hyp_text`` (raw decoded text; normalised here) of ``recording`` in ``condition``."""
+    ``hyp_text`` (raw decoded text; normalised here) of ``recording`` in ``condition``, scored as ``scoring``."""
     hyp = normalise(hyp_text).split()
     at = aligned_words(reference.words, hyp, reference.positions)
     snr = snr_of(condition)
@@ -131,7 +133,7 @@ def slot_rows(reference: MarkedReference, hyp_text: str, recording: str, conditi
         h = at[p]
         rows.append({"recording": recording, "condition": condition, "snr_db": None if math.isnan(snr) else snr,
                      "slot": s.slot, "word": s.word, "band": s.band, "kind": s.kind, "distance_s": s.distance_s,
-                     "hyp": h, "correct": int(h == reference.words[p]), **(extra or {})})
+                     "hyp": h, "correct": int(h == reference.words[p]), "scoring": scoring, **(extra or {})})
     return rows
 
 
@@ -159,12 +161,13 @@ def group_of(band: str, kind: str) -> str:
     return band if kind == "masked" else kind
 
 
-def group_accuracy(rows: Iterable[Mapping[str, Any]], condition: str = CLEAN) -> dict[str, tuple[int, int]]:
+def group_accuracy(rows: Iterable[Mapping[str, Any]], condition: str = CLEAN, scoring: str = AVERAGE
+                   ) -> dict[str, tuple[int, int]]:
     """Per group of :data:`~asr_core.contract.metrics.RECALL_GROUPS` (only those with slots): (correct, slots) of the
-    rows in ``condition``."""
+    rows in ``condition`` scored as ``scoring``."""
     out: dict[str, list[int]] = {}
     for r in rows:
-        if r["condition"] != condition:
+        if r["condition"] != condition or (r.get("scoring") or AVERAGE) != scoring:
             continue
         c = out.setdefault(group_of(str(r["band"]), str(r["kind"])), [0, 0])
         c[0] += int(r["correct"])
@@ -187,32 +190,11 @@ def write_slot_table(path: Path, rows: Sequence[Mapping[str, Any]], columns: Seq
     return path
 
 
+SLOT_KEY = ("condition", "slot", "scoring")  # a per-slot table holds one row per slot, condition and scoring
+
+
 def merge_slot_tables(new: Path, older: Iterable[Path]) -> int:
-    """As :func:`asr_core.contract.evaluation.merge_tables` for per-slot tables: ``new`` also gets the rows of the
-    ``older`` tables whose (condition, slot) it does not hold itself. Returns the rows taken over; missing or
-    unreadable tables are skipped."""
-    with open(new, newline="") as fh:
-        reader = csv.DictReader(fh)
-        columns = list(reader.fieldnames or [])
-        rows = list(reader)
-    seen = {(r.get("condition"), r.get("slot")) for r in rows}
-    taken: list[dict[str, str]] = []
-    for p in older:
-        try:
-            with open(p, newline="") as fh:
-                old = list(csv.DictReader(fh))
-        except (OSError, csv.Error):
-            continue
-        for r in old:
-            k = (r.get("condition"), r.get("slot"))
-            if k not in seen:
-                seen.add(k)
-                taken.append({c: r.get(c, "") for c in columns})
-    if taken:
-        tmp = new.with_name(f".{new.name}.{os.getpid()}.tmp")
-        with open(tmp, "w", newline="") as fh:
-            w = csv.DictWriter(fh, columns)
-            w.writeheader()
-            w.writerows(taken + rows)
-        os.replace(tmp, new)
-    return len(taken)
+    """:func:`asr_core.contract.evaluation.merge_tables` for per-slot tables: ``new`` also gets the rows of the
+    ``older`` tables whose (condition, slot, scoring) it does not hold itself (a table written before the
+    ``scoring`` column holds moving-window rows). Returns the rows taken over."""
+    return merge_tables(new, older, key=SLOT_KEY, missing={"scoring": AVERAGE})

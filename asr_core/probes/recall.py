@@ -1,108 +1,99 @@
-"""Single-window scoring of the recall plant's slots: for each slot, decode only the one window of the model's context
-length that ends at the slot's code word, and score the slot as evaluation does.
+"""Single-window scoring of the recall plant's slots, and the causal check: the key re-rendered with another code word,
+or silenced.
 
-``python -m asr_core recall CKPT [CKPT ...] --data NAME=podcast:PATH [--data ...] [--device auto|cpu|cuda]
-[--batch-windows N] [--out DIR]``
+``python -m asr_core recall CKPT [CKPT ...] --data NAME=podcast:PATH [--data ...] [--key as-is,swap,silence]
+[--device auto|cpu|cuda] [--batch-windows N] [--out DIR]``
 
-``evaluate`` scores the slots of the moving-window decoding (:mod:`asr_core.evaluation.recall`), where each output
-frame is the average over every window covering it: most of those windows end after the slot, and some start after
-the clear mention a long context would need. Here each slot gets one window of exactly the model's context ending
-at its code word's end (:func:`slot_window`; shorter where the recording starts later), so the far band tells the
-model's reach from the decoder's dilution of distant evidence. The reference of a window is the transcript's words
-lying wholly inside it (:func:`window_words`); the slot is correct when the hypothesis word aligned with its code
-word equals it (:func:`asr_core.evaluation.recall.slot_rows`).
+Each slot is decoded from the one window of the model's context that ends at its code word
+(:mod:`asr_core.evaluation.recall_window`, as ``evaluate`` adds to its slot table), on the recording's audio as it is
+(``as-is``) or re-rendered with every clear mention of the code word said otherwise, all else equal
+(:mod:`asr_core.data.corpora.rerender`): ``swap`` says another code word there, ``silence`` nothing. A model that
+recalls far slots from the key follows the swap (its output at the slot becomes the swap word) and falls to the guess
+rate without the key; a model that guesses from the slot's own audio or the corpus's frequencies does neither. Only
+recordings that say their key are edited.
 
-Features are computed over the whole recording (normalised as ``evaluate`` does) and then cut; the model runs in
-fp32. Writes ``<NAME>.slots.csv`` per dataset to ``--out`` (default ``recall/`` beside the checkpoint; with several
-checkpoints, a folder per checkpoint in it): one row per slot, the columns of
-:data:`~asr_core.contract.metrics.SLOT_COLUMNS` (condition ``clean``) and ``scoring`` (``window``). Prints each
-dataset's accuracy per group. Nothing is logged to MLflow.
+Writes ``<NAME>.slots.csv`` per dataset to ``--out`` (default ``recall/`` beside the checkpoint; with several
+checkpoints, a folder per checkpoint in it, and ``summary.csv``: per checkpoint, context, seed, dataset, edit and
+group, the accuracy and the share that follows the swap, :data:`SUMMARY_COLUMNS`): one row per slot and key edit, the columns of
+:data:`~asr_core.contract.metrics.SLOT_COLUMNS` (condition ``clean``, scoring ``window``), then ``key`` (the edit),
+``swap_word`` and ``followed`` (1 where the output at the slot is the swap word). Prints each dataset's accuracy per
+group and edit, and for the swap how often the output follows it. Nothing is logged to MLflow.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import math
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from asr_core.contract.metrics import SLOT_COLUMNS
-from asr_core.contract.specs import parse_dataset_spec
-from asr_core.data.corpora import CorpusError, Recording, load_corpus
-from asr_core.data.corpora.base import Word
-from asr_core.decoding.decode import forward_windows, greedy_ids, prepare_features, window_frames
-from asr_core.evaluation.recall import Slot, group_accuracy, marked_reference, recall_slots, slot_rows, write_slot_table
+from asr_core.contract.metrics import SLOT_COLUMNS, WINDOW
+from asr_core.contract.specs import parse_dataset_spec, split_spec
+from asr_core.data.corpora import CorpusError, load_corpus
+from asr_core.data.corpora.recall import EDITS
+from asr_core.data.corpora.rerender import Rerenderer
+from asr_core.decoding.decode import prepare_features, window_frames
+from asr_core.evaluation.recall import group_accuracy, group_of, recall_slots, write_slot_table
+from asr_core.evaluation.recall_window import WindowModel, score_recording
 
 RECALL_DIR = "recall"
-SCORING = "window"
-COLUMNS = (*SLOT_COLUMNS, "scoring")
-TIME_TOLERANCE_S = 1e-3  # word times are rounded to milliseconds
+AS_IS = "as-is"
+KEYS = (AS_IS, *EDITS)
+COLUMNS = (*SLOT_COLUMNS, "key", "swap_word", "followed")
 
 
-def slot_window(end_s: float, window: int, frames: int, frames_per_second: float) -> tuple[int, int]:
-    """The input frames ``(start, end)`` of the window of ``window`` frames that ends at ``end_s`` seconds (the
-    frame holding it included), within the recording's ``frames``: shorter where the recording starts later."""
-    e = min(frames, max(1, math.ceil(end_s * frames_per_second - 1e-6)))
-    return max(0, e - window), e
+def parse_keys(text: str) -> tuple[str, ...]:
+    """``"as-is,swap"`` -> ``("as-is", "swap")``; ValueError naming the valid ones."""
+    keys = tuple(k.strip() for k in text.split(",") if k.strip())
+    bad = [k for k in keys if k not in KEYS]
+    if bad or not keys:
+        raise ValueError(f"--key {text!r}: a comma-separated list of {', '.join(KEYS)}")
+    return tuple(dict.fromkeys(keys))
 
 
-def window_words(words: Sequence[Word], start_s: float, end_s: float) -> list[int]:
-    """The indices of the ``words`` lying wholly inside [start_s, end_s] (a word cut by the window's start is not
-    in its reference)."""
-    return [i for i, w in enumerate(words) if w.start is not None and w.end is not None
-            and w.start >= start_s - TIME_TOLERANCE_S and w.end <= end_s + TIME_TOLERANCE_S]
+def follow_rate(rows: Sequence[dict[str, Any]]) -> dict[str, tuple[int, int]]:
+    """Per group of the swapped rows: (slots whose output is the swap word, slots)."""
+    out: dict[str, list[int]] = {}
+    for r in rows:
+        if r.get("key") != "swap":
+            continue
+        c = out.setdefault(group_of(str(r["band"]), str(r["kind"])), [0, 0])
+        c[0] += int(r["followed"])
+        c[1] += 1
+    return {g: (a, n) for g, (a, n) in out.items()}
 
 
-@dataclass(frozen=True)
-class WindowModel:
-    """What decoding one window needs: the model, its window in input frames, the feature frame rate, the
-    tokenizer (``decode`` and ``blank_id``), the device and how many windows run at once."""
-
-    model: object
-    window: int
-    frames_per_second: float
-    tokenizer: object
-    device: torch.device | str = "cpu"
-    batch_windows: int = 8
+SUMMARY_COLUMNS = ("checkpoint", "context_s", "seed", "dataset", "key", "group", "slots", "correct", "accuracy",
+                   "followed", "follow_rate")
 
 
-def score_recording(wm: WindowModel, features: torch.Tensor, rec: Recording, slots: Sequence[Slot]
-                    ) -> list[dict]:
-    """The rows (:data:`COLUMNS`) of ``rec``'s slots, each decoded from its own window of ``features`` ((T, F),
-    normalised over the whole recording)."""
-    spans = [slot_window(s.end, wm.window, features.shape[0], wm.frames_per_second) for s in slots]
-    feats = features.to(device=wm.device, dtype=torch.float32)
-    texts: list[str] = []
-    with torch.no_grad():
-        for b0 in range(0, len(spans), wm.batch_windows):
-            chunk = spans[b0: b0 + wm.batch_windows]
-            probs, lengths = forward_windows(wm.model, feats, chunk, wm.device)  # type: ignore[arg-type]
-            for i in range(len(chunk)):
-                ids = greedy_ids(probs[i, : int(lengths[i])].cpu(), wm.tokenizer.blank_id)  # type: ignore[attr-defined]
-                texts.append(wm.tokenizer.decode(ids))  # type: ignore[attr-defined]
-    rows = []
-    for s, (a, e), text in zip(slots, spans, texts):
-        inside = window_words(rec.words, a / wm.frames_per_second, e / wm.frames_per_second)
-        if s.index not in inside:
-            raise ValueError(f"{rec.id}: slot {s.slot}'s code word ({rec.words[s.index].start}-{s.end} s) is not "
-                             f"inside its window ({a / wm.frames_per_second:g}-{e / wm.frames_per_second:g} s): "
-                             "the corpus's word times do not match its audio; regenerate it")
-        ref = marked_reference([rec.words[i].text for i in inside], [dataclasses.replace(s, index=inside.index(
-            s.index))])
-        rows += slot_rows(ref, text, rec.id, extra={"scoring": SCORING})
-    return rows
+def summary_rows(checkpoint: Path, context_s: float, seed: int, dataset: str, rows: Sequence[dict[str, Any]]
+                 ) -> list[dict[str, Any]]:
+    """Per key edit and group of one checkpoint's rows on ``dataset``: slots, correct, accuracy (%), and for the
+    swap the slots whose output is the swap word and their share (%) (:data:`SUMMARY_COLUMNS`)."""
+    out = []
+    follows = follow_rate(rows)
+    for key in dict.fromkeys(str(r["key"]) for r in rows):
+        for group, (ok, n) in group_accuracy([r for r in rows if r["key"] == key], scoring=WINDOW).items():
+            f = follows.get(group) if key == "swap" else None
+            out.append({"checkpoint": str(checkpoint), "context_s": context_s, "seed": seed, "dataset": dataset,
+                        "key": key, "group": group, "slots": n, "correct": ok, "accuracy": round(100.0 * ok / n, 2),
+                        "followed": f[0] if f else "", "follow_rate": round(100.0 * f[0] / f[1], 2) if f else ""})
+    return out
 
 
-def measure(checkpoint: str | Path, datasets: Sequence[str], *, device: str = "auto", batch_windows: int = 8,
-            out_dir: str | Path | None = None) -> dict[str, Path]:
-    """Single-window scoring of ``checkpoint`` on each ``NAME=FORMAT:PATH`` dataset with the recall plant; writes
-    ``<NAME>.slots.csv`` to ``out_dir`` (default ``recall/`` beside the checkpoint) and returns the tables by
-    dataset. A dataset without slots is refused before any decoding."""
+def measure(checkpoint: str | Path, datasets: Sequence[str], *, keys: Sequence[str] = (AS_IS,), device: str = "auto",
+            batch_windows: int = 8, out_dir: str | Path | None = None,
+            renderers: dict[str, Rerenderer] | None = None, summary: list[dict[str, Any]] | None = None
+            ) -> dict[str, Path]:
+    """Single-window scoring of ``checkpoint`` on each ``NAME=FORMAT:PATH`` dataset with the recall plant, for each
+    key edit of ``keys``; writes ``<NAME>.slots.csv`` to ``out_dir`` (default ``recall/`` beside the checkpoint) and
+    returns the tables by dataset. A dataset without slots (or, for an edit, not re-renderable) is refused before
+    any decoding. ``renderers`` (by dataset name): re-renderers kept from an earlier checkpoint's call, so each
+    edited recording is rendered once. ``summary``: a list the checkpoint's :func:`summary_rows` are added to."""
     from asr_core.data.audio import load_audio
     from asr_core.data.features import FeatureExtractor
     from asr_core.device import resolve_device
@@ -122,6 +113,11 @@ def measure(checkpoint: str | Path, datasets: Sequence[str], *, device: str = "a
     if lacking:
         raise ValueError(f"datasets {lacking} have no recall slots: give corpora made with python -m asr_core synth "
                          "--recall RATE (their metadata beside the split folder)")
+    edits = [k for k in keys if k != AS_IS]
+    renderers = {} if renderers is None else renderers
+    for name, spec in parsed if edits else ():
+        if name not in renderers:
+            renderers[name] = Rerenderer(Path(split_spec(spec)[1]))
     dev = resolve_device(device)
     model, cfg, tokenizer = load_for_eval(checkpoint, dev)
     if isinstance(model, torch.nn.Module):
@@ -131,23 +127,37 @@ def measure(checkpoint: str | Path, datasets: Sequence[str], *, device: str = "a
                      dev, batch_windows)
     extractor = FeatureExtractor(cfg.data.features)
     out = Path(out_dir) if out_dir is not None else checkpoint.parent / RECALL_DIR
-    print(f"[recall] {checkpoint}: context {cfg.data.context_s:g} s = {wm.window} frames, one window per slot",
-          file=sys.stderr, flush=True)
+    print(f"[recall] {checkpoint}: context {cfg.data.context_s:g} s = {wm.window} frames, one window per slot; "
+          f"key: {', '.join(keys)}", file=sys.stderr, flush=True)
     tables = {}
     for name, recordings in corpora.items():
-        rows: list[dict] = []
+        rows: list[dict[str, Any]] = []
         ds_slots = slots[name] or {}
         for n, rec in enumerate(recordings, 1):
             if not ds_slots.get(rec.id):
                 continue
-            feats = prepare_features(extractor, load_audio(rec.audio), rec.ignore, fps)
-            rows += score_recording(wm, feats, rec, ds_slots[rec.id])
+            for key in keys:
+                edit = renderers[name].edit_for(rec, key) if key != AS_IS else None
+                if key != AS_IS and edit is None:
+                    continue  # a recording without its key sentence: nothing to edit
+                wave = load_audio(rec.audio) if edit is None else torch.from_numpy(
+                    renderers[name].edited_audio(rec, edit))
+                feats = prepare_features(extractor, wave, rec.ignore, fps)
+                swap = edit.word if edit is not None else ""
+                part = score_recording(wm, feats, rec, ds_slots[rec.id], extra={"key": key, "swap_word": swap})
+                for r in part:
+                    r["followed"] = int(bool(swap) and r["hyp"] == swap)
+                rows += part
             print(f"[recall] {name} {n}/{len(recordings)} {rec.id}: {len(ds_slots[rec.id])} slots",
                   file=sys.stderr, flush=True)
         tables[name] = write_slot_table(out / f"{name}.slots.csv", rows, COLUMNS)
-        for group, (ok, n_slots) in group_accuracy(rows).items():
-            print(f"{name} {group}: {100.0 * ok / n_slots:.1f}% ({ok} of {n_slots} slots; single window, "
-                  f"context {cfg.data.context_s:g} s)")
+        part = summary_rows(checkpoint, cfg.data.context_s, cfg.train.seed, name, rows)
+        for r in part:
+            print(f"{name} {r['key']} {r['group']}: {r['accuracy']:.1f}% ({r['correct']} of {r['slots']} slots; "
+                  f"single window, context {cfg.data.context_s:g} s)"
+                  + (f"; {r['follow_rate']:.1f}% follow the swap" if r["key"] == "swap" else ""))
+        if summary is not None:
+            summary += part
     return tables
 
 
@@ -157,11 +167,19 @@ def cli(argv: list[str]) -> int:
                     help="one or more checkpoints (e.g. a sweep's models at each context)")
     ap.add_argument("--data", action="append", required=True, metavar="NAME=podcast:PATH",
                     help="a dataset made with synth --recall (repeatable)")
+    ap.add_argument("--key", default=AS_IS, metavar="EDITS",
+                    help=f"comma-separated, of {', '.join(KEYS)} (default {AS_IS}): swap re-renders each clear "
+                         "mention of the code word as another code word, silence as nothing (the causal check)")
     ap.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     ap.add_argument("--batch-windows", type=int, default=8, help="windows decoded together (default 8)")
     ap.add_argument("--out", type=Path, default=None, help=f"folder for the tables (default: {RECALL_DIR}/ next to "
                     "the checkpoint; needed for several checkpoints: each gets a folder in it)")
     a = ap.parse_args(argv)
+    try:
+        keys = parse_keys(a.key)
+    except ValueError as e:
+        print(f"recall: {e}", file=sys.stderr)
+        return 2
     missing = [str(c) for c in a.checkpoints if not c.is_file()]
     if missing:
         print(f"recall: checkpoint not found: {', '.join(missing)}", file=sys.stderr)
@@ -169,13 +187,18 @@ def cli(argv: list[str]) -> int:
     if len(a.checkpoints) > 1 and a.out is None:
         print("recall: several checkpoints need --out DIR (each gets a folder in it)", file=sys.stderr)
         return 2
+    renderers: dict[str, Rerenderer] = {}
+    summary: list[dict[str, Any]] = []
     try:
         for k, ckpt in enumerate(a.checkpoints, 1):
             out = a.out if len(a.checkpoints) == 1 else a.out / f"{k}-{ckpt.parent.name}"
-            for path in measure(ckpt, a.data, device=a.device, batch_windows=a.batch_windows,
-                                out_dir=out).values():
+            for path in measure(ckpt, a.data, keys=keys, device=a.device, batch_windows=a.batch_windows,
+                                out_dir=out, renderers=renderers, summary=summary).values():
                 print(f"table: {path}")
     except (CorpusError, ValueError, FileNotFoundError, KeyError) as e:
         print(f"recall: {e}", file=sys.stderr)
         return 2
+    if len(a.checkpoints) > 1:
+        path = write_slot_table(a.out / "summary.csv", summary, SUMMARY_COLUMNS)
+        print(f"summary: {path}")
     return 0

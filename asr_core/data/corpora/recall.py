@@ -42,6 +42,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from scipy import signal
 
 from asr_core.data.audio import SAMPLE_RATE
 from asr_core.data.corpora.base import Word
@@ -156,6 +157,43 @@ def sentence_rms(parts: Sequence[np.ndarray]) -> float:
 
 
 # ---- placement ------------------------------------------------------------------------------------------------------
+
+EDITS = ("swap", "silence")
+
+
+@dataclass(frozen=True)
+class KeyEdit:
+    """How a re-rendering for the causal check says the code word's clear mentions (the key sentence's, and a slot
+    said clearly), each in the span the unedited word had, so every other sample and every word time stays as it
+    was: ``swap``: as ``word`` (another code word), time-scaled to the span; ``silence``: not at all (zeros)."""
+
+    mode: str
+    word: str = ""
+
+    def __post_init__(self) -> None:
+        if self.mode not in EDITS:
+            raise ValueError(f"key edit {self.mode!r}: one of {', '.join(EDITS)}")
+        if (self.mode == "swap") != (self.word in CODE_WORDS):
+            raise ValueError(f"key edit {self.mode!r} with word {self.word!r}: a swap names one of the code words "
+                             f"{', '.join(CODE_WORDS)}; silence names none")
+
+    def audio(self, n: int, other: np.ndarray | None) -> np.ndarray:
+        """The ``n`` samples said instead of the clear mention: zeros, or ``other`` (the swap word as this speaker
+        says it, shape (M,)) resampled to ``n`` samples (its pitch moves by M/n: the swap word is chosen for the
+        closest length, :func:`swap_word`)."""
+        if self.mode == "silence":
+            return np.zeros(n, dtype=np.float32)
+        if other is None or len(other) == 0:
+            raise ValueError("a swap needs the swap word's audio")
+        return signal.resample(other, n).astype(np.float32) if len(other) != n else other.astype(np.float32)
+
+
+def swap_word(word: str, lengths: dict[str, int]) -> str:
+    """The code word other than ``word`` whose rendering is closest in length to ``word``'s (``lengths``: samples
+    per code word, as one speaker says them; ties go to the earlier in :data:`CODE_WORDS`)."""
+    others = [w for w in CODE_WORDS if w != word]
+    return min(others, key=lambda w: (abs(lengths[w] - lengths[word]), others.index(w)))
+
 
 @dataclass(frozen=True)
 class Draw:

@@ -68,7 +68,7 @@ from asr_core.data.corpora import podcast
 from asr_core.data.corpora.base import Word
 from asr_core.data.corpora.cues import (WINDOWS_S, CueConfig, CuePlanter, containment, corpus_sites, cue_sites,
                                   cue_topics, format_containment, sound_of)
-from asr_core.data.corpora.recall import RecallConfig, RecallPlanter, masker, sentence_rms
+from asr_core.data.corpora.recall import KeyEdit, RecallConfig, RecallPlanter, masker, sentence_rms
 from asr_core.data.corpora.synth_audio import Room, Speaker, apply_room, espeak
 from asr_core.data.corpora.synth_text import CUE_GROUPS, TOPICS, SentenceMaker
 from asr_core.contract.options import positional_alias, take_positional
@@ -215,15 +215,17 @@ def make_plans(split: str, hours: float, seed: int, *, min_minutes: float = 1.0,
 
 # ---- rendering -------------------------------------------------------------------------------------------------
 
-def render(plan: Plan, *, dry: bool = False,
-           recall: RecallConfig | None = None) -> tuple[np.ndarray, list[Word], list[int], dict]:
+def render(plan: Plan, *, dry: bool = False, recall: RecallConfig | None = None,
+           key_edit: KeyEdit | None = None) -> tuple[np.ndarray, list[Word], list[int], dict]:
     """Synthesise one recording. Returns (waveform (N,) float32 16 kHz, words with times, speaker index per
     word, metadata). ``dry`` skips the room (channel, reverberation, noise), for tests of the word times.
 
     With ``plan.cue`` a :class:`~asr_core.data.corpora.cues.CuePlanter` chooses the sentences around the cue words and
     the metadata lists them (``cues``); without one, nothing else is drawn and the recording is as it always was.
     With an active ``recall`` a :class:`~asr_core.data.corpora.recall.RecallPlanter` puts in its key sentences and
-    slots (they take precedence over the cue's sentences) and the metadata lists them (``recall_slots``)."""
+    slots (they take precedence over the cue's sentences) and the metadata lists them (``recall_slots``).
+    ``key_edit`` (the causal check) says every clear mention of the code word otherwise, in the same span: every
+    other sample, word time and metadata entry is the unedited rendering's (:class:`KeyEdit`)."""
     rng = random.Random(plan.seed)
     maker = SentenceMaker(rng, plan.topic)
     planter = CuePlanter(plan.cue, plan.topic, plan.seed, plan.target_s) if plan.cue is not None else None
@@ -233,6 +235,7 @@ def render(plan: Plan, *, dry: bool = False,
     words: list[Word] = []
     speakers: list[int] = []
     sentence_starts: list[int] = []
+    edited: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # key_edit: start sample -> (the audio, what is said)
     cursor = int(rng.uniform(0.3, 1.0) * SAMPLE_RATE)
     turn_left, who = rng.randint(1, 3), 0
     while cursor < plan.target_s * SAMPLE_RATE:
@@ -253,12 +256,17 @@ def render(plan: Plan, *, dry: bool = False,
             said = w if planter is None or recalled is not None else planter.spoken(j, w)
             key = (who, said, variant)
             masked = recaller is not None and recaller.masks(j, cursor / SAMPLE_RATE)
+            rate = round(spk.rate * (0.95 if variant == 0 else 1.05))
             if key not in cache and not masked:
-                rate = round(spk.rate * (0.95 if variant == 0 else 1.05))
                 cache[key] = espeak(said, Speaker(spk.voice, rate, spk.pitch))
             gain = 10 ** (rng.uniform(-2, 2) / 20)
             # a masked code word: the fixed masker at the level of the sentence's other words
             audio = masker(sentence_rms([a for _, a in pieces[first_piece:]])) if masked else cache[key] * gain
+            if key_edit is not None and recalled is not None and j == len(sentence) - 1 and not masked:
+                if key_edit.word and (who, key_edit.word, variant) not in cache:
+                    cache[(who, key_edit.word, variant)] = espeak(key_edit.word, Speaker(spk.voice, rate, spk.pitch))
+                edited[cursor] = (audio, key_edit.audio(len(audio), gain * cache[(who, key_edit.word, variant)]
+                                                        if key_edit.word else None))
             pieces.append((cursor, audio))
             words.append(Word(w, round(cursor / SAMPLE_RATE, 3), round((cursor + len(audio)) / SAMPLE_RATE, 3)))
             speakers.append(who)
@@ -277,8 +285,14 @@ def render(plan: Plan, *, dry: bool = False,
     wave = np.zeros(total, dtype=np.float32)
     for off, audio in pieces:
         wave[off: off + len(audio)] += audio
+    said = wave
+    if edited:
+        said = wave.copy()
+        for off, (audio, placed) in edited.items():
+            said[off: off + len(audio)] += placed - audio
     if not dry:
-        wave = apply_room(wave, plan.room, np.random.default_rng(plan.seed % 2**32))
+        said = apply_room(said, plan.room, np.random.default_rng(plan.seed % 2**32), levels_of=wave if edited else None)
+    wave = said
     meta = {"id": plan.id, "split": plan.split, "kind": plan.kind, "topic": plan.topic,
             "key_terms": maker.key_terms, "speakers": [asdict(s) for s in plan.speakers], "room": asdict(plan.room),
             "duration": round(total / SAMPLE_RATE, 3), "words": len(words), "sentence_starts": sentence_starts}

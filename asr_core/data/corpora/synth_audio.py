@@ -69,22 +69,31 @@ def trim(x: np.ndarray, rel_db: float = -45.0, margin_s: float = 0.01) -> np.nda
     return x[start:end]
 
 
-def apply_room(x: np.ndarray, room: Room, rng: np.random.Generator) -> np.ndarray:
-    """Reverberation, channel colouring and stationary background noise, then a fixed peak level. (N,) -> (N,)"""
+def apply_room(x: np.ndarray, room: Room, rng: np.random.Generator, levels_of: np.ndarray | None = None
+               ) -> np.ndarray:
+    """Reverberation, channel colouring and stationary background noise, then a fixed peak level. (N,) -> (N,)
+
+    ``levels_of`` (shape (N,), default ``x``): the signal whose speech power sets the noise level and whose peak sets
+    the output gain, so that an edited ``x`` gets exactly the room, noise and gain of the unedited one."""
     sr = SAMPLE_RATE
     # a room: exponentially decaying noise (decay reaches -60 dB at reverb_s), mixed behind the direct sound
     n_ir = max(1, int(room.reverb_s * sr))
     ir = rng.standard_normal(n_ir) * np.exp(-6.9 * np.arange(n_ir) / n_ir)
     ir /= np.sqrt((ir ** 2).sum())
-    y = x + room.reverb_mix * signal.fftconvolve(x, ir)[: len(x)]
-    sos = [signal.butter(2, room.highpass_hz, "highpass", fs=sr, output="sos"),
-           signal.butter(4, min(room.lowpass_hz, 0.45 * sr), "lowpass", fs=sr, output="sos"),
-           _peaking(room.peak_hz, room.peak_db, q=1.2)]
-    y = signal.sosfilt(np.concatenate(sos), y)
-    speech_power = float(np.mean(y[np.abs(x) > 1e-4] ** 2)) if np.any(np.abs(x) > 1e-4) else 1e-6
-    noise = coloured_noise(len(y), room.noise_slope, rng)
-    y = y + noise * np.sqrt(speech_power / 10 ** (room.noise_snr_db / 10))
-    return (y * (0.7 / max(1e-6, float(np.abs(y).max())))).astype(np.float32)
+    sos = np.concatenate([signal.butter(2, room.highpass_hz, "highpass", fs=sr, output="sos"),
+                          signal.butter(4, min(room.lowpass_hz, 0.45 * sr), "lowpass", fs=sr, output="sos"),
+                          _peaking(room.peak_hz, room.peak_db, q=1.2)])
+
+    def channel(v: np.ndarray) -> np.ndarray:
+        return signal.sosfilt(sos, v + room.reverb_mix * signal.fftconvolve(v, ir)[: len(v)])
+
+    ref = x if levels_of is None else levels_of
+    y_ref = channel(ref)
+    y = y_ref if levels_of is None else channel(x)
+    speech_power = float(np.mean(y_ref[np.abs(ref) > 1e-4] ** 2)) if np.any(np.abs(ref) > 1e-4) else 1e-6
+    noise = coloured_noise(len(y), room.noise_slope, rng) * np.sqrt(speech_power / 10 ** (room.noise_snr_db / 10))
+    gain = 0.7 / max(1e-6, float(np.abs(y_ref + noise).max()))
+    return ((y + noise) * gain).astype(np.float32)
 
 
 def _peaking(f0: float, gain_db: float, q: float) -> np.ndarray:

@@ -1,0 +1,101 @@
+"""Single-window scoring of the recall plant's slots: for each slot, decode only the one window of the model's context
+length that ends at the slot's code word, and score the slot as the moving-window decoding is scored.
+
+In the moving-window decoding (``evaluate``) each output frame is the average over every window covering it: most of
+those windows end after the slot, and some start after the clear mention a long context would need. Here each slot
+gets one window of exactly the model's context ending at its code word's end (:func:`slot_window`; shorter where the
+recording starts later), so the far band tells the model's reach from the decoder's dilution of distant evidence.
+The reference of a window is the transcript's words lying wholly inside it (:func:`window_words`); the slot is
+correct when the hypothesis word aligned with its code word equals it (:func:`asr_core.evaluation.recall.slot_rows`,
+``scoring`` :data:`~asr_core.contract.metrics.WINDOW`).
+
+Features are computed over the whole recording (normalised as ``evaluate`` does) and then cut; the model runs in
+fp32. ``evaluate`` adds these rows to a dataset's slot table (greedy, clean audio); ``python -m asr_core recall``
+(:mod:`asr_core.probes.recall`) scores them on edited audio too (the causal check).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from asr_core.contract.metrics import WINDOW
+from asr_core.data.corpora.base import Recording, Word
+from asr_core.decoding.decode import forward_windows, greedy_ids, prepare_features
+from asr_core.evaluation.recall import Slot, marked_reference, slot_rows
+
+TIME_TOLERANCE_S = 1e-3  # word times are rounded to milliseconds
+
+
+def slot_window(end_s: float, window: int, frames: int, frames_per_second: float) -> tuple[int, int]:
+    """The input frames ``(start, end)`` of the window of ``window`` frames that ends at ``end_s`` seconds (the
+    frame holding it included), within the recording's ``frames``: shorter where the recording starts later."""
+    e = min(frames, max(1, math.ceil(end_s * frames_per_second - 1e-6)))
+    return max(0, e - window), e
+
+
+def window_words(words: Sequence[Word], start_s: float, end_s: float) -> list[int]:
+    """The indices of the ``words`` lying wholly inside [start_s, end_s] (a word cut by the window's start is not
+    in its reference)."""
+    return [i for i, w in enumerate(words) if w.start is not None and w.end is not None
+            and w.start >= start_s - TIME_TOLERANCE_S and w.end <= end_s + TIME_TOLERANCE_S]
+
+
+@dataclass(frozen=True)
+class WindowModel:
+    """What decoding one window needs: the model, its window in input frames, the feature frame rate, the
+    tokenizer (``decode`` and ``blank_id``), the device and how many windows run at once."""
+
+    model: object
+    window: int
+    frames_per_second: float
+    tokenizer: object
+    device: torch.device | str = "cpu"
+    batch_windows: int = 8
+
+
+def score_recording(wm: WindowModel, features: torch.Tensor, rec: Recording, slots: Sequence[Slot],
+                    extra: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+    """The rows (:data:`~asr_core.contract.metrics.SLOT_COLUMNS`, scoring ``window``, then ``extra``'s columns) of
+    ``rec``'s slots, each decoded from its own window of ``features`` ((T, F), normalised over the whole
+    recording)."""
+    spans = [slot_window(s.end, wm.window, features.shape[0], wm.frames_per_second) for s in slots]
+    feats = features.to(device=wm.device, dtype=torch.float32)
+    texts: list[str] = []
+    with torch.no_grad():
+        for b0 in range(0, len(spans), wm.batch_windows):
+            chunk = spans[b0: b0 + wm.batch_windows]
+            probs, lengths = forward_windows(wm.model, feats, chunk, wm.device)  # type: ignore[arg-type]
+            for i in range(len(chunk)):
+                ids = greedy_ids(probs[i, : int(lengths[i])].cpu(), wm.tokenizer.blank_id)  # type: ignore[attr-defined]
+                texts.append(wm.tokenizer.decode(ids))  # type: ignore[attr-defined]
+    rows: list[dict[str, Any]] = []
+    for s, (a, e), text in zip(slots, spans, texts):
+        inside = window_words(rec.words, a / wm.frames_per_second, e / wm.frames_per_second)
+        if s.index not in inside:
+            raise ValueError(f"{rec.id}: slot {s.slot}'s code word ({rec.words[s.index].start}-{s.end} s) is not "
+                             f"inside its window ({a / wm.frames_per_second:g}-{e / wm.frames_per_second:g} s): "
+                             "the corpus's word times do not match its audio; regenerate it")
+        ref = marked_reference([rec.words[i].text for i in inside], [dataclasses.replace(s, index=inside.index(
+            s.index))])
+        rows += slot_rows(ref, text, rec.id, extra=extra, scoring=WINDOW)
+    return rows
+
+
+def window_rows(wm: WindowModel, recordings: Sequence[Recording], slots: Mapping[str, Sequence[Slot]],
+                extractor: Callable[[torch.Tensor], torch.Tensor]) -> list[dict[str, Any]]:
+    """The single-window rows of every recording of ``recordings`` that has slots, its clean audio read from disk
+    and its features made by ``extractor`` (as ``evaluate`` makes them)."""
+    from asr_core.data.audio import load_audio
+
+    rows: list[dict[str, Any]] = []
+    for rec in recordings:
+        if slots.get(rec.id):
+            feats = prepare_features(extractor, load_audio(rec.audio), rec.ignore, wm.frames_per_second)
+            rows += score_recording(wm, feats, rec, slots[rec.id])
+    return rows
