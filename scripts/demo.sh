@@ -1,35 +1,40 @@
 #!/usr/bin/env bash
 # The miniature study, end to end on one machine with no GPU and no cluster:
-#   1. a synthetic long-form corpus spoken by espeak-ng (in-domain and shifted-domain test sets); with --cued, a
-#      planted long-range cue: homophones spelt by the recording's topic, given away 20-60 s before each (synth --cue),
+#   1. a synthetic long-form corpus spoken by espeak-ng (in-domain and shifted-domain test sets); with --homophones,
+#      a planted long-range cue: homophones spelt by the recording's topic, given away 20-60 s before each (synth
+#      --cue); with --cued, the recall control: a code word said clearly, then asked for with its audio masked 1-4 s
+#      or 20-60 s later (synth --recall),
 #   2. small FastConformer-CTC models at four context lengths x two seeds, trained and evaluated (clean and with
 #      music at three SNRs) through the `local` backend (Ray Tune), every run recorded in MLflow (sqlite),
 #   3. the analysis report: WER/WERR per context length with seed spread, significance tests, SNR curves, and where
 #      the corpus has a cue, the cue-word error rate (the planted words) beside the WER;
-#   4. with --cued, how far back each model's decoded output reaches (python -m asr_core reach): whether the word
-#      that decides each planted spelling moves the model's output at all, whatever the model learned.
+#   4. with --homophones, how far back each model's decoded output reaches (python -m asr_core reach); with --cued,
+#      the recall slots scored one window per slot, and the causal check: the key re-rendered with another code word,
+#      and silenced (python -m asr_core recall --key as-is,swap,silence).
 # Re-running reuses what is finished (the corpus, finished trials); only the report is written again.
 #
 #   ./scripts/demo.sh            the full demo (14-19 minutes on 2 cores)
 #   ./scripts/demo.sh --quick    the first taste (about 5 minutes): 5 and 10 s of context, two seeds, 300 steps on a
 #                                quarter-hour corpus with a short-range cue; the models transcribe (about 80% WER)
-#   ./scripts/demo.sh --cued     the full demo on a corpus with the long-range cue (longer test recordings; its own
-#                                sweep demo-cued; the positive control, see docs/results/ for what it finds)
+#   ./scripts/demo.sh --cued     the positive control (under 30 minutes): 10 and 82 s of context, two seeds, on a
+#                                corpus with the recall plant (its own sweep demo-cued; grids/demo-cued.yaml)
+#   ./scripts/demo.sh --homophones  the full demo on a corpus with the homophone cue (its own sweep demo-homophones)
 #   DEMO_OUT=/tmp/demo ./scripts/demo.sh   write somewhere other than ./demo-out
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-quick=0; cued=0; train_len=()
+quick=0; cued=0; homophones=0; train_len=()
 for arg in "$@"; do
   case "$arg" in
     --quick) quick=1 ;;
     --cued) cued=1 ;;
-    -h|--help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    *) echo "demo.sh: unknown argument '$arg'; valid: --quick, --cued, --help" >&2; exit 2 ;;
+    --homophones) homophones=1 ;;
+    -h|--help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "demo.sh: unknown argument '$arg'; valid: --quick, --cued, --homophones, --help" >&2; exit 2 ;;
   esac
 done
-if [ "$quick" -eq 1 ] && [ "$cued" -eq 1 ]; then
-  echo "demo.sh: --quick and --cued are two different demos; give one of them" >&2; exit 2
+if [ $(( quick + cued + homophones )) -gt 1 ]; then
+  echo "demo.sh: --quick, --cued and --homophones are different demos; give one of them" >&2; exit 2
 fi
 
 bash scripts/setup.sh
@@ -48,7 +53,13 @@ if [ "$quick" -eq 1 ]; then
   # gave steps of 1 to 5 windows, too few to learn in minutes
   train_len=(--min-minutes 0.4 --max-minutes 0.55)
 elif [ "$cued" -eq 1 ]; then
-  name=demo-cued; grid=grids/demo.yaml; hours=1.0
+  # the recall control: test recordings of 1-2.5 minutes hold far-band slots (a recording under 45 s gets near
+  # slots only); no shifted set (the control is read in-domain)
+  name=demo-cued; grid=grids/demo-cued.yaml; hours=1.0
+  test_hours=0.3; test_minutes=2.5; shifted_hours=0; shifted_minutes=0
+  cue=0; recall=5  # 5 slots a minute asked (about 4-5 reached in recordings of 1-2.5 minutes)
+elif [ "$homophones" -eq 1 ]; then
+  name=demo-homophones; grid=grids/demo.yaml; hours=1.0
   test_hours=0.3; test_minutes=2.5; shifted_hours=0.12; shifted_minutes=0.75
   cue=6  # 6 cue words a minute asked (about 5.6 reached), band 20-60 s
 else
@@ -67,11 +78,17 @@ export OMP_NUM_THREADS=1
 start=$(date +%s)
 stamp() { echo; echo "== [$(( $(date +%s) - start ))s] $*"; }
 steps=3
-if [ "$cued" -eq 1 ]; then steps=4; fi
+if [ "$cued" -eq 1 ] || [ "$homophones" -eq 1 ]; then steps=4; fi
 
 cue_args=(--cue "$cue")
 if [ "$cue" != 0 ]; then cue_args+=(--cue-report); fi
-if [ "$test_hours" = "$shifted_hours" ] && [ "$test_minutes" = "$shifted_minutes" ]; then
+eval_sets="test=podcast:$corpus/test, test-shifted=podcast:$shifted/test-shifted"
+if [ "$cued" -eq 1 ]; then
+  stamp "1/$steps synthetic corpus with the recall plant -> $corpus ($(espeak-ng --version 2>/dev/null | head -1))"
+  $PY -m asr_core synth --out "$corpus" --hours "$hours" --eval-hours "$test_hours" --eval-max-minutes "$test_minutes" \
+    --voices 3 --splits train,test --seed 0 --recall "$recall"
+  shifted="$corpus"; eval_sets="test=podcast:$corpus/test"
+elif [ "$test_hours" = "$shifted_hours" ] && [ "$test_minutes" = "$shifted_minutes" ]; then
   shifted="$corpus"
   stamp "1/$steps synthetic corpus -> $corpus ($(espeak-ng --version 2>/dev/null | head -1))"
   # three voices (a domain small models learn in minutes); test-shifted: those voices at other rates and pitches,
@@ -94,28 +111,37 @@ h = hashlib.sha256()
 for d in sys.argv[1:]:
     for p in sorted(pathlib.Path(d).glob("*.wav")):
         h.update(p.read_bytes())
-print(h.hexdigest()[:16])' "$corpus/train" "$corpus/test" "$shifted/test-shifted")"
+print(h.hexdigest()[:16])' "$corpus/train" "$corpus/test" "$shifted/test-shifted" 2>/dev/null)"
 
 stamp "2/$steps training and evaluating the grid $grid (local backend, Ray Tune)"
 $PY -m orchestrate plan "$grid"
 $PY -m orchestrate submit "$grid" --backend local --sweep "$name" --sweep-root "$root/runs" \
   --set "data.train=podcast:$corpus/train" \
-  --set "eval.datasets=[test=podcast:$corpus/test, test-shifted=podcast:$shifted/test-shifted]"
+  --set "eval.datasets=[$eval_sets]"
 $PY -m orchestrate status "$name" --sweep-root "$root/runs"
 
 stamp "3/$steps analysis report"
 uri="sqlite:///$(cd "$root/runs" && pwd)/mlflow.db"
 $PY -m analysis report "$name" --tracking-uri "$uri" --out "$root/report"
 
-if [ "$cued" -eq 1 ]; then
+if [ "$homophones" -eq 1 ]; then
   stamp "4/$steps how far back each model's decoded output reaches (python -m asr_core reach)"
   # every model: a second silenced 1-60 s before another, and each planted word's deciding word silenced
   $PY -m asr_core reach "$root"/runs/"$name"/trials/*/checkpoint.pt --data "test=podcast:$corpus/test" \
     --targets 2 --distances 1,5,10,20,40,60 --out "$root/reach"
 fi
 
+if [ "$cued" -eq 1 ]; then
+  stamp "4/$steps the slots one window each, with the key as it is, swapped and silenced (python -m asr_core recall)"
+  # the causal check: the key re-rendered with another code word (does the far-slot output follow it?) and silenced
+  # (does it fall to the guess rate?); the key's edits are rendered once for all the models
+  $PY -m asr_core recall "$root"/runs/"$name"/trials/*/checkpoint.pt --data "test=podcast:$corpus/test" \
+    --key as-is,swap,silence --out "$root/recall"
+fi
+
 stamp "done"
 echo "Report:          $(cd "$root/report" && pwd)/index.html   (also report.md, figures and CSV tables beside it)"
-if [ "$cued" -eq 1 ]; then echo "Reach:           $(cd "$root/reach" && pwd)/reach.png   (tables in its folders)"; fi
+if [ "$cued" -eq 1 ]; then echo "Recall:          $(cd "$root/recall" && pwd)/summary.csv   (per model, edit and band)"; fi
+if [ "$homophones" -eq 1 ]; then echo "Reach:           $(cd "$root/reach" && pwd)/reach.png   (tables in its folders)"; fi
 echo "MLflow dashboard: .venv/bin/mlflow ui --backend-store-uri $uri --host 127.0.0.1 --port 5000"
 echo "                  then open http://127.0.0.1:5000 and choose the experiment '$name'"
