@@ -28,6 +28,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "heads": ("asr_core.probes.heads", "how alike the attention heads are (paper 003): heads CKPT --data NAME=FORMAT:PATH ..."),
     "reach": ("asr_core.probes.reach", "how far back a model's decoded output reaches: reach CKPT --data NAME=FORMAT:PATH ..."),
     "recall": ("asr_core.probes.recall", "the recall plant's slots scored from one window each: recall CKPT --data NAME=podcast:PATH ..."),
+    "repeats": ("asr_core.probes.repeats", "key terms' errors, first mentions against repeats by distance: repeats HYPS ... --data NAME=podcast:PATH"),
     "score": ("asr_core.evaluation.external", "WER of another system's transcripts: score --ref NAME=FORMAT:PATH --hyp DIR --system S"),
     "prepare": ("asr_core.data.prepare", "store a corpus once, memory-mapped, for every trial: prepare [NAME=]FORMAT:PATH --out OUT"),
     "synth": ("asr_core.data.corpora.synth", "generate the synthetic long-form corpus: synth --out OUT --hours H --seed S"),
