@@ -1,0 +1,227 @@
+"""The tail-word error rate: errors on the rare words of a text only, as the long-tail LM paper reports it next to
+the overall WER ("Tail-1" in its tables).
+
+The paper's definition: tail tokens are the tokens "whose accumulated frequency in the training corpus is lower than
+a threshold", set to 5% ("the frequency ratio of head and tail tokens is 95:5"); the tail token error rate is
+computed "by only counting errors on tail tokens and ignoring errors on other tokens within the same testing
+utterances". For English it takes 1-gram word-level tail tokens.
+
+Here:
+
+* :func:`tail_set` takes the rarest word types of a text (normalised with Whisper's normaliser,
+  :func:`asr_core.evaluation.score.normalise`, as the WER is) whose counts add up to at most ``share`` of its words:
+  a :class:`TailSet`, kept as JSON next to the results (:meth:`TailSet.write`, :meth:`TailSet.read`).
+* :func:`tail_counts` aligns a hypothesis with its reference as :func:`asr_core.evaluation.score.align_counts` does
+  (jiwer's Levenshtein alignment of the normalised words) and counts the errors on tail words only
+  (:class:`TailCounts`); :func:`corpus_tail_rate` pools them over recordings.
+* :func:`share_of` is the share of the test references' words that are tail words, recorded with the rates (the
+  training text's tail need not make up 5% of a test set).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jiwer
+
+from asr_core.evaluation.score import normalise
+
+DEFAULT_SHARE = 0.05  # the paper's threshold: head and tail tokens in the ratio 95:5
+
+
+@dataclass(frozen=True)
+class TailSet:
+    """The tail words of a text: ``words`` (normalised word types), ``source`` (the name or path of the text they
+    were computed from), ``share`` (the threshold: the most of the text's words the tail may make up),
+    ``total_words`` (the number of words of that text) and ``tail_share`` (the share of them that are tail words,
+    at most ``share``)."""
+
+    words: frozenset[str]
+    source: str = ""
+    share: float = DEFAULT_SHARE
+    total_words: int = 0
+    tail_share: float = 0.0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "words", frozenset(self.words))
+        if not 0.0 < self.share < 1.0:
+            raise ValueError(f"tail share {self.share!r} must lie strictly between 0 and 1 (the paper uses 0.05)")
+        if self.total_words < 0:
+            raise ValueError(f"total_words {self.total_words!r} must not be negative")
+        if not 0.0 <= self.tail_share <= 1.0:
+            raise ValueError(f"tail_share {self.tail_share!r} must lie between 0 and 1")
+
+    def __contains__(self, word: object) -> bool:
+        return word in self.words
+
+    def __len__(self) -> int:
+        return len(self.words)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able, the words sorted (the same set gives the same file)."""
+        return {"source": self.source, "share": self.share, "total_words": self.total_words,
+                "tail_share": self.tail_share, "words": sorted(self.words)}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> "TailSet":
+        """The inverse of :meth:`to_dict`; ValueError saying what is wrong when ``data`` is not such a dict."""
+        if not isinstance(data, dict):
+            raise ValueError(f"a tail set is a JSON object, not {type(data).__name__}")
+        missing = [k for k in ("words", "share", "total_words", "tail_share") if k not in data]
+        if missing:
+            raise ValueError(f"a tail set needs the keys {missing}")
+        words, share, total, covered = data["words"], data["share"], data["total_words"], data["tail_share"]
+        if not isinstance(words, list) or not all(isinstance(w, str) for w in words):
+            raise ValueError("a tail set's 'words' must be a list of strings")
+        for name, value in (("share", share), ("tail_share", covered)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ValueError(f"a tail set's {name!r} must be a number, not {value!r}")
+        if isinstance(total, bool) or not isinstance(total, int):
+            raise ValueError(f"a tail set's 'total_words' must be an integer, not {total!r}")
+        source = data.get("source", "")
+        if not isinstance(source, str):
+            raise ValueError(f"a tail set's 'source' must be a string, not {source!r}")
+        return cls(frozenset(words), source, float(share), total, float(covered))
+
+    def write(self, path: Path | str) -> Path:
+        """Write the set as JSON to ``path`` (folders made); returns the path."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_dict(), indent=1) + "\n")
+        return path
+
+    @classmethod
+    def read(cls, path: Path | str) -> "TailSet":
+        """The set :meth:`write` wrote to ``path``; a file that is not one raises ValueError naming it."""
+        path = Path(path)
+        try:
+            return cls.from_dict(json.loads(path.read_text()))
+        except (ValueError, UnicodeDecodeError) as e:  # json.JSONDecodeError is a ValueError
+            raise ValueError(f"{path} is not a tail set ({e}); recompute it from the training text with "
+                             "asr_core.evaluation.tail.tail_set(...).write(path)") from e
+
+
+def _words(texts: Iterable[str]) -> list[str]:
+    """The normalised words of ``texts``, each normalised as a whole (a word, a line or a transcript)."""
+    if isinstance(texts, str):
+        texts = [texts]
+    return [w for t in texts for w in normalise(t).split()]
+
+
+def tail_set(words: Iterable[str], share: float = DEFAULT_SHARE, source: str = "") -> TailSet:
+    """The tail of a text: its rarest word types that together make up at most ``share`` of its words.
+
+    ``words``: the text, as words, lines or transcripts (one string is one text); each item is normalised with
+    Whisper's normaliser (:func:`~asr_core.evaluation.score.normalise`, so "Hello," and "hello" are one type) and
+    split into words. Pass lines or transcripts rather than single words where it matters: the normaliser reads
+    numbers and spellings across words. ``source`` names the text (kept in the set).
+
+    Word types are sorted by count, rarest first, ties alphabetically (so the set is deterministic), and taken while
+    the cumulative count stays at most ``share`` × the number of words. The type whose count would take the
+    cumulative count over that is *not* included (nor is any after it): the paper defines tail tokens as those
+    whose accumulated frequency is *lower than* the threshold. A cumulative count exactly at the threshold is
+    included (the paper's "95:5"). So the tail's share is at most ``share``, and of equally rare types on the
+    threshold only the alphabetically first ones are taken.
+
+    An empty text or a share outside (0, 1) raises ValueError.
+    """
+    if not 0.0 < share < 1.0:
+        raise ValueError(f"tail share {share!r} must lie strictly between 0 and 1 (the paper uses 0.05)")
+    counts = Counter(_words(words))
+    total = sum(counts.values())
+    if not total:
+        raise ValueError(f"the text {source or '(unnamed)'} has no words after normalisation; pass the training "
+                         "text's lines or transcripts")
+    budget = share * total
+    taken: list[str] = []
+    cumulative = 0
+    for word, n in sorted(counts.items(), key=lambda kv: (kv[1], kv[0])):
+        if cumulative + n > budget:
+            break
+        cumulative += n
+        taken.append(word)
+    return TailSet(frozenset(taken), source, share, total, cumulative / total)
+
+
+@dataclass(frozen=True)
+class TailCounts:
+    """Errors on the tail words of one hypothesis against its reference: ``words`` (tail words in the reference),
+    ``substitutions`` and ``deletions`` (of them), ``insertions`` (inserted hypothesis words that are tail words)."""
+
+    words: int
+    substitutions: int
+    deletions: int
+    insertions: int
+
+    @property
+    def errors(self) -> int:
+        return self.substitutions + self.deletions + self.insertions
+
+    @property
+    def rate(self) -> float:
+        """Percent of the reference's tail words; NaN when it has none (no rate is defined)."""
+        return 100.0 * self.errors / self.words if self.words else math.nan
+
+    def __add__(self, other: "TailCounts") -> "TailCounts":
+        return TailCounts(self.words + other.words, self.substitutions + other.substitutions,
+                          self.deletions + other.deletions, self.insertions + other.insertions)
+
+
+TAIL_ZERO = TailCounts(0, 0, 0, 0)
+
+
+def tail_counts(ref: str, hyp: str, tail: TailSet, *, normalised: bool = False) -> TailCounts:
+    """Errors on tail words of ``hyp`` against ``ref`` (both normalised here unless ``normalised``).
+
+    The alignment is the one :func:`~asr_core.evaluation.score.align_counts` counts (jiwer's, of the normalised
+    words). Counted, as the paper counts "only errors on tail tokens":
+
+    * a reference tail word the alignment substitutes (a substitution) or deletes (a deletion);
+    * an inserted hypothesis word that is itself a tail word (an insertion). An inserted word has no reference word,
+      so it is a tail error only when the word inserted is a tail word; other insertions are ignored.
+
+    Ignored: every error on a reference word outside the tail, including a substitution of a head word by a tail
+    word (that is an error on a head token).
+    """
+    if not normalised:
+        ref, hyp = normalise(ref), normalise(hyp)
+    r, h = ref.split(), hyp.split()
+    words = sum(w in tail for w in r)
+    if not r or not h:  # jiwer needs words on both sides; everything is deleted or inserted
+        return TailCounts(words, 0, words, sum(w in tail for w in h))
+    subs = dels = ins = 0
+    for chunk in jiwer.process_words(" ".join(r), " ".join(h)).alignments[0]:
+        if chunk.type == "substitute":
+            subs += sum(w in tail for w in r[chunk.ref_start_idx:chunk.ref_end_idx])
+        elif chunk.type == "delete":
+            dels += sum(w in tail for w in r[chunk.ref_start_idx:chunk.ref_end_idx])
+        elif chunk.type == "insert":
+            ins += sum(w in tail for w in h[chunk.hyp_start_idx:chunk.hyp_end_idx])
+    return TailCounts(words, subs, dels, ins)
+
+
+def total_tail(counts: Iterable[TailCounts]) -> TailCounts:
+    """The sum of ``counts``."""
+    out = TAIL_ZERO
+    for c in counts:
+        out = out + c
+    return out
+
+
+def corpus_tail_rate(counts: Iterable[TailCounts]) -> float:
+    """Percent: all tail errors over all reference tail words (pooled, not the mean of per-recording rates); NaN
+    when the references have no tail word."""
+    return total_tail(counts).rate
+
+
+def share_of(references: Iterable[str], tail: TailSet) -> float:
+    """The share (0 to 1) of the normalised words of ``references`` (one string is one reference) that are words
+    of ``tail``; NaN when they have no words."""
+    words = _words(references)
+    return sum(w in tail for w in words) / len(words) if words else math.nan
