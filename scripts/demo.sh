@@ -82,12 +82,11 @@ if [ "$cued" -eq 1 ] || [ "$homophones" -eq 1 ]; then steps=4; fi
 
 cue_args=(--cue "$cue")
 if [ "$cue" != 0 ]; then cue_args+=(--cue-report); fi
-eval_sets="test=podcast:$corpus/test, test-shifted=podcast:$shifted/test-shifted"
 if [ "$cued" -eq 1 ]; then
   stamp "1/$steps synthetic corpus with the recall plant -> $corpus ($(espeak-ng --version 2>/dev/null | head -1))"
   $PY -m asr_core synth --out "$corpus" --hours "$hours" --eval-hours "$test_hours" --eval-max-minutes "$test_minutes" \
     --voices 3 --splits train,test --seed 0 --recall "$recall"
-  shifted="$corpus"; eval_sets="test=podcast:$corpus/test"
+  shifted="$corpus"
 elif [ "$test_hours" = "$shifted_hours" ] && [ "$test_minutes" = "$shifted_minutes" ]; then
   shifted="$corpus"
   stamp "1/$steps synthetic corpus -> $corpus ($(espeak-ng --version 2>/dev/null | head -1))"
@@ -104,6 +103,8 @@ else
   $PY -m asr_core synth --out "$shifted" --hours "$hours" --eval-hours "$shifted_hours" \
     --eval-max-minutes "$shifted_minutes" --voices 3 --shift near --splits test-shifted --seed 0 --cue "$cue"
 fi
+eval_sets="test=podcast:$corpus/test, test-shifted=podcast:$shifted/test-shifted"
+if [ "$cued" -eq 1 ]; then eval_sets="test=podcast:$corpus/test"; fi
 # what a demo run on another machine must match to reproduce these numbers: the audio itself (another espeak-ng
 # build speaks other samples, while the transcripts and word times, all that the corpus fingerprint covers, may agree)
 echo "corpus audio sha256 (train, test, test-shifted): $($PY -c 'import hashlib, pathlib, sys
