@@ -47,6 +47,7 @@ from asr_core.contract.specs import parse_dataset_spec
 from asr_core.data.corpora import CorpusError, Recording, load_corpus
 from asr_core.decoding.decode import Model, posteriors_at, prepare_features, window_frames
 from asr_core.data.features import zero_regions
+from asr_core.probes.checkpoints import out_for, refusal
 from asr_core.training.checkpoint import acoustic_header, load_for_eval
 
 DISTANCES_S = (1.0, 2.0, 5.0, 10.0, 20.0, 40.0, 60.0)
@@ -322,13 +323,9 @@ def cli(argv: list[str]) -> int:
                     "next to the checkpoint; needed for several checkpoints: each gets a folder in it, and the "
                     "figure of all of them is OUT/reach.png)")
     a = ap.parse_args(argv)
-    missing = [str(c) for c in a.checkpoints if not c.is_file()]
-    if missing:
-        print(f"reach: checkpoint not found: {', '.join(missing)}", file=sys.stderr)
-        return 2
-    if len(a.checkpoints) > 1 and a.out is None:
-        print("reach: several checkpoints need --out DIR (each gets a folder in it, and one figure shows them all)",
-              file=sys.stderr)
+    refused = refusal("reach", a.checkpoints, a.out, "each gets a folder in it, and one figure shows them all")
+    if refused:
+        print(refused, file=sys.stderr)
         return 2
     results: list[Reach] = []
     try:
@@ -340,7 +337,7 @@ def cli(argv: list[str]) -> int:
                 ck = acoustic_header(ckpt)
                 data = list(Config.from_stored(ck["config"], source=str(ckpt)).eval.datasets[:1])
                 del ck
-            out = a.out if len(a.checkpoints) == 1 else a.out / f"{k}-{ckpt.parent.name}"
+            out = out_for(a.out, a.checkpoints, k)
             results.append(measure(ckpt, data, distances_s=a.distances, targets=a.targets, span_s=a.span,
                                    stride=a.stride, batch_windows=a.batch_windows, out_dir=out))
             _print(results[-1], a.span)

@@ -38,6 +38,7 @@ from asr_core.data.corpora.rerender import Rerenderer
 from asr_core.decoding.decode import prepare_features, window_frames
 from asr_core.evaluation.recall import group_accuracy, group_of, recall_slots, write_slot_table
 from asr_core.evaluation.recall_window import WindowModel, score_recording
+from asr_core.probes.checkpoints import out_for, refusal
 
 RECALL_DIR = "recall"
 AS_IS = "as-is"
@@ -180,18 +181,15 @@ def cli(argv: list[str]) -> int:
     except ValueError as e:
         print(f"recall: {e}", file=sys.stderr)
         return 2
-    missing = [str(c) for c in a.checkpoints if not c.is_file()]
-    if missing:
-        print(f"recall: checkpoint not found: {', '.join(missing)}", file=sys.stderr)
-        return 2
-    if len(a.checkpoints) > 1 and a.out is None:
-        print("recall: several checkpoints need --out DIR (each gets a folder in it)", file=sys.stderr)
+    refused = refusal("recall", a.checkpoints, a.out)
+    if refused:
+        print(refused, file=sys.stderr)
         return 2
     renderers: dict[str, Rerenderer] = {}
     summary: list[dict[str, Any]] = []
     try:
         for k, ckpt in enumerate(a.checkpoints, 1):
-            out = a.out if len(a.checkpoints) == 1 else a.out / f"{k}-{ckpt.parent.name}"
+            out = out_for(a.out, a.checkpoints, k)
             for path in measure(ckpt, a.data, keys=keys, device=a.device, batch_windows=a.batch_windows,
                                 out_dir=out, renderers=renderers, summary=summary).values():
                 print(f"table: {path}")
