@@ -4,8 +4,9 @@
 The checkpoint (a dict, loaded with ``weights_only=True``): ``format_version``, ``kind`` (``"lm"``), ``config``
 (:meth:`LMTrainConfig.to_dict`), ``model``, ``optimizer``, ``step``, ``schedule`` (``total_steps``,
 ``warmup_steps``, ``peak_lr``, ``last_loss``), ``rng``, ``data_position`` (``epoch``, ``chunk``: chunks of that
-epoch trained), ``cache`` (the lanes' memories: ``keys``, ``values`` (L, B, S, D), ``lengths`` (B,); None before the
-first step), ``tokenizer`` (SentencePiece bytes), ``data_fingerprint`` (of the token ids), ``text`` (the specs read),
+epoch trained), ``cache`` (the lanes' memories: ``keys``, ``values`` (L, B, S, D), ``lengths`` (B,), ``history``
+(B, N - 1) and ``bos_id`` with a lookup memory, else None; None before the first step), ``memory_generator`` (the
+lookup memory's update generator state; None without one, absent in checkpoints older than the memory), ``tokenizer`` (SentencePiece bytes), ``data_fingerprint`` (of the token ids), ``text`` (the specs read),
 ``mlflow_run_id``, ``tracking_uri``, ``precision``.
 """
 
@@ -74,7 +75,9 @@ def check_resume(path: Path, state: dict[str, Any], cfg: LMTrainConfig, tok: Tok
         raise LMTrainError(f"{path} is not an LM checkpoint (kind {state.get('kind')!r}); train in another --out")
     saved = LMTrainConfig.from_dict(state["config"], source=str(path))
     was, now = saved.flat(), cfg.flat()
-    diff = [f"{k}: {was[k]!r} -> {now[k]!r}" for k in was if k not in EXECUTION and was[k] != now[k]]
+    keys = list(was) + [k for k in now if k not in was]  # lm.memory.* exist only where a memory is set
+    diff = [f"{k}: {was.get(k)!r} -> {now.get(k)!r}" for k in keys
+            if k not in EXECUTION and was.get(k) != now.get(k)]
     if diff:
         raise LMTrainError(f"{path} was trained with another config ({', '.join(diff)}); resume with the same "
                            "preset and --set values (only " + ", ".join(EXECUTION) + " may change), or train in "
@@ -91,7 +94,8 @@ def check_resume(path: Path, state: dict[str, Any], cfg: LMTrainConfig, tok: Tok
 
 
 def load_lm(path: str | Path, device: str | torch.device = "cpu") -> LMCheckpoint:
-    """The LM of an ``lm train`` checkpoint (``weights_only`` load), in eval mode on ``device``."""
+    """The LM of an ``lm train`` checkpoint (``weights_only`` load), in eval mode on ``device``. A lookup memory
+    comes back with its dictionary and counts (eval mode never updates it, so its generator is not restored)."""
     path = Path(path)
     state = load_checkpoint(path)
     if state.get("kind") != KIND:

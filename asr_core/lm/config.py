@@ -17,6 +17,14 @@ Feed-forward width. The paper names GEGLU "with an expansion factor of 4" and 72
 a plain 4x GELU MLP (flash-attn's ``FusedMLP``). A GEGLU whose hidden width is 4d would hold 97M parameters, so the
 GEGLU here is the parameter-matched one (Shazeer 2020, "GLU variants"): hidden width ``2/3 * 4 * d``, the parameters
 of a 4x MLP, giving the paper's 72M.
+
+Lookup memory (paper 002, :mod:`asr_core.lm.memory`). ``memory`` (a :class:`~asr_core.lm.memory.MemoryConfig`, or
+None: the plain LM, the default) adds the hashed dictionary the last layer reads; ``tie_embeddings`` makes the
+output layer the transpose of the input embedding's first ``pieces`` rows, without a bias (False, the default: an
+untied Linear with a bias, as every LM trained before these fields existed). Paper 002 ties the two (its memory
+stores input embeddings that the output layer must score), so a memory requires ``tie_embeddings: true``. A config
+written without these keys loads as ``memory=None, tie_embeddings=False``: old checkpoints load unchanged. In a
+file or ``--set``: ``lm.memory: {buckets: 5000}`` (unset fields: the paper's) or ``lm.memory.buckets=5000``.
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from asr_core.config_parse import ConfigError, build_dataclass, parse_override
+from asr_core.lm.memory import MemoryConfig
 
 
 def _require(cond: bool, key: str, value: Any, valid: str) -> None:
@@ -54,8 +63,11 @@ class LMConfig:
     dpb_width: int = 256  # code: the dynamic position bias MLP is d/4 wide ...
     dpb_depth: int = 2  # code: ... with two hidden layers (SiLU), on raw (not log) distances
     norm_eps: float = 1e-5  # code: apex FusedRMSNorm's default
+    memory: MemoryConfig | None = None  # paper 002's lookup dictionary; None: none (see the module docstring)
+    tie_embeddings: bool = False  # True: output layer = input embedding transposed, no bias (required by memory)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "memory", memory_config(self.memory))
         for name in ("d_model", "layers", "heads", "ff_expansion", "dpb_width", "dpb_depth"):
             _positive_int(f"lm.{name}", getattr(self, name))
         _require(isinstance(self.vocab_size, int) and self.vocab_size >= 3, "lm.vocab_size", self.vocab_size,
@@ -64,6 +76,10 @@ class LMConfig:
                  f"a divisor of lm.d_model={self.d_model} (the head dimension must be whole)")
         _require(self.qk_scale > 0, "lm.qk_scale", self.qk_scale, "a positive number")
         _require(self.norm_eps > 0, "lm.norm_eps", self.norm_eps, "a positive number")
+        _require(isinstance(self.tie_embeddings, bool), "lm.tie_embeddings", self.tie_embeddings, "true or false")
+        _require(self.memory is None or self.tie_embeddings, "lm.tie_embeddings", self.tie_embeddings,
+                 "true when lm.memory is set (the memory stores input embeddings that the output layer scores, "
+                 "paper 002 §2.3): set lm.tie_embeddings: true, or lm.memory: null for no memory")
 
     @property
     def head_dim(self) -> int:
@@ -96,6 +112,18 @@ class LMConfig:
         if unknown:
             raise ConfigError(f"{source}: unknown LM config key(s) {', '.join(unknown)}; valid: {', '.join(names)}")
         return cls(**dict(d))
+
+
+def memory_config(value: Any) -> MemoryConfig | None:
+    """``lm.memory`` as written (None, a :class:`MemoryConfig`, or a mapping of its fields from YAML/JSON) -> the
+    config; :class:`ConfigError` names an unknown field or a bad value."""
+    if value is None or isinstance(value, MemoryConfig):
+        return value
+    if not isinstance(value, Mapping):
+        names = ", ".join(f.name for f in dataclasses.fields(MemoryConfig))
+        raise ConfigError(f"invalid value for 'lm.memory': {value!r}; valid: null (no memory) or a mapping of its "
+                          f"fields ({names})")
+    return build_dataclass(MemoryConfig, json.loads(json.dumps(dict(value))), "lm.memory.", "lm.memory")
 
 
 PRESETS: dict[str, LMConfig] = {
@@ -168,15 +196,24 @@ class LMTrainConfig:
         return json.loads(json.dumps(dataclasses.asdict(self)))
 
     def flat(self) -> dict[str, Any]:
-        """Every leaf field by dotted name (``lm.d_model``, ``lr``): the MLflow params."""
-        d = self.to_dict()
-        lm = d.pop("lm")
-        return {**{f"lm.{k}": v for k, v in lm.items()}, **d}
+        """Every leaf field by dotted name (``lm.d_model``, ``lm.memory.buckets``, ``lr``): the MLflow params.
+        No memory: ``lm.memory`` is None."""
+        return _flatten(self.to_dict(), "")
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], *, source: str = "lm config") -> "LMTrainConfig":
         """Build and validate from a nested dict; an unknown key raises :class:`ConfigError` listing the valid ones."""
         return build_dataclass(cls, json.loads(json.dumps(dict(d))), "", source)
+
+
+def _flatten(d: Mapping[str, Any], prefix: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, Mapping):
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
 
 
 # what each preset changes of LMTrainConfig's training fields (its LM is PRESETS[name])
@@ -202,6 +239,8 @@ def resolve_config(preset: str, overrides: Sequence[str] = (), *, vocab_size: in
         *parents, leaf = key.split(".")
         cur = raw
         for p in parents:
+            if cur.get(p, "") is None:  # an unset optional section (lm.memory): setting a field of it creates it
+                cur[p] = {}
             nxt = cur.setdefault(p, {})
             if not isinstance(nxt, dict):
                 raise ConfigError(f"{source}: unknown key {key!r}: {p!r} is a value, not a section; valid keys: "

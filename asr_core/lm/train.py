@@ -24,6 +24,14 @@ synchronous call; when it fails, training goes on, the records wait in the folde
 the tracker creates the run and ships them. Params: :meth:`LMTrainConfig.flat`; metrics ``lm/train_loss``,
 ``lm/lr``, ``lm/grad_norm`` every step and ``lm/dev_ppl`` at each checkpoint when there is dev text.
 
+Lookup memory (``lm.memory``, paper 002; :mod:`asr_core.lm.memory`). Its token counts (Eq. 4) are those of the
+training text's next tokens, every token of every document once (the beginning-of-document id is never a target):
+:func:`next_token_counts`, computed once, when a run starts from scratch (before its first step), and stored in the
+checkpoint with the model (the memory's ``counts`` buffer, beside ``D`` and its ``step``), so a resumed run reads
+them back rather than counting again. The memory's update draws come from its own generator, whose state the
+checkpoint keeps (``memory_generator``); the lanes' token histories travel with their caches. Each step passes its
+targets to the model, which reads the memory, then updates it with them (training mode).
+
 The checkpoint's contents: :mod:`asr_core.lm.checkpoint`.
 """
 
@@ -53,9 +61,9 @@ from asr_core.data.tokenizer import Tokenizer
 from asr_core.lm.checkpoint import CHECKPOINT_FILE, FORMAT_VERSION, KIND, LMTrainError, check_resume
 from asr_core.lm.config import LMTrainConfig
 from asr_core.lm.data import Document, TextError, chunk_batches, count_chunks, read_documents
-from asr_core.lm.model import KVCache, build_lm
+from asr_core.lm.model import KVCache, build_lm, lm_size
 
-__all__ = ["LMTrainResult", "Preempted", "train_lm"]
+__all__ = ["LMTrainResult", "Preempted", "next_token_counts", "train_lm"]
 
 DEFAULT_EXPERIMENT = "asr_core_lm"
 
@@ -103,6 +111,13 @@ def fingerprint(ids: Sequence[Sequence[int]]) -> str:
         h.update(len(doc).to_bytes(8, "little"))
         h.update(array("i", doc).tobytes())
     return h.hexdigest()[:16]
+
+
+def next_token_counts(ids: Sequence[Sequence[int]], vocab_size: int) -> torch.Tensor:
+    """(V,) long: how often each id is a next token in the training text (every token of every document; the
+    beginning-of-document id, never a target, counts 0): the memory's Eq. 4 counts."""
+    flat = torch.tensor([i for doc in ids for i in doc], dtype=torch.long)
+    return torch.bincount(flat, minlength=vocab_size)
 
 
 def epoch_order(ids: Sequence[Sequence[int]], seed: int, epoch: int) -> list[Sequence[int]]:
@@ -200,6 +215,8 @@ def _train(cfg: LMTrainConfig, texts: list[str], tok: Tokenizer, out_dir: Path, 
         out_dir.mkdir(parents=True, exist_ok=True)
         torch.manual_seed(cfg.seed)  # the initial weights
         model = build_lm(cfg.lm).to(device)
+        if model.memory is not None and state is None:  # once per run; a resumed run reads them back
+            model.memory.set_counts(next_token_counts(ids, cfg.lm.vocab_size))
         opt = MADGRAD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
                       eps=cfg.eps)
         step, epoch, chunk, last_loss = 0, 0, 0, math.nan
@@ -211,13 +228,15 @@ def _train(cfg: LMTrainConfig, texts: list[str], tok: Tokenizer, out_dir: Path, 
                               for e in range(cfg.epochs))
         if state is not None:
             model.load_state_dict(state["model"])
+            if model.memory is not None:
+                model.memory.load_generator_state(state["memory_generator"])
             opt.load_state_dict(state["optimizer"])
             step, total_steps = int(state["step"]), int(state["schedule"]["total_steps"])
             last_loss = float(state["schedule"]["last_loss"])
             epoch, chunk = int(state["data_position"]["epoch"]), int(state["data_position"]["chunk"])
             if state["cache"] is not None:
                 c = state["cache"]
-                cache = KVCache(c["keys"], c["values"], c["lengths"]).to(device)
+                cache = KVCache(c["keys"], c["values"], c["lengths"], c.get("history"), c.get("bos_id")).to(device)
             set_rng_state(state["rng"])
             print(f"[lm] resuming {ckpt_path} at step {step}/{total_steps}", file=sys.stderr, flush=True)
 
@@ -250,14 +269,19 @@ def _train(cfg: LMTrainConfig, texts: list[str], tok: Tokenizer, out_dir: Path, 
                          "last_loss": last_loss},
             "rng": rng_state(), "data_position": {"epoch": epoch, "chunk": chunk},
             "cache": None if cache is None else {"keys": cache.keys.cpu(), "values": cache.values.cpu(),
-                                                 "lengths": cache.lengths.cpu()},
+                                                 "lengths": cache.lengths.cpu(), "bos_id": cache.bos_id,
+                                                 "history": None if cache.history is None else cache.history.cpu()},
+            "memory_generator": None if model.memory is None else model.memory.generator_state(),
             "tokenizer": tok.to_bytes(), "data_fingerprint": data_id, "text": list(texts),
             "mlflow_run_id": run_id, "tracking_uri": tracking_uri, "precision": precision,
         })
         return ppl
 
-    n_params = sum(p.numel() for p in model.parameters())
-    print(f"[lm] {n_params / 1e6:.2f}M parameters on {device}{' (bf16)' if bf16 else ''}; {len(ids)} documents, "
+    size = lm_size(cfg.lm)
+    memory = "" if model.memory is None else (f" + a lookup memory of {size.memory / 1e6:.2f}M numbers "
+                                              f"({size.memory_bytes / 2**20:.1f} MiB)")
+    print(f"[lm] {size.parameters / 1e6:.2f}M parameters{memory} on {device}{' (bf16)' if bf16 else ''}; "
+          f"{len(ids)} documents, "
           f"{sum(map(len, ids))} tokens (fingerprint {data_id}); {total_steps} steps of {cfg.batch} x "
           f"{cfg.chunk_len} tokens, memory {cfg.cache_len}; out {out_dir}", file=sys.stderr, flush=True)
     last_ppl: float | None = None
@@ -288,7 +312,7 @@ def _train(cfg: LMTrainConfig, texts: list[str], tok: Tokenizer, out_dir: Path, 
             if cache is not None:
                 cache = cache.forget(ch.reset)
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-                logits, new_cache = model(tokens[:, :-1], lengths, cache)
+                logits, new_cache = model(tokens[:, :-1], lengths, cache, targets=tokens[:, 1:])
             valid = torch.arange(cfg.chunk_len, device=device)[None, :] < lengths[:, None]  # (B, T)
             loss = F.cross_entropy(logits[valid].float(), tokens[:, 1:][valid])
             opt.zero_grad(set_to_none=True)
