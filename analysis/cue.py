@@ -35,7 +35,7 @@ import pandas as pd
 from analysis import stats
 from analysis.collect import Sweep, greedy_rows
 from analysis.plots import MAX_PANELS, Figure, context_axis, panels, save, series_labels
-from analysis.werr import family_rows, find_baseline, format_seconds, stable_seed
+from analysis.werr import context_spans, family_rows, find_baseline, format_seconds, stable_seed
 from asr_core.contract.metrics import CLEAN
 
 MEASURES = ("cue", "wer", "noncue")  # cue words; all words; the other (not planted) words
@@ -217,14 +217,11 @@ def verdicts(table: pd.DataFrame, alpha: float) -> list[str]:
     significantly against the shortest (Holm p < ``alpha``), and did WER on all words and on the other words
     fall."""
     lines = []
-    for (fam, _, ds, cond), grp in table.groupby(["family", "series_id", "dataset", "condition"], sort=True):
-        grp = grp.sort_values("context_s")
-        head = f"Family {fam}, {grp['series'].iloc[0]}, {ds}" + ("" if cond == CLEAN else f" ({cond})")
-        short, long = grp.iloc[0], grp.iloc[-1]
-        if len(grp) < 2:
-            lines.append(f"{head}: one context length ({format_seconds(short['context_s'])}); nothing to compare.")
+    for g in context_spans(table):
+        if g.single:
+            lines.append(g.single)
             continue
-        span = f"{format_seconds(short['context_s'])} → {format_seconds(long['context_s'])}"
+        head, span, short, long = g.head, g.span, g.short, g.long
         if not np.isfinite(long["shortest_p_holm_cue"]):
             lines.append(f"{head}, {span}: **not tested** — {long['shortest_note'] or 'no paired recordings'}.")
             continue

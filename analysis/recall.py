@@ -32,7 +32,7 @@ import pandas as pd
 
 from analysis import stats
 from analysis.collect import Sweep, greedy_rows
-from analysis.werr import family_rows, format_seconds, stable_seed
+from analysis.werr import context_spans, family_rows, format_seconds, stable_seed
 from asr_core.contract.metrics import AVERAGE, CLEAN, WINDOW
 
 # distance bins of masked slots: (label, upper edge in seconds, exclusive); the plant's bands are 1-4 s and 20-60 s
@@ -189,15 +189,12 @@ def verdicts(rates: pd.DataFrame, tests: pd.DataFrame, alpha: float) -> list[str
     significantly better than the shortest (Holm p < ``alpha``), with the far, near, ceiling and guess-rate
     accuracies of both."""
     lines = []
-    far = rates[rates["group"] == "far"]
-    for (fam, sid, ds, cond), grp in far.groupby(["family", "series_id", "dataset", "condition"], sort=True):
-        grp = grp.sort_values("context_s")
-        head = f"Family {fam}, {grp['series'].iloc[0]}, {ds}" + ("" if cond == CLEAN else f" ({cond})")
-        short, long = grp.iloc[0], grp.iloc[-1]
-        if len(grp) < 2:
-            lines.append(f"{head}: one context length ({format_seconds(short['context_s'])}); nothing to compare.")
+    for g in context_spans(rates[rates["group"] == "far"]):
+        if g.single:
+            lines.append(g.single)
             continue
-        span = f"{format_seconds(short['context_s'])} → {format_seconds(long['context_s'])}"
+        fam, sid, ds, cond, head, span, short, long = (g.family, g.series_id, g.dataset, g.condition, g.head, g.span,
+                                                       g.short, g.long)
         t = tests[(tests["family"] == fam) & (tests["series_id"] == sid) & (tests["dataset"] == ds)
                   & (tests["condition"] == cond) & (tests["config"] == long["config"])]
         if t.empty or not np.isfinite(t["p_holm"].iloc[0]):

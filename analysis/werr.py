@@ -13,6 +13,8 @@ import hashlib
 import json
 import math
 import re
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Iterable
 
 import numpy as np
@@ -305,6 +307,37 @@ def _row(family: str, base: pd.Series, other: pd.Series, res: stats.Comparison |
 
 
 # ---- naming configurations and contexts ----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ContextSpan:
+    """One group of a per-context table (family, series, dataset, condition) read for a verdict: ``head`` (how its
+    line starts), ``span`` ("10 s → 82 s"), the rows of its ``short``est and ``long``est context; ``single`` holds
+    the whole line when the group has one context length (nothing to compare)."""
+
+    family: str
+    series_id: str
+    dataset: str
+    condition: str
+    head: str
+    span: str
+    short: pd.Series
+    long: pd.Series
+    single: str = ""
+
+
+def context_spans(table: pd.DataFrame) -> Iterator[ContextSpan]:
+    """Per family, series, dataset and condition of ``table`` (rows with ``context_s`` and ``series``), sorted:
+    the shortest and longest context of each, as the verdicts of the planted-cue and recall parts read them."""
+    for (fam, sid, ds, cond), grp in table.groupby(["family", "series_id", "dataset", "condition"], sort=True):
+        grp = grp.sort_values("context_s")
+        head = f"Family {fam}, {grp['series'].iloc[0]}, {ds}" + ("" if cond == CLEAN else f" ({cond})")
+        short, long = grp.iloc[0], grp.iloc[-1]
+        single = (f"{head}: one context length ({format_seconds(short['context_s'])}); nothing to compare."
+                  if len(grp) < 2 else "")
+        yield ContextSpan(str(fam), str(sid), str(ds), str(cond), head,
+                          f"{format_seconds(short['context_s'])} → {format_seconds(long['context_s'])}", short, long,
+                          single)
+
 
 def format_seconds(seconds: float) -> str:
     """10.24 -> '10 s', 81.92 -> '82 s', 655.36 -> '10.9 min', 3600 -> '1 h'; what the axes and tables print."""
