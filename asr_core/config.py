@@ -254,9 +254,14 @@ class EvalConfig:
     # windows of the trained context measured (non-overlapping: the first of each recording, then the second, ...);
     # at 1 h context 32 windows are up to 32 h of audio, one forward pass each (paper.yaml decodes ~140 h there)
     head_windows: int = 32
+    # a tail set's JSON file (python -m asr_core tailset): also measure the tail-word error rate (paper 002) against
+    # it, metrics tail/..., table columns tail_words/tail_errors; "" = none. Changes no other result
+    tail: str = ""
 
     def __post_init__(self) -> None:
         _require(0 < self.stride <= 1, "eval.stride", self.stride, "a fraction in (0, 1] of the window")
+        _require(isinstance(self.tail, str), "eval.tail", self.tail,
+                 "the path of a tail set's JSON file (python -m asr_core tailset), or '' for none")
         _require(isinstance(self.head_rows, int) and self.head_rows >= 1, "eval.head_rows", self.head_rows,
                  "a positive integer")
         _require(isinstance(self.head_windows, int) and self.head_windows >= 1, "eval.head_windows",

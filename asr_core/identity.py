@@ -63,6 +63,8 @@ EXECUTION: dict[str, str] = {
                            "and WERs",
     "eval.head_rows": "query rows of A sampled by that measurement (its precision, not the model's)",
     "eval.head_windows": "windows that measurement averages over (its precision, not the model's)",
+    "eval.tail": "the tail set the tail-word error rate is measured against (paper 002): extra metrics and table "
+                 "columns, the same model and WERs",
 }
 
 # Fields whose value is a location; the key holds the name of what is there (see :func:`identity_value`).

@@ -39,6 +39,12 @@ def test_wer_and_cue_keys_round_trip(dataset: str, decoder: str) -> None:
         dec, ds, c, s = m.parse_cue_metric_key(cue)
         assert (dec, ds, c) == (decoder, dataset, cond) and _same_snr(s, snr)
         assert m.parse_decoder_metric_key(cue) is None
+        tail = m.tail_metric_key(dataset, snr, decoder)
+        dec, ds, c, s = m.parse_tail_metric_key(tail)
+        assert (dec, ds, c) == (decoder, dataset, cond) and _same_snr(s, snr)
+        assert m.parse_decoder_metric_key(tail) is None and m.parse_cue_metric_key(tail) is None
+        assert m.parse_metric_key(tail) is None
+        assert m.parse_tail_metric_key(key) is None and m.parse_tail_metric_key(cue) is None
 
 
 def test_the_names_runs_hold() -> None:
@@ -47,6 +53,9 @@ def test_the_names_runs_hold() -> None:
     assert m.metric_key("rev16", 10.0) == "wer/rev16/snr10" == m.metric_key("rev16", 10)
     assert m.metric_key("test", 5.0, "beam-lm64") == "wer_beam-lm64/test/snr5"
     assert m.cue_metric_key("cued") == "cue/cued" and m.cue_metric_key("cued", 10.0, "beam") == "cue_beam/cued/snr10"
+    assert m.tail_metric_key("dev") == "tail/dev" and m.tail_metric_key("test", -5.0) == "tail/test/snr-5"
+    assert m.tail_metric_key("dev", 10.0, "beam-lm64") == "tail_beam-lm64/dev/snr10"
+    assert m.TAIL_COLUMNS == ("tail_words", "tail_errors") and m.TAIL_TAG == "eval.tail"
     assert m.decoder_tag("beam-lm64") == "eval.decoder.beam-lm64"
     assert m.table_file("test") == "test.csv" and m.table_file("test", "beam") == "test.beam.csv"
     assert m.heads_key("test", "A", "sum") == "heads/test/A/sum"
@@ -71,6 +80,8 @@ def test_other_keys_are_not_read_as_wer() -> None:
     for key in ("train/loss", "wer_greedy/dev", "cue_beam/dev", "wer_/dev", "lm_ppl/text/ctx64", "heads/t/A/sum"):
         assert m.parse_decoder_metric_key(key) is None and m.parse_metric_key(key) is None, key
     assert m.parse_cue_metric_key("cue_greedy/dev") is None and m.parse_cue_metric_key("wer/dev") is None
+    for key in ("tail_greedy/dev", "tail_/dev", "tail/", "tails/dev", "wer/dev", "cue_beam/dev", "recall/dev/far"):
+        assert m.parse_tail_metric_key(key) is None, key
     assert m.parse_decoder_tag("eval.decoder.beam") == "beam" and m.parse_decoder_tag("eval.evaluation.own") is None
 
 

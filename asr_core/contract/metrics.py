@@ -9,12 +9,16 @@ at all: runs already logged keep the names they have, so every builder is the ex
   ``wer_<DECODER>/...`` for a beam decoder (:func:`metric_key`, :func:`parse_decoder_metric_key`);
 * cue-word error rate in percent, on datasets with planted cue words: ``cue/...`` and ``cue_<DECODER>/...``
   (:func:`cue_metric_key`, :func:`parse_cue_metric_key`);
+* tail-word error rate in percent (paper 002), when the evaluation is given a tail set: ``tail/...`` and
+  ``tail_<DECODER>/...`` (:func:`tail_metric_key`, :func:`parse_tail_metric_key`); the tail set itself is described
+  in the run's tag :data:`TAIL_TAG` (JSON);
 * slot accuracy in percent on datasets with the recall plant (clean audio): ``recall/<DATASET>/<GROUP>`` and
   ``recall_<DECODER>/...`` (:func:`recall_metric_key`, :func:`parse_recall_metric_key`), and per-slot tables
   ``eval/<DATASET>[.<DECODER>].slots.csv``, columns :data:`SLOT_COLUMNS` (:func:`slot_table_name`);
 * a beam decoder's settings: the run's tag ``eval.decoder.<DECODER>`` (JSON; :func:`decoder_tag`);
 * per-recording tables: artifacts ``eval/<DATASET>.csv`` (greedy) and ``eval/<DATASET>.<DECODER>.csv``
-  (:func:`table_name`), columns :data:`TABLE_COLUMNS` then the optional :data:`CUE_COLUMNS`;
+  (:func:`table_name`), columns :data:`TABLE_COLUMNS` then the optional :data:`CUE_COLUMNS`, then
+  :data:`TAIL_COLUMNS` in tables of an evaluation given a tail set (absent otherwise);
 * head similarity: ``heads/<DATASET>/<R>/sum|similarity|layer<i>`` and ``heads/<DATASET>/windows``
   (:func:`heads_key`, :func:`parse_heads_key`);
 * LM perplexity on the LM's own run: ``lm_ppl/<DATASET>/ctx<N>`` (:func:`lm_ppl_key`, :func:`parse_lm_ppl_key`),
@@ -34,6 +38,8 @@ GREEDY = "greedy"  # the decoder of the trial's own evaluation: metrics wer/...,
 CLEAN = "clean"  # the condition without added music
 WER = "wer"
 CUE = "cue"
+TAIL = "tail"
+TAIL_TAG = "eval.tail"  # JSON: the tail set's source, size, share of its text and of each dataset's references
 LM_PPL = "lm_ppl"
 DECODER_TAG_PREFIX = "eval.decoder."
 LM_TAG = "lm.data_fingerprint"  # every LM training run has it
@@ -41,6 +47,8 @@ LM_TAG = "lm.data_fingerprint"  # every LM training run has it
 TABLE_COLUMNS = ("dataset", "condition", "snr_db", "recording", "ref_words", "substitutions", "deletions",
                  "insertions", "hyp_words", "wer")
 CUE_COLUMNS = ("cue_words", "cue_errors")
+# the tail words of the reference (paper 002) and the errors on them; only in tables of an evaluation given a tail set
+TAIL_COLUMNS = ("tail_words", "tail_errors")
 # the per-slot table of a dataset with the recall plant (eval/<DATASET>[.<DECODER>].slots.csv), one row per slot,
 # condition and scoring; ``correct`` 0/1, ``hyp`` the aligned hypothesis word ("" where the alignment deletes the
 # code word); ``scoring``: AVERAGE (the moving-window decoding of the whole recording, each frame the average of every
@@ -59,7 +67,7 @@ _NUMBER = r"[-+]?[0-9.]+(?:e[-+]?[0-9]+)?"
 _SNR = rf"(?:/snr(?P<snr>{_NUMBER}))?"
 _DECODER = r"[A-Za-z0-9._-]+"
 _RATE_RE = {kind: (re.compile(rf"^{kind}/(?P<dataset>.+?){_SNR}$"),
-                   re.compile(rf"^{kind}_(?P<decoder>{_DECODER})/(?P<dataset>.+?){_SNR}$")) for kind in (WER, CUE)}
+                   re.compile(rf"^{kind}_(?P<decoder>{_DECODER})/(?P<dataset>.+?){_SNR}$")) for kind in (WER, CUE, TAIL)}
 _HEADS_RE = re.compile(rf"^{HEADS_DIR}/(?P<dataset>.+)/(?P<repr>[AQKVY])/"
                        r"(?P<stat>sum|similarity|layer(?P<layer>[0-9]+))$")
 _RECALL_RE = re.compile(rf"^{RECALL}(?:_(?P<decoder>{_DECODER}))?/(?P<dataset>.+)/"
@@ -82,7 +90,7 @@ def snr_of(condition: str) -> float:
     return float(m.group(1)) if m else math.nan
 
 
-# ---- WER and cue-word error rate -----------------------------------------------------------------------------------
+# ---- WER, cue-word and tail-word error rates -----------------------------------------------------------------------
 
 def _rate_key(kind: str, dataset: str, condition: str, decoder: str) -> str:
     prefix = kind if decoder == GREEDY else f"{kind}_{decoder}"
@@ -98,6 +106,12 @@ def cue_metric_key(dataset: str, snr_db: float | None = None, decoder: str = GRE
     """``cue/<NAME>[/snr<DB>]`` (``cue_<DECODER>/...`` for a beam decoder): the cue-word error rate of a dataset
     with planted words."""
     return _rate_key(CUE, dataset, condition_name(snr_db), decoder)
+
+
+def tail_metric_key(dataset: str, snr_db: float | None = None, decoder: str = GREEDY) -> str:
+    """``tail/<NAME>[/snr<DB>]`` (``tail_<DECODER>/...`` for a beam decoder): the tail-word error rate of a dataset,
+    given a tail set (paper 002; :mod:`asr_core.evaluation.tail`)."""
+    return _rate_key(TAIL, dataset, condition_name(snr_db), decoder)
 
 
 def metric_name(dataset: str, condition: str, decoder: str = GREEDY) -> str:
@@ -141,6 +155,12 @@ def parse_cue_metric_key(key: str) -> tuple[str, str, str, float] | None:
     """Any decoder's cue-word error rate: ``"cue_beam/dev/snr10"`` -> ``("beam", "dev", "snr10", 10.0)``; else
     None."""
     return _parse_rate(CUE, key)
+
+
+def parse_tail_metric_key(key: str) -> tuple[str, str, str, float] | None:
+    """Any decoder's tail-word error rate: ``"tail/dev"`` -> ``("greedy", "dev", "clean", nan)``,
+    ``"tail_beam/dev/snr10"`` -> ``("beam", "dev", "snr10", 10.0)``; else None."""
+    return _parse_rate(TAIL, key)
 
 
 # ---- recall slots (the recall plant, asr_core.data.corpora.recall) -----------------------------------------------

@@ -4,8 +4,9 @@ Each recording and condition (clean, or music at an SNR) is decoded once into po
 model (:func:`asr_core.decoding.decode.posteriors`), then by each decoder: greedy CTC, and with a
 :class:`BeamDecoding` beam search from the same posteriors (with an LM or without, paper 004; built from the
 command line's options by :func:`beam_decoding`). :func:`evaluate_dataset` scores each decoder's hypothesis
-against the normalised reference, and the planted cue words where the dataset has them, into the rows of
-:func:`asr_core.evaluation.evaluate.evaluate`'s tables.
+against the normalised reference, the planted cue words where the dataset has them, and the tail words when given
+a tail set (:mod:`asr_core.evaluation.tail`), into the rows of :func:`asr_core.evaluation.evaluate.evaluate`'s
+tables.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from asr_core.decoding.beam import BeamConfig, beam_search
 from asr_core.decoding.decode import WindowBatch, greedy_ids, plan_windows, posteriors, prepare_features
 from asr_core.device import resolve_device
 from asr_core.evaluation.score import marked_counts, normalise, normalise_marked, score
+from asr_core.evaluation.tail import TailSet, tail_counts
 from asr_core.training.checkpoint import read_header
 
 
@@ -117,11 +119,13 @@ def evaluate_dataset(name: str, recordings: list[Recording], snrs: list[float], 
                      window: int, stride: float, batch: WindowBatch | int, sub: int, fps: float, dev: torch.device,
                      noise: str, noise_seed: int, progress: ProgressLog | None = None, precision: str = "fp32",
                      beam: BeamDecoding | None = None, cues: dict[str, tuple[int, ...]] | None = None,
-                     clean: bool = True) -> tuple[dict[str, list[dict[str, Any]]], list[dict[str, Any]]]:
+                     clean: bool = True, tail: TailSet | None = None
+                     ) -> tuple[dict[str, list[dict[str, Any]]], list[dict[str, Any]]]:
     """Rows per decoder (``greedy``, and ``beam.name`` with a beam) and the hypotheses, of one dataset: each
     recording and condition decoded once into posteriors, then by each decoder. ``cues``: the planted words' indices
     per recording id (:func:`asr_core.data.corpora.cues.planted`), counted in ``cue_words``/``cue_errors``; None: the
-    dataset has none (the columns stay empty)."""
+    dataset has none (the columns stay empty). ``tail``: a tail set whose words' errors are counted in
+    ``tail_words``/``tail_errors`` (:func:`asr_core.evaluation.tail.tail_counts`); None: the rows have no such keys."""
     from tqdm import tqdm
 
     from asr_core.data.audio import load_audio
@@ -168,8 +172,13 @@ def evaluate_dataset(name: str, recordings: list[Recording], snrs: list[float], 
                                      "insertions": c.insertions, "hyp_words": c.hyp_words, "wer": c.wer,
                                      "cue_words": None if m is None else m.words,
                                      "cue_errors": None if m is None else m.errors})
+                if tail is not None:
+                    t = tail_counts(ref, hyp_norm, tail, normalised=True)
+                    rows[decoder][-1].update(tail_words=t.words, tail_errors=t.errors)
                 hyp["hyp" if decoder == GREEDY else f"hyp_{decoder}"] = text
                 cue_note = f", cue {m.errors}/{m.words}" if m is not None and m.words else ""
+                if tail is not None:
+                    cue_note += f", tail {t.errors}/{t.words}"
                 line.append(f"{'' if decoder == GREEDY else decoder + ' '}WER {c.wer:.1f}%{cue_note} "
                            f"(RTF {took[decoder] / max(rec.duration, 1e-9):.3f})")
             hyps.append(hyp)

@@ -20,6 +20,13 @@ planted words substituted or deleted, per recording in the columns ``cue_words``
 datasets without a plant), and as metrics ``cue/<NAME>`` and ``cue/<NAME>/snr<DB:g>`` in percent (beam decoders:
 ``cue_<decoder>/...``). Datasets without planted words log no ``cue/`` metric.
 
+Given a tail set (``--tail FILE.json``, ``eval.tail``; made by ``python -m asr_core tailset``), every dataset also
+gets the tail-word error rate of paper 002 (:mod:`asr_core.evaluation.tail`): errors on the tail words only, per
+recording in the columns ``tail_words`` and ``tail_errors`` (after the others; without a tail set the tables have
+no such columns), as metrics ``tail/<NAME>`` and ``tail/<NAME>/snr<DB:g>`` in percent (beam decoders:
+``tail_<decoder>/...``), and the run's tag ``eval.tail`` (JSON: the set's source, threshold, word types, share of its
+own text and of each dataset's references).
+
 A dataset whose recordings carry the recall plant's slots (``synth --recall``; :mod:`asr_core.evaluation.recall`)
 also gets a per-slot table ``DIR/<NAME>.slots.csv`` (``<NAME>.<decoder>.slots.csv`` for a beam decoder; one row
 per slot and condition, columns :data:`~asr_core.contract.metrics.SLOT_COLUMNS`), logged beside the per-recording
@@ -66,8 +73,9 @@ from asr_core.data.corpora.fingerprint import fingerprint
 from asr_core.decoding.decode import WindowBatch, auto_batch_windows, window_frames
 from asr_core.contract.evaluation import merge_tables
 from asr_core.contract.ledger import shown_tags
-from asr_core.contract.metrics import (CUE_COLUMNS, GREEDY, TABLE_COLUMNS, condition_name, cue_metric_key, decoder_tag,
-                                     metric_key, slot_table_file, table_file)
+from asr_core.contract.metrics import (CUE_COLUMNS, GREEDY, TABLE_COLUMNS, TAIL_COLUMNS, TAIL_TAG, condition_name,
+                                       cue_metric_key, decoder_tag, metric_key, slot_table_file, table_file,
+                                       tail_metric_key)
 from asr_core.device import resolve_device, use_bf16
 from asr_core.evaluation.recall import merge_slot_tables, recall_metrics, recall_slots, slot_table, write_slot_table
 from asr_core.evaluation.recall_window import WindowModel, window_rows
@@ -75,6 +83,7 @@ from asr_core.evaluation.decoders import BeamDecoding, beam_decoding, check_lm_v
 from asr_core.runtime.outbox import Outbox, fail_fast_http
 from asr_core.evaluation.score import Counts, corpus_wer
 from asr_core.evaluation.stage_run import check_fingerprints, known_tags, log_stage, stage_run
+from asr_core.evaluation.tail import describe, load_tail
 from asr_core.contract.trial import EVAL_DIR, ProgressLog
 from asr_core.training.checkpoint import acoustic_header
 from asr_core.contract.options import renamed
@@ -107,7 +116,8 @@ class EvaluationRun:
     own, printed here for comparison). ``tables_from``: folders of earlier evaluations of the same model whose
     tables of the same name are merged into each table written here before it is logged, so that the run's
     ``eval/<dataset>[.<decoder>].csv`` keeps every condition measured
-    (:func:`asr_core.contract.evaluation.merge_tables`).
+    (:func:`asr_core.contract.evaluation.merge_tables`). ``tail``: a tail set's JSON file; also measure the
+    tail-word error rate against it (None: not measured, and the tables have no tail columns).
     """
 
     checkpoint: Path
@@ -124,16 +134,20 @@ class EvaluationRun:
     beam: BeamDecoding | None = None
     conditions: Mapping[str, Sequence[float | None]] | None = None
     tables_from: Sequence[Path] = ()
+    tail: Path | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "checkpoint", Path(self.checkpoint))
+        if self.tail is not None:
+            object.__setattr__(self, "tail", Path(self.tail))
 
     @classmethod
     def of(cls, checkpoint: str | Path, ev: "EvalConfig", **changes: Any) -> "EvaluationRun":
         """The evaluation that ``ev`` (a config's ``eval`` section) asks for, with ``changes`` (fields of this
         class) made to it."""
         asked = {"datasets": list(ev.datasets), "snrs": list(ev.snrs), "noisy": tuple(ev.noisy), "stride": ev.stride,
-                 "batch_windows": ev.batch_windows, "precision": ev.precision, "noise": ev.noise}
+                 "batch_windows": ev.batch_windows, "precision": ev.precision, "noise": ev.noise,
+                 "tail": Path(ev.tail) if ev.tail else None}
         return cls(Path(checkpoint), **{**asked, **changes})
 
     def replace(self, **changes: Any) -> "EvaluationRun":
@@ -201,6 +215,8 @@ def evaluate(job: EvaluationRun, to: Destination = Destination()) -> pd.DataFram
         conditions = {n: [None, *snr_list] if not noisy or n in noisy else [None] for n in names}
     if noise != "synthetic" and not Path(noise).is_file():
         raise FileNotFoundError(f"noise file {noise} not found; use 'synthetic' or the path of an audio file")
+    tail = load_tail(job.tail, "tail set (--tail, eval.tail)") if job.tail is not None else None
+    columns = CSV_COLUMNS + (list(TAIL_COLUMNS) if tail is not None else [])
     corpora = {name: load_corpus(spec, strict=job.strict) for name, spec in parsed}
     cues = {name: planted(recs) for name, recs in corpora.items()}  # None: no planted words in the dataset
     slots = {name: recall_slots(recs) for name, recs in corpora.items()}  # None: no recall plant in the dataset
@@ -245,12 +261,12 @@ def evaluate(job: EvaluationRun, to: Destination = Destination()) -> pd.DataFram
         by_decoder, hyps = evaluate_dataset(name, recordings, ds_snrs, model, extractor, tokenizer, window, stride,
                                             batch, sub, fps, dev, noise, job.noise_seed, progress,
                                             "bf16" if bf16 else "fp32", beam, cues[name],
-                                            clean=None in conditions[name])
+                                            clean=None in conditions[name], tail=tail)
         for decoder in decoders:
             ds_rows = by_decoder[decoder]
             rows.extend({**r, "decoder": decoder} for r in ds_rows)
             csv = out / table_file(name, decoder)
-            pd.DataFrame(ds_rows, columns=CSV_COLUMNS).to_csv(csv, index=False)
+            pd.DataFrame(ds_rows, columns=columns).to_csv(csv, index=False)
             if job.tables_from:
                 merge_tables(csv, [Path(d) / csv.name for d in job.tables_from])
             if beam is None or decoder != GREEDY:
@@ -263,6 +279,13 @@ def evaluate(job: EvaluationRun, to: Destination = Destination()) -> pd.DataFram
                 if not math.isnan(wer) and (beam is None or decoder != GREEDY):
                     metrics[key] = wer
                 print(f"[eval] {key} = {wer:.2f}%", file=sys.stderr, flush=True)
+                if tail is not None:
+                    n_tail, n_wrong = sum(r["tail_words"] for r in part), sum(r["tail_errors"] for r in part)
+                    key = tail_metric_key(name, snr, decoder)
+                    if n_tail and (beam is None or decoder != GREEDY):
+                        metrics[key] = 100.0 * n_wrong / n_tail
+                    print(f"[eval] {key} = " + (f"{100.0 * n_wrong / n_tail:.2f}%" if n_tail else "n/a")
+                          + f" ({n_wrong} errors on {n_tail} tail words)", file=sys.stderr, flush=True)
                 if cues[name] is None:
                     continue
                 n_cue, n_wrong = sum(r["cue_words"] for r in part), sum(r["cue_errors"] for r in part)
@@ -289,14 +312,16 @@ def evaluate(job: EvaluationRun, to: Destination = Destination()) -> pd.DataFram
         with (out / f"{name}.hyp.jsonl").open("w", encoding="utf-8") as fh:
             for h in hyps:
                 fh.write(json.dumps(h, ensure_ascii=False) + "\n")
-    df = pd.DataFrame(rows, columns=CSV_COLUMNS + ["decoder"])
+    df = pd.DataFrame(rows, columns=columns + ["decoder"])
     for col in ("cue_words", "cue_errors"):  # counts where planted words exist, NaN elsewhere (not None)
         df[col] = pd.to_numeric(df[col])
     if beam is None:
-        df = df[CSV_COLUMNS]
+        df = df[columns]
     if run is not None:
         if beam is not None:
             new_tags = {**new_tags, decoder_tag(beam.name): json.dumps(dict(beam.describe), sort_keys=True)}
+        if tail is not None:
+            new_tags[TAIL_TAG] = describe(tail, {n: [r.text for r in recs] for n, recs in corpora.items()})
         # the saved view's rounded WERs (asr_core.contract.ledger), beside the metrics
         log_stage(outbox, out, run, {**new_tags, **shown_tags(metrics)}, metrics, logged, EVAL_DIR, "eval")
     return df
@@ -336,6 +361,9 @@ def cli(argv: list[str]) -> int:
     ap.add_argument("--out", type=Path, default=None, help="folder for the CSV tables (default: next to CKPT)")
     ap.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     ap.add_argument("--strict", action="store_true", help="a bad corpus file is fatal instead of skipped")
+    ap.add_argument("--tail", type=Path, default=None, metavar="FILE.json",
+                    help="a tail set (python -m asr_core tailset): also the tail-word error rate, logged as "
+                         "tail/<NAME>; default: the checkpoint's eval.tail")
     ap.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default: the one the checkpoint "
                     "recorded; with no run known, nothing is logged)")
     ap.add_argument("--run-id", default=None)
@@ -369,7 +397,8 @@ def cli(argv: list[str]) -> int:
         if a.clean_only and a.snr:
             raise ValueError("--clean-only and --snr contradict each other: give one")
         snrs = [] if a.clean_only else a.snr if a.snr is not None else list(ev.snrs)
-        given = {k: v for k, v in (("stride", a.stride), ("batch_windows", a.batch_windows)) if v is not None}
+        given = {k: v for k, v in (("stride", a.stride), ("batch_windows", a.batch_windows), ("tail", a.tail))
+                 if v is not None}
         job = EvaluationRun.of(a.checkpoint, ev, datasets=a.data or list(ev.datasets), snrs=snrs, noisy=noisy,
                                noise=a.noise or ev.noise, precision=a.precision or ev.precision, device=a.device,
                                strict=a.strict, beam=beam, **given)
@@ -386,5 +415,8 @@ def cli(argv: list[str]) -> int:
         cue = df.dropna(subset=["cue_words"]).groupby(keys, sort=False)[["cue_words", "cue_errors"]].sum()
         summary = summary.join(cue)
         summary["cue"] = 100 * summary.cue_errors / summary.cue_words.where(summary.cue_words > 0)
+    if "tail_words" in df.columns:
+        summary = summary.join(df.groupby(keys, sort=False)[list(TAIL_COLUMNS)].sum())
+        summary["tail"] = 100 * summary.tail_errors / summary.tail_words.where(summary.tail_words > 0)
     print(summary.round(2).to_string())
     return 0

@@ -1,7 +1,7 @@
 """Score another system's transcripts (Whisper, a vendor) exactly as ``evaluate`` scores a model.
 
 ``python -m asr_core score --ref NAME=FORMAT:PATH --hyp [NAME=]FOLDER --system SYSTEM [--ref ... --hyp ...]
-[--out DIR] [--tracking-uri URI --sweep SWEEP] [--strict] [--verbose]``
+[--out DIR] [--tail FILE.json] [--tracking-uri URI --sweep SWEEP] [--strict] [--verbose]``
 
 References are read with the corpus readers (:func:`asr_core.data.corpora.read_corpus`, ``audio=False``: no audio is
 needed). Hypotheses are a folder with one file per recording, named by its recording id: ``<id>.txt`` (plain text)
@@ -25,6 +25,11 @@ form ``python -m analysis report`` lists beside the sweep's models: one run per 
 (artifact ``eval/<NAME>.csv``). Scoring the same system again updates its run (one run per system; the newest values
 are the ones shown).
 
+With ``--tail FILE.json`` (a tail set, ``python -m asr_core tailset``) the tail-word error rate of paper 002 is
+scored too, as ``evaluate --tail`` scores it (:mod:`asr_core.evaluation.tail`): the tables gain the columns
+``tail_words`` and ``tail_errors``, the summary a ``tail`` rate per system and dataset, and the MLflow run the
+metrics ``tail/<NAME>`` and the tag ``eval.tail``.
+
 Exit codes: 0 done; 1 MLflow did not take the result (the scores were printed, and written with ``--out``); 2 bad
 arguments or data.
 """
@@ -46,6 +51,7 @@ from asr_core.data.corpora import CorpusError, read_corpus
 from asr_core.contract.trial import EVAL_DIR, ROLE_EXTERNAL, TAG_ROLE, TAG_SYSTEM
 from asr_core.contract.options import renamed
 from asr_core.contract.tracking import tracking_uri as ledger_uri
+from asr_core.evaluation.tail import TailSet, corpus_tail_rate, describe, load_tail, tail_counts
 
 TAG_REF = "external.ref.{}"  # the reference spec a dataset name stood for
 TAG_HYP = "external.hyp.{}"  # the hypothesis folder
@@ -62,7 +68,9 @@ class ScoreError(ValueError):
 @dataclass
 class Scored:
     """One dataset's result: per-recording rows (``evaluate``'s columns), its corpus WER, the recordings that had
-    no hypothesis file (``missing``) and the hypothesis files of no reference recording (``extra``, left out)."""
+    no hypothesis file (``missing``) and the hypothesis files of no reference recording (``extra``, left out).
+    Scored with a tail set: ``tail``, the corpus tail-word error rate (NaN without tail words; None without a tail
+    set), and ``texts``, the references (for the tail's share of them)."""
 
     name: str
     spec: str
@@ -71,6 +79,8 @@ class Scored:
     wer: float
     missing: list[str]
     extra: list[str] = field(default_factory=list)
+    tail: float | None = None
+    texts: list[str] = field(default_factory=list)
 
 
 def read_hypotheses(folder: Path) -> dict[str, tuple[Path, str]]:
@@ -106,10 +116,10 @@ def _listed(items: list[str], most: int = 10) -> str:
     return ", ".join(items[:most]) + (f" and {len(items) - most} more" if len(items) > most else "")
 
 
-def score_dataset(name: str, spec: str, hyp_dir: Path, *, strict: bool = False) -> Scored:
+def score_dataset(name: str, spec: str, hyp_dir: Path, *, strict: bool = False, tail: TailSet | None = None) -> Scored:
     """Score the hypotheses in ``hyp_dir`` that have a reference recording in ``spec``, as ``evaluate`` scores a
-    model. The others (extra) and the recordings without a hypothesis (missing) are named on stderr; with ``strict``
-    either raises :class:`ScoreError`."""
+    model (and the errors on the words of ``tail``, when given). The others (extra) and the recordings without a
+    hypothesis (missing) are named on stderr; with ``strict`` either raises :class:`ScoreError`."""
     from asr_core.contract.metrics import condition_name
     from asr_core.evaluation.score import Counts, corpus_wer, normalise, score
 
@@ -127,17 +137,22 @@ def score_dataset(name: str, spec: str, hyp_dir: Path, *, strict: bool = False) 
             raise ScoreError(f"{what}; its recordings are e.g. {', '.join(sorted(ids)[:3])} (--strict: drop "
                              f"--strict to score the others and leave these out)")
         print(f"score: {what}; left out", file=sys.stderr)
-    rows, missing = [], []
+    rows, missing, tails = [], [], []
     for rec in report.recordings:
         if rec.id in hyps:
             text = hyps[rec.id][1]
         else:
             text = ""
             missing.append(rec.id)
-        c = score(normalise(rec.text), normalise(text), normalised=True)
+        ref, hyp = normalise(rec.text), normalise(text)
+        c = score(ref, hyp, normalised=True)
         rows.append({"dataset": name, "condition": condition_name(None), "snr_db": None, "recording": rec.id,
                      "ref_words": c.ref_words, "substitutions": c.substitutions, "deletions": c.deletions,
                      "insertions": c.insertions, "hyp_words": c.hyp_words, "wer": c.wer})
+        if tail is not None:
+            t = tail_counts(ref, hyp, tail, normalised=True)
+            tails.append(t)
+            rows[-1].update(tail_words=t.words, tail_errors=t.errors)
     if missing:
         what = f"{name}: {len(missing)} of {len(rows)} recordings have no hypothesis in {hyp_dir}: {_listed(missing)}"
         if strict:
@@ -145,7 +160,10 @@ def score_dataset(name: str, spec: str, hyp_dir: Path, *, strict: bool = False) 
         print(f"score: {what}; they count as empty output", file=sys.stderr)
     wer = corpus_wer(Counts(r["ref_words"], r["substitutions"], r["deletions"], r["insertions"], r["hyp_words"])
                      for r in rows)
-    return Scored(name, spec, hyp_dir, rows, wer, missing, stray)
+    if tail is None:
+        return Scored(name, spec, hyp_dir, rows, wer, missing, stray)
+    return Scored(name, spec, hyp_dir, rows, wer, missing, stray, corpus_tail_rate(tails),
+                  [rec.text for rec in report.recordings])
 
 
 def pair_hypotheses(refs: list[tuple[str, str]], hyps: list[str]) -> list[tuple[str, str, Path]]:
@@ -175,24 +193,32 @@ def pair_hypotheses(refs: list[tuple[str, str]], hyps: list[str]) -> list[tuple[
     return [(n, s, named[n]) for n, s in refs]
 
 
+def columns(scored: Scored) -> list[str]:
+    """The columns of a dataset's table: ``evaluate``'s, and the tail columns when scored with a tail set."""
+    from asr_core.contract.metrics import TAIL_COLUMNS
+    from asr_core.evaluation.evaluate import CSV_COLUMNS
+
+    return CSV_COLUMNS + (list(TAIL_COLUMNS) if scored.tail is not None else [])
+
+
 def write_table(scored: Scored, out: Path) -> Path:
     import pandas as pd
 
-    from asr_core.evaluation.evaluate import CSV_COLUMNS
-
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{scored.name}.csv"
-    pd.DataFrame(scored.rows, columns=CSV_COLUMNS).to_csv(path, index=False)
+    pd.DataFrame(scored.rows, columns=columns(scored)).to_csv(path, index=False)
     return path
 
 
-def record(results: list[Scored], tables: dict[str, Path], system: str, tracking_uri: str, experiment: str) -> str:
-    """Record ``results`` in the run of ``system`` in ``experiment`` (created when missing); returns its id."""
+def record(results: list[Scored], tables: dict[str, Path], system: str, tracking_uri: str, experiment: str,
+           tail: TailSet | None = None) -> str:
+    """Record ``results`` in the run of ``system`` in ``experiment`` (created when missing); returns its id. With
+    the ``tail`` set they were scored with, also its rates (``tail/<NAME>``) and the tag ``eval.tail``."""
     from mlflow.entities import Metric, RunTag
     from mlflow.tracking import MlflowClient
 
     from asr_core.contract.ledger import experiment_id, shown_tags
-    from asr_core.contract.metrics import metric_key
+    from asr_core.contract.metrics import TAIL_TAG, metric_key, tail_metric_key
 
     client = MlflowClient(tracking_uri)
     exp_id = experiment_id(client, experiment)
@@ -207,6 +233,10 @@ def record(results: list[Scored], tables: dict[str, Path], system: str, tracking
     metrics = [Metric(metric_key(s.name), s.wer, now, 0) for s in results if not math.isnan(s.wer)]
     tags = [RunTag(TAG_ROLE, ROLE_EXTERNAL), RunTag(TAG_SYSTEM, system)]
     tags += [RunTag(k, v) for k, v in shown_tags({m.key: m.value for m in metrics}).items()]  # the view's columns
+    if tail is not None:
+        metrics += [Metric(tail_metric_key(s.name), s.tail, now, 0) for s in results
+                    if s.tail is not None and not math.isnan(s.tail)]
+        tags.append(RunTag(TAIL_TAG, describe(tail, {s.name: s.texts for s in results})))
     for s in results:
         tags += [RunTag(TAG_REF.format(s.name), s.spec), RunTag(TAG_HYP.format(s.name), str(s.hyp_dir.resolve())),
                  RunTag(TAG_MISSING.format(s.name), str(len(s.missing))),
@@ -221,20 +251,20 @@ def record(results: list[Scored], tables: dict[str, Path], system: str, tracking
 def _summary(results: list[Scored], system: str, verbose: bool) -> str:
     import pandas as pd
 
-    from asr_core.evaluation.evaluate import CSV_COLUMNS
-
     lines = []
     if verbose:
         for s in results:
-            table = pd.DataFrame(s.rows, columns=CSV_COLUMNS).drop(columns=["condition", "snr_db"])
+            table = pd.DataFrame(s.rows, columns=columns(s)).drop(columns=["condition", "snr_db"])
             lines += [table.round(2).to_string(index=False), ""]
     rows = []
     for s in results:
-        t = pd.DataFrame(s.rows, columns=CSV_COLUMNS)
+        t = pd.DataFrame(s.rows, columns=columns(s))
         rows.append({"system": system, "dataset": s.name, "recordings": len(t), "missing": len(s.missing),
                      "extra": len(s.extra), "ref_words": int(t.ref_words.sum()),
                      "substitutions": int(t.substitutions.sum()),
                      "deletions": int(t.deletions.sum()), "insertions": int(t.insertions.sum()), "wer": s.wer})
+        if s.tail is not None:  # the tail-word error rate beside the WER
+            rows[-1].update(tail_words=int(t.tail_words.sum()), tail_errors=int(t.tail_errors.sum()), tail=s.tail)
     lines.append(pd.DataFrame(rows).round(2).to_string(index=False))
     for s in results:  # what the table's counts stand for
         if s.missing:
@@ -252,6 +282,9 @@ def cli(argv: list[str]) -> int:
                     help="a folder of <recording id>.txt or .nlp hypotheses (one per --ref, in order, or named)")
     ap.add_argument("--system", required=True, help="the system's name, e.g. whisper-large-v3")
     ap.add_argument("--out", type=Path, default=None, help="write OUT/<NAME>.csv (evaluate's columns)")
+    ap.add_argument("--tail", type=Path, default=None, metavar="FILE.json",
+                    help="a tail set (python -m asr_core tailset): also score the tail-word error rate (columns "
+                         "tail_words, tail_errors; metric tail/<NAME>)")
     ap.add_argument("--tracking-uri", default=None, help="record the result in MLflow (default: MLFLOW_TRACKING_URI)")
     renamed(ap, "--experiment", ap.add_argument("--sweep", dest="experiment", default=None, help="the sweep "
                                                 "(its MLflow experiment; default: MLFLOW_EXPERIMENT_NAME) the run "
@@ -281,7 +314,11 @@ def cli(argv: list[str]) -> int:
             if not folder.is_dir():
                 raise ScoreError(f"hypothesis folder {folder} "
                                  f"{'is not a folder' if folder.exists() else 'does not exist'}")
-        results = [score_dataset(n, s, h, strict=a.strict) for n, s, h in pairs]
+        try:
+            tail = load_tail(a.tail) if a.tail is not None else None
+        except (ValueError, FileNotFoundError) as e:
+            raise ScoreError(str(e)) from None
+        results = [score_dataset(n, s, h, strict=a.strict, tail=tail) for n, s, h in pairs]
     except (ScoreError, CorpusError) as e:
         print(f"score: {e}", file=sys.stderr)
         return EXIT_USAGE
@@ -295,7 +332,7 @@ def cli(argv: list[str]) -> int:
 
         fail_fast_http()
         try:
-            run_id = record(results, tables, system, tracking_uri, experiment or "")
+            run_id = record(results, tables, system, tracking_uri, experiment or "", tail)
         except Exception as e:  # any MLflow or network failure: the scores are printed already
             print(f"score: MLflow at {tracking_uri} did not take the result: {type(e).__name__}: {e}",
                   file=sys.stderr)

@@ -15,15 +15,23 @@ Here:
   (jiwer's Levenshtein alignment of the normalised words) and counts the errors on tail words only
   (:class:`TailCounts`); :func:`corpus_tail_rate` pools them over recordings.
 * :func:`share_of` is the share of the test references' words that are tail words, recorded with the rates (the
-  training text's tail need not make up 5% of a test set).
+  training text's tail need not make up 5% of a test set); :func:`describe` is that record, the run's tag
+  ``eval.tail`` (:data:`asr_core.contract.metrics.TAIL_TAG`).
+
+``python -m asr_core tailset TEXT --out FILE.json [--share 0.05]`` (:func:`cli`) writes the tail set of a text:
+``TEXT`` is a plain text file (one sentence or document a line) or a corpus spec ``[NAME=]FORMAT:PATH`` (its
+transcripts, read without audio). ``evaluate --tail FILE.json`` and ``score --tail FILE.json`` then report the
+tail-word error rate beside the WER.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
+import sys
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -104,7 +112,8 @@ class TailSet:
             return cls.from_dict(json.loads(path.read_text()))
         except (ValueError, UnicodeDecodeError) as e:  # json.JSONDecodeError is a ValueError
             raise ValueError(f"{path} is not a tail set ({e}); recompute it from the training text with "
-                             "asr_core.evaluation.tail.tail_set(...).write(path)") from e
+                             f"python -m asr_core tailset TEXT --out {path} (or asr_core.evaluation.tail."
+                             "tail_set(...).write(path))") from e
 
 
 def _words(texts: Iterable[str]) -> list[str]:
@@ -225,3 +234,81 @@ def share_of(references: Iterable[str], tail: TailSet) -> float:
     of ``tail``; NaN when they have no words."""
     words = _words(references)
     return sum(w in tail for w in words) / len(words) if words else math.nan
+
+
+def load_tail(path: Path | str, option: str = "--tail") -> TailSet:
+    """The tail set in the file ``path`` (given as ``option``); a missing file raises FileNotFoundError and one that
+    is no tail set ValueError, each naming the file and how to make one."""
+    path = Path(path)
+    if not path.is_file():
+        what = "is a folder" if path.is_dir() else "not found"
+        raise FileNotFoundError(f"{option} {path}: {what}; give a tail set's JSON file, made with "
+                                f"python -m asr_core tailset TEXT --out {path}")
+    try:
+        return TailSet.read(path)
+    except ValueError as e:
+        raise ValueError(f"{option} {e}") from None
+
+
+def describe(tail: TailSet, references: Mapping[str, Iterable[str]]) -> str:
+    """The record of a tail set beside its rates (JSON, keys sorted): ``source``, ``share`` (the threshold),
+    ``types`` (tail word types), ``share_of_text`` (of the text it was computed from) and ``share_of_refs``
+    (``{dataset: share}``, :func:`share_of` the dataset's ``references``; null where they have no words)."""
+    refs = {name: share_of(list(texts), tail) for name, texts in references.items()}
+    return json.dumps({"source": tail.source, "share": tail.share, "types": len(tail),
+                       "share_of_text": tail.tail_share,
+                       "share_of_refs": {k: None if math.isnan(v) else v for k, v in refs.items()}}, sort_keys=True)
+
+
+def text_of(text: str) -> list[str]:
+    """The lines of a plain text file ``text``, or the transcripts of a corpus spec ``[NAME=]FORMAT:PATH``. An
+    existing file is read as text; errors name the file or spec (CorpusError, a ValueError, for a corpus)."""
+    from asr_core.contract.specs import CORPUS_FORMATS, CorpusError, split_named_spec
+
+    path = Path(text)
+    if path.is_file():
+        try:
+            return path.read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as e:
+            raise ValueError(f"TEXT {text}: cannot be read as UTF-8 text ({e})") from None
+    try:
+        split_named_spec(text)
+    except CorpusError:
+        raise FileNotFoundError(f"TEXT {text}: no such file, nor a corpus spec [NAME=]FORMAT:PATH (formats: "
+                                f"{', '.join(CORPUS_FORMATS)}); give a text file with one sentence or document a "
+                                "line, or e.g. podcast:data/train") from None
+    from asr_core.data.corpora import load_corpus
+
+    return [r.text for r in load_corpus(text, audio=False)]
+
+
+def cli(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="python -m asr_core tailset",
+                                 description="write the tail words of a text (paper 002: its rarest word types, "
+                                             "making up at most --share of its words) as JSON, for evaluate --tail "
+                                             "and score --tail")
+    ap.add_argument("text", metavar="TEXT", help="a text file (one sentence or document a line) or a corpus spec "
+                    "[NAME=]FORMAT:PATH (its transcripts, read without audio)")
+    ap.add_argument("--out", type=Path, required=True, metavar="FILE.json", help="where the tail set is written")
+    ap.add_argument("--share", type=float, default=DEFAULT_SHARE,
+                    help=f"the most of the text's words the tail may make up (default {DEFAULT_SHARE:g}, the paper's)")
+    a = ap.parse_args(argv)
+    from asr_core.contract.specs import CorpusError
+
+    try:
+        if not 0.0 < a.share < 1.0:
+            raise ValueError(f"--share {a.share!r}: give a fraction strictly between 0 and 1 (the paper uses 0.05)")
+        if a.out.is_dir():
+            raise ValueError(f"--out {a.out} is a folder; give the path of a JSON file, e.g. {a.out / 'tail.json'}")
+        tail = tail_set(text_of(a.text), a.share, source=a.text)
+    except (CorpusError, ValueError, FileNotFoundError) as e:
+        print(f"tailset: {e}", file=sys.stderr)
+        return 2
+    tail.write(a.out)
+    if not len(tail):
+        print(f"tailset: no word type of {a.text} is rare enough to fit in --share {a.share:g} of its "
+              f"{tail.total_words} words: the tail is empty and its error rate undefined; give a larger text or "
+              "a larger --share", file=sys.stderr)
+    print(f"tailset: {len(tail)} tail word types, {tail.tail_share:.2%} of the {tail.total_words} words of "
+          f"{a.text} (share {tail.share:g}); written to {a.out}")
+    return 0
