@@ -7,7 +7,7 @@ masked (:mod:`asr_core.data.corpora.recall`); evaluation scores each slot (:mod:
 mention lies inside it: the near band (1-4 s) is inside every window, the far band (20-60 s) only inside long ones.
 
 Two scorings (the table's ``scoring``): the moving-window decoding that evaluation makes, reported under its condition
-(``clean``), and one window per slot ending at it (:mod:`asr_core.evaluation.recall_window`), reported as the
+(``clean``), and one window per slot ending 1 s after it (:mod:`asr_core.evaluation.recall_window`), reported as the
 condition ``clean, one window per slot`` (:func:`scored_condition`): where the far band is recalled in one window
 but not under averaging, the decoder dilutes distant evidence.
 

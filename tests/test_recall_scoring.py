@@ -264,7 +264,7 @@ def test_slot_window_and_its_words() -> None:
 def test_each_slot_is_scored_from_its_own_window(recall_corpus: Path) -> None:
     """A stand-in model that writes the index of its window's first frame, and a tokenizer that turns it into the
     words lying inside that window, with every other slot's code word swapped: exactly those are wrong."""
-    from asr_core.evaluation.recall_window import WindowModel, score_recording, slot_window, window_words
+    from asr_core.evaluation.recall_window import RIGHT_S, WindowModel, score_recording, slot_window, window_words
 
     recs = list(load_corpus(f"podcast:{recall_corpus}", audio=False))
     slots = recall_slots(recs)
@@ -282,7 +282,8 @@ def test_each_slot_is_scored_from_its_own_window(recall_corpus: Path) -> None:
 
     texts, wrong = {}, set()
     for k, s in enumerate(slots[rec.id]):
-        a, e = slot_window(s.end, window, frames, fps)
+        a, e = slot_window(s.end + RIGHT_S, window, frames, fps)  # the window holds a second after the code word
+        assert abs(e - min(frames, (s.end + RIGHT_S) * fps)) <= 1 and RIGHT_S == 1.0
         inside = window_words(rec.words, a / fps, e / fps)
         words = [rec.words[i].text if i != s.index or k % 2 == 0 else "gecko" if s.word != "gecko" else "banjo"
                  for i in inside]

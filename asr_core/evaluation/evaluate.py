@@ -31,7 +31,7 @@ A dataset whose recordings carry the recall plant's slots (``synth --recall``; :
 also gets a per-slot table ``DIR/<NAME>.slots.csv`` (``<NAME>.<decoder>.slots.csv`` for a beam decoder; one row
 per slot and condition, columns :data:`~asr_core.contract.metrics.SLOT_COLUMNS`), logged beside the per-recording
 table (moving-window rows, and for greedy decoding of clean audio one row per slot decoded from the one window that
-ends at it: :mod:`asr_core.evaluation.recall_window`), and the clean condition's moving-window slot accuracy in
+ends 1 s after it: :mod:`asr_core.evaluation.recall_window`), and the clean condition's moving-window slot accuracy in
 percent as metrics ``recall/<NAME>/near``, ``.../far`` (masked
 slots with a key sentence), ``.../unmasked`` and ``.../no-key`` (the controls). Datasets without slots write and
 log nothing more.

@@ -9,7 +9,7 @@ slot is wrong exactly when :func:`~asr_core.evaluation.score.marked_counts` coun
 
 Two scorings share this (the table's ``scoring`` column): ``average``, the moving-window decoding of whole recordings
 that ``evaluate`` makes (:func:`slot_rows`, the table ``eval/<DATASET>[.<DECODER>].slots.csv`` and the metrics
-``recall/<DATASET>/<GROUP>`` of :mod:`asr_core.contract.metrics`), and ``window``, the single window ending at each
+``recall/<DATASET>/<GROUP>`` of :mod:`asr_core.contract.metrics`), and ``window``, the single window ending 1 s after each
 slot (:mod:`asr_core.evaluation.recall_window`; greedy and clean, in the same table, no metrics). The table has one
 row per slot, condition and scoring (:data:`SLOT_COLUMNS`); the metrics are the clean condition's moving-window
 accuracy in percent per group (:func:`group_accuracy`): masked slots with a key sentence by band

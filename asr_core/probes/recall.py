@@ -4,7 +4,7 @@ or silenced.
 ``python -m asr_core recall CKPT [CKPT ...] --data NAME=podcast:PATH [--data ...] [--key as-is,swap,silence]
 [--device auto|cpu|cuda] [--batch-windows N] [--out DIR]``
 
-Each slot is decoded from the one window of the model's context that ends at its code word
+Each slot is decoded from the one window of the model's context that ends 1 s after its code word
 (:mod:`asr_core.evaluation.recall_window`, as ``evaluate`` adds to its slot table), on the recording's audio as it is
 (``as-is``) or re-rendered with every clear mention of the code word said otherwise, all else equal
 (:mod:`asr_core.data.corpora.rerender`): ``swap`` says another code word there, ``silence`` nothing. A model that
