@@ -48,7 +48,7 @@ import pandas as pd
 from analysis.fetch import CollectError, RunRecord, fetch_records, is_lm_run
 from analysis.naming import (CONTEXT_PARAM, SEED_PARAM, config_label, digest, name_configs, name_series, number,
                              science_params, seed_of)
-from asr_core.contract.metrics import (AVERAGE, CLEAN, CUE_COLUMNS, GREEDY, SLOT_COLUMNS, TABLE_COLUMNS,
+from asr_core.contract.metrics import (AVERAGE, CLEAN, CUE_COLUMNS, GREEDY, SLOT_COLUMNS, TABLE_COLUMNS, TAIL_COLUMNS,
                                        condition_name, decoder_tag, metric_name, parse_decoder_metric_key,
                                        parse_heads_key,
                                        parse_lm_ppl_key, parse_metric_key, slot_table_name, snr_of, table_name)
@@ -99,7 +99,8 @@ class Sweep:
       percent), the WER recomputed from its table (``wer_table``) and its recording count; ``decoder`` is
       ``greedy`` or a beam decoder's name (:func:`greedy_rows` selects one);
     * ``recordings``: the tidy frame, one row per finished run, decoder, dataset, condition and recording, with the
-      trial columns, the counts of ``eval/<DATASET>[.<DECODER>].csv`` and ``errors`` = S + D + I;
+      trial columns, the counts of ``eval/<DATASET>[.<DECODER>].csv`` and ``errors`` = S + D + I; the cue and
+      tail counts (:data:`CUE_COLUMNS`, :data:`TAIL_COLUMNS`) are NaN where a table lacks them;
     * ``problems``: ``run_id, label, status, problem`` for everything left out or suspicious;
     * ``params``: the runs' params (strings), one row per run, for describing how series differ;
     * ``external``: other systems' WERs (:data:`EXTERNAL_COLUMNS`), one row per system, dataset and condition;
@@ -315,7 +316,8 @@ def build_sweep(experiment: str, records: Iterable[RunRecord], *, ignore_params:
         recs = pd.concat(rec_frames, ignore_index=True)
         recs = trials[info_cols].merge(recs, on="run_id", how="inner")
     else:
-        recs = pd.DataFrame(columns=info_cols + list(TABLE_COLUMNS) + list(CUE_COLUMNS) + ["errors", "decoder"])
+        recs = pd.DataFrame(columns=info_cols + list(TABLE_COLUMNS) + list(CUE_COLUMNS) + list(TAIL_COLUMNS)
+                            + ["errors", "decoder"])
     prob = pd.DataFrame(problems, columns=["run_id", "label", "status", "problem"])
     prob = prob.sort_values(["label", "problem"], kind="stable").reset_index(drop=True)
     external = pd.DataFrame(external_rows, columns=EXTERNAL_COLUMNS)
@@ -402,7 +404,8 @@ def _read_table(text: str, dataset: str) -> tuple[pd.DataFrame, str]:
     missing = [c for c in TABLE_COLUMNS if c not in df.columns]
     if missing:
         return pd.DataFrame(), f"lacks columns {missing} (has {list(df.columns)})"
-    cue = {c: pd.to_numeric(df[c], errors="coerce") if c in df.columns else math.nan for c in CUE_COLUMNS}
+    cue = {c: pd.to_numeric(df[c], errors="coerce") if c in df.columns else math.nan
+           for c in CUE_COLUMNS + TAIL_COLUMNS}
     df = df[list(TABLE_COLUMNS)].assign(**cue)
     for c in COUNT_COLUMNS + ("wer",):
         df[c] = pd.to_numeric(df[c], errors="coerce")

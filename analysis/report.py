@@ -22,7 +22,10 @@ Sections that only a sweep with the data gets (a sweep without it gets the repor
   (:mod:`analysis.cue`), ``cue.csv`` and a figure per family;
 * the recall plant (per-slot tables ``eval/<DATASET>.slots.csv``): a "Recall control" part of the positive-control
   section, slot accuracy by band, distance and context with the ceiling and guess-rate controls, far-band tests
-  between context lengths and a verdict (:mod:`analysis.recall`), ``recall.csv`` and ``recall_tests.csv``.
+  between context lengths and a verdict (:mod:`analysis.recall`), ``recall.csv`` and ``recall_tests.csv``;
+* tail words (``tail_words``/``tail_errors`` in the per-recording tables of an evaluation given ``eval.tail``): a
+  "Tail words (paper 002)" section after the WER section, tail-WER beside WER with paired tests against the baseline
+  context and a verdict per group (:mod:`analysis.tail`), ``tail.csv`` and ``tail_tests.csv``.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from analysis import decoders as dec
 from analysis import heads as hd
 from analysis import recall as rc
 from analysis import stats
+from analysis import tail as tl
 from analysis.collect import NOTHING_LEARNED_WER, Sweep
 from analysis.finding import Check, Gain, finding_checks, summary_sentence
 from analysis.plots import Figure, Skipped, choose_main_family, draw_figures, draw_heads_figures, draw_ppl_figure
@@ -226,6 +230,10 @@ def build_report(sweep: Sweep, out_dir: Path | str, *, baseline_context: float =
         else:
             extra.append(part)
         csvs.update(tables)
+    tail_section = None
+    if tl.has_tail(sweep):
+        tail_section, tables = tl.section(sweep, baseline_context, alpha)
+        csvs.update(tables)
     paths = {}
     for name, df in csvs.items():
         paths[name] = out / f"{name}.csv"
@@ -238,6 +246,8 @@ def build_report(sweep: Sweep, out_dir: Path | str, *, baseline_context: float =
     sections.insert(1, _finding_section(checks))
     at = next(i for i, s in enumerate(sections) if s.title == RUNS_LEFT_OUT)
     sections[at:at] = extra
+    if tail_section is not None:  # its own section, right after the WER section
+        sections.insert(next(i for i, s in enumerate(sections) if s.title == "WER and WERR") + 1, tail_section)
     figures = figures + [f for s in extra for f in s.figures]
     md_path, html_path = out / "report.md", out / "index.html"
     md_path.write_text(render_markdown(sweep, sections), encoding="utf-8")

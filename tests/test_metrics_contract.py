@@ -62,6 +62,7 @@ def test_the_names_runs_hold() -> None:
     assert m.heads_key("test", "Y", "layer", 3) == "heads/test/Y/layer3"
     assert m.heads_windows_key("test") == "heads/test/windows"
     assert m.lm_ppl_key("text", 1024) == "lm_ppl/text/ctx1024"
+    assert m.lm_ppl_tail_key("text", 1024) == "lm_ppl_tail/text/ctx1024"
     assert m.LM_TAG == "lm.data_fingerprint"
     assert m.TABLE_COLUMNS + m.CUE_COLUMNS == ("dataset", "condition", "snr_db", "recording", "ref_words",
                                                "substitutions", "deletions", "insertions", "hyp_words", "wer",
@@ -97,6 +98,13 @@ def test_head_and_perplexity_keys_round_trip(dataset: str) -> None:
         key = m.lm_ppl_key(dataset, context)
         assert m.parse_lm_ppl_key(key) == (dataset, context) and m.is_lm_ppl_key(key)
     assert m.parse_lm_ppl_key("lm_ppl/text") is None and not m.is_lm_ppl_key("lm/dev_ppl")
+    for context in (0, 64, 1024):
+        key = m.lm_ppl_tail_key(dataset, context)
+        assert m.parse_lm_ppl_tail_key(key) == (dataset, context)
+        assert m.parse_lm_ppl_key(key) is None and not m.is_lm_ppl_key(key)  # never read as the overall perplexity
+        assert m.parse_lm_ppl_tail_key(m.lm_ppl_key(dataset, context)) is None
+    for bad in ("lm_ppl_tail/text", "lm_ppl_tail/ctx64", "lm_ppl_tails/text/ctx64", "tail/text/ctx64"):
+        assert m.parse_lm_ppl_tail_key(bad) is None, bad
     for bad in (("mean", None), ("layer", None), ("sum", 1)):
         with pytest.raises(ValueError):
             m.heads_key(dataset, "A", *bad)

@@ -22,7 +22,9 @@ at all: runs already logged keep the names they have, so every builder is the ex
 * head similarity: ``heads/<DATASET>/<R>/sum|similarity|layer<i>`` and ``heads/<DATASET>/windows``
   (:func:`heads_key`, :func:`parse_heads_key`);
 * LM perplexity on the LM's own run: ``lm_ppl/<DATASET>/ctx<N>`` (:func:`lm_ppl_key`, :func:`parse_lm_ppl_key`),
-  and the tag :data:`LM_TAG` every LM training run has.
+  its perplexity over the tokens of a tail set's words (paper 002, ``lm ppl --tail``):
+  ``lm_ppl_tail/<DATASET>/ctx<N>`` (:func:`lm_ppl_tail_key`, :func:`parse_lm_ppl_tail_key`), and the tag
+  :data:`LM_TAG` every LM training run has.
 
 Imports neither torch nor pandas.
 """
@@ -41,6 +43,7 @@ CUE = "cue"
 TAIL = "tail"
 TAIL_TAG = "eval.tail"  # JSON: the tail set's source, size, share of its text and of each dataset's references
 LM_PPL = "lm_ppl"
+LM_PPL_TAIL = "lm_ppl_tail"  # perplexity over the tokens of tail words only (lm ppl --tail)
 DECODER_TAG_PREFIX = "eval.decoder."
 LM_TAG = "lm.data_fingerprint"  # every LM training run has it
 # every per-recording table has these columns; the cue columns follow (empty for datasets without planted words)
@@ -52,7 +55,7 @@ TAIL_COLUMNS = ("tail_words", "tail_errors")
 # the per-slot table of a dataset with the recall plant (eval/<DATASET>[.<DECODER>].slots.csv), one row per slot,
 # condition and scoring; ``correct`` 0/1, ``hyp`` the aligned hypothesis word ("" where the alignment deletes the
 # code word); ``scoring``: AVERAGE (the moving-window decoding of the whole recording, each frame the average of every
-# window covering it) or WINDOW (greedy, clean: the one window of the model's context that ends at the slot's code
+# window covering it) or WINDOW (greedy, clean: the one window of the model's context that ends 1 s after the slot's code
 # word). A table written before the column holds AVERAGE rows only.
 RECALL = "recall"
 AVERAGE, WINDOW = "average", "window"
@@ -73,6 +76,7 @@ _HEADS_RE = re.compile(rf"^{HEADS_DIR}/(?P<dataset>.+)/(?P<repr>[AQKVY])/"
 _RECALL_RE = re.compile(rf"^{RECALL}(?:_(?P<decoder>{_DECODER}))?/(?P<dataset>.+)/"
                         rf"(?P<group>{'|'.join(map(re.escape, RECALL_GROUPS))})$")
 _LM_PPL_RE = re.compile(rf"^{LM_PPL}/(?P<dataset>.+)/ctx(?P<context>[0-9]+)$")
+_LM_PPL_TAIL_RE = re.compile(rf"^{LM_PPL_TAIL}/(?P<dataset>.+)/ctx(?P<context>[0-9]+)$")
 
 
 # ---- conditions --------------------------------------------------------------------------------------------------
@@ -262,4 +266,17 @@ def is_lm_ppl_key(key: str) -> bool:
 def parse_lm_ppl_key(key: str) -> tuple[str, int] | None:
     """``"lm_ppl/text/ctx1024"`` -> ``("text", 1024)``; else None."""
     m = _LM_PPL_RE.match(key)
+    return (m.group("dataset"), int(m.group("context"))) if m else None
+
+
+def lm_ppl_tail_key(dataset: str, context: int) -> str:
+    """``lm_ppl_tail/<DATASET>/ctx<N>``: an LM's perplexity per token over the tokens of a tail set's words only
+    (paper 002; :func:`asr_core.lm.ppl.tail_flags`) on a text with ``context`` tokens of context. Not an
+    :func:`is_lm_ppl_key` (logged beside the ``lm_ppl/...`` metrics of the same run, never alone)."""
+    return f"{LM_PPL_TAIL}/{dataset}/ctx{context}"
+
+
+def parse_lm_ppl_tail_key(key: str) -> tuple[str, int] | None:
+    """``"lm_ppl_tail/text/ctx1024"`` -> ``("text", 1024)``; else None (``lm_ppl/...`` included)."""
+    m = _LM_PPL_TAIL_RE.match(key)
     return (m.group("dataset"), int(m.group("context"))) if m else None
