@@ -64,6 +64,7 @@ the failure budget of ``orchestrate`` counts.
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import socket
 import sys
@@ -271,6 +272,7 @@ def _segment(cfg: Config, folder: TrialFolder, lease: "Lease", job_id: str, trac
 
     from asr_core.training.loop import Diverged, Fenced, Preempted
 
+    preload()
     try:
         segment = _start_segment(folder, version)
         outbox = _outbox(folder, segment, tracking_uri, run_id, lease)
@@ -328,6 +330,18 @@ def _segment(cfg: Config, folder: TrialFolder, lease: "Lease", job_id: str, trac
     _say(f"finished: {folder.path}")
     _flush(outbox, FINAL_FLUSH_S)
     return EXIT_OK
+
+
+# what a trial job imports later (evaluation after training, the head measurement, beam decoding): imported when the
+# job starts, so that a checkout pulled or edited while the job trains cannot give one process two versions of the code
+PRELOAD = ("asr_core.training.train", "asr_core.training.checkpoint", "asr_core.evaluation.evaluate",
+           "asr_core.evaluation.decoders", "asr_core.data.features", "asr_core.probes.heads")
+
+
+def preload() -> None:
+    """Import every module of :data:`PRELOAD` now."""
+    for name in PRELOAD:
+        importlib.import_module(name)
 
 
 def _train_and_evaluate(cfg: Config, folder: TrialFolder, lease: "Lease", tracking_uri: str | None,

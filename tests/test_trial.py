@@ -212,3 +212,31 @@ def test_bad_config_is_a_usage_error_that_fails_the_run_with_the_reason(tmp_path
                            "--out", str(bare)], capture_output=True, text=True, env=trial_env(), timeout=120)
     assert done.returncode == 2 and "model.heads" in done.stderr
     assert sorted(p.name for p in bare.iterdir()) == ["attempts.jsonl", "config.json", "lease", "progress.jsonl"]
+
+
+@pytest.mark.slow
+def test_a_checkout_edited_while_the_trial_trains_does_not_reach_its_evaluation(tmp_path: Path, corpus: Path) -> None:
+    """A user pulls or edits the checkout while a trial job trains: the job evaluates with the code it started with.
+    A copy of the package runs the trial (PYTHONPATH); while the trainer sleeps at step 3 (ASR_CORE_FAULT), the copy's
+    evaluate module is replaced by one that cannot be imported. The job must still evaluate and finish."""
+    import shutil
+
+    code = tmp_path / "code"
+    shutil.copytree(ROOT / "asr_core", code / "asr_core", ignore=shutil.ignore_patterns("__pycache__"))
+    trial_dir, uri, run_id, client = _setup(tmp_path, corpus)
+    env = trial_env(PYTHONPATH=str(code), ASR_CORE_FAULT="sleep-at-step:3:6", PYTHONDONTWRITEBYTECODE="1")
+    job = subprocess.Popen(trial_cmd(trial_dir, uri, run_id), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           text=True, env=env, cwd=tmp_path)
+    assert job.stdout is not None
+    seen = []
+    for line in job.stdout:
+        seen.append(line)
+        if "sleeping" in line:
+            break
+    assert any("sleeping" in x for x in seen), "".join(seen)[-2000:]
+    (code / "asr_core" / "evaluation" / "evaluate.py").write_text('raise ImportError("the checkout was edited")\n')
+    out, _ = job.communicate(timeout=600)
+    text = "".join(seen) + out
+    assert job.returncode == 0, text[-3000:]
+    assert "the checkout was edited" not in text
+    assert client.get_run(run_id).info.status == "FINISHED" and (trial_dir / "eval" / "test.csv").exists()
