@@ -256,3 +256,17 @@ def test_the_plant_lives_beside_the_homophone_cue(monkeypatch: pytest.MonkeyPatc
         n_cues += len(meta["cues"])
         n_slots += len(meta["recall_slots"])
     assert n_cues and n_slots
+
+
+def test_every_split_holds_the_guess_rate_control(renders: list) -> None:
+    """Recordings without a key are dealt by index (every 20th, the first included): a split of a dozen recordings
+    still has one."""
+    for plan, (_, _, _, meta) in renders:
+        assert meta["recall_key"] == (int(plan.id.rsplit("-", 1)[1]) % 20 != 0), plan.id
+    small = make_plans("test", 0.2, seed=5, min_minutes=1, max_minutes=1.2)
+    assert 8 <= len(small) < 20
+    mp = pytest.MonkeyPatch()
+    mp.setattr(synth, "espeak", fake_espeak)
+    metas = [render(p, dry=True, recall=RecallConfig(5))[3] for p in small]
+    mp.undo()
+    assert [m["recall_key"] for m in metas] == [False] + [True] * (len(small) - 1)

@@ -26,7 +26,7 @@ TAIL_S = 0.6  # after an edited span: the room's reverberation (at most 0.25 s) 
 def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("rerender") / "corpus"
     with contextlib.redirect_stdout(io.StringIO()):
-        assert synth.cli(["--out", str(out), "--hours", "0.01", "--eval-hours", "0.012", "--min-minutes", "0.6",
+        assert synth.cli(["--out", str(out), "--hours", "0.01", "--eval-hours", "0.022", "--min-minutes", "0.6",
                           "--max-minutes", "0.75", "--splits", "test", "--seed", "4", "--recall", "5"]) == 0
     return out / "test"
 
@@ -38,7 +38,8 @@ def _clear_spans(split: Path, rec_id: str, words: list) -> list[tuple[float, flo
 
 
 def test_key_edits_change_only_the_clear_mentions(corpus: Path) -> None:
-    rec = load_corpus(f"podcast:{corpus}")[0]
+    first, rec = load_corpus(f"podcast:{corpus}")[:2]  # the first recording of a split says no key: nothing to edit
+    assert Rerenderer(corpus).edit_for(first, "swap") is None
     stored = load_audio(rec.audio).numpy()
     rr = Rerenderer(corpus)
     wave, words, _, _ = synth.render(rr.plans[rec.id], recall=rr.recall)
@@ -46,7 +47,7 @@ def test_key_edits_change_only_the_clear_mentions(corpus: Path) -> None:
     spans = _clear_spans(corpus, rec.id, list(rec.words))
     outside = np.ones(len(stored), dtype=bool)
     for a, e in spans:
-        outside[int(a * SAMPLE_RATE): int((e + TAIL_S) * SAMPLE_RATE)] = False
+        outside[int((a - 0.001) * SAMPLE_RATE): int((e + TAIL_S) * SAMPLE_RATE)] = False  # times: whole ms
     swap = rr.edit_for(rec, "swap")
     assert swap is not None and swap.word in CODE_WORDS and swap.word != words[clear_index(corpus, rec.id)].text
     for edit in (swap, rr.edit_for(rec, "silence")):
@@ -93,12 +94,12 @@ def test_what_cannot_be_re_rendered_is_refused(corpus: Path, tmp_path: Path) -> 
     with pytest.raises(CorpusError, match="has no recall plant"):
         Rerenderer(copy / "test")
     (copy / "synth.json").write_text((corpus.parent / "synth.json").read_text())
-    transcript = next((copy / "test").glob("*.json"))
+    transcript = sorted((copy / "test").glob("*.json"))[1]  # a recording that says its key
     doc = json.loads(transcript.read_text())
     first = doc["results"][0]["alternatives"][0]["words"][0]
     first["startTime"] = f"{float(first['startTime'][:-1]) + 0.2:.3f}s"  # a word time the audio does not have
     transcript.write_text(json.dumps(doc))
-    rec = load_corpus(f"podcast:{copy / 'test'}")[0]
+    rec = next(r for r in load_corpus(f"podcast:{copy / 'test'}") if Path(r.meta["transcript"]) == transcript)
     rr = Rerenderer(copy / "test")
     edit = rr.edit_for(rec, "silence")
     assert edit is not None

@@ -19,8 +19,9 @@ so every recorded slot lies in its band by construction. Ordinary speech fills t
 RATE a minute (fewer where the structure cannot fit more, about 6 a minute at most).
 
 Controls in the same corpus: about :data:`UNMASKED_SHARE` of the slots are said unmasked (the acoustic ceiling; an
-unmasked far slot ends its episode, being a clear mention itself), and about :data:`NO_KEY_SHARE` of the recordings
-never say the key sentence: their slots, all masked, give the guess rate (1/K). A recording shorter than
+unmasked far slot ends its episode, being a clear mention itself), and :data:`NO_KEY_SHARE` of the recordings never
+say the key sentence: their slots, all masked, give the guess rate (1/K). They are dealt by the recording's index in
+its split (every 20th, the first included), so that even a test split of a dozen recordings holds the control. A recording shorter than
 :data:`FAR_MIN_RECORDING_S` gets near slots only.
 
 Recorded in ``OUT/meta/<id>.json`` (and ``OUT/recordings.jsonl``), as :mod:`asr_core.data.corpora.cues` records its
@@ -204,10 +205,14 @@ class Draw:
     near_only: bool
 
 
-def draw_recording(rng: random.Random, target_s: float) -> Draw:
-    """The per-recording draws, first in the recall stream."""
+def draw_recording(rng: random.Random, target_s: float, index: int | None = None) -> Draw:
+    """The per-recording draws, first in the recall stream. Without a key: the recording whose ``index`` in its split
+    is a multiple of 1/:data:`NO_KEY_SHARE` (None: drawn by chance at that share); the draw is made either way, so
+    the rest of the stream does not depend on it."""
     word = rng.choice(CODE_WORDS)
     keyed = rng.random() >= NO_KEY_SHARE
+    if index is not None:
+        keyed = index % round(1 / NO_KEY_SHARE) != 0
     return Draw(word, keyed, target_s < FAR_MIN_RECORDING_S)
 
 
@@ -230,13 +235,13 @@ class RecallPlanter:
     :meth:`holds_turn` before the pause and turn change that follow a sentence, :meth:`masks` before synthesising each
     word of a recall sentence (True: render :func:`masker` instead), and :meth:`heard` for each word it places."""
 
-    def __init__(self, cfg: RecallConfig, seed: int, target_s: float) -> None:
+    def __init__(self, cfg: RecallConfig, seed: int, target_s: float, index: int | None = None) -> None:
         if not cfg.active:
             raise ValueError("a RecallPlanter needs a recall rate above 0")
         check_code_words()
         self.cfg = cfg
         self.rng = random.Random(f"recall/{seed}")
-        self.draw = draw_recording(self.rng, target_s)
+        self.draw = draw_recording(self.rng, target_s, index)
         self.word = self.draw.word
         self.target_s = target_s
         self.next_at = self.rng.uniform(*LEAD_S)

@@ -229,7 +229,8 @@ def render(plan: Plan, *, dry: bool = False, recall: RecallConfig | None = None,
     rng = random.Random(plan.seed)
     maker = SentenceMaker(rng, plan.topic)
     planter = CuePlanter(plan.cue, plan.topic, plan.seed, plan.target_s) if plan.cue is not None else None
-    recaller = RecallPlanter(recall, plan.seed, plan.target_s) if recall is not None and recall.active else None
+    recaller = (RecallPlanter(recall, plan.seed, plan.target_s, int(plan.id.rsplit("-", 1)[1]))  # its index
+                if recall is not None and recall.active else None)
     cache: dict[tuple[int, str, int], np.ndarray] = {}
     pieces: list[tuple[int, np.ndarray]] = []
     words: list[Word] = []
