@@ -65,7 +65,7 @@ def test_defaults_are_the_papers_librispeech_setting() -> None:
                                          ("combine", "mean"), ("trainable", 1), ("draw", "row"),
                                          ("warmup_steps", -1), ("alpha", 1.0), ("init_std", 0.0), ("seed", -1)])
 def test_config_errors_name_the_field_and_what_is_valid(field: str, value: object) -> None:
-    with pytest.raises(ConfigError, match=rf"'memory\.{field}'.*valid: "):
+    with pytest.raises(ConfigError, match=rf"'lm\.memory\.{field}'.*valid: "):
         MemoryConfig(**{field: value})
 
 

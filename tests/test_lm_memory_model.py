@@ -213,7 +213,7 @@ def test_the_new_keys_round_trip_through_json_yaml_and_set() -> None:
 
 @pytest.mark.parametrize("sets,field", [
     (["lm.memory.buckets=97"], "lm.tie_embeddings"),  # a memory needs tied embeddings
-    (["lm.tie_embeddings=true", "lm.memory.buckets=0"], "memory.buckets"),
+    (["lm.tie_embeddings=true", "lm.memory.buckets=0"], "lm.memory.buckets"),
     (["lm.tie_embeddings=true", "lm.memory.order=1.5"], "lm.memory.order"),
     (["lm.tie_embeddings=true", "lm.memory.colour=1"], "lm.memory.colour"),
     (["lm.tie_embeddings=true", "lm.memory=5"], "lm.memory"),

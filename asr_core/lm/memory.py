@@ -83,23 +83,23 @@ class MemoryConfig:
     seed: int = 0  # D's initial values (seed) and the update draws (seed + 1)
 
     def __post_init__(self) -> None:
-        _require(_is_int(self.buckets) and 1 <= self.buckets <= MAX_BUCKETS, "memory.buckets", self.buckets,
+        _require(_is_int(self.buckets) and 1 <= self.buckets <= MAX_BUCKETS, "lm.memory.buckets", self.buckets,
                  f"an integer in [1, {MAX_BUCKETS}] (the paper: 5000 or 10000)")
-        _require(_is_int(self.slots) and self.slots >= 1, "memory.slots", self.slots,
+        _require(_is_int(self.slots) and self.slots >= 1, "lm.memory.slots", self.slots,
                  "a positive integer (the paper: 64)")
-        _require(_is_int(self.order) and 1 <= self.order <= 16, "memory.order", self.order,
+        _require(_is_int(self.order) and 1 <= self.order <= 16, "lm.memory.order", self.order,
                  "an integer in [1, 16] (the paper: 2)")
-        _require(self.hash in HASHES, "memory.hash", self.hash, ", ".join(HASHES))
-        _require(self.combine in COMBINES, "memory.combine", self.combine, ", ".join(COMBINES))
-        _require(isinstance(self.trainable, bool), "memory.trainable", self.trainable, "true or false")
-        _require(self.draw in DRAWS, "memory.draw", self.draw, ", ".join(DRAWS))
-        _require(_is_int(self.warmup_steps) and self.warmup_steps >= 0, "memory.warmup_steps", self.warmup_steps,
+        _require(self.hash in HASHES, "lm.memory.hash", self.hash, ", ".join(HASHES))
+        _require(self.combine in COMBINES, "lm.memory.combine", self.combine, ", ".join(COMBINES))
+        _require(isinstance(self.trainable, bool), "lm.memory.trainable", self.trainable, "true or false")
+        _require(self.draw in DRAWS, "lm.memory.draw", self.draw, ", ".join(DRAWS))
+        _require(_is_int(self.warmup_steps) and self.warmup_steps >= 0, "lm.memory.warmup_steps", self.warmup_steps,
                  "an integer >= 0 (the paper: 1000)")
-        _require(isinstance(self.alpha, (int, float)) and 0.0 <= self.alpha < 1.0, "memory.alpha", self.alpha,
+        _require(isinstance(self.alpha, (int, float)) and 0.0 <= self.alpha < 1.0, "lm.memory.alpha", self.alpha,
                  "a number in [0, 1) (the paper: 0.5)")
-        _require(isinstance(self.init_std, (int, float)) and self.init_std > 0, "memory.init_std", self.init_std,
+        _require(isinstance(self.init_std, (int, float)) and self.init_std > 0, "lm.memory.init_std", self.init_std,
                  "a positive number")
-        _require(_is_int(self.seed) and self.seed >= 0, "memory.seed", self.seed, "an integer >= 0")
+        _require(_is_int(self.seed) and self.seed >= 0, "lm.memory.seed", self.seed, "an integer >= 0")
 
 
 # ---- indexing ---------------------------------------------------------------------------------------------------
