@@ -245,15 +245,22 @@ def forward_windows(model: Model, feats: torch.Tensor, chunk: list[tuple[int, in
     return torch.softmax(logits.float(), dim=-1), out_lengths
 
 
-def greedy_ids(probs: torch.Tensor, blank: int) -> list[int]:
-    """Greedy CTC: best class per frame, repeats merged, blanks removed. probs: (T', V)."""
+def greedy_frames(probs: torch.Tensor, blank: int) -> list[tuple[int, int]]:
+    """Greedy CTC with where each token was emitted: ``(token id, output frame)`` per token, the frame the first of
+    its run. probs: (T', V)."""
     if probs.shape[0] == 0:
         return []
     best = probs.argmax(dim=-1)
     keep = torch.ones_like(best, dtype=torch.bool)
     keep[1:] = best[1:] != best[:-1]
     keep &= best != blank
-    return best[keep].tolist()
+    frames = keep.nonzero().flatten()
+    return list(zip(best[frames].tolist(), frames.tolist()))
+
+
+def greedy_ids(probs: torch.Tensor, blank: int) -> list[int]:
+    """Greedy CTC: best class per frame, repeats merged, blanks removed (:func:`greedy_frames`' ids). probs: (T', V)."""
+    return [token for token, _ in greedy_frames(probs, blank)]
 
 
 def decode_features(model: Model, features: torch.Tensor, window: int, decode_ids: Callable[[list[int]], str], *,

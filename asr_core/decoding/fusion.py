@@ -16,7 +16,7 @@ deterministic (the same input always gives the same output).
 * :func:`blockwise`: the windows' words concatenated (block-wise inference, right for windows that do not overlap).
 
 Word-level methods take :class:`WindowHyp` (a window's words with their times); :func:`window_hyp` makes one from
-a window's greedy CTC output (:func:`greedy_frames`) and the tokenizer's pieces (:func:`tokenizer_pieces`).
+a window's greedy CTC output (:func:`~asr_core.decoding.decode.greedy_frames`) and the tokenizer's pieces (:func:`tokenizer_pieces`).
 
 Libraries: the longest common run of (d) is the standard library's ``difflib.SequenceMatcher.find_longest_match``.
 The alignment of (c) is its own small dynamic program (numpy, one row at a time, within a band of times): the
@@ -34,6 +34,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
+
+from asr_core.decoding.decode import greedy_frames
 
 if TYPE_CHECKING:
     from asr_core.data.tokenizer import Tokenizer
@@ -112,19 +114,6 @@ class WindowHyp:
         return (self.start + self.end) / 2
 
 
-def greedy_frames(probs: torch.Tensor, blank: int) -> list[tuple[int, int]]:
-    """Greedy CTC with where each token was emitted: ``(token id, output frame)`` per token, the frame the first of
-    its run. The ids are exactly :func:`~asr_core.decoding.decode.greedy_ids`'. probs: (T', V)."""
-    if probs.shape[0] == 0:
-        return []
-    best = probs.argmax(dim=-1)
-    keep = torch.ones_like(best, dtype=torch.bool)
-    keep[1:] = best[1:] != best[:-1]
-    keep &= best != blank
-    frames = keep.nonzero().flatten()
-    return list(zip(best[frames].tolist(), frames.tolist()))
-
-
 def tokenizer_pieces(tok: Tokenizer) -> list[str]:
     """Each id's SentencePiece piece as :func:`window_hyp` reads it: "" for the blank and for control or unused
     (reserved) ids, which decode to nothing; the unknown piece as the word "⁇", as the tokenizer decodes it."""
@@ -144,7 +133,7 @@ def window_hyp(tokens: Sequence[tuple[int, int]], pieces: Sequence[str] | Callab
                end: float, frame_seconds: float) -> WindowHyp:
     """A window's words with their times from its greedy CTC output.
 
-    tokens: ``(token id, output frame within the window)`` as :func:`greedy_frames` gives them; pieces: each id's
+    tokens: ``(token id, output frame within the window)`` as :func:`~asr_core.decoding.decode.greedy_frames` gives them; pieces: each id's
     SentencePiece piece (:func:`tokenizer_pieces`, or a callable id -> piece), "" for ids that decode to nothing;
     start, end: the window's span in seconds in the recording; frame_seconds: seconds per output frame. A piece
     starting with "▁" starts a word, any other continues the current one (the window's first piece starts one in
