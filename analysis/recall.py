@@ -32,7 +32,7 @@ import pandas as pd
 
 from analysis import stats
 from analysis.collect import Sweep, greedy_rows
-from analysis.werr import context_spans, family_rows, format_seconds, stable_seed
+from analysis.werr import context_spans, family_rows, format_seconds, holm_once, stable_seed
 from asr_core.contract.metrics import AVERAGE, CLEAN, WINDOW
 
 # distance bins of masked slots: (label, upper edge in seconds, exclusive); the plant's bands are 1-4 s and 20-60 s
@@ -166,11 +166,7 @@ def far_tests(sweep: Sweep, rates: pd.DataFrame | None = None) -> pd.DataFrame:
                 r["note"] = f"not tested: {e}"
             out.append(r)
     table = pd.DataFrame(out, columns=TEST_COLUMNS)
-    # one comparison counts once, whichever families it belongs to
-    key = table[["series_id", "dataset", "condition", "config", "shortest_config"]].astype(str).agg("|".join, axis=1)
-    first = ~key.duplicated()
-    adjusted = dict(zip(key[first], stats.holm(table.loc[first, "p"].to_numpy(dtype=float))))
-    table["p_holm"] = key.map(adjusted).astype(float)
+    table["p_holm"] = holm_once(table, ["series_id", "dataset", "condition", "config", "shortest_config"])
     return table
 
 

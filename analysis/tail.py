@@ -32,7 +32,7 @@ import pandas as pd
 from analysis import stats
 from analysis.collect import Sweep, greedy_rows
 from analysis.render import Section
-from analysis.werr import context_spans, family_rows, find_baseline, format_seconds, stable_seed
+from analysis.werr import context_spans, family_rows, find_baseline, format_seconds, holm_once, stable_seed
 from asr_core.contract.metrics import CLEAN, TAIL_TAG
 
 TITLE = "Tail words (paper 002)"
@@ -165,12 +165,7 @@ def tail_tests(sweep: Sweep, rates: pd.DataFrame, baseline_context: float) -> pd
     table = pd.DataFrame(out, columns=TEST_COLUMNS)
     if table.empty:
         return table
-    # one comparison counts once, whichever families it belongs to
-    key = table[["series_id", "dataset", "condition", "config_id", "baseline_config"]].astype(str).agg("|".join,
-                                                                                                       axis=1)
-    first = ~key.duplicated()
-    adjusted = dict(zip(key[first], stats.holm(table.loc[first, "p"].to_numpy(dtype=float))))
-    table["p_holm"] = key.map(adjusted).astype(float)
+    table["p_holm"] = holm_once(table, ["series_id", "dataset", "condition", "config_id", "baseline_config"])
     return table
 
 

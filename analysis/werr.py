@@ -13,7 +13,7 @@ import hashlib
 import json
 import math
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Iterable
 
@@ -337,6 +337,15 @@ def context_spans(table: pd.DataFrame) -> Iterator[ContextSpan]:
         yield ContextSpan(str(fam), str(sid), str(ds), str(cond), head,
                           f"{format_seconds(short['context_s'])} → {format_seconds(long['context_s'])}", short, long,
                           single)
+
+
+def holm_once(table: pd.DataFrame, columns: Sequence[str]) -> pd.Series:
+    """Holm-adjusted ``p`` of each row of ``table``, a comparison (the same values in ``columns``) counted once
+    whichever families it belongs to."""
+    key = table[list(columns)].astype(str).agg("|".join, axis=1)
+    first = ~key.duplicated()
+    adjusted = dict(zip(key[first], stats.holm(table.loc[first, "p"].to_numpy(dtype=float))))
+    return key.map(adjusted).astype(float)
 
 
 def format_seconds(seconds: float) -> str:
