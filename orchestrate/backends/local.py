@@ -59,6 +59,10 @@ class LocalBackend(Backend):
                                    {j.trial.key: j.trial.label for j in jobs})
         rc = child.wait(stop=progress.tick)  # tick prints a progress line now and then; it never stops the driver
         print(progress.line(), file=sys.stderr, flush=True)
+        if rc != 0 and child.signalled is not None:
+            raise BackendError(f"stopped by {signal.Signals(child.signalled).name}: the running trainers "
+                               f"checkpointed where they were (driver exit {rc}, log {child.log_path}); "
+                               f"`orchestrate resume {self.sweep.name}` continues the sweep")
         if rc != 0:
             raise BackendError(f"the local Tune driver exited with {rc}: {last_line(child.log_path)} "
                                f"(log {child.log_path}); `orchestrate resume {self.sweep.name}` continues the sweep")

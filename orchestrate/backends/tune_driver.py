@@ -17,6 +17,12 @@ Ray ≥ 2.59 turns token authentication on for local clusters and would write a 
 authentication on but give every sweep its own token file (mode 600) in its folder (:func:`ray_auth_env`), so
 nothing outside the sweep is touched and a Ray-on-SLURM cluster started from the same folder shares it.
 
+A SIGTERM or SIGINT to the driver (the local submitter forwards its own; a dying submitter's PDEATHSIG sends one)
+stops the submission without losing work: the driver touches ``<sweep>/tune/<submission>.stop``, every running
+trainer gets SIGUSR2 (checkpoint where it is, exit ``EXIT_PREEMPTED``), trials not yet started are not started,
+and the driver exits ``EXIT_PREEMPTED`` once they have all ended. Left to Ray, the driver's death would take its
+workers down and their trainers with them (SIGKILL, no checkpoint).
+
 ``python -m orchestrate.backends.tune_driver SWEEP_PATH SUBMISSION [--restore] ...`` runs :func:`drive`.
 """
 
@@ -24,7 +30,9 @@ from __future__ import annotations
 
 import os
 import secrets
+import signal
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -87,10 +95,13 @@ def run_trial_job(config: dict[str, Any]) -> None:
         print(f"[orchestrate] trial {job['key']} not started: {skip}", file=sys.stderr, flush=True)
         tune.report({"exit_code": 0, "skipped": skip})
         return
+    flags = [Path(f) for f in (job.get("preempt_flag"), job.get("stop_flag")) if f]
+    if any(f.exists() for f in flags):  # ERROR, not a clean end: a restored experiment must still run it
+        raise RuntimeError(f"trial {job['key']} not started: the submission was stopped; "
+                           "`orchestrate resume` runs it")
     before = len(read_segments(trial_dir))
     child = TrialProcess(job["cmd"], job["workdir"], TrialFolder(trial_dir).log, env={ENV_JOB_ID: job["job_id"]})
-    flag = job.get("preempt_flag")
-    rc = child.wait(stop=(lambda: Path(flag).exists()) if flag else None)
+    rc = child.wait(stop=(lambda: any(f.exists() for f in flags)) if flags else None)
     end = trainer_ended(trial_dir, rc, job_id=job["job_id"], pid=child.proc.pid, segments_before=before,
                         log_path=child.log_path)
     if end.kind == "preempted":
@@ -133,12 +144,14 @@ def run_tune(jobs: list[dict[str, Any]], storage: Path, name: str, resources: di
 
 
 def drive(sweep_path: Path, sub_id: str, cpus_per_trial: int, restore: bool, address: str | None = None,
-          gpus_per_trial: float = 0, preempt_flag: Path | None = None) -> int:
+          gpus_per_trial: float = 0, preempt_flag: Path | None = None, own_signals: bool = False) -> int:
     """Run a submission's trials with Ray Tune; returns 0 once every Tune trial has ended (cleanly or not: the
     ledger holds each trial's outcome).
 
     ``address``: an existing Ray cluster (Ray-on-SLURM); without it a Ray cluster of this machine's CPUs is started.
-    ``preempt_flag``: a file whose appearance makes every running trial checkpoint and exit."""
+    ``preempt_flag``: a file whose appearance makes every running trial checkpoint and exit. ``own_signals``: this
+    process is the driver alone (the local backend's), so SIGTERM/SIGINT stop the submission
+    (:func:`stop_on_signals`) and the return is ``EXIT_PREEMPTED`` when they did."""
     import ray
 
     sweep = SweepDir(sweep_path.parent, sweep_path.name)
@@ -153,10 +166,17 @@ def drive(sweep_path: Path, sub_id: str, cpus_per_trial: int, restore: bool, add
                      "trial_dir": str(sweep.trial_dir(key)), "workdir": workdir, "job_id": sub.job_id or "",
                      "cmd": trial_command(sweep.trial_dir(key), manifest.tracking_uri, run_ids[key]),
                      "preempt_flag": str(preempt_flag) if preempt_flag else ""})
+    stop_flag = sweep.path / "tune" / f"{sub.id}.stop"
+    stop_flag.parent.mkdir(parents=True, exist_ok=True)
+    stop_flag.unlink(missing_ok=True)  # left by an earlier stopped driver of this submission
+    for job in jobs:
+        job["stop_flag"] = str(stop_flag)
     if address:
         ray.init(address=address, log_to_driver=False)
     else:
         ray.init(num_cpus=os.cpu_count() or 1, num_gpus=0, include_dashboard=False, log_to_driver=False)
+    if own_signals:  # after ray.init, whose own SIGTERM handler ends the process (and the trainers with it)
+        stop_on_signals(stop_flag)
     try:
         resources: dict[str, float] = {"cpu": cpus_per_trial}
         if gpus_per_trial:
@@ -166,7 +186,29 @@ def drive(sweep_path: Path, sub_id: str, cpus_per_trial: int, restore: bool, add
         ray.shutdown()
     bad = [k for k, s in states.items() if s != "TERMINATED"]
     print(f"[orchestrate] {len(states) - len(bad)} trials ended cleanly, {len(bad)} did not", flush=True)
+    if stop_flag.exists():
+        print(f"[orchestrate] stopped by a signal: the running trainers checkpointed (exit {EXIT_PREEMPTED})",
+              flush=True)
+        return EXIT_PREEMPTED
     return 0
+
+
+def stop_on_signals(flag: Path) -> None:
+    """Make SIGTERM and SIGINT to this process touch ``flag`` (every trial job watches it) instead of killing the
+    driver, and keep Tune's own SIGINT handler (which would end the trials' workers) out. Only from the main
+    thread (elsewhere signals cannot be caught)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"
+
+    def handler(signum: int, frame: object) -> None:
+        if not flag.exists():
+            flag.touch()
+            print(f"[orchestrate] {signal.Signals(signum).name}: every running trainer checkpoints and stops",
+                  file=sys.stderr, flush=True)
+
+    for s in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(s, handler)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -184,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="a file whose appearance makes every running trial checkpoint and exit")
     a = p.parse_args(argv)
     return drive(a.sweep_path, a.submission, a.cpus_per_trial, a.restore, a.address, a.gpus_per_trial,
-                 a.preempt_flag)
+                 a.preempt_flag, own_signals=True)
 
 
 if __name__ == "__main__":
