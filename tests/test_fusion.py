@@ -132,6 +132,15 @@ def test_chiu_merge_prefers_pairing_equal_words_and_keeps_unpaired_words_in_time
     assert chiu_merge(odd, even) == ["a", "b", "k"]
 
 
+def test_chiu_merge_drops_an_unpaired_fragment_the_other_sequence_heard_nearer_its_centre():
+    # "dog" is cut at the odd windows' edge at 4 s: "d" ends window 0-4, "og" starts window 4-8; the even window 2-6
+    # hears "dog" whole at its centre. "og" pairs with nothing; the even window covering 4.2 s is centred 0.2 s
+    # from it, nearer than its own (1.8 s), so it goes; "d" pairs with "dog" and loses to it
+    odd = [hyp(0, 4, ("a", 1.0), ("d", 3.9)), hyp(4, 8, ("og", 4.2), ("ran", 6.0))]
+    even = [hyp(2, 6, ("dog", 4.0), ("ran", 5.9))]
+    assert chiu_merge(odd, even) == ["a", "dog", "ran"]
+
+
 def test_chiu_merge_is_blockwise_when_the_other_sequence_is_empty():
     assert chiu_merge(ODD, []) == blockwise(ODD) == "the cat sat on tha mad and purred loudly".split()
     assert chiu_merge([], EVEN) == blockwise(EVEN)

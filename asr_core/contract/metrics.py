@@ -16,6 +16,10 @@ at all: runs already logged keep the names they have, so every builder is the ex
   ``recall_<DECODER>/...`` (:func:`recall_metric_key`, :func:`parse_recall_metric_key`), and per-slot tables
   ``eval/<DATASET>[.<DECODER>].slots.csv``, columns :data:`SLOT_COLUMNS` (:func:`slot_table_name`);
 * a beam decoder's settings: the run's tag ``eval.decoder.<DECODER>`` (JSON; :func:`decoder_tag`);
+* window fusion (paper 001): greedy decoding with the windows joined another way than the default averaging of
+  their posteriors is the decoder ``fusion-<METHOD>`` (:func:`fusion_decoder`, :func:`fusion_method`;
+  :data:`FUSION_METHODS`), logged as a beam decoder is (``wer_fusion-chiu/...``, ``eval/<DATASET>.fusion-chiu.csv``)
+  with the tag ``eval.decoder.fusion-<METHOD>``; the ``greedy`` decoder is the averaging method;
 * per-recording tables: artifacts ``eval/<DATASET>.csv`` (greedy) and ``eval/<DATASET>.<DECODER>.csv``
   (:func:`table_name`), columns :data:`TABLE_COLUMNS` then the optional :data:`CUE_COLUMNS`, then
   :data:`TAIL_COLUMNS` in tables of an evaluation given a tail set (absent otherwise);
@@ -37,6 +41,13 @@ import re
 from asr_core.contract.trial import HEADS_DIR
 
 GREEDY = "greedy"  # the decoder of the trial's own evaluation: metrics wer/..., tables eval/<DATASET>.csv
+# window fusion methods other than the greedy decoder's averaging (paper 001; asr_core.decoding.fused): ``select``
+# each frame from the window whose centre is nearest, ``blockwise`` windows side by side (stride 1), ``chiu`` Chiu et
+# al.'s overlapping inference (50%), ``lcs`` longest-common-run merge (50%), ``rover`` SCTK's rover over the 8
+# phase-shifted block-wise decodings
+FUSION_METHODS = ("select", "blockwise", "chiu", "lcs", "rover")
+AVERAGING = "average"  # the greedy decoder's method: each frame the mean of the windows covering it
+FUSION_PREFIX = "fusion-"
 CLEAN = "clean"  # the condition without added music
 WER = "wer"
 CUE = "cue"
@@ -199,6 +210,25 @@ def slot_table_file(dataset: str, decoder: str = GREEDY) -> str:
 
 
 # ---- beam decoders and tables ------------------------------------------------------------------------------------
+
+def fusion_decoder(method: str) -> str:
+    """The decoder name of a window fusion method: ``"chiu"`` -> ``"fusion-chiu"``; :data:`AVERAGING` is the greedy
+    decoder itself."""
+    if method == AVERAGING:
+        return GREEDY
+    if method not in FUSION_METHODS:
+        raise ValueError(f"window fusion method {method!r}: valid are {', '.join((AVERAGING, *FUSION_METHODS))}")
+    return FUSION_PREFIX + method
+
+
+def fusion_method(decoder: str) -> str | None:
+    """The inverse of :func:`fusion_decoder`: ``"fusion-chiu"`` -> ``"chiu"``, ``"greedy"`` -> ``"average"``; None
+    for a beam decoder."""
+    if decoder == GREEDY:
+        return AVERAGING
+    method = decoder[len(FUSION_PREFIX):] if decoder.startswith(FUSION_PREFIX) else None
+    return method if method in FUSION_METHODS else None
+
 
 def decoder_tag(decoder: str) -> str:
     """The run's tag holding a beam decoder's settings (JSON): ``eval.decoder.<DECODER>``."""

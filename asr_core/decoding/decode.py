@@ -147,13 +147,16 @@ def plan_windows(frames: int, window: int, stride_fraction: float, subsampling: 
 @torch.no_grad()
 def posteriors(model: Model, features: torch.Tensor, window: int, *, stride: float = 0.125,
                batch_windows: int | WindowBatch = 8, subsampling: int = 8, device: torch.device | str = "cpu",
-               progress: Progress | None = None, precision: str = "fp32") -> torch.Tensor:
+               progress: Progress | None = None, precision: str = "fp32",
+               on_window: Callable[[tuple[int, int], torch.Tensor], None] | None = None) -> torch.Tensor:
     """Frame posteriors of a whole recording by moving windows.
 
     features: (T, F), already normalised over the recording. Returns (ceil(T / subsampling), V) float32
     probabilities (softmax, not log), each output frame the mean over the windows covering it. ``batch_windows``:
     a count (for this recording only) or the evaluation's :class:`WindowBatch` (an out-of-memory error shrinks it
     for every later recording too). ``precision``: ``fp32``, ``bf16`` (autocast, CUDA only) or ``auto``.
+    ``on_window``: called with each window's span (input frames) and its (T_i', V) probabilities, so that other
+    ways of joining the windows (:mod:`asr_core.decoding.fused`) need not run them again.
     """
     if features.dim() != 2:
         raise ValueError(f"features must be (T, F), got shape {tuple(features.shape)}")
@@ -186,6 +189,8 @@ def posteriors(model: Model, features: torch.Tensor, window: int, *, stride: flo
             n = min(int(out_lengths[i]), t_out - o)
             sums[o: o + n] += probs[i, :n]
             counts[o: o + n] += 1
+            if on_window is not None:
+                on_window(chunk[i], probs[i, :n])
         b0 += len(chunk)
         if progress is not None:
             progress(b0, len(spans))
@@ -248,9 +253,14 @@ def forward_windows(model: Model, feats: torch.Tensor, chunk: list[tuple[int, in
 def greedy_frames(probs: torch.Tensor, blank: int) -> list[tuple[int, int]]:
     """Greedy CTC with where each token was emitted: ``(token id, output frame)`` per token, the frame the first of
     its run. probs: (T', V)."""
-    if probs.shape[0] == 0:
+    return collapse_frames(probs.argmax(dim=-1), blank) if probs.shape[0] else []
+
+
+def collapse_frames(best: torch.Tensor, blank: int) -> list[tuple[int, int]]:
+    """CTC's collapse of a best-class-per-frame sequence (T',) (repeats merged, blanks removed): ``(token id,
+    output frame)`` per token, the frame the first of its run."""
+    if best.shape[0] == 0:
         return []
-    best = probs.argmax(dim=-1)
     keep = torch.ones_like(best, dtype=torch.bool)
     keep[1:] = best[1:] != best[:-1]
     keep &= best != blank

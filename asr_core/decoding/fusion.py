@@ -198,8 +198,11 @@ def chiu_merge(odd: Sequence[WindowHyp], even: Sequence[WindowHyp]) -> list[str]
     Each sequence is flattened into one word sequence, every word with its window and its distance (seconds) to
     that window's centre; the two are aligned by edit distance: pairing two words costs 0 when they are equal and 1
     when not, but is impossible (infinite cost) when their windows do not overlap in time; leaving a word unpaired
-    costs 1. Of each aligned pair the word nearer its window's centre is kept (ties: the odd window's), unpaired
-    words are kept. Among alignments of equal edit distance the one with the fewest substitutions (most equal
+    costs 1. Of each aligned pair the word nearer its window's centre is kept (ties: the odd window's). A word left
+    unpaired is paired with nothing from the other sequence, and that nothing is as confident as the other
+    sequence's window covering the word's time: the word is kept unless such a window has its centre strictly
+    nearer (a fragment of a word cut at a window's edge, which the other sequence heard whole mid-window, goes; a
+    word no other window covers stays). Among alignments of equal edit distance the one with the fewest substitutions (most equal
     words paired) wins, then pairing over leaving words unpaired; unpaired words come out in time order. With no
     even windows this is :func:`blockwise` of the odd ones (and the other way round).
 
@@ -256,12 +259,19 @@ def chiu_merge(odd: Sequence[WindowHyp], even: Sequence[WindowHyp]) -> list[str]
             out.append(b.words[j - 1] if keep_even else a.words[i - 1])
             i, j = i - 1, j - 1
         elif step == UP:
-            out.append(a.words[i - 1])
+            if a.off_centre[i - 1] <= _nearest_cover(even, a.times[i - 1]):
+                out.append(a.words[i - 1])
             i -= 1
         else:
-            out.append(b.words[j - 1])
+            if b.off_centre[j - 1] <= _nearest_cover(odd, b.times[j - 1]):
+                out.append(b.words[j - 1])
             j -= 1
     return out[::-1]
+
+
+def _nearest_cover(hyps: Sequence[WindowHyp], t: float) -> float:
+    """The distance from ``t`` to the centre of the nearest-centred window of ``hyps`` that covers it (inf: none)."""
+    return min((abs(t - h.centre) for h in hyps if h.start <= t < h.end), default=math.inf)
 
 
 # ---- (d) longest common run ---------------------------------------------------------------------------------

@@ -19,12 +19,14 @@ from typing import Any
 
 import torch
 
-from asr_core.contract.metrics import GREEDY, condition_name, cue_metric_key, metric_key
+from asr_core.contract.metrics import GREEDY, condition_name, cue_metric_key, fusion_decoder, metric_key
 from asr_core.contract.trial import ProgressLog
 from asr_core.data.corpora import Recording
 from asr_core.data.noise import add_music
 from asr_core.decoding.beam import BeamConfig, beam_search
 from asr_core.decoding.decode import WindowBatch, greedy_ids, plan_windows, posteriors, prepare_features
+from asr_core.decoding.fused import WindowIds, fused_texts
+from asr_core.decoding.fusion import tokenizer_pieces
 from asr_core.device import resolve_device
 from asr_core.evaluation.score import marked_counts, normalise, normalise_marked, score
 from asr_core.evaluation.tail import TailSet, tail_counts
@@ -119,18 +121,21 @@ def evaluate_dataset(name: str, recordings: list[Recording], snrs: list[float], 
                      window: int, stride: float, batch: WindowBatch | int, sub: int, fps: float, dev: torch.device,
                      noise: str, noise_seed: int, progress: ProgressLog | None = None, precision: str = "fp32",
                      beam: BeamDecoding | None = None, cues: dict[str, tuple[int, ...]] | None = None,
-                     clean: bool = True, tail: TailSet | None = None
+                     clean: bool = True, tail: TailSet | None = None, fusion: tuple[str, ...] = ()
                      ) -> tuple[dict[str, list[dict[str, Any]]], list[dict[str, Any]]]:
-    """Rows per decoder (``greedy``, and ``beam.name`` with a beam) and the hypotheses, of one dataset: each
-    recording and condition decoded once into posteriors, then by each decoder. ``cues``: the planted words' indices
-    per recording id (:func:`asr_core.data.corpora.cues.planted`), counted in ``cue_words``/``cue_errors``; None: the
-    dataset has none (the columns stay empty). ``tail``: a tail set whose words' errors are counted in
+    """Rows per decoder (``greedy``, ``beam.name`` with a beam, ``fusion-<METHOD>`` for each window fusion method
+    of ``fusion``: :mod:`asr_core.decoding.fused`) and the hypotheses, of one dataset: each recording and condition
+    decoded once into posteriors, then by each decoder (the fusion methods reuse the averaging pass's windows).
+    ``cues``: the planted words' indices per recording id (:func:`asr_core.data.corpora.cues.planted`), counted in
+    ``cue_words``/``cue_errors``; None: the dataset has none (the columns stay empty). ``tail``: a tail set whose words' errors are counted in
     ``tail_words``/``tail_errors`` (:func:`asr_core.evaluation.tail.tail_counts`); None: the rows have no such keys."""
     from tqdm import tqdm
 
     from asr_core.data.audio import load_audio
 
-    rows: dict[str, list[dict[str, Any]]] = {GREEDY: [], **({beam.name: []} if beam is not None else {})}
+    rows: dict[str, list[dict[str, Any]]] = {GREEDY: [], **({beam.name: []} if beam is not None else {}),
+                                             **{fusion_decoder(m): [] for m in fusion}}
+    pieces = tokenizer_pieces(tokenizer) if fusion else []
     hyps = []
     batch = batch if isinstance(batch, WindowBatch) else WindowBatch(batch)  # an int: this dataset's own
     blank = tokenizer.blank_id
@@ -149,17 +154,25 @@ def evaluate_dataset(name: str, recordings: list[Recording], snrs: list[float], 
             wave = clean if snr is None else add_music(clean, rec.id, snr, noise, noise_seed)
             feats = prepare_features(extractor, wave, rec.ignore, fps)
             n_windows = len(plan_windows(feats.shape[0], window, stride, sub).starts)
+            windows = (WindowIds(model, feats, subsampling=sub, batch=batch, device=dev, bf16=precision == "bf16")
+                       if fusion else None)
             with tqdm(total=n_windows, desc=f"{name} {rec.id} {condition_name(snr)}", unit="win", leave=False,
                      file=sys.stderr, disable=n_windows <= batch.size) as bar:
                 probs = posteriors(model, feats, window, stride=stride, batch_windows=batch, subsampling=sub,
                                   device=dev, precision=precision,
-                                  progress=lambda done, _total: bar.update(done - bar.n))
+                                  progress=lambda done, _total: bar.update(done - bar.n),
+                                  on_window=windows.keep if windows is not None else None)
             texts = {GREEDY: tokenizer.decode(greedy_ids(probs, blank))}
             took = {GREEDY: time.perf_counter() - t0}
             if beam is not None:
                 t1 = time.perf_counter()
                 texts[beam.name] = tokenizer.decode(list(beam.decode(probs, blank).ids))
                 took[beam.name] = time.perf_counter() - t1
+            for method in fusion:
+                t1 = time.perf_counter()
+                texts[fusion_decoder(method)] = fused_texts(windows, (method,), window=window, stride=stride,
+                                                            tokenizer=tokenizer, pieces=pieces, fps=fps)[method]
+                took[fusion_decoder(method)] = time.perf_counter() - t1
             hyp: dict[str, Any] = {"recording": rec.id, "condition": condition_name(snr), "ref": ref}
             line = []
             for decoder, text in texts.items():

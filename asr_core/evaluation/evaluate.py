@@ -1,7 +1,7 @@
 """Evaluate a checkpoint: moving-window greedy CTC on long recordings, clean and with music at given SNRs.
 
 ``python -m asr_core evaluate CKPT --data NAME=FORMAT:PATH [--data ...] [--snr DB ...] [--noisy NAME ...]
-[--stride 0.125] [--precision auto|bf16|fp32] [--batch-windows N] [--out DIR]``
+[--stride 0.125] [--fusion METHOD,...] [--precision auto|bf16|fp32] [--batch-windows N] [--out DIR]``
 
 Every dataset is decoded clean; the datasets named in ``noisy`` (``eval.noisy``; none named = every dataset) are
 also decoded with music at each SNR. The paper added music to Rev16 only, for the main (context) family
@@ -35,6 +35,11 @@ ends 1 s after it: :mod:`asr_core.evaluation.recall_window`), and the clean cond
 percent as metrics ``recall/<NAME>/near``, ``.../far`` (masked
 slots with a key sentence), ``.../unmasked`` and ``.../no-key`` (the controls). Datasets without slots write and
 log nothing more.
+
+With ``--fusion`` (paper 001), each window fusion method named (:mod:`asr_core.decoding.fused`: ``select``,
+``blockwise``, ``chiu``, ``lcs``, ``rover``) is decoded beside the greedy averaging and logged as a beam decoder is,
+under ``fusion-<METHOD>`` (``wer_fusion-chiu/<NAME>``, ``eval/<NAME>.fusion-chiu.csv``, tag
+``eval.decoder.fusion-chiu``).
 
 Everything logged goes through an outbox (:mod:`asr_core.runtime.outbox`): the trial job passes its own, so evaluation never
 waits for MLflow; the standalone command keeps one in ``DIR/outbox`` and waits for it at most
@@ -73,9 +78,9 @@ from asr_core.data.corpora.fingerprint import fingerprint
 from asr_core.decoding.decode import WindowBatch, auto_batch_windows, window_frames
 from asr_core.contract.evaluation import merge_tables
 from asr_core.contract.ledger import shown_tags
-from asr_core.contract.metrics import (CUE_COLUMNS, GREEDY, TABLE_COLUMNS, TAIL_COLUMNS, TAIL_TAG, condition_name,
-                                       cue_metric_key, decoder_tag, metric_key, slot_table_file, table_file,
-                                       tail_metric_key)
+from asr_core.contract.metrics import (CUE_COLUMNS, FUSION_METHODS, GREEDY, TABLE_COLUMNS, TAIL_COLUMNS, TAIL_TAG,
+                                       condition_name, cue_metric_key, decoder_tag, fusion_decoder, metric_key,
+                                       slot_table_file, table_file, tail_metric_key)
 from asr_core.device import resolve_device, use_bf16
 from asr_core.evaluation.recall import merge_slot_tables, recall_metrics, recall_slots, slot_table, write_slot_table
 from asr_core.evaluation.recall_window import WindowModel, window_rows
@@ -118,6 +123,10 @@ class EvaluationRun:
     ``eval/<dataset>[.<decoder>].csv`` keeps every condition measured
     (:func:`asr_core.contract.evaluation.merge_tables`). ``tail``: a tail set's JSON file; also measure the
     tail-word error rate against it (None: not measured, and the tables have no tail columns).
+
+    ``fusion``: window fusion methods (:data:`~asr_core.contract.metrics.FUSION_METHODS`, paper 001) decoded beside
+    the greedy averaging, each as the decoder ``fusion-<METHOD>`` (:mod:`asr_core.decoding.fused`); as with a beam,
+    only these extra decoders are then logged.
     """
 
     checkpoint: Path
@@ -135,9 +144,16 @@ class EvaluationRun:
     conditions: Mapping[str, Sequence[float | None]] | None = None
     tables_from: Sequence[Path] = ()
     tail: Path | None = None
+    fusion: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "checkpoint", Path(self.checkpoint))
+        object.__setattr__(self, "fusion", tuple(self.fusion))
+        for m in self.fusion:
+            fusion_decoder(m)  # raises naming the valid methods
+        if "average" in self.fusion or len(set(self.fusion)) != len(self.fusion):
+            raise ValueError(f"fusion methods {list(self.fusion)}: each at most once, and not 'average' (the greedy "
+                             "decoder is the averaging)")
         if self.tail is not None:
             object.__setattr__(self, "tail", Path(self.tail))
 
@@ -252,7 +268,9 @@ def evaluate(job: EvaluationRun, to: Destination = Destination()) -> pd.DataFram
     out.mkdir(parents=True, exist_ok=True)
     if beam is not None:
         check_lm_vocabulary(beam, tokenizer)
-    decoders = [GREEDY] + ([beam.name] if beam is not None else [])
+    fused = [fusion_decoder(m) for m in job.fusion]
+    decoders = [GREEDY] + ([beam.name] if beam is not None else []) + fused
+    extra = beam is not None or bool(fused)  # then only the extra decoders are logged (greedy is the trial's own)
     rows: list[dict[str, Any]] = []
     metrics: dict[str, float] = {}
     logged: list[Path] = []
@@ -261,7 +279,7 @@ def evaluate(job: EvaluationRun, to: Destination = Destination()) -> pd.DataFram
         by_decoder, hyps = evaluate_dataset(name, recordings, ds_snrs, model, extractor, tokenizer, window, stride,
                                             batch, sub, fps, dev, noise, job.noise_seed, progress,
                                             "bf16" if bf16 else "fp32", beam, cues[name],
-                                            clean=None in conditions[name], tail=tail)
+                                            clean=None in conditions[name], tail=tail, fusion=job.fusion)
         for decoder in decoders:
             ds_rows = by_decoder[decoder]
             rows.extend({**r, "decoder": decoder} for r in ds_rows)
@@ -269,28 +287,28 @@ def evaluate(job: EvaluationRun, to: Destination = Destination()) -> pd.DataFram
             pd.DataFrame(ds_rows, columns=columns).to_csv(csv, index=False)
             if job.tables_from:
                 merge_tables(csv, [Path(d) / csv.name for d in job.tables_from])
-            if beam is None or decoder != GREEDY:
+            if not extra or decoder != GREEDY:
                 logged.append(csv)
             for snr in conditions[name]:
                 part = [r for r in ds_rows if r["condition"] == condition_name(snr)]
                 wer = corpus_wer(Counts(r["ref_words"], r["substitutions"], r["deletions"], r["insertions"],
                                         r["hyp_words"]) for r in part)
-                key = metric_key(name, snr) if decoder == GREEDY else beam.metric_key(name, snr)  # type: ignore[union-attr]
-                if not math.isnan(wer) and (beam is None or decoder != GREEDY):
+                key = metric_key(name, snr, decoder)
+                if not math.isnan(wer) and (not extra or decoder != GREEDY):
                     metrics[key] = wer
                 print(f"[eval] {key} = {wer:.2f}%", file=sys.stderr, flush=True)
                 if tail is not None:
                     n_tail, n_wrong = sum(r["tail_words"] for r in part), sum(r["tail_errors"] for r in part)
                     key = tail_metric_key(name, snr, decoder)
-                    if n_tail and (beam is None or decoder != GREEDY):
+                    if n_tail and (not extra or decoder != GREEDY):
                         metrics[key] = 100.0 * n_wrong / n_tail
                     print(f"[eval] {key} = " + (f"{100.0 * n_wrong / n_tail:.2f}%" if n_tail else "n/a")
                           + f" ({n_wrong} errors on {n_tail} tail words)", file=sys.stderr, flush=True)
                 if cues[name] is None:
                     continue
                 n_cue, n_wrong = sum(r["cue_words"] for r in part), sum(r["cue_errors"] for r in part)
-                key = cue_metric_key(name, snr) if decoder == GREEDY else beam.cue_metric_key(name, snr)  # type: ignore[union-attr]
-                if n_cue and (beam is None or decoder != GREEDY):
+                key = cue_metric_key(name, snr, decoder)
+                if n_cue and (not extra or decoder != GREEDY):
                     metrics[key] = 100.0 * n_wrong / n_cue
                 print(f"[eval] {key} = " + (f"{100.0 * n_wrong / n_cue:.2f}%" if n_cue else "n/a")
                       + f" ({n_wrong} of {n_cue} planted words wrong)", file=sys.stderr, flush=True)
@@ -304,7 +322,7 @@ def evaluate(job: EvaluationRun, to: Destination = Destination()) -> pd.DataFram
                 if job.tables_from:
                     merge_slot_tables(table, [Path(d) / table.name for d in job.tables_from])
                 found = recall_metrics(name, slot_rows, decoder)
-                if beam is None or decoder != GREEDY:
+                if not extra or decoder != GREEDY:
                     logged.append(table)
                     metrics.update(found)
                 for key, value in found.items():
@@ -315,16 +333,43 @@ def evaluate(job: EvaluationRun, to: Destination = Destination()) -> pd.DataFram
     df = pd.DataFrame(rows, columns=columns + ["decoder"])
     for col in ("cue_words", "cue_errors"):  # counts where planted words exist, NaN elsewhere (not None)
         df[col] = pd.to_numeric(df[col])
-    if beam is None:
+    if not extra:
         df = df[columns]
     if run is not None:
         if beam is not None:
             new_tags = {**new_tags, decoder_tag(beam.name): json.dumps(dict(beam.describe), sort_keys=True)}
+        for method in job.fusion:
+            new_tags[decoder_tag(fusion_decoder(method))] = json.dumps(fusion_setting(method, stride), sort_keys=True)
         if tail is not None:
             new_tags[TAIL_TAG] = describe(tail, {n: [r.text for r in recs] for n, recs in corpora.items()})
         # the saved view's rounded WERs (asr_core.contract.ledger), beside the metrics
         log_stage(outbox, out, run, {**new_tags, **shown_tags(metrics)}, metrics, logged, EVAL_DIR, "eval")
     return df
+
+
+def parse_fusion(text: str | None) -> tuple[str, ...]:
+    """``--fusion``'s value: comma-separated method names, or ``all`` (every one of
+    :data:`~asr_core.contract.metrics.FUSION_METHODS`); None: none."""
+    if text is None:
+        return ()
+    if text.strip() == "all":
+        return FUSION_METHODS
+    methods = tuple(m.strip() for m in text.split(",") if m.strip())
+    bad = [m for m in methods if m not in FUSION_METHODS]
+    if bad or not methods:
+        raise ValueError(f"--fusion {text!r}: valid are {', '.join(FUSION_METHODS)} (comma-separated), or 'all'"
+                         + (" ('average' is the greedy decoder itself)" if "average" in bad else ""))
+    return methods
+
+
+def fusion_setting(method: str, stride: float) -> dict[str, str]:
+    """The tag ``eval.decoder.fusion-<METHOD>`` describing how the method ran (strings, as a beam decoder's)."""
+    from asr_core.decoding.fused import OVERLAP, ROVER_PHASES
+
+    window_stride = {"select": stride, "blockwise": 1.0, "chiu": OVERLAP, "lcs": OVERLAP,
+                     "rover": 1.0 / ROVER_PHASES}[method]
+    return {"method": method, "stride": f"{window_stride:g}", "decoding": "greedy",
+            **({"phases": str(ROVER_PHASES), "vote": "meth1"} if method == "rover" else {})}
 
 
 def _auto_batch(cfg, window: int, dev: torch.device, bf16: bool, corpora: dict[str, list[Recording]]) -> int:
@@ -368,6 +413,9 @@ def cli(argv: list[str]) -> int:
                     "recorded; with no run known, nothing is logged)")
     ap.add_argument("--run-id", default=None)
     ap.add_argument("--no-log", action="store_true", help="do not log to MLflow")
+    ap.add_argument("--fusion", default=None, metavar="METHOD[,METHOD...]",
+                    help="window fusion methods decoded beside the greedy averaging (paper 001), each logged as "
+                         f"wer_fusion-<METHOD>/...: {', '.join(FUSION_METHODS)}, or 'all'")
     b = ap.add_argument_group("beam search (paper 004): logged as wer_<NAME>/... beside the greedy wer/...")
     b.add_argument("--decoder", default=GREEDY, choices=(GREEDY, "beam"), help="greedy (default) or beam")
     b.add_argument("--lm", type=Path, default=None, help="with --decoder beam: an LM checkpoint (lm train)")
@@ -401,7 +449,7 @@ def cli(argv: list[str]) -> int:
                  if v is not None}
         job = EvaluationRun.of(a.checkpoint, ev, datasets=a.data or list(ev.datasets), snrs=snrs, noisy=noisy,
                                noise=a.noise or ev.noise, precision=a.precision or ev.precision, device=a.device,
-                               strict=a.strict, beam=beam, **given)
+                               strict=a.strict, beam=beam, fusion=parse_fusion(a.fusion), **given)
         df = evaluate(job, Destination(out_dir=a.out or a.checkpoint.parent / EVAL_DIR, log=not a.no_log,
                                        run_id=a.run_id, tracking_uri=a.tracking_uri))
     except (CorpusError, ValueError, FileNotFoundError, KeyError) as e:
