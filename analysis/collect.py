@@ -23,6 +23,8 @@ decoder ``D`` (``asr_core.evaluation.evaluate.BeamDecoding``, ``python -m orches
 ``wer_<D>/<DATASET>[/snr<DB>]``, ``eval/<DATASET>.<D>.csv`` and the tag ``eval.decoder.<D>`` (JSON settings) to the
 same run. :attr:`Sweep.wer` and :attr:`Sweep.recordings` hold every decoder's rows, told apart by their ``decoder``
 column; whatever assumes one WER per trial, dataset and condition selects the greedy rows (:func:`greedy_rows`).
+A window fusion method (paper 001) is read as a beam decoder is, named ``fusion-<METHOD>``; greedy is the averaging
+method. :attr:`Sweep.beam_decoders` leaves them out, :attr:`Sweep.fusion_decoders` lists them.
 
 Also read: head similarity (``heads/<DATASET>/<R>/sum|similarity|layer<i>``, paper 003) into :attr:`Sweep.heads`,
 and LM perplexity (``lm_ppl/<DATASET>/ctx<N>`` on the LM's own run, ``python -m asr_core lm ppl``) into
@@ -49,9 +51,9 @@ from analysis.fetch import CollectError, RunRecord, fetch_records, is_lm_run
 from analysis.naming import (CONTEXT_PARAM, SEED_PARAM, config_label, digest, name_configs, name_series, number,
                              science_params, seed_of)
 from asr_core.contract.metrics import (AVERAGE, CLEAN, CUE_COLUMNS, GREEDY, SLOT_COLUMNS, TABLE_COLUMNS, TAIL_COLUMNS,
-                                       condition_name, decoder_tag, metric_name, parse_decoder_metric_key,
-                                       parse_heads_key,
-                                       parse_lm_ppl_key, parse_metric_key, slot_table_name, snr_of, table_name)
+                                       condition_name, decoder_tag, fusion_method, metric_name,
+                                       parse_decoder_metric_key, parse_heads_key, parse_lm_ppl_key, parse_metric_key,
+                                       slot_table_name, snr_of, table_name)
 from asr_core.contract.trial import (FINISHED, ROLE_EXTERNAL, ROLE_PARENT, ROLE_TRIAL, TAG_ERROR, TAG_LABEL,
                                      TAG_ROLE, TAG_SUBGRIDS, TAG_SYSTEM)
 
@@ -97,7 +99,7 @@ class Sweep:
     * ``trials``: one row per trial run, whatever its status (:data:`TRIAL_COLUMNS`);
     * ``wer``: one row per finished run, decoder, dataset and condition: the run's corpus WER metric (``wer``,
       percent), the WER recomputed from its table (``wer_table``) and its recording count; ``decoder`` is
-      ``greedy`` or a beam decoder's name (:func:`greedy_rows` selects one);
+      ``greedy``, a beam decoder's or a window fusion method's (``fusion-<METHOD>``) name (:func:`greedy_rows`);
     * ``recordings``: the tidy frame, one row per finished run, decoder, dataset, condition and recording, with the
       trial columns, the counts of ``eval/<DATASET>[.<DECODER>].csv`` and ``errors`` = S + D + I; the cue and
       tail counts (:data:`CUE_COLUMNS`, :data:`TAIL_COLUMNS`) are NaN where a table lacks them;
@@ -141,8 +143,15 @@ class Sweep:
 
     @property
     def beam_decoders(self) -> list[str]:
-        """The beam decoders some finished run has results of, sorted."""
-        return sorted(set(self.wer["decoder"]) - {GREEDY}) if "decoder" in self.wer.columns else []
+        """The beam decoders some finished run has results of, sorted (not greedy, not a ``fusion-<METHOD>``)."""
+        names = set(self.wer["decoder"]) if "decoder" in self.wer.columns else set()
+        return sorted(d for d in names if fusion_method(d) is None)
+
+    @property
+    def fusion_decoders(self) -> list[str]:
+        """The window fusion decoders (``fusion-<METHOD>``, paper 001) some finished run has results of, sorted."""
+        names = set(self.wer["decoder"]) if "decoder" in self.wer.columns else set()
+        return sorted(d for d in names if d != GREEDY and fusion_method(d) is not None)
 
 
 # ---- building the frames -------------------------------------------------------------------------------------

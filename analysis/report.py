@@ -14,6 +14,9 @@ Sections that only a sweep with the data gets (a sweep without it gets the repor
 
 * beam decoders (``wer_<D>/...``): each against greedy decoding, Table 6's layout (:mod:`analysis.decoders`),
   ``decoders.csv`` and ``decoder_settings.csv``;
+* window fusion (decoders ``fusion-<METHOD>``, paper 001): a "Decoding method" section after the decoders', WER
+  per method and context, the context-length gain under each method and methods against averaging
+  (:mod:`analysis.fusion`), ``fusion.csv`` and ``fusion_tests.csv``;
 * LM perplexity (``lm_ppl/...`` on LM runs): perplexity against LM context, ``lm_ppl.csv`` and a figure;
 * head similarity (``heads/...``): against context per heads count and model size, beside WER, and whether it
   tracks WER (:mod:`analysis.heads`), ``heads.csv``, ``heads_tracking.csv`` and a figure per family;
@@ -40,6 +43,7 @@ import pandas as pd
 
 from analysis import cue
 from analysis import decoders as dec
+from analysis import fusion as fu
 from analysis import heads as hd
 from analysis import recall as rc
 from analysis import stats
@@ -206,6 +210,11 @@ def build_report(sweep: Sweep, out_dir: Path | str, *, baseline_context: float =
     extra: list[Section] = []
     if sweep.beam_decoders:
         section, tables = _decoder_section(sweep, wer, alpha, level, bootstrap_resamples)
+        extra.append(section)
+        csvs.update(tables)
+    if fu.has_fusion(sweep):
+        section, tables = fu.section(sweep, baseline_context, alpha, level=level,
+                                     bootstrap_resamples=bootstrap_resamples)
         extra.append(section)
         csvs.update(tables)
     if not sweep.lm_ppl.empty:

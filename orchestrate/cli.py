@@ -278,7 +278,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         names.check_setting(spec, setting)
         decoder = {k: v for k, v in spec.to_dict().items() if k not in ("name", "datasets", "snrs", "source")}
         models = [t for t in trials if not t.is_evaluation and matches(t, where)]
-        have = decoded_before(manifest.tracking_uri, manifest.name, spec.name, models)
+        have = decoded_before(manifest.tracking_uri, manifest.name, spec.decoders, models)
         workdir = Path(manifest.workdir or Path.cwd())
         planned: dict[str, list[Trial]] = {}
 
@@ -313,7 +313,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
                          only=lambda t: t.evaluation is not None and t.evaluation["name"] == spec.name)
         print(f"sweep {sweep.name}, evaluation {spec.name}: {len(planned.get('added', []))} new evaluation jobs, "
               f"{len(planned.get('untrained', []))} models not trained yet; {plan.summary()}")
-        print(f"  results: wer_{spec.name}/... in each model's run; status: orchestrate status {sweep.name} "
+        print(f"  results: {', '.join(f'wer_{d}/...' for d in spec.decoders)} in each model's run; status: "
+              f"orchestrate status {sweep.name} "
               f"--sweep-root {args.sweep_root}")
         return _behind(args, plan, sweep.name)
 

@@ -14,6 +14,16 @@ A YAML mapping (example: ``grids/decode-lm.yaml``)::
     snrs: [0, 5]           # optional: music at these SNRs (dB) on every decoded dataset; default: clean only
     stride: 0.125          # optional window stride; default: each trial's own eval.stride
 
+Or a window fusion evaluation (paper 001; example: ``grids/decode-fusion.yaml``): greedy decoding with the windows
+joined each way named, beside the trial's own averaging, logged as ``wer_fusion-<METHOD>/<dataset>``::
+
+    name: fusion           # the evaluation's name (its folder, and the one setting it stands for)
+    fusion: [select, blockwise, chiu, lcs, rover]   # or "all"; asr_core.contract.metrics.FUSION_METHODS
+    datasets: [...]        # optional, as above; snrs and stride too
+
+A fusion file gives no ``lm``, ``alpha``, ``beta``, ``beam_width``, ``lm_context`` or ``prompt`` (the methods decode
+greedily).
+
 Relative paths (``lm``, ``prompt``, the datasets' PATH) resolve against the decode file's folder. Every error names
 the file, the key, the value and what is valid (:class:`DecodeFileError`).
 
@@ -32,7 +42,8 @@ from typing import Any, Mapping
 
 from asr_core.yaml_input import YamlInputError, load_yaml_file
 
-KEYS = ("name", "lm", "alpha", "beta", "beam_width", "lm_context", "prompt", "datasets", "snrs", "stride")
+KEYS = ("name", "lm", "alpha", "beta", "beam_width", "lm_context", "prompt", "datasets", "snrs", "stride", "fusion")
+BEAM_KEYS = ("lm", "alpha", "beta", "beam_width", "lm_context", "prompt")
 SETTING_KEYS = ("lm", "lm_sha256", "alpha", "beta", "beam_width", "lm_context", "prompt", "prompt_sha256", "stride")
 
 
@@ -55,10 +66,21 @@ class DecodeSpec:
     snrs: tuple[float, ...] = ()  # music SNRs in dB on every decoded dataset; (): clean only
     stride: float | None = None  # None: each trial's eval.stride
     source: str = ""  # the decode file it was read from
+    fusion: tuple[str, ...] = ()  # window fusion methods (greedy decoding; the beam fields unused); (): a beam spec
+
+    @property
+    def decoders(self) -> list[str]:
+        """The decoders whose metrics the spec's jobs write: its name for a beam, ``fusion-<METHOD>`` per method."""
+        from asr_core.contract.metrics import fusion_decoder
+
+        return [fusion_decoder(m) for m in self.fusion] if self.fusion else [self.name]
 
     def setting(self) -> dict[str, Any]:
         """What defines the decoder ``name``: the LM and prompt (path and SHA-256 of the content), alpha, beta,
-        beam width, LM context and stride. Hashing reads the LM file once (a few hundred MB at paper size)."""
+        beam width, LM context and stride; for a fusion spec, its methods and the stride. Hashing reads the LM file
+        once (a few hundred MB at paper size)."""
+        if self.fusion:
+            return {"fusion": list(self.fusion), "stride": self.stride}
         return {"lm": self.lm, "lm_sha256": _sha256(self.lm), "alpha": self.alpha, "beta": self.beta,
                 "beam_width": self.beam_width, "lm_context": self.lm_context, "prompt": self.prompt,
                 "prompt_sha256": _sha256(self.prompt), "stride": self.stride}
@@ -66,20 +88,24 @@ class DecodeSpec:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["datasets"], d["snrs"] = list(self.datasets), list(self.snrs)
+        if self.fusion:
+            d["fusion"] = list(self.fusion)
+        else:  # a beam spec's record (and the decoder of its jobs) as before fusion specs existed
+            d.pop("fusion")
         return d
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "DecodeSpec":
         """A spec written by :meth:`to_dict` (the sweep's own record: trusted, not validated again)."""
-        return cls(**{**d, "datasets": tuple(d.get("datasets", ())), "snrs": tuple(d.get("snrs", ()))})
+        return cls(**{**d, "datasets": tuple(d.get("datasets", ())), "snrs": tuple(d.get("snrs", ())),
+                      "fusion": tuple(d.get("fusion", ()))})
 
     def metric_keys(self, dataset: str) -> list[str]:
-        """The metrics one decoded dataset gets: clean, then each SNR (``asr_core.evaluation.evaluate``'s keys)."""
-        from asr_core.decoding.beam import BeamConfig
-        from asr_core.evaluation.decoders import BeamDecoding
+        """The metrics one decoded dataset gets: per decoder clean, then each SNR (``asr_core.evaluation.evaluate``'s
+        keys)."""
+        from asr_core.contract.metrics import metric_key
 
-        beam = BeamDecoding(BeamConfig(), name=self.name)
-        return [beam.metric_key(dataset, snr) for snr in (None, *self.snrs)]
+        return [metric_key(dataset, snr, d) for d in self.decoders for snr in (None, *self.snrs)]
 
 
 def _sha256(path: str | None) -> str | None:
@@ -117,6 +143,8 @@ def parse_decode(raw: Any, path: Path) -> DecodeSpec:
     unknown = sorted(str(k) for k in set(raw) - set(KEYS))
     if unknown:
         raise DecodeFileError(f"{where}: unknown key {unknown[0]!r}; valid keys: {', '.join(KEYS)}")
+    if "fusion" in raw:
+        return _parse_fusion(raw, path)
     for k in ("name", "lm", "beta"):
         if k not in raw:
             raise DecodeFileError(f"{where}: missing key {k!r}"
@@ -149,6 +177,12 @@ def parse_decode(raw: Any, path: Path) -> DecodeSpec:
             raise DecodeFileError(f"{where}: 'prompt' is {prompt!r} but lm is null: the prompt is text the LM reads "
                                   "first; remove it, or give an LM")
         prompt = _file(where, "prompt", prompt, base, "a text file")
+    return DecodeSpec(name=name, lm=lm, alpha=alpha, beta=beta, beam_width=beam_width, lm_context=lm_context,
+                      prompt=prompt, source=str(path.resolve()), **_common(where, raw, base))
+
+
+def _common(where: str, raw: Mapping[str, Any], base: Path) -> dict[str, Any]:
+    """The stride, SNRs and datasets of any decode file, validated."""
     stride = raw.get("stride")
     if stride is not None:
         stride = _number(where, "stride", stride)
@@ -159,8 +193,38 @@ def parse_decode(raw: Any, path: Path) -> DecodeSpec:
     if len(set(snrs)) != len(snrs):
         raise DecodeFileError(f"{where}: 'snrs' repeats a value: {list(snrs)}; valid: distinct SNRs in dB")
     datasets = _datasets(where, _list(where, "datasets", raw.get("datasets"), "NAME=FORMAT:PATH strings"), base)
-    return DecodeSpec(name=name, lm=lm, alpha=alpha, beta=beta, beam_width=beam_width, lm_context=lm_context,
-                      prompt=prompt, datasets=datasets, snrs=snrs, stride=stride, source=str(path.resolve()))
+    return {"stride": stride, "snrs": snrs, "datasets": datasets}
+
+
+def _parse_fusion(raw: Mapping[str, Any], path: Path) -> DecodeSpec:
+    """A window fusion file: ``name``, ``fusion`` (a list of methods, or ``all``), and the common keys."""
+    from asr_core.contract.metrics import FUSION_METHODS
+    from orchestrate.assets import grids_dir
+
+    where = str(path)
+    beam = [k for k in BEAM_KEYS if k in raw]
+    if beam:
+        raise DecodeFileError(f"{where}: {beam[0]!r} is a beam search setting, but 'fusion' decodes greedily with "
+                              "the windows joined each way named; remove it, or 'fusion' for a beam decoder")
+    if "name" not in raw:
+        raise DecodeFileError(f"{where}: missing key 'name' (the evaluation's name)")
+    name = _name(where, raw["name"])
+    v = raw["fusion"]
+    methods = tuple(FUSION_METHODS) if v == "all" else v
+    valid = f"valid: a list of {', '.join(FUSION_METHODS)} (each once), or 'all'"
+    if not isinstance(methods, (list, tuple)) or not methods:
+        raise DecodeFileError(f"{where}: invalid value for 'fusion': {v!r}; {valid}")
+    for m in methods:
+        if m not in FUSION_METHODS:
+            why = " ('average' is the trial's own greedy decoding)" if m == "average" else ""
+            raise DecodeFileError(f"{where}: invalid value in 'fusion': {m!r}{why}; {valid}")
+    if len(set(methods)) != len(methods):
+        raise DecodeFileError(f"{where}: 'fusion' repeats a method: {list(methods)}; {valid}")
+    base = path.resolve().parent
+    if base == grids_dir().resolve():  # a packaged spec: its paths read as from ./grids/ of the folder it is run in
+        base = Path.cwd() / "grids"
+    return DecodeSpec(name=name, lm=None, alpha=0.0, beta=0.0, beam_width=1, lm_context=1,
+                      fusion=tuple(methods), source=str(path.resolve()), **_common(where, raw, base))
 
 
 def _name(where: str, v: Any) -> str:

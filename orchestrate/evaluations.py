@@ -169,27 +169,36 @@ def evaluation_config(job: Trial) -> Any:
     return dataclasses.replace(job.config, eval=ev)
 
 
-def decoded_before(uri: str, sweep_name: str, name: str, models: Iterable[Trial]) -> dict[str, Conditions]:
-    """{model key: the conditions whose ``wer_<name>/<dataset>[/snr<DB>]`` its run already holds} (decoded by an
-    earlier version's decode jobs under this name): never decoded again. One search of the sweep's trial runs."""
+def decoded_before(uri: str, sweep_name: str, decoders: list[str], models: Iterable[Trial]
+                   ) -> dict[str, Conditions]:
+    """{model key: the conditions whose ``wer_<decoder>/<dataset>[/snr<DB>]`` its run already holds for every one
+    of ``decoders``} (decoded by an earlier version's decode jobs under this name): never decoded again. One search
+    of the sweep's trial runs."""
     from orchestrate.ledger import Ledger
 
     ledger = Ledger(uri, sweep_name)
-    by_run = decoder_metrics(uri, ledger.experiment_id, name)
+    by_run = decoder_metrics(uri, ledger.experiment_id, decoders)
     runs = ledger.trial_runs()
-    prefix = f"wer_{name}/"
     out: dict[str, Conditions] = {}
     for m in models:
         run = runs.get(m.key)
+        held = by_run.get(run.run_id, set()) if run is not None else set()
+        every: set[tuple[str, Any]] | None = None
+        for decoder in decoders:
+            prefix = f"wer_{decoder}/"
+            mine: set[tuple[str, Any]] = set()
+            for metric in (k for k in held if k.startswith(prefix)):
+                dataset, _, snr = metric[len(prefix):].partition("/snr")
+                if "/" in dataset:  # no metric of a dataset and condition
+                    continue
+                try:
+                    mine.add((dataset, float(snr) if snr else None))
+                except ValueError:
+                    continue
+            every = mine if every is None else every & mine
         conds: dict[str, set[Any]] = {}
-        for metric in by_run.get(run.run_id, ()) if run is not None else ():
-            dataset, _, snr = metric[len(prefix):].partition("/snr")
-            if "/" in dataset:  # no metric of a dataset and condition
-                continue
-            try:
-                conds.setdefault(dataset, set()).add(float(snr) if snr else None)
-            except ValueError:
-                continue
+        for dataset, snr in every or ():
+            conds.setdefault(dataset, set()).add(snr)
         if conds:
             out[m.key] = conditions_union(conds)
     return out
@@ -251,21 +260,22 @@ class EvaluationName:
         write_atomic(self.spec_path, json.dumps({"spec": spec.to_dict(), "setting": setting}, indent=1))
 
 
-def decoder_metrics(uri: str, experiment_id: str, name: str) -> dict[str, set[str]]:
-    """{run id: the metric keys ``wer_<name>/...`` it holds} of every trial run of the experiment (paged searches)."""
+def decoder_metrics(uri: str, experiment_id: str, decoders: list[str]) -> dict[str, set[str]]:
+    """{run id: the metric keys ``wer_<decoder>/...`` it holds, of any of ``decoders``} of every trial run of the
+    experiment (paged searches)."""
     from mlflow.tracking import MlflowClient
 
     from asr_core.contract.trial import ROLE_TRIAL, TAG_ROLE
 
     client = MlflowClient(tracking_uri=uri)
-    prefix = f"wer_{name}/"
+    prefixes = tuple(f"wer_{d}/" for d in decoders)
     out: dict[str, set[str]] = {}
     token = None
     while True:
         page = client.search_runs([experiment_id], f"tags.`{TAG_ROLE}` = '{ROLE_TRIAL}'", max_results=1000,
                                   page_token=token)
         for r in page:
-            out[r.info.run_id] = {k for k in r.data.metrics if k.startswith(prefix)}
+            out[r.info.run_id] = {k for k in r.data.metrics if k.startswith(prefixes)}
         token = page.token
         if not token:
             return out

@@ -82,8 +82,8 @@ def _finished_checkpoint(path: Path) -> bool:
 
 def run_evaluation(spec: EvaluationSpec, cfg: "Config", folder: TrialFolder, tracking_uri: str | None,
                    run_id: str | None, progress: "ProgressLog", outbox: "Outbox | None") -> None:
-    """Decode ``spec.conditions`` of ``spec.datasets`` with the model's checkpoint (greedy, or the spec's beam
-    decoder) into ``folder/eval`` and the model's run; a stop signal interrupts it at once
+    """Decode ``spec.conditions`` of ``spec.datasets`` with the model's checkpoint (greedy, the spec's beam
+    decoder, or greedy with its window fusion methods) into ``folder/eval`` and the model's run; a stop signal interrupts it at once
     (:class:`EvaluationInterrupted`)."""
     from asr_core.evaluation.decoders import beam_decoding
     from asr_core.evaluation.evaluate import Destination, EvaluationRun, evaluate
@@ -91,7 +91,11 @@ def run_evaluation(spec: EvaluationSpec, cfg: "Config", folder: TrialFolder, tra
     checkpoint = check_model(spec)
     beam = None
     stride = cfg.eval.stride
-    if spec.decoder is not None:
+    fusion: tuple[str, ...] = ()
+    if spec.decoder is not None and spec.decoder.get("fusion"):  # window fusion methods, greedy (paper 001)
+        fusion = tuple(spec.decoder["fusion"])
+        stride = spec.decoder.get("stride") or stride
+    elif spec.decoder is not None:
         d = spec.decoder
         beam = beam_decoding("beam", lm_path=Path(d["lm"]) if d.get("lm") else None,
                              alpha=d.get("alpha") if d.get("lm") else None, beta=d.get("beta"),
@@ -102,7 +106,8 @@ def run_evaluation(spec: EvaluationSpec, cfg: "Config", folder: TrialFolder, tra
     with signals.installed(), signals.raising(EvaluationInterrupted):
         _fault(progress)
         evaluate(EvaluationRun.of(checkpoint, cfg.eval, datasets=list(spec.datasets), snrs=[], noisy=(), stride=stride,
-                                  beam=beam, conditions=spec.conditions, tables_from=earlier_tables(spec)),
+                                  beam=beam, conditions=spec.conditions, tables_from=earlier_tables(spec),
+                                  fusion=fusion),
                  Destination(out_dir=folder.eval_dir, log=outbox is not None, run_id=run_id, tracking_uri=tracking_uri,
                              outbox=outbox, progress=progress))
     if outbox is not None:
