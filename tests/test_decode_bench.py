@@ -23,3 +23,7 @@ def test_bench_decode_prints_the_table() -> None:
     beam = {line.split(",")[1].split()[0]: line for line in lines if line.startswith("beam 25,")}
     assert set(beam) == {"no", "tiny"}, lines
     assert float(beam["tiny"].split()[-2]) > 0  # LM calls per second were measured
+    fusion = {line.split()[0]: line.split() for line in lines[lines.index(next(x for x in lines if x.startswith(
+        "window fusion"))):]}
+    assert {"select", "blockwise", "chiu", "lcs", "rover", "average"} <= set(fusion), lines
+    assert all(float(fusion[m][3]) > 0 for m in ("select", "chiu", "rover"))  # ratios to the averaging measured

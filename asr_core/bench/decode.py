@@ -12,6 +12,10 @@ blank elsewhere, both with noise), without an LM and with an untrained LM of eac
 LM's speed does not depend on its weights) on the acoustic preset's vocabulary: seconds, real-time factor, batched
 LM calls per second and beams per call. The posteriors are synthetic so that the search does the work it does on
 real speech (an untrained acoustic model's flat posteriors would let every token through the threshold).
+
+Window fusion rows (``--fusion``, paper 001; :mod:`asr_core.decoding.fused`): per method, the seconds it takes on
+its own (its windows run and joined) and the seconds it adds after the averaging pass of an evaluation (whose
+windows it reuses), each with its real-time factor and its ratio to the averaging pass.
 """
 
 from __future__ import annotations
@@ -76,6 +80,61 @@ def run(preset_name: str = "tiny", context_s: float = 10.24, minutes: float = 3.
     return rows
 
 
+def fusion_rows(preset_name: str = "tiny", context_s: float = 10.24, minutes: float = 3.0, stride: float = 0.125,
+                batch_windows: int = 8, repeats: int = 2, device: str = "cpu",
+                methods: tuple[str, ...] = ()) -> list[dict]:
+    """One row per window fusion method (all of :data:`~asr_core.contract.metrics.FUSION_METHODS` by default) on the
+    recording of :func:`run`, with a tokenizer learned from the synthetic corpus's vocabulary; the averaging pass
+    (the evaluation's greedy decoding) first, as the reference."""
+    from asr_core.contract.metrics import FUSION_METHODS
+    from asr_core.data.corpora.synth_text import TOPICS, vocabulary
+    from asr_core.data.features import FeatureExtractor
+    from asr_core.data.tokenizer import Tokenizer
+    from asr_core.decoding.decode import WindowBatch
+    from asr_core.decoding.fused import WindowIds, fused_texts
+    from asr_core.decoding.fusion import tokenizer_pieces
+    from asr_core.model.acoustic import build_model
+
+    cfg = preset(preset_name).with_overrides([f"data.context_s={context_s}",
+                                              f"data.batch_audio_s={max(context_s, 3600.0)}"])
+    tok = Tokenizer.train([" ".join(vocabulary())] + [" ".join(t) for t in TOPICS.values()] * 20,
+                          cfg.model.vocab_size)
+    torch.manual_seed(0)
+    model = build_model(cfg.model, cfg.data.features.n_mels).to(device).eval()
+    fps, sub = cfg.data.features.frames_per_second, cfg.model.subsampling_factor
+    window = window_frames(cfg.data.context_s, fps, sub)
+    seconds = minutes * 60.0
+    feats = FeatureExtractor(cfg.data.features)(torch.randn(int(seconds * cfg.data.features.sample_rate)) * 0.1)
+    pieces = tokenizer_pieces(tok)
+
+    def windows() -> WindowIds:
+        return WindowIds(model, feats, subsampling=sub, batch=WindowBatch(batch_windows), device=device)
+
+    def averaging(cache: WindowIds | None = None) -> None:
+        posteriors(model, feats, window, stride=stride, batch_windows=batch_windows, subsampling=sub, device=device,
+                   on_window=cache.keep if cache is not None else None)
+
+    def timed(method: str, filled: bool) -> float:
+        best = float("inf")
+        for _ in range(max(1, repeats)):
+            cache = windows()
+            if filled:
+                averaging(cache)
+            t0 = time.perf_counter()
+            fused_texts(cache, (method,), window=window, stride=stride, tokenizer=tok, pieces=pieces, fps=fps)
+            best = min(best, time.perf_counter() - t0)
+        return best
+
+    base = _best_time(averaging, repeats)
+    rows = [{"mode": f"average (stride {stride:g})", "seconds": base, "extra": None}]
+    for m in methods or FUSION_METHODS:
+        rows.append({"mode": m, "seconds": timed(m, False), "extra": timed(m, True)})
+    for r in rows:
+        r["rtf"] = r["seconds"] / seconds
+        r["x_average"] = r["seconds"] / base
+    return rows
+
+
 def peaked_posteriors(frames: int, vocab: int, token_rate: float = 0.25, seed: int = 0) -> torch.Tensor:
     """(frames, vocab) probabilities like a trained CTC model's: a random token (not the blank, ``vocab - 1``) peaks
     on a ``token_rate`` share of frames, the blank on the others, with Gaussian noise on every logit."""
@@ -129,7 +188,14 @@ def cli(argv: list[str]) -> int:
                     help="beam rows: comma-separated LMs, each 'none' or an LM preset (tiny, paper); '' for none")
     ap.add_argument("--beam-seconds", type=float, default=30.0, help="audio the beam rows decode")
     ap.add_argument("--beam-width", type=int, default=25)
+    ap.add_argument("--fusion", default="all", help="window fusion rows: comma-separated methods, 'all' or ''")
     a = ap.parse_args(argv)
+    from asr_core.contract.metrics import FUSION_METHODS
+
+    fusion = FUSION_METHODS if a.fusion.strip() == "all" else tuple(x.strip() for x in a.fusion.split(",")
+                                                                     if x.strip())
+    if any(m not in FUSION_METHODS for m in fusion):
+        ap.error(f"--fusion {a.fusion!r}: valid: {', '.join(FUSION_METHODS)} (comma-separated), 'all' or ''")
     if not 0 < a.stride <= 1:
         ap.error(f"--stride must be in (0, 1], got {a.stride}")
     rows = run(a.preset, a.context_s, a.minutes, a.stride, a.batch_windows, a.repeats, a.device, a.threads)
@@ -155,6 +221,13 @@ def cli(argv: list[str]) -> int:
             calls = f"{r['lm_calls_per_s']:11.1f}" if r["lm_calls_per_s"] is not None else f"{'':11s}"
             per = f"{r['beams_per_call']:11.1f}" if r["beams_per_call"] is not None else f"{'':11s}"
             print(f"{r['mode']:34s} {r['seconds']:9.3f} {r['rtf']:8.4f} {calls} {per}")
+    if fusion:
+        frows = fusion_rows(a.preset, a.context_s, a.minutes, a.stride, a.batch_windows, a.repeats, a.device, fusion)
+        print("window fusion (paper 001) on the same recording: alone, and added after the averaging pass")
+        print(f"{'method':34s} {'seconds':>9s} {'RTF':>8s} {'x average':>10s} {'added s':>9s}")
+        for r in frows:
+            extra = f"{r['extra']:9.3f}" if r["extra"] is not None else f"{'':9s}"
+            print(f"{r['mode']:34s} {r['seconds']:9.3f} {r['rtf']:8.4f} {r['x_average']:10.2f} {extra}")
     batched = next(r for r in rows if r["mode"].startswith("moving, batches"))
     goal = "meets" if batched["x_floor"] <= 1.2 else "misses"
     print(f"batched moving-window decoding is {batched['x_floor']:.2f}x the compute floor ({goal} the 1.2x goal)")
