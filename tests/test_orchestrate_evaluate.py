@@ -235,6 +235,37 @@ def test_a_fusion_spec_decodes_every_model_each_way_under_its_own_metrics(
            greedy_before
 
 
+def test_a_lookup_memory_lm_decodes_the_sweeps_models_like_any_lm(
+        finished: tuple[Path, SweepDir], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Paper 002's lookup-memory LM (lm.memory) trained with a model's tokenizer is an LM of a decode file like any
+    other: its jobs decode every model by beam search with it, and the decoder's tag names the LM."""
+    from asr_core.__main__ import main as core_main
+    from asr_core.data.corpora import load_corpus
+
+    root, sweep = finished
+    model = sweep.read_trials()[0]
+    text = tmp_path / "text.txt"
+    text.write_text("\n".join(r.text for r in load_corpus(model.config.data.train)))  # the models' training text
+    lm_dir = tmp_path / "lm"
+    assert core_main(["lm", "train", "--text", f"text:{text}", "--tokenizer",
+                      str(sweep.trial_dir(model.key) / "checkpoint.pt"), "--out", str(lm_dir), "--preset", "tiny",
+                      "--set", "max_steps=4", "--set", "batch=2", "--set", "chunk_len=16", "--set", "lm.d_model=32",
+                      "--set", "lm.heads=2", "--set", "lm.tie_embeddings=true", "--set", "lm.memory.hash=ordered",
+                      "--set", "lm.memory.order=4", "--set", "lm.memory.buckets=64", "--set", "lm.memory.slots=4",
+                      "--set", "lm.memory.warmup_steps=2"]) == 0
+    ckpt = torch.load(lm_dir / "checkpoint.pt", weights_only=True)
+    assert "memory.D" in ckpt["model"]  # a lookup-memory LM
+    decode = _decode_file(tmp_path, "lookup", f"name: lookup\nlm: {lm_dir / 'checkpoint.pt'}\nalpha: 0.3\n"
+                                              "beta: 0.5\nbeam_width: 4\nstride: 1.0\n")
+    assert _evaluate(root, sweep, decode) == 0
+    assert "2 new evaluation jobs" in capsys.readouterr().out
+    uri = sweep.read_manifest().tracking_uri
+    for t, r in Ledger(uri, sweep.name).trial_runs().items():
+        data = MlflowClient(uri).get_run(r.run_id).data
+        assert "wer_lookup/dev" in data.metrics, (t, data.metrics)
+        assert json.loads(data.tags["eval.decoder.lookup"])["lm"] == str((lm_dir / "checkpoint.pt").resolve())
+
+
 @pytest.mark.slurm
 @pytest.mark.timeout(900)
 def test_slurm_decode_is_a_job_array_whose_results_land_and_a_second_call_submits_nothing(
