@@ -13,6 +13,7 @@ A YAML mapping (example: ``grids/decode-lm.yaml``)::
     datasets: [dev=podcast:data/dev]   # optional NAME=FORMAT:PATH list; default: each trial's own eval.datasets
     snrs: [0, 5]           # optional: music at these SNRs (dB) on every decoded dataset; default: clean only
     stride: 0.125          # optional window stride; default: each trial's own eval.stride
+    tail: tail.json        # optional: a tail set (asr_core tailset); tail_<name>/... beside (default: eval.tail)
 
 Or a window fusion evaluation (paper 001; example: ``grids/decode-fusion.yaml``): greedy decoding with the windows
 joined each way named, beside the trial's own averaging, logged as ``wer_fusion-<METHOD>/<dataset>``::
@@ -42,7 +43,8 @@ from typing import Any, Mapping
 
 from asr_core.yaml_input import YamlInputError, load_yaml_file
 
-KEYS = ("name", "lm", "alpha", "beta", "beam_width", "lm_context", "prompt", "datasets", "snrs", "stride", "fusion")
+KEYS = ("name", "lm", "alpha", "beta", "beam_width", "lm_context", "prompt", "datasets", "snrs", "stride", "fusion",
+        "tail")
 BEAM_KEYS = ("lm", "alpha", "beta", "beam_width", "lm_context", "prompt")
 SETTING_KEYS = ("lm", "lm_sha256", "alpha", "beta", "beam_width", "lm_context", "prompt", "prompt_sha256", "stride")
 
@@ -67,6 +69,7 @@ class DecodeSpec:
     stride: float | None = None  # None: each trial's eval.stride
     source: str = ""  # the decode file it was read from
     fusion: tuple[str, ...] = ()  # window fusion methods (greedy decoding; the beam fields unused); (): a beam spec
+    tail: str | None = None  # absolute path of a tail set (paper 002); None: each trial's own eval.tail
 
     @property
     def decoders(self) -> list[str]:
@@ -79,9 +82,10 @@ class DecodeSpec:
         """What defines the decoder ``name``: the LM and prompt (path and SHA-256 of the content), alpha, beta,
         beam width, LM context and stride; for a fusion spec, its methods and the stride. Hashing reads the LM file
         once (a few hundred MB at paper size)."""
+        tail = {"tail": self.tail, "tail_sha256": _sha256(self.tail)} if self.tail else {}  # absent: as before
         if self.fusion:
-            return {"fusion": list(self.fusion), "stride": self.stride}
-        return {"lm": self.lm, "lm_sha256": _sha256(self.lm), "alpha": self.alpha, "beta": self.beta,
+            return {"fusion": list(self.fusion), "stride": self.stride, **tail}
+        return {**tail, "lm": self.lm, "lm_sha256": _sha256(self.lm), "alpha": self.alpha, "beta": self.beta,
                 "beam_width": self.beam_width, "lm_context": self.lm_context, "prompt": self.prompt,
                 "prompt_sha256": _sha256(self.prompt), "stride": self.stride}
 
@@ -92,6 +96,8 @@ class DecodeSpec:
             d["fusion"] = list(self.fusion)
         else:  # a beam spec's record (and the decoder of its jobs) as before fusion specs existed
             d.pop("fusion")
+        if self.tail is None:
+            d.pop("tail")
         return d
 
     @classmethod
@@ -193,7 +199,16 @@ def _common(where: str, raw: Mapping[str, Any], base: Path) -> dict[str, Any]:
     if len(set(snrs)) != len(snrs):
         raise DecodeFileError(f"{where}: 'snrs' repeats a value: {list(snrs)}; valid: distinct SNRs in dB")
     datasets = _datasets(where, _list(where, "datasets", raw.get("datasets"), "NAME=FORMAT:PATH strings"), base)
-    return {"stride": stride, "snrs": snrs, "datasets": datasets}
+    tail = raw.get("tail")
+    if tail is not None:
+        from asr_core.evaluation.tail import load_tail
+
+        tail = _file(where, "tail", tail, base, "a tail set (python -m asr_core tailset TEXT --out FILE)")
+        try:
+            load_tail(tail, "tail")
+        except ValueError as e:
+            raise DecodeFileError(f"{where}: {e}") from None
+    return {"stride": stride, "snrs": snrs, "datasets": datasets, "tail": tail}
 
 
 def _parse_fusion(raw: Mapping[str, Any], path: Path) -> DecodeSpec:

@@ -124,6 +124,7 @@ BAD = {
     "missing dataset": ("name: b\nlm: null\nbeta: 1\ndatasets: [x=podcast:nowhere]\n", "dataset 'x=podcast:nowhere'"),
     "unknown fusion method": ("name: f\nfusion: [chiu, median]\n", "invalid value in 'fusion': 'median'"),
     "fusion with a beam setting": ("name: f\nfusion: all\nbeta: 1\n", "'beta' is a beam search setting"),
+    "missing tail set": ("name: b\nlm: null\nbeta: 1\ntail: none.json\n", "tail 'none.json' not found"),
 }
 
 
@@ -255,14 +256,17 @@ def test_a_lookup_memory_lm_decodes_the_sweeps_models_like_any_lm(
                       "--set", "lm.memory.warmup_steps=2"]) == 0
     ckpt = torch.load(lm_dir / "checkpoint.pt", weights_only=True)
     assert "memory.D" in ckpt["model"]  # a lookup-memory LM
+    tail = tmp_path / "tail.json"  # the tail words of the LM's text: the decode file adds the tail-word error rate
+    assert core_main(["tailset", str(text), "--out", str(tail)]) == 0
     decode = _decode_file(tmp_path, "lookup", f"name: lookup\nlm: {lm_dir / 'checkpoint.pt'}\nalpha: 0.3\n"
-                                              "beta: 0.5\nbeam_width: 4\nstride: 1.0\n")
+                                              f"beta: 0.5\nbeam_width: 4\nstride: 1.0\ntail: {tail}\n")
     assert _evaluate(root, sweep, decode) == 0
     assert "2 new evaluation jobs" in capsys.readouterr().out
     uri = sweep.read_manifest().tracking_uri
     for t, r in Ledger(uri, sweep.name).trial_runs().items():
         data = MlflowClient(uri).get_run(r.run_id).data
-        assert "wer_lookup/dev" in data.metrics, (t, data.metrics)
+        assert "wer_lookup/dev" in data.metrics and "tail_lookup/dev" in data.metrics, (t, data.metrics)
+        assert json.loads(data.tags["eval.tail"])["source"] == str(text.resolve())
         assert json.loads(data.tags["eval.decoder.lookup"])["lm"] == str((lm_dir / "checkpoint.pt").resolve())
 
 

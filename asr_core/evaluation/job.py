@@ -103,9 +103,11 @@ def run_evaluation(spec: EvaluationSpec, cfg: "Config", folder: TrialFolder, tra
                              prompt=Path(d["prompt"]) if d.get("prompt") else None, name=spec.name,
                              tokenizer_of=checkpoint)
         stride = d.get("stride") or stride
+    tail = {"tail": Path(spec.decoder["tail"])} if spec.decoder is not None and spec.decoder.get("tail") else {}
     with signals.installed(), signals.raising(EvaluationInterrupted):
         _fault(progress)
         evaluate(EvaluationRun.of(checkpoint, cfg.eval, datasets=list(spec.datasets), snrs=[], noisy=(), stride=stride,
+                                  **tail,
                                   beam=beam, conditions=spec.conditions, tables_from=earlier_tables(spec),
                                   fusion=fusion),
                  Destination(out_dir=folder.eval_dir, log=outbox is not None, run_id=run_id, tracking_uri=tracking_uri,
