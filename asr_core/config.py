@@ -26,7 +26,7 @@ from asr_core.contract.specs import CORPUS_FORMATS, corpus_spec_problem, dataset
 from asr_core.identity import BASELINE, NAMED, field_defaults, trial_key
 from asr_core.yaml_input import YamlInputError, load_yaml_file
 
-POSITIONAL_ENCODINGS = ("rotary", "sinusoidal", "fourier", "none")
+POSITIONAL_ENCODINGS = ("rotary", "learnable-fourier", "sinusoidal", "fourier", "none")
 ATTENTION_BACKENDS = ("auto", "sdpa", "flash")
 FEATURE_VARIANTS = ("paper", "code")
 BATCHINGS = ("interleaved", "consecutive")

@@ -36,7 +36,7 @@ def test_key_ignores_spelling_of_numbers():
     "override, needle",
     [
         ("model.heads=5", "model.heads"),
-        ("model.posenc=alibi", "'rotary', 'sinusoidal', 'fourier', 'none'"),
+        ("model.posenc=alibi", "'rotary', 'learnable-fourier', 'sinusoidal', 'fourier', 'none'"),
         ("model.nope=1", "unknown key 'model.nope'"),
         ("data.context_s=-3", "data.context_s"),
         ("train.lr=fast", "train.lr"),

@@ -48,7 +48,7 @@ def _batch(lengths: list[int], extra: int, n_mels: int = 80, seed: int = 0) -> t
     return x, torch.tensor(lengths)
 
 
-@pytest.mark.parametrize("posenc", ["rotary", "sinusoidal", "fourier", "none"])
+@pytest.mark.parametrize("posenc", ["rotary", "learnable-fourier", "sinusoidal", "fourier", "none"])
 def test_eval_mode_recording_alone_equals_padded_in_batch(posenc: str) -> None:
     torch.manual_seed(0)
     model = build_model(_small(posenc)).eval()
@@ -96,6 +96,27 @@ def test_train_mode_padding_changes_neither_outputs_nor_running_stats() -> None:
         torch.testing.assert_close(ba, bb, atol=1e-6, rtol=1e-5)
     # c continued from a (one forward): its second forward used r, d clipped at r_max > 1, d_max > 0
     assert int(c.layers[0].conv.norm_bn.num_batches_tracked) == 2
+
+
+def test_learnable_fourier_is_the_authors_definition() -> None:
+    """The authors' LearnableFourierPosEnc(d_model) (ESPnet's; gamma 1, no MLP, no scaling of x): d/2 frequencies
+    from N(0, 1) on the raw frame index, [cos, sin] / sqrt(d), added; written out here by hand."""
+    import math
+
+    from asr_core.model.posenc import LearnableFourierEncoding
+
+    torch.manual_seed(12345)
+    enc = LearnableFourierEncoding(768)
+    torch.manual_seed(12345)
+    w = torch.normal(0, 1.0, (1, 384))  # the authors' _reset: torch.normal(0, 1 / sqrt(gamma), (1, d_model // 2))
+    assert enc.w_r.shape == (1, 384) and torch.equal(enc.w_r.data, w)
+    assert [n for n, _ in enc.named_parameters()] == ["w_r"]  # nothing else is learnt
+    x = torch.randn(2, 50, 768)
+    t = torch.arange(50, dtype=torch.float32)[:, None]
+    want = x + (torch.cat((torch.cos(t @ w), torch.sin(t @ w)), -1) / math.sqrt(768))[None]
+    torch.testing.assert_close(enc.add_to_input(x), want)
+    with pytest.raises(ValueError, match="even d_model"):
+        LearnableFourierEncoding(7)
 
 
 def test_rotary_scores_depend_only_on_relative_position() -> None:

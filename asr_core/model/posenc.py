@@ -1,7 +1,8 @@
 """Positional encodings, selected by name from :data:`REGISTRY` (paper 000 §2.4, §4.2).
 
 Two kinds exist and every encoding implements both hooks of :class:`PositionalEncoding`:
-- absolute encodings (``sinusoidal``, ``fourier``) are added once to the subsampled input (``add_to_input``);
+- absolute encodings (``learnable-fourier``, ``sinusoidal``, ``fourier``) are added once to the subsampled input
+  (``add_to_input``);
 - rotary encodings rotate queries and keys inside every attention layer (``rotate``), so attention scores depend
   only on the distance between frames. Positions restart at 0 in every window.
 ``none`` does neither and leaves position to the convolutions.
@@ -90,10 +91,32 @@ class SinusoidalEncoding(PositionalEncoding):
         return x + pe.to(x.dtype)[None]
 
 
+class LearnableFourierEncoding(PositionalEncoding):
+    """The authors' "sinusoidal" family of paper 000 §4.2 as they ran it (``fourier_pos_enc: true``:
+    ``LearnableFourierPosEnc(d_model)`` of ``lcasr/components/positional_encodings.py``, from ESPnet; Li et al.,
+    2021): d_model / 2 learnable frequencies ``w`` drawn from N(0, 1/gamma) (gamma = 1), applied to the raw output
+    frame index ``t`` (0 at every window's start), ``[cos(t·w), sin(t·w)] / sqrt(d_model)`` added to the subsampled
+    input, no MLP and no input scaling. Padding cannot move a frame's position: it follows the frames."""
+
+    def __init__(self, d_model: int, gamma: float = 1.0) -> None:
+        super().__init__()
+        if d_model % 2:
+            raise ValueError(f"learnable Fourier features need an even d_model, got {d_model}")
+        self.d_model = d_model
+        self.w_r = nn.Parameter(torch.randn(1, d_model // 2) / math.sqrt(gamma))
+
+    def add_to_input(self, x: torch.Tensor) -> torch.Tensor:
+        pos = torch.arange(x.shape[1], device=x.device, dtype=torch.float32)[:, None]
+        ang = pos @ self.w_r.float()
+        pe = torch.cat((ang.cos(), ang.sin()), dim=-1) / math.sqrt(self.d_model)
+        return x + pe.to(x.dtype)[None]
+
+
 class FourierEncoding(PositionalEncoding):
-    """Learnable Fourier features (Li et al., 2021), the authors' code's absolute variant: a learnt linear map of
-    the position to F/2 frequencies, cos/sin, then a small MLP to d_model. Positions are scaled to seconds-ish
-    units (frame / 100) so initial frequencies cover both short and long ranges."""
+    """This project's earlier learnable Fourier variant (not the authors': theirs is
+    :class:`LearnableFourierEncoding`): a learnt linear map of the position to F/2 frequencies, cos/sin, then a small
+    MLP to d_model. Positions are scaled to seconds-ish units (frame / 100) so initial frequencies cover both short
+    and long ranges. Kept so that models trained with it load and run as before."""
 
     def __init__(self, d_model: int, features: int = 64, hidden: int = 256, gamma: float = 1.0) -> None:
         super().__init__()
@@ -111,6 +134,7 @@ class FourierEncoding(PositionalEncoding):
 
 REGISTRY: dict[str, Callable[[ModelConfig], PositionalEncoding]] = {
     "rotary": lambda c: RotaryEncoding(c.head_dim, c.rotary_theta),
+    "learnable-fourier": lambda c: LearnableFourierEncoding(c.d_model),
     "sinusoidal": lambda c: SinusoidalEncoding(c.d_model),
     "fourier": lambda c: FourierEncoding(c.d_model),
     "none": lambda c: NoPositionalEncoding(),
