@@ -178,3 +178,10 @@ def test_forget_starts_a_row_afresh_and_detach_cuts_the_graph() -> None:
         torch.testing.assert_close(out[0], run(model, [10, 4])[0][0], atol=1e-12, rtol=0)
         torch.testing.assert_close(out[1, :1], run(model, [10, 5, 6])[0][0, 2:], atol=1e-12, rtol=0)
     assert cache.keys.requires_grad and not cache.detach().keys.requires_grad
+
+
+def test_the_lm_remembers_1280_tokens_by_default_as_the_decoded_lm_did() -> None:
+    """Paper 004 §3.3 and the authors' decoded LM (the 512_1280 run): a memory of 1280 tokens after each chunk."""
+    from asr_core.lm.config import LMTrainConfig
+
+    assert LMTrainConfig().cache_len == 1280 and LMTrainConfig().chunk_len == 512
