@@ -178,7 +178,10 @@ class DataConfig:
 class TrainConfig:
     """Optimisation (paper 000 §3.3): Madgrad, linear warmup then cosine to 0, clipping at 0.8."""
 
-    seed: int = 0  # sets both the initial weights and the data order
+    seed: int = 0  # sets the data order (and, with init_seed null, the initial weights)
+    # code: the authors seed the initial weights with 12345 in every run, so seeds differ only in their data order
+    # (exp/train.py); null: the weights from train.seed too, so that the seed spread covers initialisation
+    init_seed: int | None = 12345
     optimizer: str = "madgrad"  # one of OPTIMIZERS
     lr: float = 3e-3
     warmup_steps: int = 5000  # code: 5000 for the main, 9L-768, 12L-768, 18L-1024 and 3L-2048 families, 1500 else
@@ -208,6 +211,9 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         _require(isinstance(self.seed, int) and self.seed >= 0, "train.seed", self.seed, "a non-negative integer")
+        _require(self.init_seed is None or (isinstance(self.init_seed, int) and not isinstance(self.init_seed, bool)
+                                            and self.init_seed >= 0),
+                 "train.init_seed", self.init_seed, "a non-negative integer, or null for train.seed")
         _choice("train.optimizer", self.optimizer, OPTIMIZERS)
         _choice("train.loss_norm", self.loss_norm, LOSS_NORMS)
         _require(self.lr > 0, "train.lr", self.lr, "a positive number")

@@ -270,8 +270,11 @@ def _train(cfg: Config, out_dir: Path, tracking_uri: str | None, run_id: str | N
                              "device, or set train.precision so that the whole trial trains in one precision")
         t = cfg.train
 
-        torch.manual_seed(t.seed)  # the seed sets the initial weights (and, in WindowStream, the data order)
+        # the initial weights: train.init_seed (the authors' 12345 in every run), or train.seed where it is null; the
+        # data order (WindowStream) and any later draw from torch's generator: train.seed
+        torch.manual_seed(t.seed if t.init_seed is None else t.init_seed)
         model: AcousticModel = build_model(cfg.model, cfg.data.features.n_mels).to(device)
+        torch.manual_seed(t.seed)
         opt = build_optimizer(model, t)
         # with train.max_steps the data repeats (a fresh order per epoch) until the steps are done
         stream = WindowStream(recs, cfg.data, t.seed, t.epochs if not t.max_steps else 1 << 30)
