@@ -30,6 +30,7 @@ POSITIONAL_ENCODINGS = ("rotary", "learnable-fourier", "sinusoidal", "fourier", 
 ATTENTION_BACKENDS = ("auto", "sdpa", "flash")
 FEATURE_VARIANTS = ("paper", "code")
 BATCHINGS = ("interleaved", "consecutive")
+LR_DECAY_OVER = ("recordings", "steps")  # what the cosine learning-rate decay counts (train.lr_decay_over)
 LOSS_NORMS = ("audio", "tokens")
 BATCH_RENORM_SCHEDULES = ("code", "linear")
 FF_ACTIVATIONS = ("gelu_tanh", "silu")
@@ -189,6 +190,10 @@ class TrainConfig:
     # audio; tokens: the mean over windows of each window's loss per target token
     loss_norm: str = "audio"
     max_steps: int = 0  # 0 = one epoch, as in the paper; the cosine decays to 0 at the last step
+    # code: after the warmup the cosine decays over recordings, the LR fixed for each group of recordings trained
+    # together (lcasr CosineLRScheduler stepped once per data-loader batch in exp/train.py); steps: over optimiser
+    # steps, as the paper's "cosine annealing" reads and this project did before (asr_core.schedules)
+    lr_decay_over: str = "recordings"
     epochs: int = 1
     momentum: float = 0.9
     weight_decay: float = 0.0
@@ -216,6 +221,7 @@ class TrainConfig:
                  "train.init_seed", self.init_seed, "a non-negative integer, or null for train.seed")
         _choice("train.optimizer", self.optimizer, OPTIMIZERS)
         _choice("train.loss_norm", self.loss_norm, LOSS_NORMS)
+        _choice("train.lr_decay_over", self.lr_decay_over, LR_DECAY_OVER)
         _require(self.lr > 0, "train.lr", self.lr, "a positive number")
         for name in ("warmup_steps", "max_steps"):
             v = getattr(self, name)

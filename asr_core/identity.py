@@ -104,6 +104,7 @@ BASELINE: dict[str, Any] = {
     "data.features.variant": "paper",
     "train.seed": 0,
     "train.init_seed": None,  # the weights came from train.seed before the field existed
+    "train.lr_decay_over": "steps",  # the cosine decayed over optimiser steps before the field existed
     "train.optimizer": "madgrad",
     "train.lr": 0.003,
     "train.warmup_steps": 5000,

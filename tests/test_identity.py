@@ -13,7 +13,7 @@ from asr_core.identity import EXECUTION, science, trial_key
 RECIPE = {"data.batching": "interleaved", "train.loss_norm": "audio", "data.seqlen_warmup": "code",
           "data.seqlen_warmup_start_s": 5.12, "data.features.variant": "code", "model.batch_renorm_schedule": "code",
           "model.batch_renorm_warmup_steps": 40000, "model.decoder_norm": True, "model.ff_activation": "gelu_tanh",
-          "model.ff_bias": False, "train.init_seed": 12345}
+          "model.ff_bias": False, "train.init_seed": 12345, "train.lr_decay_over": "recordings"}
 
 
 def test_the_papers_main_model_at_seed_0_departs_only_by_the_authors_recipe() -> None:
@@ -33,7 +33,8 @@ def test_the_papers_main_model_at_seed_0_departs_only_by_the_authors_recipe() ->
                             "features": {"variant": "paper"}},
                    "model": {"batch_renorm_schedule": "linear", "batch_renorm_warmup_steps": 25000,
                              "decoder_norm": False, "ff_activation": "silu", "ff_bias": True},
-                   "train": {"loss_norm": "tokens", "init_seed": None}, "eval": {"precision": "fp32"}})
+                   "train": {"loss_norm": "tokens", "init_seed": None, "lr_decay_over": "steps"},
+                   "eval": {"precision": "fp32"}})
     assert science(old) == {} and old.key() == hashlib.sha256(b"{}").hexdigest()[:12]  # the keys before it
 
 
@@ -41,7 +42,8 @@ def test_a_config_stored_before_a_field_existed_keeps_the_old_behaviour_and_its_
     """A checkpoint or trials.json written before the recipe fields existed lacks them: reading it gives what the
     project ran then (identity.BASELINE), so the half-trained model resumes as it began, under its own key."""
     d = Config().to_dict()
-    old_recipe = {"data": ("batching",), "train": ("loss_norm", "init_seed"), "eval": ("noisy", "precision"),
+    old_recipe = {"data": ("batching",), "train": ("loss_norm", "init_seed", "lr_decay_over"),
+                  "eval": ("noisy", "precision"),
                   "model": ("batch_renorm_schedule", "decoder_norm", "ff_activation", "ff_bias")}
     for section, fields in old_recipe.items():
         for f in fields:
@@ -53,6 +55,7 @@ def test_a_config_stored_before_a_field_existed_keeps_the_old_behaviour_and_its_
     assert stored.model.ff_activation == "silu" and stored.model.ff_bias and not stored.model.decoder_norm
     assert stored.eval.precision == "fp32" and stored.eval.noisy == ()
     assert stored.train.init_seed is None  # the weights from train.seed, as before the field existed
+    assert stored.train.lr_decay_over == "steps"
     assert science(stored) == {}
     assert Config.from_dict(d).key() != stored.key()  # read as new, it would be another experiment
 

@@ -286,6 +286,59 @@ class WindowStream:
         self.skipped_untimed += 1
         return []
 
+    def step_recordings(self, total_steps: int) -> tuple[np.ndarray, np.ndarray]:
+        """Per optimiser step of the first ``total_steps``: (recordings the stream had used before the step's group,
+        recordings used once its group is done), counted over epochs (``epoch * len(recordings) + index``; durations
+        only, no audio read). Interleaved: a group is the B recordings trained together. Consecutive: the step's own
+        windows' recordings. What the learning rate's cosine over recordings reads
+        (:func:`asr_core.schedules.learning_rate_by_recordings`). Shorter than ``total_steps`` when the data ends
+        first."""
+        before: list[int] = []
+        after: list[int] = []
+        n = len(self.recordings)
+        if self.interleaved:
+            epoch = 0
+            while epoch < self.epochs and len(before) < total_steps:
+                index, produced = 0, False
+                while index < n and len(before) < total_steps:
+                    seq = self.seq_len(epoch, index)
+                    end = min(n, index + group_size(seq, self.data))
+                    depth = max(len(self._window_durations(epoch, i, seq)) for i in range(index, end))
+                    take = min(depth, total_steps - len(before))
+                    before += [epoch * n + index] * take
+                    after += [epoch * n + end] * take
+                    produced = produced or depth > 0
+                    index = end
+                if not produced:
+                    break
+                epoch += 1
+        else:
+            total, first, last = 0.0, None, None
+            epoch = 0
+            while epoch < self.epochs and len(before) < total_steps:
+                produced = False
+                for index in range(n):
+                    r = epoch * n + index
+                    for dur in self._window_durations(epoch, index, self.seq_len(epoch, index)):
+                        produced = True
+                        if first is not None and total + dur > self.data.batch_audio_s + 1e-6:
+                            before.append(first)
+                            after.append(last + 1)
+                            total, first = 0.0, None
+                            if len(before) == total_steps:
+                                break
+                        first = r if first is None else first
+                        last, total = r, total + dur
+                    if len(before) == total_steps:
+                        break
+                if not produced:
+                    break
+                epoch += 1
+            if first is not None and len(before) < total_steps:
+                before.append(first)
+                after.append(last + 1)
+        return np.asarray(before, dtype=np.int64), np.asarray(after, dtype=np.int64)
+
     def count_steps(self) -> int:
         """Optimiser steps in the whole stream (durations only; no audio is read)."""
         self.skipped_untimed = 0

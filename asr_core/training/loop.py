@@ -34,7 +34,7 @@ from asr_core.model.acoustic import AcousticModel
 from asr_core.runtime import signals
 from asr_core.runtime.outbox import Outbox
 from asr_core.training.checkpoint import FORMAT_VERSION, read_header, rng_state, save_checkpoint
-from asr_core.training.step import HeadDiversity, optimizer_step
+from asr_core.training.step import HeadDiversity, LRSchedule, optimizer_step
 
 
 class Preempted(Exception):
@@ -78,6 +78,7 @@ class Segment:
     device: torch.device
     precision: str  # "bf16" (autocast on CUDA) or "fp32"
     total_steps: int
+    lr: LRSchedule | None = None  # None: the cosine over steps (asr_core.schedules.learning_rate)
 
     @property
     def bf16(self) -> bool:
@@ -189,7 +190,7 @@ def run_loop(seg: Segment, at: Cursor, to: Reporting) -> TrainResult:
                 if batch is None:  # data used up before max_steps: the run is one pass (or train.epochs passes)
                     break
                 values = optimizer_step(model, seg.opt, batch, at.step, total_steps, t, cfg.data, seg.device,
-                                        seg.bf16, head_diversity)
+                                        seg.bf16, head_diversity, lr=seg.lr(at.step) if seg.lr is not None else None)
                 # the position after the step just trained on, never after steps the loader prefetched
                 at.step, at.pos, at.last_loss = at.step + 1, batch.next_pos, values["train/loss"]
                 at.nonfinite = at.nonfinite + 1 if "train/update_skipped" in values else 0

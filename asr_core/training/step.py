@@ -19,7 +19,7 @@ from asr_core.data.batching import MicroBatch, Step
 from asr_core.model.acoustic import AcousticModel
 from asr_core.model.batchrenorm import MaskedBatchRenorm
 from asr_core.model.heads import HeadCapture, head_diversity_loss
-from asr_core.schedules import learning_rate
+from asr_core.schedules import learning_rate, learning_rate_by_recordings
 from asr_core.training.loss import pass_loss, step_frames
 
 
@@ -121,11 +121,47 @@ def accumulate_gradients(model: AcousticModel, micro: Sequence[MicroBatch], devi
     return step_gradients(model, micro, device, bf16, step, loss_norm, frames).ctc
 
 
+@dataclass(frozen=True)
+class LRSchedule:
+    """The learning rate of every optimiser step of one run (``train.lr_decay_over``): over ``steps``, a function of
+    the step alone; over ``recordings``, of the recordings the stream used before each step's group
+    (``recordings_before``, from :meth:`asr_core.data.chunking.WindowStream.step_recordings`), the recordings up to
+    the first group started after the warmup (``decay_start``) and the run's recordings (``total_recordings``)."""
+
+    t: TrainConfig
+    total_steps: int
+    recordings_before: tuple[int, ...] = ()
+    decay_start: int = 0
+    total_recordings: int = 0
+
+    @classmethod
+    def of(cls, t: TrainConfig, total_steps: int, stream=None, n_recordings: int = 0) -> "LRSchedule":
+        """The run's schedule; ``stream`` (a WindowStream) and ``n_recordings`` are read for decay over recordings:
+        the run's recordings are ``n_recordings * train.epochs`` (with ``train.max_steps``, those its steps use)."""
+        if t.lr_decay_over == "steps" or stream is None:
+            return cls(t, total_steps)
+        before, after = stream.step_recordings(total_steps)
+        w = t.warmup_steps
+        # the first group that starts once the warmup's steps are done, and the recordings up to its end
+        starts = [s for s in range(len(before)) if s >= w and (s == 0 or before[s] != before[s - 1])]
+        decay_start = int(after[starts[0]]) if starts else int(after[-1]) if len(after) else 0
+        total = int(after[-1]) if t.max_steps and len(after) else n_recordings * t.epochs
+        return cls(t, total_steps, tuple(int(b) for b in before), decay_start, total)
+
+    def __call__(self, step: int) -> float:
+        t = self.t
+        if t.lr_decay_over == "steps" or not self.recordings_before:
+            return learning_rate(step, t.lr, t.warmup_steps, self.total_steps)
+        before = self.recordings_before[min(step, len(self.recordings_before) - 1)]
+        return learning_rate_by_recordings(step, t.lr, t.warmup_steps, before, self.decay_start,
+                                           self.total_recordings)
+
+
 def optimizer_step(model: AcousticModel, opt: torch.optim.Optimizer, batch: Step, step: int, total_steps: int,
                    t: TrainConfig, data: DataConfig, device: torch.device, bf16: bool,
-                   head_diversity: HeadDiversity | None = None) -> dict[str, float]:
-    """Train optimiser step ``step + 1`` of ``total_steps`` on ``batch``: the schedule's learning rate
-    (:func:`asr_core.schedules.learning_rate`), the step's gradient (:func:`step_gradients`), clipping at
+                   head_diversity: HeadDiversity | None = None, lr: float | None = None) -> dict[str, float]:
+    """Train optimiser step ``step + 1`` of ``total_steps`` on ``batch``: the schedule's learning rate ``lr``
+    (:class:`LRSchedule`; None: :func:`asr_core.schedules.learning_rate` over steps), the step's gradient (:func:`step_gradients`), clipping at
     ``t.grad_clip``, the update. Returns the step's metrics (``train/loss`` is the CTC loss).
 
     A step whose loss or gradient norm is not finite makes no update: clipping would scale every gradient by
@@ -134,7 +170,8 @@ def optimizer_step(model: AcousticModel, opt: torch.optim.Optimizer, batch: Step
     running statistics, which the forward pass already moved towards NaN) and the optimiser's state stay as they
     were, and its metrics carry ``train/update_skipped`` = 1 (the loop counts such steps in a row:
     ``train.max_nonfinite_steps``)."""
-    lr = learning_rate(step, t.lr, t.warmup_steps, total_steps)
+    if lr is None:
+        lr = learning_rate(step, t.lr, t.warmup_steps, total_steps)
     for g in opt.param_groups:
         g["lr"] = lr
     buffers = [(b, b.detach().clone()) for b in model.buffers()]  # per-channel statistics: small

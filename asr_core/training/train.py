@@ -81,7 +81,7 @@ from asr_core.runtime.provenance import code_version
 from asr_core.contract.specs import CorpusError
 from asr_core.training.checkpoint import CheckpointError, load_checkpoint, set_rng_state, training_finished
 from asr_core.training.loop import Cursor, Diverged, Preempted, Reporting, Segment, TrainResult, run_loop
-from asr_core.training.step import build_optimizer
+from asr_core.training.step import LRSchedule, build_optimizer
 from asr_core.contract.options import renamed
 from asr_core.contract.tracking import tracking_uri as ledger_uri
 
@@ -313,8 +313,9 @@ def _train(cfg: Config, out_dir: Path, tracking_uri: str | None, run_id: str | N
         # segment that fails before its first checkpoint leaves nothing trained on the data it read)
         outbox.tags({TAG_DATA_FINGERPRINT: data_id, TAG_CHECKPOINT: str(ckpt_path.resolve())})
     try:
+        lr = LRSchedule.of(t, total_steps, stream, len(recs))  # over recordings: the stream's plan, durations only
         segment = Segment(cfg, out_dir, ckpt_path, model, opt, stream, recs, tok, data_id, device, precision,
-                          total_steps)
+                          total_steps, lr)
         result = run_loop(segment, at, Reporting(run_id, tracking_uri, progress, outbox, held, fault))
         if own_outbox is not None and end_run:
             own_outbox.status(FINISHED)
