@@ -10,8 +10,10 @@ from __future__ import annotations
 from pathlib import Path
 
 # The corpus formats a spec may name, in the order error messages list them; asr_core.data.corpora reads each with
-# the module of the same name.
-CORPUS_FORMATS: tuple[str, ...] = ("podcast", "tedlium", "earnings22", "rev16", "manifest", "prepared")
+# the module of the same name, or names the module and function (earnings22-authors: the Earnings-22 reader with the
+# authors' preparation of the reference words).
+CORPUS_FORMATS: tuple[str, ...] = ("podcast", "tedlium", "earnings22", "earnings22-authors", "rev16", "manifest",
+                                   "prepared")
 
 
 class CorpusError(ValueError):

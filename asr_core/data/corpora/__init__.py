@@ -7,6 +7,8 @@ Formats (see ../shared/REFERENCE.md, "Data formats"):
 - ``tedlium``    TED-LIUM ``stm/`` + ``sph/`` (segments joined into talks, ignored segments kept as regions to zero).
 - ``earnings22`` Earnings-22 as released: the reference ``.nlp`` files of ``transcripts/nlp_references`` (other copies
                  named and not read), audio in ``media/``.
+- ``earnings22-authors`` the same, the words prepared as the authors did for the paper's numbers ("3.5" -> "35",
+                 "U.S." -> "us", hyphens split; :mod:`asr_core.data.corpora.earnings22`).
 - ``rev16``      Rev16 as released: the 16 evaluation file numbers, verbatim transcripts unless the spec points at
                  the nonverbatim folder.
 - ``manifest``   a JSON-lines file, one recording per line.
@@ -28,16 +30,23 @@ import importlib
 import inspect
 import sys
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 from asr_core.contract.specs import CORPUS_FORMATS, CorpusError, split_named_spec, split_spec
 from asr_core.data.corpora.base import Problems, Recording, Word
 
 __all__ = ["CorpusError", "CorpusReport", "FORMATS", "Recording", "Word", "load_corpus", "read_corpus"]
 
-# format name -> module holding ``read(path: Path, problems: Problems[, *, audio: bool]) -> list[Recording]``
-# (the format names and the spec grammar: asr_core.contract.specs)
-FORMATS: dict[str, str] = {fmt: f"asr_core.data.corpora.{fmt}" for fmt in CORPUS_FORMATS}
+# format name -> module holding ``read(path: Path, problems: Problems[, *, audio: bool]) -> list[Recording]``, or
+# ``module:function`` for a reader of another name (the format names and the spec grammar: asr_core.contract.specs)
+READERS: dict[str, str] = {"earnings22-authors": "asr_core.data.corpora.earnings22:read_authors"}
+FORMATS: dict[str, str] = {fmt: READERS.get(fmt, f"asr_core.data.corpora.{fmt}") for fmt in CORPUS_FORMATS}
+
+
+def reader(fmt: str) -> Callable[..., Sequence[Recording]]:
+    """The function that reads format ``fmt`` (a key of :data:`FORMATS`)."""
+    module, _, function = FORMATS[fmt].partition(":")
+    return getattr(importlib.import_module(module), function or "read")
 
 
 @dataclass
@@ -60,11 +69,11 @@ def read_corpus(spec: str, *, strict: bool = False, audio: bool = True) -> Corpu
     if not path.exists():
         raise CorpusError(f"corpus spec {spec!r}: {path} does not exist")
     problems = Problems(spec, strict=strict)
-    module = importlib.import_module(FORMATS[fmt])
-    if audio or "audio" not in inspect.signature(module.read).parameters:  # a prepared corpus opens no audio
-        recordings = module.read(path, problems)
+    read = reader(fmt)
+    if audio or "audio" not in inspect.signature(read).parameters:  # a prepared corpus opens no audio
+        recordings = read(path, problems)
     else:
-        recordings = module.read(path, problems, audio=False)
+        recordings = read(path, problems, audio=False)
     ids = getattr(recordings, "ids", None) or [r.id for r in recordings]  # a prepared corpus: without building
     if len(set(ids)) != len(ids):
         dup = sorted({i for i in ids if ids.count(i) > 1})

@@ -35,18 +35,41 @@ value (``strict``: an error). Non-speech tags written as tokens (``<inaudible>``
 ``<noise>``, ``<silence>``, ``<affirmative>``, any ``<...>``) are stripped, as the authors did; the entity tags in the
 ``tags`` column are annotations, not words, and are ignored. Punctuation columns are dropped (the scorer normalises
 both sides anyway).
+
+Two preparations of the same words, told apart by the spec's format (the scorer applies Whisper's English
+normaliser to both sides afterwards):
+
+- ``earnings22:ROOT`` the tokens as released: ``3.5`` stays ``3.5`` and ``U.S.`` becomes ``u s`` under the
+  normaliser, as Whisper's paper scored Earnings-22.
+- ``earnings22-authors:ROOT`` the authors' preparation (``robflynnyh/long-context-asr`` v1.0,
+  ``eval/earnings22_full/run.py`` and ``eval/earnings22/run.py``, ``preprocess_transcript``), which produced the
+  paper's Earnings-22 numbers: each token lower-cased, the tags ``<silence> <inaudible> <laugh> <noise>
+  <affirmative> <crosstalk>`` removed, ``…``, ``,``, ``?`` and every ``.`` deleted and ``-`` turned into a space
+  (:func:`authors_text`). ``3.5`` becomes ``35``, ``U.S.`` ``us`` and ``year-over-year`` three words, which share
+  the token's times. A token that leaves nothing is dropped. The authors applied these steps to a
+  ``full_transcripts.json`` of their own (neither in the release nor in their repository); here they are applied
+  to the release's tokens. The recordings' ``meta['preparation']`` says which preparation was read, and the
+  dataset's content fingerprint (recorded with every evaluation) differs between the two.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Sequence
 
 from asr_core.data.corpora.base import (Problems, Recording, Word, check_words, find_audio, probe_duration,
                                    transcript_duration)
 
 _TAG = re.compile(r"^<[^<>]*>$")
+
+# eval/earnings22_full/run.py preprocess_transcript (robflynnyh/long-context-asr v1.0): removed, in this order,
+# after lower-casing; "-" becomes a space
+AUTHORS_TAGS = ("<silence>", "<inaudible>", "<laugh>", "<noise>", "<affirmative>", "<crosstalk>")
+AUTHORS_DELETED = ("\u2026", ",")
+AUTHORS_DELETED_AFTER_HYPHEN = (".", "?")
+PREPARATIONS = ("release", "authors")  # meta['preparation'] of earnings22: and earnings22-authors: recordings
 
 # reference folders of the release, relative to the PATH given: the first that exists is read, nothing else
 REFERENCE_DIRS = ("transcripts/nlp_references", "earnings22/transcripts/nlp_references",
@@ -196,7 +219,33 @@ def rel_path(p: Path, root: Path) -> str:
         return str(p)
 
 
-def read(path: Path, problems: Problems, *, audio: bool = True) -> list[Recording]:
+def authors_text(text: str) -> str:
+    """The authors' preparation of Earnings-22 reference text, before Whisper's normaliser: ``"U.S. 3.5
+    year-over-year…"`` -> ``"us 35 year over year"`` (single spaces, no ends)."""
+    text = text.lower()
+    for tag in AUTHORS_TAGS:
+        text = text.replace(tag, "")
+    for ch in AUTHORS_DELETED:
+        text = text.replace(ch, "")
+    text = text.replace("-", " ")
+    for ch in AUTHORS_DELETED_AFTER_HYPHEN:
+        text = text.replace(ch, "")
+    return " ".join(text.split())
+
+
+def authors_words(words: Sequence[Word], speakers: Sequence[str]) -> tuple[tuple[Word, ...], list[str]]:
+    """Each word through :func:`authors_text`, with its speaker: a word that splits keeps its times and speaker on
+    every piece, one that vanishes is dropped."""
+    out: list[tuple[Word, str]] = [(Word(piece, w.start, w.end), spk) for w, spk in zip(words, speakers, strict=True)
+                                   for piece in authors_text(w.text).split()]
+    return tuple(w for w, _ in out), [spk for _, spk in out]
+
+
+def read(path: Path, problems: Problems, *, audio: bool = True, preparation: str = "release") -> list[Recording]:
+    """The calls below ``path`` (see the module's docstring), their words prepared as ``preparation`` says: one of
+    :data:`PREPARATIONS`."""
+    if preparation not in PREPARATIONS:
+        raise ValueError(f"preparation {preparation!r}: use one of {', '.join(PREPARATIONS)}")
     files, _, which = release_files(path, REFERENCE_DIRS)
     if which:
         problems.note(f"reading the reference transcripts in {which}")
@@ -214,5 +263,14 @@ def read(path: Path, problems: Problems, *, audio: bool = True) -> list[Recordin
         source[rec_id] = f
         rec = read_nlp_recording(f, rec_id, audio_dirs_for(f, root), problems, audio=audio)
         if rec is not None:
-            out[rec_id] = rec
+            meta = {**rec.meta, "preparation": preparation}
+            if preparation == "authors":
+                words, meta["speakers"] = authors_words(rec.words, rec.meta["speakers"])
+                rec = replace(rec, words=words)
+            out[rec_id] = replace(rec, meta=meta)
     return [out[k] for k in sorted(out)]
+
+
+def read_authors(path: Path, problems: Problems, *, audio: bool = True) -> list[Recording]:
+    """``earnings22-authors:PATH``: :func:`read` with the authors' preparation of the words."""
+    return read(path, problems, audio=audio, preparation="authors")

@@ -1,8 +1,19 @@
-"""TED-LIUM: ``PATH/stm/<talk>.stm`` transcripts and ``PATH/sph/<talk>.sph`` audio (e.g. ``legacy/test``).
+"""TED-LIUM: ``PATH/stm/<talk>.stm`` transcripts and ``PATH/sph/<talk>.sph`` audio.
+
+Release: the reader expects one split's folder of any release, e.g. ``TEDLIUM_release1/test`` or
+``TEDLIUM_release-3/legacy/test``. The paper cites TED-LIUM 3, but its numbers come from release 1: the authors'
+``eval/tedlium/run.py`` (``robflynnyh/long-context-asr`` v1.0) reads ``TEDLIUM_release1/test/`` and ``dev/``. Release
+3's ``legacy`` partition is release 2's; that its test transcripts equal release 1's line for line is not checked
+here, so read release 1 (``tedlium:TEDLIUM_release1/test``) to reproduce the paper's numbers.
 
 STM lines are ``talk channel speaker start end <label> transcript``; ``;;`` lines are comments. A segment whose
 transcript is ``ignore_time_segment_in_scoring`` is untranscribed (adverts, music, other speakers): it becomes an
 ``ignore`` region, zeroed in the features before decoding (paper 000 §3.1), and contributes no reference words.
+As the authors zeroed it (``lcasr/eval/utils.py`` ``zero_out_spectogram``, ``buffer=-0.5``), the region is the
+segment shrunk by :data:`IGNORE_SHRINK_S` at both ends, ``[start + 0.5, end - 0.5]``; a segment of 1 s or less
+leaves no region (their frame slice is then empty). A talk's duration read without audio still reaches the
+segment's end.
+
 The segments of a talk are joined in time order into one long recording; TED-LIUM splits clitics off their word
 (``i 'd``, ``it 's``), which are rejoined (``i'd``, ``it's``) as the authors did (only true clitics). Word times
 are not in the format (only segment times, kept in ``meta['segments']``), so words are untimed.
@@ -16,6 +27,7 @@ from pathlib import Path
 from asr_core.data.corpora.base import Problems, Recording, Word, find_audio, probe_duration, transcript_duration
 
 IGNORE = "ignore_time_segment_in_scoring"
+IGNORE_SHRINK_S = 0.5  # seconds taken off both ends of an ignored segment before it is zeroed
 # "i 'd" -> "i'd". The authors joined any " '<letter>"; limiting it to the English clitics keeps words that
 # start with an apostrophe ("'cause", "'em") apart from the word before them.
 _CLITIC = re.compile(r"(?<=\S) '(?=(?:s|re|ve|m|d|ll|t)\b)", re.IGNORECASE)
@@ -23,6 +35,13 @@ _CLITIC = re.compile(r"(?<=\S) '(?=(?:s|re|ve|m|d|ll|t)\b)", re.IGNORECASE)
 
 def rejoin_clitics(text: str) -> str:
     return _CLITIC.sub("'", " ".join(text.split()))
+
+
+def ignore_region(start: float, end: float) -> tuple[float, float] | None:
+    """The region zeroed for an ignored segment ``start``-``end``: shrunk by :data:`IGNORE_SHRINK_S` at both ends,
+    None when nothing is left."""
+    a, b = start + IGNORE_SHRINK_S, end - IGNORE_SHRINK_S
+    return (a, b) if b > a else None
 
 
 def read(path: Path, problems: Problems, *, audio: bool = True) -> list[Recording]:
@@ -81,9 +100,10 @@ def read_stm(f: Path, sph_dir: Path, problems: Problems, *, audio: bool = True) 
     for talk in sorted(set(talks) | set(ignores)):
         found = find_audio(sph_dir / talk, (".sph", ".wav", ".flac"))
         segments = sorted(talks.get(talk, []))
-        ignored = tuple(sorted(ignores.get(talk, [])))
+        spans = sorted(ignores.get(talk, []))
+        ignored = tuple(r for s, e in spans if (r := ignore_region(s, e)) is not None)
         if not audio:
-            duration = transcript_duration((), *(e for _, e, _ in segments), *(e for _, e in ignored))
+            duration = transcript_duration((), *(e for _, e, _ in segments), *(e for _, e in spans))
         else:
             if found is None:
                 problems.bad(f, f"audio {sph_dir / (talk + '.sph')} not found")
