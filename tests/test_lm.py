@@ -185,3 +185,33 @@ def test_the_lm_remembers_1280_tokens_by_default_as_the_decoded_lm_did() -> None
     from asr_core.lm.config import LMTrainConfig
 
     assert LMTrainConfig().cache_len == 1280 and LMTrainConfig().chunk_len == 512
+
+
+def test_the_prompt_is_one_training_transcript_and_never_a_test_one(tmp_path, capsys) -> None:
+    """``lm prompt``: the authors' episode where the training text holds it (else the first document), ended with a
+    full stop; refused when it is a transcript of a --not-in text."""
+    import json
+
+    from asr_core.lm.cli import cli as lm_main
+    from asr_core.lm.prompt import AUTHORS_EPISODE
+
+    def write(path, docs):
+        path.write_text("".join(json.dumps({"id": i, "text": t}) + "\n" for i, t in docs.items()))
+        return f"text:{path}"
+
+    words = "one two three four five six seven eight nine ten eleven twelve".split()
+    train = write(tmp_path / "train.jsonl", {"b-doc": " ".join(words[:10]), "a-doc": " ".join(reversed(words)),
+                                             AUTHORS_EPISODE: " ".join(words[2:])})
+    test = write(tmp_path / "test.jsonl", {"t1": " ".join(words[:10]) + " and more"})
+    out = tmp_path / "prompt.txt"
+    assert lm_main(["prompt", "--text", train, "--out", str(out), "--not-in", test]) == 0
+    assert out.read_text() == " ".join(words[2:]) + ".\n"  # the authors' episode
+    assert lm_main(["prompt", "--text", train, "--out", str(out), "--document", "a-doc"]) == 0
+    assert out.read_text().startswith("twelve eleven")
+    capsys.readouterr()
+    # b-doc is the test transcript: refused, naming both
+    assert lm_main(["prompt", "--text", train, "--out", str(out), "--document", "b-doc", "--not-in", test]) == 2
+    err = capsys.readouterr().err
+    assert "must not be a test transcript" in err and "b-doc" in err and test in err
+    assert out.read_text().startswith("twelve eleven")  # nothing written
+    assert lm_main(["prompt", "--text", train, "--out", str(out), "--document", "nope"]) == 2

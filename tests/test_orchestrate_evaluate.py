@@ -258,8 +258,12 @@ def test_a_lookup_memory_lm_decodes_the_sweeps_models_like_any_lm(
     assert "memory.D" in ckpt["model"]  # a lookup-memory LM
     tail = tmp_path / "tail.json"  # the tail words of the LM's text: the decode file adds the tail-word error rate
     assert core_main(["tailset", str(text), "--out", str(tail)]) == 0
+    prompt = tmp_path / "prompt.txt"  # one training transcript, checked against the dev set the models decode
+    assert core_main(["lm", "prompt", "--text", f"text:{text}", "--out", str(prompt), "--not-in",
+                      model.config.eval.datasets[0].split("=", 1)[1]]) == 0
     decode = _decode_file(tmp_path, "lookup", f"name: lookup\nlm: {lm_dir / 'checkpoint.pt'}\nalpha: 0.3\n"
-                                              f"beta: 0.5\nbeam_width: 4\nstride: 1.0\ntail: {tail}\n")
+                                              f"beta: 0.5\nbeam_width: 4\nstride: 1.0\ntail: {tail}\n"
+                                              f"prompt: {prompt}\n")
     assert _evaluate(root, sweep, decode) == 0
     assert "2 new evaluation jobs" in capsys.readouterr().out
     uri = sweep.read_manifest().tracking_uri
@@ -267,7 +271,8 @@ def test_a_lookup_memory_lm_decodes_the_sweeps_models_like_any_lm(
         data = MlflowClient(uri).get_run(r.run_id).data
         assert "wer_lookup/dev" in data.metrics and "tail_lookup/dev" in data.metrics, (t, data.metrics)
         assert json.loads(data.tags["eval.tail"])["source"] == str(text.resolve())
-        assert json.loads(data.tags["eval.decoder.lookup"])["lm"] == str((lm_dir / "checkpoint.pt").resolve())
+        decoder = json.loads(data.tags["eval.decoder.lookup"])
+        assert decoder["lm"] == str((lm_dir / "checkpoint.pt").resolve()) and decoder["prompt"] == str(prompt.resolve())
 
 
 @pytest.mark.slurm
@@ -335,5 +340,5 @@ def test_a_packaged_spec_is_found_by_name_and_reads_its_paths_from_the_working_f
         with pytest.raises(DecodeFileError) as e:
             load_decode_file(name)
         assert "decode-lm.yaml: lm: not a checkpoint" in str(e.value) and str(lm) in str(e.value), (name, e.value)
-    with pytest.raises(DecodeFileError, match="packaged ones, by name: decode-lm"):
+    with pytest.raises(DecodeFileError, match="packaged ones, by name: decode-fusion, decode-lm"):
         load_decode_file("decode-nope")

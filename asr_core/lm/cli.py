@@ -6,6 +6,8 @@
 - ``lm train --text SPEC [--text SPEC ...] --tokenizer FILE --out DIR [--preset tiny|paper] [--set k=v ...]
   [--dev-text SPEC ...] [--tracking-uri U --sweep E]``: train or resume (:mod:`asr_core.lm.train`); exit 75
   after SIGUSR2/SIGTERM (checkpointed: run the same command again);
+- ``lm prompt --text SPEC --out prompt.txt [--not-in SPEC ...]``: the text the LM reads before each recording
+  when it decodes, one training transcript as the authors' (:mod:`asr_core.lm.prompt`);
 - ``lm ppl CKPT --data SPEC [--data SPEC ...] --context 64,256,1024 [--tracking-uri U --run-id R]``: per-token
   perplexity at each context (:mod:`asr_core.lm.ppl`).
 
@@ -122,9 +124,17 @@ def ppl_cli(argv: list[str]) -> int:
     return cli(argv)
 
 
+def _prompt(argv: list[str]) -> int:
+    from asr_core.lm.prompt import cli
+
+    return cli(argv)
+
+
 SUBCOMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {
     "text": (text_cli, "generated documents: text --out OUT.jsonl --docs N --seed S [--against SPEC]"),
     "train": (train_cli, "train the LM: train --text SPEC --tokenizer FILE --out DIR [--preset P] [--set k=v]"),
+    "prompt": (lambda argv: _prompt(argv),
+               "the decoding prompt: prompt --text TRAIN_SPEC --out prompt.txt [--not-in TEST_SPEC]"),
     "ppl": (ppl_cli, "perplexity vs context: ppl CKPT --data SPEC --context 64,256,1024"),
     "tune": (lambda argv: _tune(argv), "alpha and beta on a dev set: tune AM_CKPT --lm LM_CKPT --data NAME=FORMAT:PATH"),
 }
