@@ -381,10 +381,13 @@ def test_calibrate_on_the_cpu_writes_a_usable_file(tmp_path: Path, capsys) -> No
     ctx = raw["train"]["contexts"]
     assert [c["context_s"] for c in ctx] == [5.12, 10.24] and all(c["steps"] == 2 for c in ctx)
     assert all(c["step_s"]["median"] > 0 and c["step_s"]["min"] <= c["step_s"]["max"] for c in ctx)
+    # the model FLOP utilisation against this CPU's measured matmul, and the share outside forward and backward
+    assert raw["peak_flops_per_s"] > 0 and "measured" in raw["peak_source"]
+    assert all(0 < c["mfu"] < 1.5 and 0 <= c["outside_share"] < 1 for c in ctx), ctx
     assert all(d["frames_per_s"] > 0 for d in raw["eval"]["decode"])
     assert raw["checkpoint"]["save_s"] > 0 and raw["checkpoint"]["bytes"] > 0 and raw["startup_s"] > 0
     printed = capsys.readouterr().out
-    assert "context s" in printed and "fit: t(L)" in printed
+    assert "context s" in printed and "fit: t(L)" in printed and "MFU" in printed
     cal = load_calibration(out)
     assert cal.a > 0 and cal.batch_audio_s == 20.48
     grid = load_grid(GRIDS / "demo.yaml")

@@ -18,4 +18,7 @@ def test_bench_train_prints_throughput_and_memory_tables(tmp_path) -> None:
                           "--json", str(tmp_path / "b.json")], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert "ratio (ours / torchaudio)" in out.stdout and "growth exponent" in out.stdout
+    row = next(line for line in out.stdout.splitlines() if line.startswith("asr_core"))
+    assert row.endswith("%") and 0 < float(row.split()[-1].rstrip("%")) < 150  # MFU against this CPU's matmul
+    assert "this CPU's float32 matmul, measured" in out.stdout
     assert (tmp_path / "b.json").exists()

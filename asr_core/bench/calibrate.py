@@ -180,6 +180,15 @@ def calibrate(cfg: Config, contexts: Sequence[float], steps: int = 5, warmup: in
                                 "padded_s_per_step": statistics.median(r["padded_s"] for r in rows),
                                 "frames_per_s": sum(r["audio_s"] for r in rows) * cfg.data.features.frames_per_second
                                 / sum(r["step_s"] for r in rows)})
+        from asr_core.bench.mfu import device_peak, mfu, step_flops
+
+        peak, peak_source = device_peak(device, "bf16" if bf16 else "fp32")
+        linear, attention = model_macs(cfg.model, cfg.data.features)
+        for pc in per_context:
+            mine = [r for c, r in all_rows if c == pc["context_s"]]
+            flops = sum(step_flops(linear, attention, r["audio_s"], pc["context_s"]) for r in mine)
+            pc["mfu"] = mfu(flops, sum(r["step_s"] for r in mine), peak)
+            pc["outside_share"] = 1.0 - pc["forward_backward_s"] / max(pc["step_s"]["median"], 1e-12)
         overhead = statistics.median(r["overhead_s"] for _, r in all_rows)
         batch_s = cfg.data.batch_audio_s
         # each step's audio-dependent seconds scaled to a step of batch_audio_s padded audio, against its window
@@ -210,7 +219,8 @@ def calibrate(cfg: Config, contexts: Sequence[float], steps: int = 5, warmup: in
         threads=torch.get_num_threads(), precision="bf16" if bf16 else "fp32",
         attention="flash" if (device.type == "cuda" and flash_available()
                               and cfg.model.attention_backend != "sdpa") else "sdpa",
-        preset=preset_name, overrides=tuple(overrides), model=model_summary(cfg, params),
+        preset=preset_name, overrides=tuple(overrides), peak_flops_per_s=peak, peak_source=peak_source,
+        model=model_summary(cfg, params),
         data=DataSettings(batch_audio_s=batch_s, batching=cfg.data.batching, num_workers=cfg.data.num_workers,
                           micro_batch_audio_s=cfg.data.micro_batch_audio_s,
                           corpus=data or (f"{speech}, longest recording tiled" if speech
@@ -234,12 +244,15 @@ def table(cal: CalibrationFile) -> str:
              f"model: {cal.preset or '?'} {m.layers}L d={m.d_model} {m.heads}H, "
              f"{m.params / 1e6:.2f}M parameters; {data.batch_audio_s:g} s of audio a step",
              "", f"{'context s':>10} {'steps':>5} {'s/step':>8} {'min':>8} {'max':>8} {'audio s':>8} "
-                 f"{'frames/s':>10} {'full step s':>11} {'fit s':>8} {'decode fr/s':>11}"]
+                 f"{'frames/s':>10} {'MFU':>7} {'outside':>8} {'full step s':>11} {'fit s':>8} {'decode fr/s':>11}"]
     dec = {d.context_s: d.frames_per_s for d in ev.decode or ()}
     for pc in tr.contexts:
         s = pc.step_s or {}
+        util = "n/a" if pc.mfu is None else f"{100 * pc.mfu:.1f}%"
+        outside = "" if pc.outside_share is None else f"{100 * pc.outside_share:.0f}%"
         lines.append(f"{pc.context_s:>10g} {pc.steps:>5} {s['median']:>8.3f} {s['min']:>8.3f} {s['max']:>8.3f} "
-                     f"{pc.audio_s_per_step:>8.1f} {pc.frames_per_s:>10,.0f} {pc.full_step_s:>11.3f} "
+                     f"{pc.audio_s_per_step:>8.1f} {pc.frames_per_s:>10,.0f} {util:>7} {outside:>8} "
+                     f"{pc.full_step_s:>11.3f} "
                      f"{pc.fit_step_s:>8.3f} {dec.get(pc.context_s, float('nan')):>11,.0f}")
     fit = tr.fit
     lines += ["", f"fit: t(L) = {fit.a:.4g} + {fit.b:.4g} x L seconds per step of "
@@ -249,6 +262,9 @@ def table(cal: CalibrationFile) -> str:
               f"{ev.music_s_per_audio_s:.2e} s per audio-second, music "
               f"{ev.music_s_per_call or 0.0:.2f} s per recording and SNR; loader statistics "
               f"{data.stats_s_per_audio_s:.2e} s per audio-second (once per recording)",
+              f"MFU: model FLOPs of the timed steps (forward + backward, asr_core.bench.mfu) against "
+              f"{cal.peak_source or 'no known peak'}; outside: the share of a step outside the forward and backward "
+              "pass (data, clipping, optimiser, logging)",
               f"checkpoint: {cal.checkpoint.save_s:.3f} s ({cal.checkpoint.bytes / 2**20:.1f} MiB); "
               f"trial start-up (imports) {cal.startup_s:.1f} s"]
     return "\n".join(lines)

@@ -7,6 +7,11 @@
    in a fresh process and the peak is the growth of its resident set; on CUDA it is ``max_memory_allocated``.
 3. GPU only (skipped without CUDA): the main model's bf16 training frames/s and the longest context that trains at
    batch 1, beside paper 000 Table 1 (FastConformer + flash attention on an 80 GB A100: 80,900 frames/s, 70 min).
+
+Each speed comes with its model FLOP utilisation (MFU, :mod:`asr_core.bench.mfu`): the model's FLOPs (forward +
+backward, from its own arithmetic) per second against the device's dense peak, bf16 for the GPU rows from a table
+of known GPUs ("n/a" for others), and on the CPU against one measured float32 matrix product, so that the CPU
+figure is the share of what this CPU's matmul does.
 """
 
 from __future__ import annotations
@@ -73,7 +78,12 @@ def throughput(d_model: int, layers: int, heads: int, batch: int, frames: int, r
         t_ours = min(t_ours, _timed(lambda: (run_ours(), sync()), 1, warmup=0 if t_ours < math.inf else 1))
         t_theirs = min(t_theirs, _timed(lambda: (run_theirs(), sync()), 1, warmup=0 if t_theirs < math.inf else 1))
     n = float(lengths.sum())
+    from asr_core.bench.mfu import device_peak, mfu, stack_flops
+
+    flops = stack_flops(d_model, layers, cfg.ff_expansion, cfg.conv_kernel, int(n), frames)
+    peak, source = device_peak(device, "fp32")
     return {"ours": n / t_ours, "torchaudio": n / t_theirs, "ratio": t_theirs / t_ours,
+            "mfu_ours": mfu(flops, t_ours, peak), "mfu_torchaudio": mfu(flops, t_theirs, peak), "peak": source,
             "params_ours": sum(p.numel() for l in ours.layers for p in l.parameters()),
             "params_torchaudio": sum(p.numel() for p in theirs.parameters())}
 
@@ -166,6 +176,11 @@ def gpu_rows(max_minutes: int, preset_name: str = "main") -> dict[str, float]:
 
     t = _timed(lambda: step(32, 1024), repeats=3)
     fps = 32 * 1024 / t
+    from asr_core.bench.calibrate import model_macs
+    from asr_core.bench.mfu import device_peak, mfu, step_flops
+
+    peak, _ = device_peak("cuda", "bf16")
+    util = mfu(step_flops(*model_macs(cfg), 32 * 10.24, 10.24), t, peak)
 
     def fits(minutes: float) -> bool:
         try:
@@ -182,7 +197,13 @@ def gpu_rows(max_minutes: int, preset_name: str = "main") -> dict[str, float]:
     while hi - lo > 1:
         mid = (lo + hi) / 2
         lo, hi = (mid, hi) if fits(mid) else (lo, mid)
-    return {"frames_per_s": fps, "max_context_min": lo, "flash": float(_flash_on()), "params": float(params)}
+    return {"frames_per_s": fps, "max_context_min": lo, "flash": float(_flash_on()), "params": float(params),
+            "mfu": util if util is not None else float("nan")}
+
+
+def _pct(x: float | None) -> str:
+    """A utilisation as a percentage, or "n/a" where the device's peak is unknown."""
+    return "n/a" if x is None or x != x else f"{100 * x:.3g}%"
 
 
 def _flash_on() -> bool:
@@ -212,9 +233,12 @@ def cli(argv: list[str]) -> int:
           f"{args.frames} frames (padded), forward+backward, CPU, {torch.get_num_threads()} threads")
     tp = throughput(args.d_model, args.layers, args.heads, args.batch, args.frames, args.repeats)
     results["cpu_throughput"] = tp
-    print(f"{'implementation':<22}{'params':>12}{'frames/s':>12}")
-    print(f"{'asr_core':<22}{tp['params_ours']:>12,}{tp['ours']:>12,.0f}")
-    print(f"{'torchaudio Conformer':<22}{tp['params_torchaudio']:>12,}{tp['torchaudio']:>12,.0f}")
+    print(f"{'implementation':<22}{'params':>12}{'frames/s':>12}{'MFU':>8}")
+    print(f"{'asr_core':<22}{tp['params_ours']:>12,}{tp['ours']:>12,.0f}{_pct(tp['mfu_ours']):>8}")
+    print(f"{'torchaudio Conformer':<22}{tp['params_torchaudio']:>12,}{tp['torchaudio']:>12,.0f}"
+          f"{_pct(tp['mfu_torchaudio']):>8}")
+    print(f"MFU: model FLOPs (forward + backward, the stack's arithmetic as asr_core.bench.mfu counts it) against "
+          f"{tp['peak']}")
     print(f"ratio (ours / torchaudio): {tp['ratio']:.2f}  (goal >= 1.0)\n")
 
     contexts = [float(c) for c in args.contexts.split(",")]
@@ -236,14 +260,14 @@ def cli(argv: list[str]) -> int:
         names = [p for p in PRESETS if p != "tiny"] if args.gpu_presets == "all" else args.gpu_presets.split(",")
         print(f"== GPU: bf16 forward+backward, {name}; frames are 10 ms input frames; "
               f"max context: batch 1, up to {args.max_minutes} min")
-        print(f"{'model':<28}{'params':>8}{'frames/s':>12}{'max context (min)':>20}")
+        print(f"{'model':<28}{'params':>8}{'frames/s':>12}{'max context (min)':>20}{'MFU':>8}")
         gpu = {}
         for p in names:
             g = gpu_rows(args.max_minutes, p)
             torch.cuda.empty_cache()  # the model is gone with gpu_rows; give its memory back before the next
             gpu[p] = g
-            print(f"{p:<28}{g['params'] / 1e6:>7.1f}M{g['frames_per_s']:>12,.0f}{g['max_context_min']:>20.1f}",
-                  flush=True)
+            print(f"{p:<28}{g['params'] / 1e6:>7.1f}M{g['frames_per_s']:>12,.0f}{g['max_context_min']:>20.1f}"
+                  f"{_pct(g['mfu']):>8}", flush=True)
         print(f"{'paper Table 1 (A100 80GB)':<28}{'':>8}{PAPER_FRAMES_PER_S:>12,}{PAPER_MAX_CONTEXT_MIN:>20}"
               "   (FastConformer main model with flash-attn)")
         if "main" in gpu:

@@ -136,6 +136,8 @@ class ContextTiming(_Section):
     frames_per_s: float | None = None
     full_step_s: float
     fit_step_s: float | None = None
+    mfu: float | None = None  # model FLOPs per second of the timed steps / the device's peak (asr_core.bench.mfu)
+    outside_share: float | None = None  # share of a step outside the forward and backward pass (data, optimiser, ...)
     extra: Mapping[str, Any] = field(default_factory=dict, compare=False)
 
 
@@ -203,6 +205,8 @@ class CalibrationFile(_Section):
     attention: str | None = None  # flash: attention over unpadded windows; sdpa: padded
     preset: str | None = None
     overrides: tuple[str, ...] | None = None
+    peak_flops_per_s: float | None = None  # the device's dense peak the MFU figures are against (None: unknown)
+    peak_source: str | None = None  # where that peak comes from
     model: ModelSummary
     data: DataSettings
     train: TrainTiming
