@@ -12,6 +12,10 @@ Each speed comes with its model FLOP utilisation (MFU, :mod:`asr_core.bench.mfu`
 backward, from its own arithmetic) per second against the device's dense peak, bf16 for the GPU rows from a table
 of known GPUs ("n/a" for others), and on the CPU against one measured float32 matrix product, so that the CPU
 figure is the share of what this CPU's matmul does.
+
+``--profile DIR`` instead profiles one whole training step (forward, CTC loss, backward, clipping, the optimiser)
+with ``torch.profiler``: a Chrome trace and the operators by their own time, so that the time that is not matrix
+products (batch renormalisation, the depthwise convolution, layer norms, casts, host synchronisation) can be seen.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import resource
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -201,6 +206,54 @@ def gpu_rows(max_minutes: int, preset_name: str = "main") -> dict[str, float]:
             "mfu": util if util is not None else float("nan")}
 
 
+def profile_step(out: Path, preset_name: str = "tiny", seconds: float = 20.48, batch: int = 4, top: int = 25,
+                 device: str = "cpu") -> list[tuple[str, float, float, int]]:
+    """One training step of ``preset_name``'s whole model (forward, CTC loss, backward, clipping, the optimiser) on
+    ``batch`` windows of ``seconds``, under ``torch.profiler``, after one warm-up step: writes the Chrome trace
+    ``out/trace.json`` (open it in Perfetto or chrome://tracing) and ``out/operators.txt``, and returns the ``top``
+    operators by their own time: (name, own ms, share of the step's own time, calls)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from asr_core.training.step import build_optimizer
+
+    cfg = preset(preset_name)
+    torch.manual_seed(0)
+    model = build_model(cfg.model, cfg.data.features.n_mels).to(device).train()
+    opt = build_optimizer(model, cfg.train)
+    frames = int(seconds * cfg.data.features.frames_per_second)
+    x = torch.randn(batch, frames, cfg.data.features.n_mels, device=device)
+    lengths = torch.full((batch,), frames, device=device)
+    targets = torch.randint(0, cfg.model.vocab_size - 1, (batch, max(1, frames // 40)), device=device)
+
+    def step() -> None:
+        logits, out_lengths = model(x, lengths)
+        loss = torch.nn.functional.ctc_loss(logits.float().log_softmax(-1).transpose(0, 1), targets, out_lengths,
+                                            torch.full((batch,), targets.shape[1], device=device),
+                                            blank=cfg.model.vocab_size - 1, zero_infinity=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if device == "cuda":
+            torch.cuda.synchronize()
+
+    step()  # warm-up
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    with profile(activities=activities, record_shapes=False) as prof:
+        step()
+    out.mkdir(parents=True, exist_ok=True)
+    prof.export_chrome_trace(str(out / "trace.json"))
+    events = [e for e in prof.key_averages() if e.self_cpu_time_total > 0 or getattr(e, "self_device_time_total", 0)]
+    key = "self_device_time_total" if device == "cuda" else "self_cpu_time_total"
+    total = sum(getattr(e, key, 0.0) for e in events) or 1.0
+    rows = sorted(((e.key, getattr(e, key, 0.0) / 1e3, getattr(e, key, 0.0) / total, e.count) for e in events),
+                  key=lambda r: -r[1])[:top]
+    lines = [f"{'operator':<48}{'own ms':>10}{'share':>8}{'calls':>8}"]
+    lines += [f"{name[:47]:<48}{ms:>10.2f}{100 * share:>7.1f}%{calls:>8}" for name, ms, share, calls in rows]
+    (out / "operators.txt").write_text("\n".join(lines) + "\n")
+    return rows
+
+
 def _pct(x: float | None) -> str:
     """A utilisation as a percentage, or "n/a" where the device's peak is unknown."""
     return "n/a" if x is None or x != x else f"{100 * x:.3g}%"
@@ -226,7 +279,21 @@ def cli(argv: list[str]) -> int:
     ap.add_argument("--gpu-presets", default="main",
                     help="comma-separated presets for the GPU rows (default main; 'all' for every paper preset)")
     ap.add_argument("--json", default=None, help="also write the figures to this file")
+    ap.add_argument("--profile", type=Path, default=None, metavar="DIR",
+                    help="only profile one training step of --profile-preset (torch.profiler): DIR/trace.json "
+                         "(Perfetto, chrome://tracing) and the operators by their own time, printed and in "
+                         "DIR/operators.txt")
+    ap.add_argument("--profile-preset", default="tiny", choices=sorted(PRESETS),
+                    help="the model --profile runs (default tiny; main on a GPU)")
     args = ap.parse_args(argv)
+    if args.profile is not None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        print(f"== profile: one training step of {args.profile_preset}, batch 4 x 20.48 s, {device} "
+              f"({torch.get_num_threads()} threads)")
+        profile_step(args.profile, args.profile_preset, device=device)
+        print((args.profile / "operators.txt").read_text(), end="")
+        print(f"trace: {args.profile / 'trace.json'}")
+        return 0
     results: dict[str, object] = {"threads": torch.get_num_threads()}
 
     print(f"== throughput: Conformer stack, {args.layers}L d={args.d_model} {args.heads}H, batch {args.batch} x "
