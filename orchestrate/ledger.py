@@ -33,7 +33,7 @@ from asr_core.contract.trial import (ENDED, FINISHED, ROLE_PARENT, ROLE_TRIAL, R
                                      TAG_SWEEP_BACKEND, TAG_SWEEP_GRID, TAG_SWEEP_ID, TAG_SWEEP_ROOT)
 from orchestrate.ledger_store import ClientStore, enable_wal, sqlite_sync_normal
 from orchestrate.mlflow_rest import Experiment, LedgerError, MlflowRest, UncertainWrite
-from orchestrate.trial import Trial
+from orchestrate.trial import POSENC_SHORT, Trial
 
 __all__ = ["STATES", "Ledger", "LedgerError", "SweepOwnershipError", "TrialRun", "counts", "run_names", "wait_for"]
 
@@ -43,7 +43,7 @@ RUN_NAME_CHARS = 19  # what MLflow 3's Run Name column (190 px) shows of a flat 
 def _encoding(trial: Trial) -> str:
     m = trial.config.model
     if m.posenc != "rotary":
-        return {"sinusoidal": "sin", "none": "nopos"}.get(m.posenc, m.posenc)
+        return POSENC_SHORT.get(m.posenc, m.posenc)
     theta = m.rotary_theta
     for div, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
         if abs(theta) >= div:

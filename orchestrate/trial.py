@@ -62,7 +62,8 @@ def _si(x: float) -> str:
     return f"{x:g}"
 
 
-_POSENC_SHORT = {"learnable-fourier": "lfourier", "sinusoidal": "sin", "fourier": "fourier", "none": "nopos"}
+# the positional encodings' short names in labels and run names (rotary: rope<theta>)
+POSENC_SHORT = {"learnable-fourier": "lfourier", "sinusoidal": "sin", "fourier": "fourier", "none": "nopos"}
 
 
 def trial_label(cfg: Config) -> str:
@@ -73,5 +74,5 @@ def trial_label(cfg: Config) -> str:
     m = cfg.model
     ctx = cfg.data.context_s
     ctx_txt = f"{ctx:.0f}" if ctx >= 1 else f"{ctx:g}"
-    pe = f"rope{_si(m.rotary_theta)}" if m.posenc == "rotary" else _POSENC_SHORT.get(m.posenc, m.posenc)
+    pe = f"rope{_si(m.rotary_theta)}" if m.posenc == "rotary" else POSENC_SHORT.get(m.posenc, m.posenc)
     return f"ctx{ctx_txt}s-{pe}-{m.layers}L{m.d_model}d{m.heads}h-s{cfg.train.seed}"
