@@ -60,6 +60,19 @@ _BEFORE = pytest.StashKey[set[str] | None]()
 
 
 @pytest.fixture(autouse=True)
+def _stop_signals_are_the_tests_own():
+    """The stop-signal handlers as each test found them: a command run in-process (``train``, ``trial``, ``lm
+    train``) installs them for good, as a job needs, and a signal one test sends itself would then stay recorded and
+    stop every later training in the worker."""
+    from asr_core.runtime import signals
+
+    was = signals.is_installed()
+    yield
+    if not was:
+        signals.uninstall()
+
+
+@pytest.fixture(autouse=True)
 def _tracking_uri_stays_put():
     """``MLFLOW_TRACKING_URI`` as each test found it: ``mlflow.set_tracking_uri`` sets it for the whole process, and
     every command honours it (the ledger's address rule), so one test's ledger must not become the next test's."""

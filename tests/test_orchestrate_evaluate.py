@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import sys
 import textwrap
 import uuid
 from pathlib import Path
@@ -248,12 +249,14 @@ def test_a_lookup_memory_lm_decodes_the_sweeps_models_like_any_lm(
     text = tmp_path / "text.txt"
     text.write_text("\n".join(r.text for r in load_corpus(model.config.data.train)))  # the models' training text
     lm_dir = tmp_path / "lm"
-    assert core_main(["lm", "train", "--text", f"text:{text}", "--tokenizer",
-                      str(sweep.trial_dir(model.key) / "checkpoint.pt"), "--out", str(lm_dir), "--preset", "tiny",
-                      "--set", "max_steps=4", "--set", "batch=2", "--set", "chunk_len=16", "--set", "lm.d_model=32",
-                      "--set", "lm.heads=2", "--set", "lm.tie_embeddings=true", "--set", "lm.memory.hash=ordered",
-                      "--set", "lm.memory.order=4", "--set", "lm.memory.buckets=64", "--set", "lm.memory.slots=4",
-                      "--set", "lm.memory.warmup_steps=2"]) == 0
+    trained = subprocess.run(  # as a user runs it (in-process, the command would keep its signal handlers)
+        [sys.executable, "-m", "asr_core", "lm", "train", "--text", f"text:{text}", "--tokenizer",
+         str(sweep.trial_dir(model.key) / "checkpoint.pt"), "--out", str(lm_dir), "--preset", "tiny",
+         "--set", "max_steps=4", "--set", "batch=2", "--set", "chunk_len=16", "--set", "lm.d_model=32",
+         "--set", "lm.heads=2", "--set", "lm.tie_embeddings=true", "--set", "lm.memory.hash=ordered",
+         "--set", "lm.memory.order=4", "--set", "lm.memory.buckets=64", "--set", "lm.memory.slots=4",
+         "--set", "lm.memory.warmup_steps=2"], capture_output=True, text=True, timeout=300)
+    assert trained.returncode == 0, trained.stderr[-2000:]
     ckpt = torch.load(lm_dir / "checkpoint.pt", weights_only=True)
     assert "memory.D" in ckpt["model"]  # a lookup-memory LM
     tail = tmp_path / "tail.json"  # the tail words of the LM's text: the decode file adds the tail-word error rate
