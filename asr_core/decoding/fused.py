@@ -101,6 +101,12 @@ def phase_spans(frames: int, window: int, step: int, phase: int) -> list[Span]:
     return spans
 
 
+def window_stride(method: str, stride: float) -> float:
+    """The stride, as a fraction of the window, of the windows ``method`` joins; ``stride``: the evaluation's
+    (``select``'s). ``rover``'s phases shift by an eighth of a window (:func:`rover_step`)."""
+    return {"select": stride, "blockwise": 1.0, "chiu": OVERLAP, "lcs": OVERLAP, "rover": 1.0 / ROVER_PHASES}[method]
+
+
 def rover_step(window: int, subsampling: int) -> int:
     """The shift between rover's phases in input frames: an eighth of the window, rounded down to whole output
     frames (at least one), so that every phase's first short window is shorter than a window."""
@@ -146,10 +152,11 @@ def fused_texts(cache: WindowIds, methods: Sequence[str], *, window: int, stride
         if cache.frames == 0:
             out[m] = ""
         elif m in ("select", "blockwise"):
-            plan = plan_windows(cache.frames, window, stride if m == "select" else 1.0, sub)
+            plan = plan_windows(cache.frames, window, window_stride(m, stride), sub)
             out[m] = tokenizer.decode(_select(cache, plan.spans, blank))
         elif m in ("chiu", "lcs"):
-            hyps = _hyps(cache, plan_windows(cache.frames, window, OVERLAP, sub).spans, pieces, blank, fps)
+            hyps = _hyps(cache, plan_windows(cache.frames, window, window_stride(m, stride), sub).spans, pieces,
+                         blank, fps)
             words = chiu_merge(hyps[0::2], hyps[1::2]) if m == "chiu" else lcs_merge(hyps)
             out[m] = " ".join(words)
         else:

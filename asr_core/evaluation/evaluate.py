@@ -364,11 +364,9 @@ def parse_fusion(text: str | None) -> tuple[str, ...]:
 
 def fusion_setting(method: str, stride: float) -> dict[str, str]:
     """The tag ``eval.decoder.fusion-<METHOD>`` describing how the method ran (strings, as a beam decoder's)."""
-    from asr_core.decoding.fused import OVERLAP, ROVER_PHASES
+    from asr_core.decoding.fused import ROVER_PHASES, window_stride
 
-    window_stride = {"select": stride, "blockwise": 1.0, "chiu": OVERLAP, "lcs": OVERLAP,
-                     "rover": 1.0 / ROVER_PHASES}[method]
-    return {"method": method, "stride": f"{window_stride:g}", "decoding": "greedy",
+    return {"method": method, "stride": f"{window_stride(method, stride):g}", "decoding": "greedy",
             **({"phases": str(ROVER_PHASES), "vote": "meth1"} if method == "rover" else {})}
 
 
