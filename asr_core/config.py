@@ -207,6 +207,10 @@ class TrainConfig:
     # (exit 65). This project's choice, not the papers': one bad step is a fluke the skip survives; 5 in a row (minutes
     # of a paper run) is a model that will not come back, and stopping there saves the rest of its hours.
     max_nonfinite_steps: int = 5
+    # compile the model's parts with torch.compile before training (asr_core.training.compile); an execution setting:
+    # the same model and data order, floating-point sums in another order. Off by default until measured faster
+    # where it runs (python -m asr_core bench calibrate --set train.compile=true)
+    compile: bool = False
     # paper 003 eq. 7: the step's loss + head_diversity_weight x the diversity loss of head_diversity_repr (eq. 6
     # summed over layers, asr_core.model.heads); 0 = off, training exactly as without it. paper: 003 tuned lambda on its
     # dev sets for an RNNT loss (§4.5 names 0.001 and 1.0); this project's CTC normalisation has another scale.
@@ -237,6 +241,7 @@ class TrainConfig:
         _require(self.log_every >= 1, "train.log_every", self.log_every, "a positive integer")
         _require(isinstance(self.max_nonfinite_steps, int) and self.max_nonfinite_steps >= 1,
                  "train.max_nonfinite_steps", self.max_nonfinite_steps, "a positive integer (steps in a row)")
+        _require(isinstance(self.compile, bool), "train.compile", self.compile, "true or false")
         _require(self.head_diversity_weight >= 0, "train.head_diversity_weight", self.head_diversity_weight,
                  "a non-negative number (0 = no head-diversity loss)")
         _choice("train.head_diversity_repr", self.head_diversity_repr, HEAD_REPRESENTATIONS)

@@ -56,6 +56,8 @@ EXECUTION: dict[str, str] = {
     "train.max_nonfinite_steps": "when a trial whose loss stays non-finite is stopped as diverged; a trial that "
                                  "finishes skipped no more steps in a row than this, and each skip leaves the model "
                                  "as it was",
+    "train.compile": "torch.compile of the model's parts: the same model, data and loss, its floating-point sums "
+                     "in another order",
     "eval.batch_windows": "windows decoded together: the same posteriors, batched",
     # head similarity (paper 003) is measured after evaluation: more metrics, the same model and WERs, so switching
     # it on for a grid's trials keeps their keys (orchestrate.grid refuses one model whose sub-grids set it unlike)

@@ -120,6 +120,7 @@ def calibrate(cfg: Config, contexts: Sequence[float], steps: int = 5, warmup: in
 
     from asr_core.model.acoustic import build_model
     from asr_core.data.tokenizer import Tokenizer
+    from asr_core.training.compile import prepare_model
     from asr_core.training.step import build_optimizer
     from asr_core.training.train import train_device
 
@@ -156,6 +157,7 @@ def calibrate(cfg: Config, contexts: Sequence[float], steps: int = 5, warmup: in
         torch.manual_seed(cfg.train.seed)
         model = build_model(cfg.model, cfg.data.features.n_mels).to(device)
         opt = build_optimizer(model, cfg.train)
+        prepare_model(model, cfg, device, say)  # train.compile, as the trainer does (recorded in the overrides)
         params = sum(p.numel() for p in model.parameters())
         say(f"[calibrate] {device_name(device)}, {'bf16' if bf16 else 'fp32'}, {torch.get_num_threads()} CPU "
             f"threads; {params / 1e6:.2f}M parameters; {steps} timed steps after {warmup} warm-up at "

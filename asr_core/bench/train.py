@@ -214,26 +214,30 @@ def profile_step(out: Path, preset_name: str = "tiny", seconds: float = 20.48, b
     operators by their own time: (name, own ms, share of the step's own time, calls)."""
     from torch.profiler import ProfilerActivity, profile
 
-    from asr_core.training.step import build_optimizer
+    from asr_core.data.batching import MicroBatch, Step
+    from asr_core.data.chunking import Position, Window
+    from asr_core.training.step import build_optimizer, optimizer_step
 
     cfg = preset(preset_name)
     torch.manual_seed(0)
-    model = build_model(cfg.model, cfg.data.features.n_mels).to(device).train()
+    dev = torch.device(device)
+    model = build_model(cfg.model, cfg.data.features.n_mels).to(dev).train()
     opt = build_optimizer(model, cfg.train)
     frames = int(seconds * cfg.data.features.frames_per_second)
-    x = torch.randn(batch, frames, cfg.data.features.n_mels, device=device)
-    lengths = torch.full((batch,), frames, device=device)
-    targets = torch.randint(0, cfg.model.vocab_size - 1, (batch, max(1, frames // 40)), device=device)
+    # the trainer's own step (asr_core.training.step.optimizer_step) on a batch as the loader makes it: features and
+    # lengths on the host, token ids in lists
+    x = torch.randn(batch, frames, cfg.data.features.n_mels)
+    lengths = torch.full((batch,), frames)
+    targets = [[int(t) for t in torch.randint(0, cfg.model.vocab_size - 1, (max(1, frames // 40),))]
+               for _ in range(batch)]
+    windows = [Window(i, 0.0, seconds, "", seconds) for i in range(batch)]
+    one = Step(windows, [MicroBatch(x, lengths, targets)], Position())
+    bf16 = dev.type == "cuda"
+    done = [0]
 
     def step() -> None:
-        logits, out_lengths = model(x, lengths)
-        loss = torch.nn.functional.ctc_loss(logits.float().log_softmax(-1).transpose(0, 1), targets, out_lengths,
-                                            torch.full((batch,), targets.shape[1], device=device),
-                                            blank=cfg.model.vocab_size - 1, zero_infinity=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        optimizer_step(model, opt, one, done[0], 1000, cfg.train, cfg.data, dev, bf16)
+        done[0] += 1
         if device == "cuda":
             torch.cuda.synchronize()
 

@@ -45,15 +45,27 @@ class AcousticModel(nn.Module):
         return self.subsampling.output_lengths(lengths)
 
     def forward(self, features: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """features (B, T, n_mels) float, lengths (B,) long -> logits (B, T', V), out_lengths (B,)."""
+        """features (B, T, n_mels) float, lengths (B,) long -> logits (B, T', V), out_lengths (B,).
+
+        ``lengths`` may stay on the host when ``features`` are on a GPU (the trainer passes them so): whether the
+        batch is padded is then worked out there, once, and no layer reads a device value back to the host. Lengths
+        on the device cost one synchronisation per forward."""
+        if lengths.device != features.device:
+            full = bool((self.output_lengths(lengths) >= self.output_lengths(lengths.new_tensor([features.shape[1]])))
+                        .all())
+            lengths = lengths.to(features.device, non_blocking=True)
+        else:
+            full = None
         x, out_lengths = self.subsampling(features, lengths)
         mask = time_mask(out_lengths, x.shape[1])
+        if full is None:
+            full = bool(mask.all())
         x = self.posenc.add_to_input(x) * mask[:, :, None].to(x.dtype)
         for i, layer in enumerate(self.layers):
             if self.activation_checkpointing and self.training and torch.is_grad_enabled():
-                x = checkpoint(layer, x, mask, out_lengths, use_reentrant=False, context_fn=recompute_context)
+                x = checkpoint(layer, x, mask, out_lengths, full, use_reentrant=False, context_fn=recompute_context)
             else:
-                x = layer(x, mask, out_lengths)
+                x = layer(x, mask, out_lengths, full)
             if self.self_conditioning is not None and i < len(self.layers) - 1:
                 x = self.self_conditioning(x, self.head(x), mask)
         return self.head.final(x), out_lengths

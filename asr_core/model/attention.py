@@ -52,25 +52,30 @@ class SelfAttention(nn.Module):
                                "install the 'cuda' extra or use attention_backend='auto'")
         return ok
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, lengths: torch.Tensor,
+                full: bool | None = None) -> torch.Tensor:
+        """``full``: whether ``mask`` is all True, when the caller knows it (None: read from ``mask``, a host
+        synchronisation on a GPU)."""
         b, t, d = x.shape
+        if full is None:
+            full = bool(mask.all())
         q, k, v = self.qkv(x).view(b, t, 3, self.heads, self.head_dim).unbind(2)  # each (B, T, H, D)
         q, k = self.posenc[0].rotate(q, k)
         if self._use_flash(x):
             out = self._flash(q, k, v, mask, lengths)
         else:
-            out = self._sdpa(q, k, v, mask, lengths)
+            out = self._sdpa(q, k, v, mask, full)
         out = self.out(out.reshape(b, t, d))
-        return out if bool(mask.all()) else out * mask[:, :, None].to(out.dtype)
+        return out if full else out * mask[:, :, None].to(out.dtype)
 
     def _sdpa(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
-              lengths: torch.Tensor) -> torch.Tensor:
+              full: bool) -> torch.Tensor:
         q, k, v = (z.transpose(1, 2) for z in (q, k, v))  # (B, H, T, D)
-        padded = bool((lengths < q.shape[2]).any())
-        attn_mask = mask[:, None, None, :] if padded else None  # True = may attend
+        attn_mask = None if full else mask[:, None, None, :]  # True = may attend
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
         return out.transpose(1, 2)  # (B, T, H, D)
 
+    @torch.compiler.disable  # flash-attn's kernel is opaque to the compiler: a compiled layer calls it as it is
     def _flash(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
                lengths: torch.Tensor) -> torch.Tensor:
         b, t, h, dh = q.shape

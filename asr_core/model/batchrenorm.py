@@ -55,16 +55,20 @@ def recompute_context() -> tuple[contextlib.AbstractContextManager, contextlib.A
 SCHEDULES = ("code", "linear")
 
 
-def _ramp(n: float, start: float, end: float) -> float:
-    """0 before ``start``, 1 from ``end``, linear in between."""
-    return min(max((n - start) / (end - start), 0.0), 1.0)
+def _ramp(n: float | torch.Tensor, start: float, end: float) -> float | torch.Tensor:
+    """0 before ``start``, 1 from ``end``, linear in between (``n`` a number, or a 0-dim float64 tensor)."""
+    x = (n - start) / (end - start)
+    return x.clamp(0.0, 1.0) if isinstance(x, torch.Tensor) else min(max(x, 0.0), 1.0)
 
 
-def renorm_limits(n: int, warmup_steps: int, schedule: str = "code") -> tuple[float, float]:
+def renorm_limits(n: int | torch.Tensor, warmup_steps: int, schedule: str = "code"
+                  ) -> tuple[float | torch.Tensor, float | torch.Tensor]:
     """(r_max, d_max) after ``n`` training forwards under ``schedule`` scaled by ``warmup_steps`` = W.
 
     ``code``: r_max 1 -> 3 over [W/8, W], d_max 0 -> 5 over [W/8, 5W/8] (plain batch norm up to W/8);
-    ``linear``: both over [0, W]. W = 0: (3, 5) at once."""
+    ``linear``: both over [0, W]. W = 0: (3, 5) at once. ``n`` may be a 0-dim float64 tensor on the model's device
+    (the training forward's own counter): the limits are then tensors computed there, in the same float64
+    arithmetic, so training never reads the counter back to the host."""
     w = warmup_steps
     if w == 0:
         return 3.0, 5.0
@@ -102,34 +106,48 @@ class MaskedBatchRenorm(nn.Module):
         """(r_max, d_max) at the current number of training forwards (see the module docstring)."""
         return renorm_limits(int(self.num_batches_tracked), self.warmup_steps, self.schedule)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """x (B, T, C), mask (B, T) bool -> (B, T, C), zero on padded frames."""
-        full = bool(mask.all())
+    # Uncompiled inside a compiled layer (train.compile): a compiled graph that moves the running statistics in
+    # place may recompute (r, d) for the backward pass from the statistics already moved, which gives other
+    # gradients (tests/test_compile.py); computed here, (r, d) reach the graph as inputs.
+    @torch.compiler.disable
+    def _correction(self, mean: torch.Tensor, var: torch.Tensor, std: torch.Tensor, n: torch.Tensor
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(r, d) of one training forward from its batch statistics (C,) (no gradient through them), and the running
+        statistics moved towards those statistics, ``num_batches_tracked`` counted up; replayed in a recomputation
+        (see :func:`recompute_context`)."""
+        if _MODE[0] == "replay":
+            return self._replay.pop(0)
+        with torch.no_grad():  # the limits as device tensors: no host synchronisation in training
+            r_max, d_max = renorm_limits(self.num_batches_tracked.double(), self.warmup_steps, self.schedule)
+            run_std = (self.running_var + self.eps).sqrt()
+            r = (std / run_std).clamp(1.0 / r_max, r_max)
+            d = ((mean - self.running_mean) / run_std).clamp(-d_max, d_max)
+            unbiased = var * n / (n - 1).clamp_min(1.0)
+            self.running_mean.add_(self.momentum * (mean - self.running_mean))
+            self.running_var.add_(self.momentum * (unbiased - self.running_var))
+            self.num_batches_tracked.add_(1)
+        if _MODE[0] == "record":
+            self._replay.append((r, d))
+        return r, d
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, full: bool | None = None) -> torch.Tensor:
+        """x (B, T, C), mask (B, T) bool -> (B, T, C), zero on padded frames. ``full``: whether ``mask`` is all True,
+        when the caller knows it (:class:`asr_core.model.acoustic.AcousticModel` works it out once per forward on the
+        host); None reads it from ``mask``, a host synchronisation on a GPU."""
+        if full is None:
+            full = bool(mask.all())
         m = None if full else mask[:, :, None].to(torch.float32)
         xf = x.float()
         if self.training:
             if m is None:
-                n = torch.tensor(float(mask.numel()), device=x.device)
+                n = xf.new_full((), float(mask.numel()))  # a fill on the device, not a copy from the host
                 var, mean = torch.var_mean(xf, dim=(0, 1), correction=0)
             else:
                 n = m.sum().clamp_min(1.0)
                 mean = (xf * m).sum(dim=(0, 1)) / n
                 var = (((xf - mean) * m) ** 2).sum(dim=(0, 1)) / n
             std = (var + self.eps).sqrt()
-            if _MODE[0] == "replay":
-                r, d = self._replay.pop(0)
-            else:
-                with torch.no_grad():
-                    r_max, d_max = self.limits()
-                    run_std = (self.running_var + self.eps).sqrt()
-                    r = (std.detach() / run_std).clamp(1.0 / r_max, r_max)
-                    d = ((mean.detach() - self.running_mean) / run_std).clamp(-d_max, d_max)
-                    unbiased = var.detach() * n / (n - 1).clamp_min(1.0)
-                    self.running_mean.add_(self.momentum * (mean.detach() - self.running_mean))
-                    self.running_var.add_(self.momentum * (unbiased - self.running_var))
-                    self.num_batches_tracked.add_(1)
-                if _MODE[0] == "record":
-                    self._replay.append((r, d))
+            r, d = self._correction(mean.detach(), var.detach(), std.detach(), n)
             y = (xf - mean) / std * r + d
         else:
             y = (xf - self.running_mean) / (self.running_var + self.eps).sqrt()

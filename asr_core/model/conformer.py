@@ -75,13 +75,17 @@ class ConvModule(nn.Module):
         if fmask is not None:
             h = h * fmask  # mask before the depthwise convolution
         h = self.depthwise(h.transpose(1, 2)).transpose(1, 2)
-        h = self.act(self.norm_bn(h, mask))
+        h = self.act(self.norm_bn(h, mask, fmask is None))
         h = self.pointwise_out(h)
         return h if fmask is None else h * fmask
 
 
 class ConformerLayer(nn.Module):
-    """(B, T, d), mask (B, T), lengths (B,) -> (B, T, d), zero on padded frames."""
+    """(B, T, d), mask (B, T), lengths (B,) -> (B, T, d), zero on padded frames.
+
+    ``full`` says whether ``mask`` is all True (no window of the batch is padded); :class:`asr_core.model.acoustic.
+    AcousticModel` works it out once per forward on the host, so no layer reads a device value back (None: read
+    here from ``mask``)."""
 
     def __init__(self, cfg: ModelConfig, posenc: PositionalEncoding) -> None:
         super().__init__()
@@ -92,11 +96,14 @@ class ConformerLayer(nn.Module):
         self.ff2 = FeedForward(cfg.d_model, cfg.ff_expansion, cfg.ff_activation, cfg.ff_bias)
         self.out_norm = nn.LayerNorm(cfg.d_model)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, lengths: torch.Tensor,
+                full: bool | None = None) -> torch.Tensor:
+        if full is None:
+            full = bool(mask.all())
         # an unpadded batch (one long recording, or windows of equal length) skips every masking multiply
-        fmask = None if bool(mask.all()) else mask[:, :, None].to(x.dtype)
+        fmask = None if full else mask[:, :, None].to(x.dtype)
         x = x + 0.5 * self.ff1(x) if fmask is None else torch.addcmul(x, self.ff1(x), fmask, value=0.5)
-        x = x + self.attn(self.attn_norm(x), mask, lengths)
+        x = x + self.attn(self.attn_norm(x), mask, lengths, full)
         x = x + self.conv(x, mask, fmask)
         x = x + 0.5 * self.ff2(x) if fmask is None else torch.addcmul(x, self.ff2(x), fmask, value=0.5)
         x = self.out_norm(x)

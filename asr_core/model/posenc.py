@@ -53,6 +53,9 @@ class RotaryEncoding(PositionalEncoding):
 
     def cos_sin(self, length: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """(T, D/2) cosines and sines of the rotation angles for positions 0..T-1."""
+        if torch.compiler.is_compiling():  # a compiled layer computes them in its graph (a cache would recompile it)
+            ang = torch.outer(torch.arange(length, device=device, dtype=torch.float32), self.inv_freq.to(device))
+            return ang.cos(), ang.sin()
         c = self._cache
         if c is None or c[0] < length or c[1] != device:
             pos = torch.arange(length, device=device, dtype=torch.float32)

@@ -30,8 +30,10 @@ LOSS_SCALE = 100.0  # exp/train.py: (loss / (chunk_size * batch_size)) * 100
 def _ctc(logits: torch.Tensor, out_lengths: torch.Tensor, targets: list[list[int]], blank: int,
          reduction: str) -> torch.Tensor:
     logp = F.log_softmax(logits.float(), dim=-1).transpose(0, 1)  # (T, B, V)
-    flat = torch.tensor([t for seq in targets for t in seq], dtype=torch.long, device=logits.device)
-    tlen = torch.tensor([len(seq) for seq in targets], dtype=torch.long, device=logits.device)
+    # targets go to the device without waiting for it; lengths stay on the host, where the CTC kernel reads them
+    # (lengths on a GPU would be copied back, a host synchronisation in the middle of the step)
+    flat = torch.tensor([t for seq in targets for t in seq], dtype=torch.long).to(logits.device, non_blocking=True)
+    tlen = torch.tensor([len(seq) for seq in targets], dtype=torch.long)
     return F.ctc_loss(logp, flat, out_lengths, tlen, blank=blank, reduction=reduction, zero_infinity=True)
 
 

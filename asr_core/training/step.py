@@ -80,39 +80,55 @@ def step_gradients(model: AcousticModel, micro: Sequence[MicroBatch], device: to
     of the CTC loss alone.
 
     Logged: ``tokens`` its objective; ``audio`` the summed loss x 100 per input frame the windows really hold (what
-    the authors logged: comparable between full and partial steps).
+    the authors logged: comparable between full and partial steps). The values are read back from the device here;
+    :func:`step_gradient_tensors` leaves them there.
     """
+    ctc, head = step_gradient_tensors(model, micro, device, bf16, step, loss_norm, frames, head_diversity)
+    return StepLoss(float(ctc), float(head) if head is not None else None)
+
+
+def step_gradient_tensors(model: AcousticModel, micro: Sequence[MicroBatch], device: torch.device, bf16: bool,
+                          step: int, loss_norm: str = "audio", frames: float = 0.0,
+                          head_diversity: HeadDiversity | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:func:`step_gradients` without reading anything back to the host: the CTC loss to log and the head-diversity
+    loss (None without it) as 0-dim float32 tensors on ``device``. Features and targets go to the device without
+    waiting for it, lengths stay on the host (the model and the CTC kernel read them there), so the whole
+    forward and backward of every pass is queued without a host synchronisation."""
     if loss_norm == "audio" and frames <= 0:
         raise ValueError("the audio loss normalisation needs the step's frames (asr_core.training.loss.step_frames)")
     total = sum(mb.size for mb in micro)
     renorms = [m for m in model.modules() if isinstance(m, MaskedBatchRenorm)]
     model.zero_grad(set_to_none=True)
     generator = head_diversity.generator(step) if head_diversity is not None else None
-    loss_sum, head_sum = 0.0, 0.0
+    loss_sum = torch.zeros((), device=device)
+    head_sum = torch.zeros((), device=device) if head_diversity is not None else None
     for mb in micro:
         for m in renorms:
             m.num_batches_tracked.fill_(step)
         share = mb.size / total
         head: torch.Tensor | None = None
+        features = mb.features.to(device, non_blocking=True)
+        lengths = mb.lengths.cpu()  # the model moves them; kept here for the loss
         with (HeadCapture(model, (head_diversity.representation,)) if head_diversity is not None
               else contextlib.nullcontext()) as capture:
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-                logits, out_lengths = model(mb.features.to(device), mb.lengths.to(device))
+                logits, _ = model(features, lengths)
             if head_diversity is not None:
                 head = head_diversity_loss(capture.layers, head_diversity.representation,
                                            sample_rows=head_diversity.rows, generator=generator)
-        loss = pass_loss(logits, out_lengths, mb.targets, model.blank_id, loss_norm, share, frames)
+        loss = pass_loss(logits, model.output_lengths(lengths), mb.targets, model.blank_id, loss_norm, share,
+                         frames)
         if head is None:
             loss.backward()
         else:  # after leaving the capture (see HeadCapture)
             (loss + (head_diversity.weight * share) * head).backward()  # type: ignore[union-attr]
-            head_sum += float(head.detach()) * share
-        loss_sum += float(loss.detach())
-        del logits, out_lengths, loss, head, capture  # free this pass's outputs before the next pass allocates
+            head_sum = head_sum + head.detach().float() * share  # type: ignore[operator]
+        loss_sum = loss_sum + loss.detach().float()
+        del logits, loss, head, capture, features  # free this pass's outputs before the next pass allocates
     if loss_norm == "audio":
-        real = sum(int(mb.lengths.sum()) for mb in micro)
-        loss_sum = loss_sum * frames / max(real, 1)
-    return StepLoss(loss_sum, head_sum if head_diversity is not None else None)
+        real = sum(int(mb.lengths.sum()) for mb in micro)  # host tensors: no synchronisation
+        loss_sum = loss_sum * (frames / max(real, 1))
+    return loss_sum, head_sum
 
 
 def accumulate_gradients(model: AcousticModel, micro: Sequence[MicroBatch], device: torch.device, bf16: bool,
@@ -175,11 +191,14 @@ def optimizer_step(model: AcousticModel, opt: torch.optim.Optimizer, batch: Step
     for g in opt.param_groups:
         g["lr"] = lr
     buffers = [(b, b.detach().clone()) for b in model.buffers()]  # per-channel statistics: small
-    losses = step_gradients(model, batch.micro, device, bf16, step, t.loss_norm, step_frames(batch.windows, data),
-                            head_diversity)
-    grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip))
-    finite = math.isfinite(losses.ctc) and math.isfinite(grad_norm) and (
-        losses.head_div is None or math.isfinite(losses.head_div))
+    ctc, head = step_gradient_tensors(model, batch.micro, device, bf16, step, t.loss_norm,
+                                      step_frames(batch.windows, data), head_diversity)
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)
+    # the step's one host synchronisation: whether to update depends on the values
+    read = torch.stack([ctc, norm.float()] + ([head] if head is not None else [])).tolist()
+    losses = StepLoss(read[0], read[2] if head is not None else None)
+    grad_norm = read[1]
+    finite = all(math.isfinite(v) for v in read)
     if finite:
         opt.step()
     else:

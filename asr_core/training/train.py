@@ -81,6 +81,7 @@ from asr_core.runtime.provenance import code_version
 from asr_core.contract.specs import CorpusError
 from asr_core.training.checkpoint import CheckpointError, load_checkpoint, set_rng_state, training_finished
 from asr_core.training.loop import Cursor, Diverged, Preempted, Reporting, Segment, TrainResult, run_loop
+from asr_core.training.compile import prepare_model
 from asr_core.training.step import LRSchedule, build_optimizer
 from asr_core.contract.options import renamed
 from asr_core.contract.tracking import tracking_uri as ledger_uri
@@ -290,6 +291,7 @@ def _train(cfg: Config, out_dir: Path, tracking_uri: str | None, run_id: str | N
             print(f"[train] resuming {ckpt_path} at step {at.step}/{total_steps}", flush=True)
         else:
             total_steps = t.max_steps or stream.count_steps()
+        prepare_model(model, cfg, device, lambda line: print(line, flush=True))
 
     own_outbox: Outbox | None = None
     if outbox is None and (tracking_uri or run_id):  # the standalone command: its own outbox in OUT/outbox
