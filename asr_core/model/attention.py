@@ -62,7 +62,7 @@ class SelfAttention(nn.Module):
         q, k, v = self.qkv(x).view(b, t, 3, self.heads, self.head_dim).unbind(2)  # each (B, T, H, D)
         q, k = self.posenc[0].rotate(q, k)
         if self._use_flash(x):
-            out = self._flash(q, k, v, mask, lengths)
+            out = self.flash(q, k, v, mask, lengths)
         else:
             out = self._sdpa(q, k, v, mask, full)
         out = self.out(out.reshape(b, t, d))
@@ -75,9 +75,11 @@ class SelfAttention(nn.Module):
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
         return out.transpose(1, 2)  # (B, T, H, D)
 
-    @torch.compiler.disable  # flash-attn's kernel is opaque to the compiler: a compiled layer calls it as it is
-    def _flash(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
-               lengths: torch.Tensor) -> torch.Tensor:
+    def flash(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+              lengths: torch.Tensor) -> torch.Tensor:
+        """flash-attn's variable-length kernel over the packed valid frames; (B, T, H, D) in and out. A compiled
+        model calls it uncompiled (:func:`asr_core.training.compile.compile_model`): the kernel is opaque to the
+        compiler."""
         b, t, h, dh = q.shape
         idx = mask.reshape(-1).nonzero(as_tuple=True)[0]
         dtype = q.dtype if q.dtype in (torch.float16, torch.bfloat16) else torch.bfloat16

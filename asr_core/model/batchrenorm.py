@@ -106,15 +106,16 @@ class MaskedBatchRenorm(nn.Module):
         """(r_max, d_max) at the current number of training forwards (see the module docstring)."""
         return renorm_limits(int(self.num_batches_tracked), self.warmup_steps, self.schedule)
 
-    # Uncompiled inside a compiled layer (train.compile): a compiled graph that moves the running statistics in
-    # place may recompute (r, d) for the backward pass from the statistics already moved, which gives other
-    # gradients (tests/test_compile.py); computed here, (r, d) reach the graph as inputs.
-    @torch.compiler.disable
-    def _correction(self, mean: torch.Tensor, var: torch.Tensor, std: torch.Tensor, n: torch.Tensor
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def correction(self, mean: torch.Tensor, var: torch.Tensor, std: torch.Tensor, n: torch.Tensor
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
         """(r, d) of one training forward from its batch statistics (C,) (no gradient through them), and the running
         statistics moved towards those statistics, ``num_batches_tracked`` counted up; replayed in a recomputation
-        (see :func:`recompute_context`)."""
+        (see :func:`recompute_context`).
+
+        A compiled model runs this uncompiled (:func:`asr_core.training.compile.compile_model`): a compiled graph
+        that moves the running statistics in place may recompute (r, d) for the backward pass from the statistics
+        already moved, which gives other gradients (tests/test_compile.py); computed here, (r, d) reach the graph
+        as inputs."""
         if _MODE[0] == "replay":
             return self._replay.pop(0)
         with torch.no_grad():  # the limits as device tensors: no host synchronisation in training
@@ -147,7 +148,7 @@ class MaskedBatchRenorm(nn.Module):
                 mean = (xf * m).sum(dim=(0, 1)) / n
                 var = (((xf - mean) * m) ** 2).sum(dim=(0, 1)) / n
             std = (var + self.eps).sqrt()
-            r, d = self._correction(mean.detach(), var.detach(), std.detach(), n)
+            r, d = self.correction(mean.detach(), var.detach(), std.detach(), n)
             y = (xf - mean) / std * r + d
         else:
             y = (xf - self.running_mean) / (self.running_var + self.eps).sqrt()

@@ -32,9 +32,12 @@ import shutil
 from typing import Callable
 
 import torch
+from torch import nn
 
 from asr_core.config import Config
 from asr_core.model.acoustic import AcousticModel
+from asr_core.model.attention import SelfAttention
+from asr_core.model.batchrenorm import MaskedBatchRenorm
 
 
 def compile_problem(cfg: Config, device: torch.device) -> str | None:
@@ -52,10 +55,24 @@ def compile_problem(cfg: Config, device: torch.device) -> str | None:
     return None
 
 
+def keep_uncompiled(model: nn.Module) -> None:
+    """Mark what runs uncompiled inside ``model``'s compiled parts: batch renormalisation's correction (a compiled
+    graph recomputed it from the running statistics it had moved, and gave other gradients: see
+    :meth:`asr_core.model.batchrenorm.MaskedBatchRenorm.correction`) and flash-attn's kernel call
+    (:meth:`asr_core.model.attention.SelfAttention.flash`). Done here rather than where they are defined, so that
+    importing the model does not import the compiler."""
+    for m in model.modules():
+        if isinstance(m, MaskedBatchRenorm):
+            m.correction = torch.compiler.disable(m.correction)  # type: ignore[method-assign]
+        elif isinstance(m, SelfAttention):
+            m.flash = torch.compiler.disable(m.flash)  # type: ignore[method-assign]
+
+
 def compile_model(model: AcousticModel) -> None:
     """Compile ``model``'s parts in place (see the module docstring); its state dict is unchanged."""
     # a part that fails to compile runs as it is (PyTorch logs the failure) rather than ending the trial
     torch._dynamo.config.suppress_errors = True
+    keep_uncompiled(model)
     model.subsampling.compile()
     for layer in model.layers:
         layer.compile()
