@@ -235,7 +235,8 @@ def test_plan_head_windows_takes_windows_in_turn_without_overlap() -> None:
 def test_heads_command_logs_metrics_and_artifacts_into_the_checkpoints_run(
         corpus: dict[str, str], mlflow_store: tuple[str, MlflowClient, str], tmp_path: Path) -> None:
     from asr_core.data.corpora import load_corpus
-    from asr_core.probes.heads import cli, measure_dataset, plan_head_windows
+    from asr_core.probes.heads import measure_dataset, plan_head_windows
+    from asr_core.probes.heads_args import cli
     from asr_core.training.train import train
 
     uri, client, _ = mlflow_store

@@ -68,33 +68,30 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-import pandas as pd
-import torch
-
+from asr_core.contract.checkpoint_file import file_refusal
 from asr_core.contract.specs import parse_dataset_spec
 from asr_core.data.corpora import CorpusError, Recording, load_corpus
 from asr_core.data.corpora.cues import planted
 from asr_core.data.corpora.fingerprint import fingerprint
-from asr_core.decoding.decode import WindowBatch, auto_batch_windows, window_frames
 from asr_core.contract.evaluation import merge_tables
 from asr_core.contract.ledger import shown_tags
 from asr_core.contract.metrics import (CUE_COLUMNS, FUSION_METHODS, GREEDY, TABLE_COLUMNS, TAIL_COLUMNS, TAIL_TAG,
                                        condition_name, cue_metric_key, decoder_tag, fusion_decoder, metric_key,
                                        slot_table_file, table_file, tail_metric_key)
-from asr_core.device import resolve_device, use_bf16
-from asr_core.evaluation.recall import merge_slot_tables, recall_metrics, recall_slots, slot_table, write_slot_table
-from asr_core.evaluation.recall_window import WindowModel, window_rows
-from asr_core.evaluation.decoders import BeamDecoding, beam_decoding, check_lm_vocabulary, evaluate_dataset
 from asr_core.runtime.outbox import Outbox, fail_fast_http
 from asr_core.evaluation.score import Counts, corpus_wer
-from asr_core.evaluation.stage_run import check_fingerprints, known_tags, log_stage, stage_run
 from asr_core.evaluation.tail import describe, load_tail
 from asr_core.contract.trial import EVAL_DIR, ProgressLog
-from asr_core.training.checkpoint import acoustic_header
 from asr_core.contract.options import renamed
 
+# torch, pandas, scipy (the recall plant's tables) and what imports them are imported where they are used: a
+# refusal of the command line, of a checkpoint's file or of an evaluation's options needs none of them
 if TYPE_CHECKING:
+    import pandas as pd
+    import torch
+
     from asr_core.config import EvalConfig
+    from asr_core.evaluation.decoders import BeamDecoding
 
 CSV_COLUMNS = [*TABLE_COLUMNS, *CUE_COLUMNS]
 
@@ -206,6 +203,8 @@ def evaluate(job: EvaluationRun, to: Destination = Destination()) -> pd.DataFram
     if batch_windows < 0:
         raise ValueError(f"batch_windows must be 0 (sized from free GPU memory) or a positive integer, "
                          f"got {batch_windows}")
+    from asr_core.device import resolve_device, use_bf16
+
     dev = resolve_device(job.device)
     bf16 = use_bf16(job.precision, dev, setting="eval.precision")  # raises for bf16 without CUDA, or an unknown one
     if not datasets:
@@ -235,9 +234,14 @@ def evaluate(job: EvaluationRun, to: Destination = Destination()) -> pd.DataFram
     columns = CSV_COLUMNS + (list(TAIL_COLUMNS) if tail is not None else [])
     corpora = {name: load_corpus(spec, strict=job.strict) for name, spec in parsed}
     cues = {name: planted(recs) for name, recs in corpora.items()}  # None: no planted words in the dataset
+    from asr_core.evaluation.recall import (merge_slot_tables, recall_metrics, recall_slots, slot_table,
+                                            write_slot_table)
+
     slots = {name: recall_slots(recs) for name, recs in corpora.items()}  # None: no recall plant in the dataset
     run: tuple[str, str | None] | None = None
     new_tags: dict[str, str] = {}
+    from asr_core.evaluation.stage_run import check_fingerprints, known_tags, log_stage, stage_run
+
     if to.log:
         run = stage_run(checkpoint, to.run_id, to.tracking_uri, outbox, "eval")
         if run is not None:
@@ -247,8 +251,14 @@ def evaluate(job: EvaluationRun, to: Destination = Destination()) -> pd.DataFram
                 outbox.tags(new_tags)
                 new_tags = {}
 
+    import pandas as pd
+    import torch
+
     from asr_core.training.checkpoint import load_for_eval
     from asr_core.data.features import FeatureExtractor
+    from asr_core.decoding.decode import WindowBatch, window_frames
+    from asr_core.evaluation.decoders import check_lm_vocabulary, evaluate_dataset
+    from asr_core.evaluation.recall_window import WindowModel, window_rows
 
     model, cfg, tokenizer = load_for_eval(checkpoint, dev)
     if isinstance(model, torch.nn.Module):
@@ -373,6 +383,8 @@ def fusion_setting(method: str, stride: float) -> dict[str, str]:
 def _auto_batch(cfg, window: int, dev: torch.device, bf16: bool, corpora: dict[str, list[Recording]]) -> int:
     """``batch_windows=0``: windows that fit the GPU's free memory now (the model loaded), keeping room for the
     float32 sums of the longest recording (twice: the sums and their average)."""
+    from asr_core.decoding.decode import auto_batch_windows
+
     longest_s = max((r.duration for recs in corpora.values() for r in recs), default=0.0)
     out_frames = math.ceil(longest_s * cfg.data.features.frames_per_second / cfg.model.subsampling_factor)
     m = cfg.model
@@ -432,8 +444,14 @@ def cli(argv: list[str]) -> int:
     if not a.checkpoint.is_file():
         print(f"evaluate: checkpoint {a.checkpoint} not found", file=sys.stderr)
         return 2
+    refused = file_refusal(a.checkpoint)  # before torch is imported: a second, not several
+    if refused:
+        print(f"evaluate: {refused}", file=sys.stderr)
+        return 2
     try:
         from asr_core.config import Config
+        from asr_core.evaluation.decoders import beam_decoding
+        from asr_core.training.checkpoint import acoustic_header
 
         ev = Config.from_stored(acoustic_header(a.checkpoint)["config"], source=str(a.checkpoint)).eval
         noisy = a.noisy if a.noisy is not None else ([] if a.data else list(ev.noisy))

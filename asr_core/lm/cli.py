@@ -119,7 +119,7 @@ def _train(argv: list[str]) -> int:
 
 
 def ppl_cli(argv: list[str]) -> int:
-    from asr_core.lm.ppl import cli
+    from asr_core.lm.ppl_args import cli
 
     return cli(argv)
 

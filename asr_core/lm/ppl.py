@@ -50,7 +50,6 @@ from asr_core.contract.metrics import lm_ppl_key, lm_ppl_tail_key
 from asr_core.device import DeviceError, resolve_device, use_bf16
 from asr_core.lm.data import Document, TextError, chunk_batches, read_documents
 from asr_core.lm.model import KVCache, TransformerLM
-from asr_core.contract.options import renamed
 from asr_core.data.tokenizer import Tokenizer
 
 PPL_DIR = "ppl"
@@ -279,38 +278,14 @@ def _log(out: Path, run_id: str, tracking_uri: str, step: int, rows: Sequence[Pp
         box.close()
 
 
-def cli(argv: list[str]) -> int:
+def run(a: argparse.Namespace, contexts: list[int]) -> int:
+    """``lm ppl`` with its parsed options (:func:`asr_core.lm.ppl_args.cli` checks them first); the exit status."""
     from asr_core.runtime.outbox import fail_fast_http
     from asr_core.data.tokenizer import TokenizerError
 
     from asr_core.lm.checkpoint import LMTrainError, load_lm
     from asr_core.training.checkpoint import CheckpointError
 
-    ap = argparse.ArgumentParser(prog="python -m asr_core lm ppl",
-                                 description="Per-token perplexity of an LM checkpoint at several contexts.")
-    ap.add_argument("checkpoint", type=Path)
-    ap.add_argument("--data", action="append", required=True, metavar="[NAME=]SPEC",
-                    help="text:FILE.jsonl|FILE.txt|FOLDER or a corpus spec FORMAT:PATH (repeatable)")
-    renamed(ap, "--context", ap.add_argument("--lm-contexts", dest="context", default="64,256,1024",
-                                             help="LM contexts in tokens, comma-separated"))
-    ap.add_argument("--chunk", type=int, default=0, help="tokens scored per forward pass (0: the training chunk)")
-    ap.add_argument("--batch", type=int, default=8, help="documents scored side by side")
-    ap.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
-    ap.add_argument("--precision", default="auto", choices=("auto", "bf16", "fp32"),
-                    help="auto: bf16 autocast on CUDA, fp32 on the CPU")
-    ap.add_argument("--tracking-uri", default=None, help="log lm_ppl/<dataset>/ctx<n> to MLflow there")
-    ap.add_argument("--run-id", default=None, help="the run to log into (default: the checkpoint's)")
-    ap.add_argument("--tail", type=Path, default=None, metavar="FILE.json",
-                    help="a tail set (python -m asr_core tailset): also the perplexity over the tokens of its words")
-    a = ap.parse_args(argv)
-    try:
-        contexts = sorted({int(c) for c in a.context.split(",") if c.strip()})
-        if not contexts or min(contexts) < 0:
-            raise ValueError
-    except ValueError:
-        print(f"lm ppl: --lm-contexts {a.context!r} must be non-negative integers separated by commas, e.g. 64,256,1024",
-              file=sys.stderr)
-        return 2
     try:
         device = resolve_device(a.device, setting="--device")
     except DeviceError as e:

@@ -24,12 +24,11 @@ and artifacts under ``heads/``: ``<NAME>.npz`` (per representation ``matrix_<R>`
 A dataset name stands for one content in a run, as in evaluation: its fingerprint is checked against, or recorded
 as, the run's ``eval.<NAME>.fingerprint`` tag. Logging goes through an outbox like ``evaluate``'s: the trial job's
 own (``eval.head_diversity``, :mod:`asr_core.trial`), or one in ``DIR/outbox`` that the command waits for at most
-``ASR_CORE_FINAL_FLUSH_S`` seconds.
+``ASR_CORE_FINAL_FLUSH_S`` seconds. The command line is :mod:`asr_core.probes.heads_args`'s.
 """
 
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 from collections.abc import Callable, Sequence
@@ -41,16 +40,16 @@ import numpy as np
 import torch
 
 from asr_core.contract.specs import parse_dataset_spec
-from asr_core.data.corpora import CorpusError, Recording, load_corpus
+from asr_core.data.corpora import Recording, load_corpus
 from asr_core.data.corpora.fingerprint import fingerprint
 from asr_core.decoding.decode import WindowBatch, auto_batch_windows, prepare_features, window_frames
 from asr_core.device import resolve_device, use_bf16
 from asr_core.model.heads import DEFAULT_SAMPLE_ROWS, REPRESENTATIONS, diversity_loss, head_similarity, offdiagonal_mean
-from asr_core.runtime.outbox import Outbox, fail_fast_http
+from asr_core.runtime.outbox import Outbox
 from asr_core.contract.metrics import heads_key, heads_windows_key
 from asr_core.contract.trial import HEADS_DIR  # the folder beside the checkpoint (or in the trial's), and the run's
 from asr_core.evaluation.stage_run import check_fingerprints, known_tags, log_stage, stage_run
-from asr_core.training.checkpoint import acoustic_header, load_for_eval
+from asr_core.training.checkpoint import load_for_eval
 
 DEFAULT_WINDOWS = 32  # eval.head_windows' default
 Progress = Callable[[int, int], None]  # (windows done, windows total)
@@ -287,54 +286,3 @@ def measure(checkpoint: str | Path, datasets: Sequence[str], *, rows: int = DEFA
         metrics = {k: v for s in results.values() for k, v in s.metrics().items()}
         log_stage(outbox, out, run, tags, metrics, files, HEADS_DIR, "heads")
     return results
-
-
-def cli(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(prog="python -m asr_core heads", description=__doc__.split("\n\n")[0])
-    ap.add_argument("checkpoint", type=Path)
-    ap.add_argument("--data", action="append", default=None, metavar="NAME=FORMAT:PATH",
-                    help="a dataset (repeatable); default: the first of the checkpoint's eval.datasets")
-    ap.add_argument("--rows", type=int, default=None,
-                    help="query rows of A sampled per window (default: the checkpoint's eval.head_rows, 64)")
-    ap.add_argument("--max-windows", type=int, default=None,
-                    help="windows per dataset (default: the checkpoint's eval.head_windows, 32)")
-    ap.add_argument("--batch-windows", type=int, default=None,
-                    help="windows per forward pass; 0 = sized from the GPU's free memory (8 on the CPU); default: "
-                         "the checkpoint's eval.batch_windows")
-    ap.add_argument("--precision", default=None, choices=("auto", "bf16", "fp32"),
-                    help="auto: bf16 autocast on CUDA, fp32 on the CPU; default: the checkpoint's eval.precision")
-    ap.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
-    ap.add_argument("--out", type=Path, default=None, help=f"folder for the matrices and figures (default: "
-                    f"{HEADS_DIR}/ next to CKPT)")
-    ap.add_argument("--strict", action="store_true", help="a bad corpus file is fatal instead of skipped")
-    ap.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default: the one the checkpoint "
-                    "recorded; with no run known, nothing is logged)")
-    ap.add_argument("--run-id", default=None)
-    ap.add_argument("--no-log", action="store_true", help="do not log to MLflow")
-    a = ap.parse_args(argv)
-    fail_fast_http()  # one MLflow call fails fast; the outbox retries
-    if not a.checkpoint.is_file():
-        print(f"heads: checkpoint {a.checkpoint} not found", file=sys.stderr)
-        return 2
-    try:
-        from asr_core.config import Config
-
-        ck = acoustic_header(a.checkpoint)
-        ev = Config.from_stored(ck["config"], source=str(a.checkpoint)).eval
-        del ck
-        data = a.data or list(ev.datasets[:1])
-        results = measure(a.checkpoint, data, rows=a.rows if a.rows is not None else ev.head_rows,
-                          max_windows=a.max_windows if a.max_windows is not None else ev.head_windows,
-                          batch_windows=a.batch_windows if a.batch_windows is not None else ev.batch_windows,
-                          precision=a.precision or ev.precision, device=a.device, tracking_uri=a.tracking_uri,
-                          run_id=a.run_id, out_dir=a.out, log=not a.no_log, strict=a.strict)
-    except (CorpusError, ValueError, FileNotFoundError, KeyError) as e:
-        print(f"heads: {e}", file=sys.stderr)
-        return 2
-    for name, s in results.items():
-        print(f"{name}: {s.windows} windows of {s.context_s:g} s")
-        for r in REPRESENTATIONS:
-            layers = " ".join(f"{v:.3f}" for v in s.diversity[r])
-            print(f"  {r}: sum {s.diversity[r].sum():.4f}  similarity {s.similarity[r].mean():.4f}  per layer "
-                  f"{layers}")
-    return 0

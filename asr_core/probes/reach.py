@@ -39,16 +39,20 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import pandas as pd
-import torch
-
+from asr_core.contract.checkpoint_file import file_refusal
 from asr_core.contract.specs import parse_dataset_spec
 from asr_core.data.corpora import CorpusError, Recording, load_corpus
-from asr_core.decoding.decode import Model, posteriors_at, prepare_features, window_frames
-from asr_core.data.features import zero_regions
 from asr_core.probes.checkpoints import out_for, refusal
-from asr_core.training.checkpoint import acoustic_header, load_for_eval
+
+# torch, pandas and the model's modules are imported where they are used: a refusal of the command line or of a
+# checkpoint's file needs none of them
+if TYPE_CHECKING:
+    import pandas as pd
+    import torch
+
+    from asr_core.decoding.decode import Model
 
 DISTANCES_S = (1.0, 2.0, 5.0, 10.0, 20.0, 40.0, 60.0)
 CHANGED = 1e-6  # a probability that moved by more than this counts as a change (float32 noise is ~1e-7)
@@ -80,6 +84,8 @@ class Decoding:
         return a, min(t_out, max(a + 1, int(math.ceil(end_s / per_out))))
 
     def stretch(self, features: torch.Tensor, frames: tuple[int, int]) -> torch.Tensor:
+        from asr_core.decoding.decode import posteriors_at
+
         return posteriors_at(self.model, features, self.window, frames, stride=self.stride,
                              subsampling=self.subsampling, batch_windows=self.batch_windows)
 
@@ -87,6 +93,8 @@ class Decoding:
                end_s: float) -> tuple[float, bool]:
         """(mean total variation over ``frames``, whether any probability moved by more than :data:`CHANGED`) when
         [start_s, end_s) is silenced, against ``base`` (the stretch's posteriors untouched)."""
+        from asr_core.data.features import zero_regions
+
         moved = self.stretch(zero_regions(features, [(start_s, end_s)], self.frames_per_second), frames)
         return float(total_variation(base, moved).mean()), bool((base - moved).abs().max() > CHANGED)
 
@@ -142,6 +150,8 @@ def cue_profile(dec: Decoding, features: torch.Tensor, duration_s: float, rec: R
 
 def summarise_distances(rows: pd.DataFrame) -> pd.DataFrame:
     """Per distance: stretches measured, mean total variation, share changed (%)."""
+    import pandas as pd
+
     if rows.empty:
         return pd.DataFrame(columns=["distance_s", "stretches", "mean_tv", "changed_pct"])
     g = rows.groupby("distance_s")
@@ -155,6 +165,8 @@ CUE_BINS_S = (0.0, 5.0, 10.0, 20.0, 40.0, 80.0, math.inf)
 def summarise_cues(rows: pd.DataFrame) -> pd.DataFrame:
     """Per band of the gap to the disambiguating word: planted words, mean total variation and share changed (%)
     with it silenced and with the control silenced."""
+    import pandas as pd
+
     cols = ["gap_s", "cue_words", "tv_decider", "changed_decider_pct", "tv_control", "changed_control_pct"]
     if rows.empty:
         return pd.DataFrame(columns=cols)
@@ -208,6 +220,11 @@ def measure(checkpoint: str | Path, datasets: Sequence[str], *, distances_s: Seq
                          f"({span_s:g} s) positive and distances ({list(distances_s)}) given and not negative")
     parsed = [parse_dataset_spec(d) for d in datasets]
     corpora = {name: load_corpus(spec) for name, spec in parsed}  # bad data fails before any decoding
+    import pandas as pd
+
+    from asr_core.decoding.decode import prepare_features, window_frames
+    from asr_core.training.checkpoint import load_for_eval
+
     model, cfg, _ = load_for_eval(checkpoint, "cpu")
     model.eval()
     fps = cfg.data.features.frames_per_second
@@ -324,7 +341,8 @@ def cli(argv: list[str]) -> int:
                     "figure of all of them is OUT/reach.png)")
     a = ap.parse_args(argv)
     refused = refusal("reach", a.checkpoints, a.out, "each gets a folder in it, and one figure shows them all")
-    if refused:
+    refused = refused or next((f"reach: {r}" for r in map(file_refusal, a.checkpoints) if r), None)
+    if refused:  # all of them before torch is imported, and before any is measured
         print(refused, file=sys.stderr)
         return 2
     results: list[Reach] = []
@@ -333,6 +351,7 @@ def cli(argv: list[str]) -> int:
             data = a.data
             if not data:
                 from asr_core.config import Config
+                from asr_core.training.checkpoint import acoustic_header
 
                 ck = acoustic_header(ckpt)
                 data = list(Config.from_stored(ck["config"], source=str(ckpt)).eval.datasets[:1])

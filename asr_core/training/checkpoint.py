@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import pickle
 import random
-import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +22,7 @@ import torch
 
 from asr_core.config import Config
 from asr_core.contract.atomic import write_with
+from asr_core.contract.checkpoint_file import file_refusal, not_ours
 from asr_core.model.acoustic import AcousticModel, build_model
 from asr_core.data.tokenizer import Tokenizer
 
@@ -90,20 +90,11 @@ def _load(path: Path, mmap: bool) -> dict[str, Any]:
 def _check_file(path: Path) -> None:
     """A checkpoint path names a file of ``torch.save``'s format (a zip archive: every checkpoint this project
     writes is one), else :class:`CheckpointError`. Checked before torch reads it, so torch's advice on how to load
-    other files (some of which would run code from the file) never reaches the user."""
-    if path.is_dir():
-        inside = path / "checkpoint.pt"
-        hint = f"; did you mean {inside}?" if inside.is_file() else ""
-        raise CheckpointError(f"{path} is a folder, not a checkpoint{hint}")
-    if not path.is_file():
-        raise CheckpointError(f"checkpoint not found: {path}")
-    try:
-        is_zip = zipfile.is_zipfile(path)
-    except OSError as e:
-        raise CheckpointError(f"checkpoint {path} cannot be read: {e.strerror or e}") from None
-    if not is_zip:
-        size = path.stat().st_size
-        raise _not_ours(path, "an empty file" if size == 0 else "not a file torch.save wrote")
+    other files (some of which would run code from the file) never reaches the user. The check and its words are
+    :func:`asr_core.contract.checkpoint_file.file_refusal`'s, which commands also run before importing torch."""
+    problem = file_refusal(path)
+    if problem is not None:
+        raise CheckpointError(problem)
 
 
 def _why_unreadable(e: Exception) -> str:
@@ -117,8 +108,7 @@ def _why_unreadable(e: Exception) -> str:
 
 
 def _not_ours(path: Path, why: str) -> CheckpointError:
-    return CheckpointError(f"not a checkpoint of this project: {path} ({why}); valid: a checkpoint.pt written by "
-                           "`python -m asr_core train` or a grid trial (an LM's: by `python -m asr_core lm train`)")
+    return CheckpointError(not_ours(path, why))
 
 
 def _checked(path: Path, state: Any) -> dict[str, Any]:

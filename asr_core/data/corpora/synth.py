@@ -51,7 +51,6 @@ index), so the number of parallel ``--jobs`` does not change the output.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import random
@@ -60,18 +59,23 @@ import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from asr_core.data.audio import SAMPLE_RATE, save_audio
 from asr_core.data.corpora import podcast
 from asr_core.data.corpora.base import Word
 from asr_core.data.corpora.cues import (WINDOWS_S, CueConfig, CuePlanter, containment, corpus_sites, cue_sites,
                                   cue_topics, format_containment, sound_of)
-from asr_core.data.corpora.recall import KeyEdit, RecallConfig, RecallPlanter, masker, sentence_rms
-from asr_core.data.corpora.synth_audio import Room, Speaker, apply_room, espeak
-from asr_core.data.corpora.synth_text import CUE_GROUPS, TOPICS, SentenceMaker
-from asr_core.contract.options import positional_alias, take_positional
+from asr_core.data.corpora.synth_text import TOPICS, SentenceMaker
+from asr_core.contract.options import take_positional
+from asr_core.data.corpora.synth_args import parser
+
+# the audio side (torch, torchaudio, scipy, soundfile) is imported where a recording is drawn or rendered: a
+# refusal of the command line needs none of it
+if TYPE_CHECKING:
+    from asr_core.data.corpora.recall import KeyEdit, RecallConfig
+    from asr_core.data.corpora.synth_audio import Room, Speaker
 
 FORMAT_VERSION = 1
 SPLITS = ("train", "dev", "test", "test-shifted")
@@ -143,7 +147,17 @@ def domain_voices(dom: Domain, voices: int = 0) -> tuple[str, ...]:
     return tuple(ordered[:voices] if voices else ordered)
 
 
+def espeak(text: str, speaker: Speaker) -> np.ndarray:
+    """:func:`asr_core.data.corpora.synth_audio.espeak` (the one name :func:`render` speaks through, so a test can
+    replace the synthesiser here)."""
+    from asr_core.data.corpora.synth_audio import espeak as speak
+
+    return speak(text, speaker)
+
+
 def draw_speaker(rng: random.Random, dom: Domain, voices: int = 0) -> Speaker:
+    from asr_core.data.corpora.synth_audio import Speaker
+
     rate = rng.randint(*rng.choice(dom.rates))
     pitch = rng.randint(*rng.choice(dom.pitches))
     if voices:
@@ -152,6 +166,8 @@ def draw_speaker(rng: random.Random, dom: Domain, voices: int = 0) -> Speaker:
 
 
 def draw_room(rng: random.Random, dom: Domain) -> Room:
+    from asr_core.data.corpora.synth_audio import Room
+
     return Room(highpass_hz=round(_u(rng, dom.highpass_hz), 1), lowpass_hz=round(_u(rng, dom.lowpass_hz), 1),
                 peak_hz=round(rng.uniform(400, 3000), 1), peak_db=round(_u(rng, dom.peak_db), 2),
                 reverb_s=round(_u(rng, dom.reverb_s), 3), reverb_mix=round(_u(rng, dom.reverb_mix), 3),
@@ -226,6 +242,10 @@ def render(plan: Plan, *, dry: bool = False, recall: RecallConfig | None = None,
     slots (they take precedence over the cue's sentences) and the metadata lists them (``recall_slots``).
     ``key_edit`` (the causal check) says every clear mention of the code word otherwise, in the same span: every
     other sample, word time and metadata entry is the unedited rendering's (:class:`KeyEdit`)."""
+    from asr_core.data.audio import SAMPLE_RATE
+    from asr_core.data.corpora.recall import RecallPlanter, masker, sentence_rms
+    from asr_core.data.corpora.synth_audio import Speaker, apply_room
+
     rng = random.Random(plan.seed)
     maker = SentenceMaker(rng, plan.topic)
     planter = CuePlanter(plan.cue, plan.topic, plan.seed, plan.target_s) if plan.cue is not None else None
@@ -312,6 +332,8 @@ def write_recording(plan: Plan, out: Path, recall: RecallConfig | None = None) -
     """Render ``plan`` (with the recall plant ``recall``) into ``out/<split>/<id>.wav|.json`` and
     ``out/meta/<id>.json``; returns the metadata. The transcript is written last, so a recording whose JSON exists
     is complete (used to resume)."""
+    from asr_core.data.audio import save_audio
+
     t0 = time.perf_counter()
     wave, words, speakers, meta = render(plan, recall=recall)
     split_dir = out / plan.split
@@ -403,41 +425,7 @@ def synthesise(out: Path, hours: float, seed: int, *, eval_hours: float | None =
 
 
 def cli(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(prog="python -m asr_core synth", description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=Path, default=None, help="output folder (required; see the layout below)")
-    positional_alias(ap, "out", "--out")
-    ap.add_argument("--hours", type=float, required=True, help="hours of training audio (fractions allowed)")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--eval-hours", type=float, default=None,
-                    help="hours in each of dev, test, test-shifted (default max(0.1, hours/10))")
-    ap.add_argument("--min-minutes", type=float, default=1.0)
-    ap.add_argument("--max-minutes", type=float, default=5.0)
-    ap.add_argument("--eval-max-minutes", type=float, default=None,
-                    help="cap on the length of dev/test/test-shifted recordings (default --max-minutes): shorter "
-                         "evaluation recordings give a paired test more of them")
-    ap.add_argument("--shift", choices=SHIFTS, default="far",
-                    help="test-shifted domain: far = unseen accents and voices (default); near = the training "
-                         "voices at unseen rates and pitches, in unseen rooms (for corpora made with --voices)")
-    ap.add_argument("--meeting-fraction", type=float, default=0.3, help="share of two-voice meetings")
-    ap.add_argument("--voices", type=int, default=0,
-                    help="limit train/dev/test to this many espeak-ng voices (0 = all 21); test-shifted is unchanged")
-    ap.add_argument("--cue", default="0", metavar="RATE[,NEAR-FAR][,gK]",
-                    help="plant a long-range cue: RATE homophones a minute spelt by the recording's topic, the "
-                         "nearest word giving the topic away NEAR-FAR seconds before each (default 20-60) and none "
-                         f"within NEAR seconds after; gK: only the first K of the {len(CUE_GROUPS)} homophone "
-                         "groups, every recording's topic one that owns a spelling in them (e.g. 10,2-6,g2: a "
-                         "concentrated plant); 0 (default) = none, the corpus as without this option")
-    ap.add_argument("--recall", default="0", metavar="RATE",
-                    help="plant a masked-recall control: a code word said clearly (\"the code word is X\"), then "
-                         "asked for RATE times a minute (4-6 recommended) with its audio masked by pink noise, half "
-                         "1-4 s and half 20-60 s after the latest clear mention, with unmasked and no-key controls "
-                         "(see asr_core.data.corpora.recall); 0 (default) = none, the corpus as without this option")
-    ap.add_argument("--cue-report", action="store_true",
-                    help="print, per split, how often a window of 5/10/20/40/80 s holds a disambiguating word with "
-                         "each cue word")
-    ap.add_argument("--jobs", type=int, default=2, help="parallel processes (output does not depend on it)")
-    ap.add_argument("--splits", default=",".join(SPLITS), help=f"comma-separated subset of {','.join(SPLITS)}")
+    ap = parser(__doc__.split("\n\n")[0], SPLITS, SHIFTS)
     a = ap.parse_args(argv)
     take_positional(ap, a, "out", "--out")
     a.out = Path(a.out)
@@ -460,6 +448,8 @@ def cli(argv: list[str]) -> int:
         cue = CueConfig.parse(a.cue)
     except ValueError as e:
         ap.error(f"--cue: {e}")
+    from asr_core.data.corpora.recall import RecallConfig
+
     try:
         recall = RecallConfig.parse(a.recall)
     except ValueError as e:
