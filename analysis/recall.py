@@ -20,7 +20,8 @@ Tests (:func:`far_tests`): each context against the series' shortest, on far-ban
 per recording the far slots recalled wrong averaged over seeds, as a rate over the recording's far slots; the paired
 sign-flip permutation test of :func:`analysis.stats.sign_flip_test` on the differences (recordings without far slots
 left out), its p-values Holm-corrected across every comparison of the section. :func:`verdicts`: per series, dataset
-and condition, whether the longest context recalls far slots significantly better than the shortest.
+and condition, whether the longest context recalls far slots significantly better than the shortest; where there are
+near slots only (recordings under 45 s), whether near-band recall is above chance at all (:func:`near_verdict`).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import pandas as pd
 
 from analysis import stats
 from analysis.collect import Sweep, greedy_rows
-from analysis.werr import context_spans, family_rows, format_seconds, holm_once, stable_seed
+from analysis.werr import ContextSpan, context_spans, family_rows, format_seconds, holm_once, stable_seed
 from asr_core.contract.metrics import AVERAGE, CLEAN, WINDOW
 
 # distance bins of masked slots: (label, upper edge in seconds, exclusive); the plant's bands are 1-4 s and 20-60 s
@@ -42,6 +43,7 @@ GROUPS = ("near", "far", *(label for label, _ in BINS), *CONTROLS)
 GROUP_NAMES = {"near": "near band (1-4 s)", "far": "far band (20-60 s)", "unmasked": "ceiling (unmasked)",
                "no-key": "guess rate (no key)", **{label: f"distance {label}" for label, _ in BINS}}
 SCORING_NAMES = {WINDOW: "one window per slot"}
+CHANCE = 100.0 / 8  # percent: one of the plant's K = 8 code words guessed
 KEYS = ["config", "config_id", "series", "series_id", "families", "context_s", "dataset", "condition"]
 RATE_COLUMNS = ["family", "series", "series_id", "dataset", "condition", "config", "config_id", "context_s", "group",
                 "n_seeds", "seeds", "n_recordings", "n_slots", "accuracy", "accuracy_sd", "accuracy_min",
@@ -212,7 +214,33 @@ def verdicts(rates: pd.DataFrame, tests: pd.DataFrame, alpha: float) -> list[str
         lines.append(f"{head}, {span}: {verdict}: far-band accuracy {short['accuracy']:.1f}% → "
                      f"{long['accuracy']:.1f}% (Holm p = {_p(p)}, {int(t['n_recordings'].iloc[0])} recordings, "
                      f"α = {alpha:g}); " + "; ".join(other(g) for g in ("near", "unmasked", "no-key")) + ".")
-    return lines
+    far_groups = {(g.family, g.series_id, g.dataset, g.condition)
+                  for g in context_spans(rates[rates["group"] == "far"])}
+    return lines + [near_verdict(rates, g) for g in context_spans(rates[rates["group"] == "near"])
+                    if (g.family, g.series_id, g.dataset, g.condition) not in far_groups]
+
+
+def near_verdict(rates: pd.DataFrame, g: ContextSpan) -> str:
+    """The line of a group with near slots but no far ones (``g``: its near-band rows): whether near-band recall,
+    inside every window, is above chance (:data:`CHANCE`) at every context, at none (the control is not learned), or
+    at some; with the ceiling and guess-rate accuracies."""
+    near = rates[(rates["group"] == "near") & (rates["family"].astype(str) == g.family)
+                 & (rates["series_id"].astype(str) == g.series_id) & (rates["dataset"].astype(str) == g.dataset)
+                 & (rates["condition"].astype(str) == g.condition)].sort_values("context_s")
+    above = near["accuracy"] > CHANCE
+    verdict = ("**the control is not learned: near-band recall is at or below chance at every context**"
+               if not above.any() else "**near-band recall is above chance at every context**" if above.all() else
+               "**near-band recall is above chance at some contexts only**")
+    span = format_seconds(g.short["context_s"]) if g.single else g.span
+    accs = " → ".join(_pct(a) for a in near["accuracy"])
+
+    def control(group: str) -> str:
+        return f"{GROUP_NAMES[group]} " + " → ".join(_pct(_acc(rates, cid, g.dataset, g.condition, group))
+                                                     for cid in near["config_id"])
+
+    return (f"{g.head}, {span}: no far-band slots (recordings under 45 s hold near slots only), so far-slot recall "
+            f"is not compared; near band (1-4 s) {accs} (chance {CHANCE:.1f}%): {verdict}; "
+            + "; ".join(control(k) for k in CONTROLS) + ".")
 
 
 def _pct(x: float) -> str:
