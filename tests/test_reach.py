@@ -102,17 +102,31 @@ def _checkpoints(root: Path) -> dict[float, Path]:
 
 
 @pytest.mark.slow
+def _cued_test_split(out: Path) -> Path:
+    """The test split of ``./scripts/demo.sh --quick``'s corpus without the recall control: the same synth arguments
+    as the demo's training corpus (a split's recordings depend only on them, the seed and the split)."""
+    import subprocess
+    import sys
+
+    subprocess.run([sys.executable, "-m", "asr_core", "synth", "--out", str(out), "--hours", "0.25", "--eval-hours",
+                    "0.04", "--eval-max-minutes", "0.5", "--min-minutes", "0.4", "--max-minutes", "0.55", "--voices",
+                    "3", "--shift", "near", "--splits", "test", "--seed", "0", "--cue", "6,3-10"],
+                   check=True, capture_output=True, timeout=600)
+    return out / "test"
+
+
 def test_reach_command_on_the_quick_demo_models(quick_demo, tmp_path: Path, capsys) -> None:
-    """The quick demo's shortest and longest models (5.12 s and 10.24 s) on its cued test set (cue band 3-10 s, 30 s
-    recordings): what lies within a model's window moves its output, what lies beyond never does; both ways for
-    each model, for the silenced seconds and for each planted word's decider."""
+    """The quick demo's shortest and longest models (5.12 s and 10.24 s) on a cued test set as the demo's corpus
+    makes it (cue band 3-10 s, 30 s recordings; the demo's own test set holds the recall control, which crowds the
+    cue out): what lies within a model's window moves its output, what lies beyond never does; both ways for each
+    model, for the silenced seconds and for each planted word's decider."""
     from asr_core.probes.reach import cli
 
     assert quick_demo.first.returncode == 0, quick_demo.first.output[-3000:]
     ckpts = _checkpoints(quick_demo.root)
     short, long = min(ckpts), max(ckpts)
     assert (short, long) == (5.12, 10.24), ckpts
-    test = f"test=podcast:{quick_demo.root / 'corpus' / 'test'}"
+    test = f"test=podcast:{_cued_test_split(tmp_path / 'cued')}"
     assert cli([str(ckpts[short]), str(ckpts[long]), "--data", test]) == 2  # several need --out
     assert "need --out" in capsys.readouterr().err
     out = tmp_path / "reach"
