@@ -33,7 +33,7 @@ from analysis.collect import Sweep, greedy_rows
 from analysis.werr import format_seconds, recording_index, stable_seed, verdict
 from asr_core.contract.metrics import CLEAN
 
-NO_LM = "none"  # the tag's lm when the beam search ran without an LM (asr_core.evaluation.evaluate.beam_decoding)
+NO_LM = "none"  # the tag's lm when the beam search ran without an LM (asr_core.evaluation.decoders.beam_decoding)
 
 COMPARISON_COLUMNS = [
     "series", "series_id", "config", "config_id", "context_s", "dataset", "condition", "snr_db", "decoder", "label",

@@ -89,7 +89,7 @@ def lm_record(run_id: str = LM_RUN, name: str = "lm-tiny") -> RunRecord:
 
 def test_a_beam_decoders_tag_and_the_head_metrics_a_run_logs_are_read() -> None:
     """What asr_core logs for a beam decoder (its metric and tag) and for head similarity becomes rows of the sweep."""
-    from asr_core.evaluation.evaluate import beam_decoding
+    from asr_core.evaluation.decoders import beam_decoding
     from asr_core.probes.heads import HeadsSummary
 
     beam = beam_decoding("beam", name="beam-lm1024")
