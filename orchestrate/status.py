@@ -40,7 +40,9 @@ import argparse
 import contextlib
 import io
 import json
+import signal
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import asdict
@@ -215,6 +217,10 @@ def watch_status(args: argparse.Namespace, sweep: SweepDir, manifest: Manifest,
     runs or waits in the queue (then a line says so), or Ctrl-C; exit 0 either way."""
     every = float(args.watch)
     clear = sys.stdout.isatty() and not getattr(args, "json", False)
+    if threading.current_thread() is threading.main_thread():
+        # Ctrl-C ends the watch even where the process was started ignoring SIGINT (a background job of a script
+        # inherits that, and Python then leaves it ignored)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         while True:
             buf = io.StringIO()

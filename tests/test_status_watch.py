@@ -17,6 +17,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -111,10 +112,13 @@ def running_sweep(root: Path) -> tuple[SweepDir, Lease, Path]:
     return sweep, Lease(run, "local").acquire(), run
 
 
-def watch(sweep: SweepDir, every: str = "0.3") -> subprocess.Popen[str]:
+def watch(sweep: SweepDir, every: str = "0.3", sigint: Any = signal.SIG_DFL) -> subprocess.Popen[str]:
+    """``orchestrate status --watch`` started with SIGINT's disposition ``sigint`` (SIG_IGN: as a background job of a
+    non-interactive shell starts it)."""
     return subprocess.Popen([sys.executable, "-m", "orchestrate", "status", sweep.name, "--sweep-root",
                              str(sweep.path.parent), "--watch", every, "--no-reconcile"], cwd=REPO, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, sigint))
 
 
 def frames(p: subprocess.Popen[str], n: int, timeout: float = 60.0) -> str:
@@ -147,13 +151,21 @@ def test_watch_redraws_until_the_last_trial_ends(tmp_path: Path) -> None:
     assert re.search(r"^  FINISHED +2$", rest.rsplit("Ctrl-C ends", 1)[-1], re.M), rest
 
 
-def test_watch_ends_on_ctrl_c_with_exit_0_and_no_traceback(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sigint", [signal.SIG_DFL, signal.SIG_IGN], ids=["default", "inherited-ignored"])
+def test_watch_ends_on_ctrl_c_with_exit_0_and_no_traceback(tmp_path: Path, sigint: Any) -> None:
+    """Also where the process started with SIGINT ignored (a script's background job): before the watch set its own
+    handler, Ctrl-C was ignored there and the watch drew on."""
     sweep, lease, _ = running_sweep(tmp_path)
-    p = watch(sweep, "5")
+    p = watch(sweep, "5", sigint)
     try:
         assert "Ctrl-C ends" in frames(p, 1)
         p.send_signal(signal.SIGINT)
-        _, err = p.communicate(timeout=60)
+        try:
+            _, err = p.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out, err = p.communicate()
+            raise AssertionError(f"the watch did not end on SIGINT; it drew on:\n{out[-1500:]}\n{err[-1500:]}")
     finally:
         lease.release()
         if p.poll() is None:
