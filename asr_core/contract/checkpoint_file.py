@@ -39,3 +39,13 @@ def file_refusal(path: str | Path) -> str | None:
     if not is_zip:
         return not_ours(path, "an empty file" if path.stat().st_size == 0 else "not a file torch.save wrote")
     return None
+
+
+def command_refusal(command: str, path: str | Path) -> str | None:
+    """The one line ``command`` prints when it refuses ``path`` before importing torch (None: a zip archive, read
+    next): ``COMMAND: checkpoint PATH not found`` for anything but a file, else :func:`file_refusal`'s words."""
+    path = Path(path)
+    if not path.is_file():
+        return f"{command}: checkpoint {path} not found"
+    refused = file_refusal(path)
+    return f"{command}: {refused}" if refused else None

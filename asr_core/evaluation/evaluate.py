@@ -68,7 +68,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from asr_core.contract.checkpoint_file import file_refusal
+from asr_core.contract.checkpoint_file import command_refusal
 from asr_core.contract.specs import parse_dataset_spec
 from asr_core.data.corpora import CorpusError, Recording, load_corpus
 from asr_core.data.corpora.cues import planted
@@ -441,12 +441,9 @@ def cli(argv: list[str]) -> int:
                    help="the metrics' prefix wer_<NAME>/ (default: beam, or beam-lm<CONTEXT> with an LM)")
     a = ap.parse_args(argv)
     fail_fast_http()  # one MLflow call fails fast; the outbox retries
-    if not a.checkpoint.is_file():
-        print(f"evaluate: checkpoint {a.checkpoint} not found", file=sys.stderr)
-        return 2
-    refused = file_refusal(a.checkpoint)  # before torch is imported: a second, not several
+    refused = command_refusal("evaluate", a.checkpoint)  # before torch is imported: a second, not several
     if refused:
-        print(f"evaluate: {refused}", file=sys.stderr)
+        print(refused, file=sys.stderr)
         return 2
     try:
         from asr_core.config import Config

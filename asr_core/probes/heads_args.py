@@ -11,7 +11,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from asr_core.contract.checkpoint_file import file_refusal
+from asr_core.contract.checkpoint_file import command_refusal
 from asr_core.contract.trial import HEADS_DIR
 from asr_core.data.corpora import CorpusError
 from asr_core.runtime.outbox import fail_fast_http
@@ -41,12 +41,9 @@ def cli(argv: list[str]) -> int:
     ap.add_argument("--no-log", action="store_true", help="do not log to MLflow")
     a = ap.parse_args(argv)
     fail_fast_http()  # one MLflow call fails fast; the outbox retries
-    if not a.checkpoint.is_file():
-        print(f"heads: checkpoint {a.checkpoint} not found", file=sys.stderr)
-        return 2
-    refused = file_refusal(a.checkpoint)  # before torch is imported: a second, not several
+    refused = command_refusal("heads", a.checkpoint)  # before torch is imported: a second, not several
     if refused:
-        print(f"heads: {refused}", file=sys.stderr)
+        print(refused, file=sys.stderr)
         return 2
     try:
         from asr_core.config import Config
