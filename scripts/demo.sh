@@ -128,6 +128,9 @@ for d in sys.argv[1:]:
     for p in sorted(pathlib.Path(d).glob("*.wav")):
         h.update(p.read_bytes())
 print(h.hexdigest()[:16])' "$corpus/train" "$tests/test" "$shifted/test-shifted" 2>/dev/null)"
+# and the CPU kernels the models train with: PyTorch picks them by instruction set (ATEN_CPU_CAPABILITY sets them),
+# and kernels of another level sum in another order, so a model's figures hold for the level named here
+echo "kernels: $($PY -c 'import torch; print(torch.backends.cpu.get_cpu_capability().lower())') (ATEN_CPU_CAPABILITY=${ATEN_CPU_CAPABILITY:-unset}; CPU: $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo 2>/dev/null | head -1))"
 
 stamp "2/$steps training and evaluating the grid $grid (local backend, Ray Tune)"
 $PY -m orchestrate plan "$grid"

@@ -14,6 +14,9 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
+# clean in-domain WER every quick-demo model must be under: it transcribes, off the CTC blank plateau, whatever the
+# CPU's kernel level (scripts/capability_check.py measures the margin per level)
+QUICK_DEMO_LEARNED_WER = 95.0
 
 
 @dataclass
