@@ -54,8 +54,8 @@ from asr_core.contract.metrics import (AVERAGE, CLEAN, CUE_COLUMNS, GREEDY, SLOT
                                        condition_name, decoder_tag, fusion_method, metric_name,
                                        parse_decoder_metric_key, parse_heads_key, parse_lm_ppl_key, parse_metric_key,
                                        slot_table_name, snr_of, table_name)
-from asr_core.contract.trial import (FINISHED, ROLE_EXTERNAL, ROLE_PARENT, ROLE_TRIAL, TAG_ERROR, TAG_LABEL,
-                                     TAG_ROLE, TAG_SUBGRIDS, TAG_SYSTEM)
+from asr_core.contract.trial import (FINISHED, ROLE_EXTERNAL, ROLE_PARENT, ROLE_TRIAL, TAG_ERROR, TAG_KERNELS,
+                                     TAG_LABEL, TAG_ROLE, TAG_SUBGRIDS, TAG_SYSTEM)
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ METRIC_TOLERANCE_PTS = 0.05
 NOTHING_LEARNED_WER = 99.0
 
 TRIAL_COLUMNS = ["run_id", "label", "config", "config_id", "series", "series_id", "families", "seed", "status",
-                 "context_s", "layers", "d_model", "heads", "posenc", "rotary_theta", "error"]
+                 "context_s", "layers", "d_model", "heads", "posenc", "rotary_theta", "error", "kernels"]
 EXTERNAL_COLUMNS = ["system", "run_id", "status", "dataset", "condition", "snr_db", "wer"]
 WER_COLUMNS = ["run_id", "dataset", "condition", "snr_db", "decoder", "wer", "wer_table", "n_recordings"]
 # the settings of a beam decoder as its tag holds them (strings; "" where the tag lacks one)
@@ -211,6 +211,7 @@ def build_sweep(experiment: str, records: Iterable[RunRecord], *, ignore_params:
             "posenc": rec.params.get("model.posenc", ""),
             "rotary_theta": number(rec.params.get("model.rotary_theta")),
             "error": rec.tags.get(TAG_ERROR, ""),
+            "kernels": rec.tags.get(TAG_KERNELS, ""),  # the CPU kernel levels that trained it ("" before recorded)
         })
         if rec.status != FINISHED:
             detail = f": {rec.tags[TAG_ERROR]}" if rec.tags.get(TAG_ERROR) else ""
@@ -318,7 +319,7 @@ def build_sweep(experiment: str, records: Iterable[RunRecord], *, ignore_params:
             rec_frames.append(part.assign(run_id=rec.run_id, snr_db=part["condition"].map(conds).astype(float),
                                           decoder=dec))
 
-    info_cols = [c for c in TRIAL_COLUMNS if c not in ("status", "error")]
+    info_cols = [c for c in TRIAL_COLUMNS if c not in ("status", "error", "kernels")]
     wer = pd.DataFrame(wer_rows, columns=WER_COLUMNS)
     wer = trials[info_cols].merge(wer, on="run_id", how="inner")
     if rec_frames:

@@ -23,6 +23,7 @@ import pandas as pd
 from analysis import stats
 from analysis.collect import Sweep, greedy_rows
 from asr_core.contract.metrics import CLEAN, GREEDY
+from asr_core.contract.trial import FINISHED
 
 DEFAULT_BASELINE_CONTEXT_S = 10.24
 CONTEXT_REL_TOL = 0.01  # contexts within 1% are the same length (10 s vs 10.24 s is not; 10.24 vs 10.3 is)
@@ -428,3 +429,26 @@ def evaluation_notes(sweep: Sweep) -> list[str]:
     what = ", ".join(f"{d} {c}" for (d, c), _ in added.groupby(["dataset", "condition"], sort=True))
     return [line + f"; evaluation jobs measured {what} on {added['run_id'].nunique()} of them after training "
                    "(the model's run holds both, its tables merged)."]
+
+
+def kernel_notes(sweep: Sweep) -> list[str]:
+    """Which CPU kernel levels trained the finished runs (tag ``trial.kernels``), and a warning where they differ:
+    the same seed trains other weights under another level (floating-point order), so runs of one configuration
+    trained on different CPUs differ by more than their seeds. Nothing when no run recorded its level."""
+    t = sweep.trials
+    if t.empty or "kernels" not in t:
+        return []
+    done = t[(t["status"] == FINISHED) & (t["kernels"].fillna("") != "")]
+    if done.empty:
+        return []
+    counts = done["kernels"].value_counts().sort_index()
+    said = ", ".join(f"{level} ({n} run{'s' if n != 1 else ''})" for level, n in counts.items())
+    unknown = int((t["status"] == FINISHED).sum()) - len(done)
+    tail = f"; {unknown} finished runs recorded none" if unknown else ""
+    if len(counts) == 1 and "," not in counts.index[0]:
+        return [f"Every run whose level is recorded trained with the CPU kernels {said}{tail}: on another "
+                "instruction set the same seeds train other weights, so expect these figures to hold within the "
+                "seed spread, not to the digit."]
+    return [f"The runs trained with different CPU kernel levels: {said}{tail}. The same seed trains other weights "
+            "under another level (floating-point order), so seeds of one configuration that trained on different "
+            "CPUs differ by more than their seeds do; compare such runs with care."]

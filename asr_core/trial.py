@@ -81,7 +81,7 @@ from asr_core.contract.evaluation import (DEFAULT_EVALUATION, OWN_EVALUATION, Ev
                                           describe_conditions, evaluated_record, evaluation_tag, read_evaluation)
 from asr_core.evaluation.job import EvaluationInterrupted, run_evaluation
 from asr_core.runtime.outbox import FINAL_FLUSH_S, PREEMPT_FLUSH_S, Outbox, fail_fast_http
-from asr_core.runtime.provenance import CodeVersion, code_version
+from asr_core.runtime.provenance import CodeVersion, code_version, cpu_kernels, cpu_model
 from asr_core.contract.trial import (
     CODE_ARTIFACT_DIR,
     ENV_JOB_ID,
@@ -105,9 +105,11 @@ from asr_core.contract.trial import (
     RUNNING,
     SCHEDULED,
     TAG_CODE,
+    TAG_CPU,
     TAG_ERROR,
     TAG_GIT_COMMIT,
     TAG_JOB_ID,
+    TAG_KERNELS,
     TAG_PREEMPTIONS,
     TAG_SEGMENTS,
     ProgressLog,
@@ -121,7 +123,7 @@ from asr_core.contract.trial import (
     record_attempt,
     trained_checkpoint,
 )
-from asr_core.contract.segments import Segment, append_segment, code_labels, read_segments
+from asr_core.contract.segments import Segment, append_segment, code_labels, kernel_levels, read_segments
 
 if TYPE_CHECKING:
     from asr_core.runtime.lease import Lease
@@ -186,11 +188,12 @@ def _start_segment(folder: TrialFolder, version: CodeVersion) -> int:
     """Append this start's record to ``segments.jsonl``; returns its number (1 for the first start)."""
     n = len(read_segments(folder.path)) + 1
     seg = Segment(number=n, time=round(time.time(), 3), code=version.label, commit=version.commit,
-                  dirty=version.dirty, host=socket.gethostname(), job_id=os.environ.get(ENV_JOB_ID))
+                  dirty=version.dirty, host=socket.gethostname(), job_id=os.environ.get(ENV_JOB_ID),
+                  kernels=cpu_kernels(), cpu=cpu_model())
     append_segment(folder.path, seg)
     where = f" (job {seg.job_id})" if seg.job_id else ""
     why = f" ({version.why})" if not version.known else ""
-    _say(f"segment {n}: code {version.label}{why} on {seg.host}{where}")
+    _say(f"segment {n}: code {version.label}{why} on {seg.host}{where}, CPU kernels {seg.kernels or 'unknown'}")
     if version.dirty:
         folder.segment_diff(n).write_text(version.diff, errors="surrogateescape")
     return n
@@ -201,6 +204,10 @@ def _record_segment(folder: TrialFolder, segment: int, version: CodeVersion, out
     ``segments.jsonl``, never read back from MLflow); a dirty tree's diff goes to its artifacts."""
     segs = read_segments(folder.path)
     tags = {TAG_SEGMENTS: str(segment), TAG_CODE: ",".join(code_labels(segs))}
+    if kernel_levels(segs):
+        tags[TAG_KERNELS] = ",".join(kernel_levels(segs))
+    if segs and segs[-1].cpu:
+        tags[TAG_CPU] = segs[-1].cpu
     first_commit = next((s.commit for s in segs if s.commit), None)
     if first_commit:  # MLflow's own tag names the first segment's commit
         tags[TAG_GIT_COMMIT] = first_commit

@@ -31,6 +31,8 @@ from asr_core.contract.trial import (
     FAILED,
     FINISHED,
     TAG_CODE,
+    TAG_CPU,
+    TAG_KERNELS,
     TAG_ERROR,
     TAG_GIT_COMMIT,
     TAG_SEGMENTS,
@@ -178,9 +180,20 @@ def _trial(tmp_path: Path, train: str, steps: int) -> tuple[Path, str, str, Mlfl
     return trial_dir, uri, run.info.run_id, client
 
 
-def _env(repo: Path, job: str) -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(repo), "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1",
-            ENV_JOB_ID: job}
+def _env(repo: Path, job: str, kernels: str | None = None) -> dict[str, str]:
+    env = {**os.environ, "PYTHONPATH": str(repo), "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", ENV_JOB_ID: job}
+    env.pop("ATEN_CPU_CAPABILITY", None)
+    if kernels:
+        env["ATEN_CPU_CAPABILITY"] = kernels
+    return env
+
+
+def _own_kernels() -> str:
+    """The CPU kernel level torch picks here when nothing lowers it."""
+    env = {k: v for k, v in os.environ.items() if k != "ATEN_CPU_CAPABILITY"}
+    return subprocess.run([sys.executable, "-c", "from asr_core.runtime.provenance import cpu_kernels; "
+                           "print(cpu_kernels())"], env=env, capture_output=True, text=True,
+                          check=True).stdout.strip()
 
 
 def _first_train_record(trial_dir: Path, proc: subprocess.Popen, timeout: float = 300) -> None:
@@ -208,7 +221,10 @@ def test_a_run_resumed_after_a_new_commit_carries_both_commits(tmp_path: Path, c
 
     trial_dir, uri, run_id, client = _trial(tmp_path, str(corpus), steps=6)
     cmd = trial_command(trial_dir, uri, run_id)
-    proc = subprocess.Popen(cmd, cwd=repo, env=_env(repo, "job-1"), stdout=subprocess.PIPE,
+    # the first segment on the portable kernels, the second on this CPU's own: a trial resumed on another kind of CPU
+    own = _own_kernels()
+    assert own, "torch names no CPU kernel level"
+    proc = subprocess.Popen(cmd, cwd=repo, env=_env(repo, "job-1", "default"), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     _first_train_record(trial_dir, proc)
     proc.send_signal(signal.SIGUSR2)
@@ -216,20 +232,23 @@ def test_a_run_resumed_after_a_new_commit_carries_both_commits(tmp_path: Path, c
     assert proc.returncode == EXIT_PREEMPTED, log
     tags = client.get_run(run_id).data.tags
     assert tags[TAG_CODE] == first[:12] and tags[TAG_SEGMENTS] == "1" and tags[TAG_GIT_COMMIT] == first
+    assert tags[TAG_KERNELS] == "default" and tags[TAG_CPU]
 
     second = _commit_comment(repo, "a new commit between two segments")
-    done = subprocess.run(cmd, cwd=repo, env=_env(repo, "job-2"), capture_output=True, text=True, timeout=300)
+    done = subprocess.run(cmd, cwd=repo, env=_env(repo, "job-2", own), capture_output=True, text=True, timeout=300)
     assert done.returncode == EXIT_OK, done.stdout[-3000:] + done.stderr[-3000:]
 
     run = client.get_run(run_id)
     assert run.info.status == FINISHED
     assert run.data.tags[TAG_CODE] == f"{first[:12]},{second[:12]}"
     assert run.data.tags[TAG_SEGMENTS] == "2"
+    assert run.data.tags[TAG_KERNELS] == ",".join(dict.fromkeys(["default", own]))  # both levels that trained it
     assert run.data.tags[TAG_GIT_COMMIT] == first  # MLflow's own tag keeps the first segment's commit
     segments = [json.loads(ln) for ln in TrialFolder(trial_dir).segments.read_text().splitlines()]
     assert [(s["segment"], s["commit"], s["dirty"], s["job_id"]) for s in segments] == [
         (1, first, False, "job-1"), (2, second, False, "job-2")]
-    assert all(s["code"] == s["commit"][:12] and s["host"] for s in segments)
+    assert all(s["code"] == s["commit"][:12] and s["host"] and s["cpu"] for s in segments)
+    assert [s["kernels"] for s in segments] == ["default", own]
     assert not any(TrialFolder(trial_dir).segment_diff(n).exists() for n in (1, 2))  # clean segments leave no diff
     phases = [json.loads(ln)["phase"] for ln in TrialFolder(trial_dir).progress.read_text().splitlines()]
     assert phases[0] == "start" and phases[-1] == "done" and phases.count("start") == 2

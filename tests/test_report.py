@@ -191,3 +191,35 @@ def test_a_sweep_with_one_context_says_there_is_nothing_to_compare(tmp_path: Pat
     assert rep.figures == [] and len(rep.skipped) == 5
     md = (tmp_path / "report.md").read_text()
     assert "No comparison with a baseline could be made" in md
+
+
+def _with_kernels(records: list[RunRecord], levels: list[str]) -> list[RunRecord]:
+    """``records`` tagged ``trial.kernels`` with ``levels`` in turn ("" leaves a run without the tag)."""
+    out = []
+    for i, r in enumerate(records):
+        level = levels[i % len(levels)]
+        tags = {**r.tags, "trial.kernels": level} if level else dict(r.tags)
+        out.append(RunRecord(r.run_id, r.status, tags, r.params, r.metrics))
+    return out
+
+
+def test_the_report_names_the_cpu_kernels_that_trained_the_runs(tmp_path: Path) -> None:
+    sweep = build_sweep("one", _with_kernels(_family_records(), ["avx512"]))
+    assert set(sweep.trials["kernels"]) == {"avx512"}
+    build_report(sweep, tmp_path, bootstrap_resamples=100)
+    md = (tmp_path / "report.md").read_text()
+    assert "trained with the CPU kernels avx512 (24 runs)" in md and "different CPU kernel levels" not in md
+    assert set(pd.read_csv(tmp_path / "trials.csv")["kernels"]) == {"avx512"}
+
+
+def test_the_report_warns_when_runs_trained_on_different_kernel_levels(tmp_path: Path) -> None:
+    build_report(build_sweep("mixed", _with_kernels(_family_records(), ["avx2", "avx512", "avx2,avx512", ""])),
+                 tmp_path, bootstrap_resamples=100)
+    md = (tmp_path / "report.md").read_text()
+    assert ("The runs trained with different CPU kernel levels: avx2 (6 runs), avx2,avx512 (6 runs), avx512 "
+            "(6 runs); 6 finished runs recorded none.") in md
+
+
+def test_runs_that_recorded_no_kernel_level_get_no_note(tmp_path: Path) -> None:
+    build_report(build_sweep("old", _family_records()), tmp_path, bootstrap_resamples=100)
+    assert "CPU kernel" not in (tmp_path / "report.md").read_text()

@@ -2,10 +2,12 @@
 ``TRIAL_DIR/segments.jsonl`` (:attr:`~asr_core.contract.trial.TrialFolder.segments`), one JSON object a line::
 
     {"segment": 2, "time": 1718000000.123, "code": "1a2b3c4d5e6f", "commit": "1a2b3c4d5e6f…", "dirty": false,
-     "host": "gpu-node-07", "job_id": "9000_3"}
+     "host": "gpu-node-07", "job_id": "9000_3", "kernels": "avx512", "cpu": "AMD EPYC 7763 64-Core Processor"}
 
 ``code``, ``commit`` and ``dirty`` are the code version that ran it (:class:`asr_core.runtime.provenance.CodeVersion`),
-``job_id`` the scheduler's (:data:`~asr_core.contract.trial.ENV_JOB_ID`; null outside a scheduler). The job appends
+``job_id`` the scheduler's (:data:`~asr_core.contract.trial.ENV_JOB_ID`; null outside a scheduler), ``kernels`` and
+``cpu`` the CPU kernel level PyTorch ran with and the CPU's model (:mod:`asr_core.runtime.provenance`; a model's
+weights depend on the kernel level, so figures say which produced them; "" in records written before they were). The job appends
 it (:func:`append_segment`); the job and ``orchestrate`` read it (:func:`read_segments`) as :class:`Segment` records:
 how often the job started, which code versions ran the trial, which job ran its newest segment.
 """
@@ -32,6 +34,8 @@ class Segment:
     dirty: bool = False
     host: str = ""
     job_id: str | None = None  # the scheduler's job id; None (JSON null) when the job ran outside a scheduler
+    kernels: str = ""  # PyTorch's CPU kernel level (default, avx2, avx512, ...); "" when not recorded
+    cpu: str = ""  # the CPU's model name; "" when not recorded
 
     @property
     def job(self) -> str:
@@ -44,7 +48,7 @@ class Segment:
 
     def to_dict(self) -> dict[str, Any]:
         return {"segment": self.number, "time": self.time, "code": self.code, "commit": self.commit,
-                "dirty": self.dirty, "host": self.host, "job_id": self.job_id}
+                "dirty": self.dirty, "host": self.host, "job_id": self.job_id, "kernels": self.kernels, "cpu": self.cpu}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Segment:
@@ -57,7 +61,8 @@ class Segment:
         return cls(number=number if isinstance(number, int) else None, time=when,
                    code=str(d["code"]) if d.get("code") else "", commit=str(commit) if commit else None,
                    dirty=bool(d.get("dirty")), host=str(d.get("host") or ""),
-                   job_id=str(job) if job else None)
+                   job_id=str(job) if job else None, kernels=str(d.get("kernels") or ""),
+                   cpu=str(d.get("cpu") or ""))
 
 
 def read_segments(trial_dir: Path | str) -> list[Segment]:
@@ -86,3 +91,9 @@ def code_labels(segments: Iterable[Segment]) -> tuple[str, ...]:
     """Every code version that ran a segment, in order of first use (what :data:`~asr_core.contract.trial.TAG_CODE`
     records)."""
     return tuple(dict.fromkeys(s.code for s in segments if s.code))
+
+
+def kernel_levels(segments: Iterable[Segment]) -> tuple[str, ...]:
+    """Every CPU kernel level a segment ran with, in order of first use (what
+    :data:`~asr_core.contract.trial.TAG_KERNELS` records; two levels: the trial was resumed on another CPU)."""
+    return tuple(dict.fromkeys(s.kernels for s in segments if s.kernels))

@@ -147,6 +147,32 @@ def _new_file_patch(root: Path, rel: str) -> str:
     return head + f"--- /dev/null\n+++ b/{rel}\n@@ -0,0 +1,{len(lines)} @@\n" + body
 
 
+def cpu_kernels() -> str:
+    """The CPU kernel level PyTorch runs with (``default``, ``avx2``, ``avx512`` on x86; ``ATEN_CPU_CAPABILITY``
+    lowers it): kernels of different levels sum in different orders, so the same seed trains other weights on
+    another level. "" when torch cannot say. Never raises."""
+    try:
+        import torch
+
+        return str(torch.backends.cpu.get_cpu_capability()).lower()
+    except Exception:  # noqa: BLE001  provenance must never stop a job
+        return ""
+
+
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``, else :func:`platform.processor`); "" when unknown. Never raises."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine()
+
+
 def code_version(path: Path | str | None = None) -> CodeVersion:
     """The code version of the checkout holding ``path`` (default: the ``asr_core`` package). Never raises."""
     start = Path(path) if path is not None else Path(__file__).resolve().parent
