@@ -2,7 +2,7 @@
 """Does the quick demo learn on every instruction set? Trains it under each CPU kernel level this machine has and
 prints every model's WER per level.
 
-    .venv/bin/python scripts/capability_check.py [--levels default,avx2,avx512] [--out DIR] [--full] [--keep]
+    .venv/bin/python scripts/capability_check.py [--levels default,avx2,avx512] [--blas] [--out DIR] [--full]
 
 PyTorch picks its CPU kernels by instruction set (``ATEN_CPU_CAPABILITY``: ``default``, ``avx2``, ``avx512`` on
 x86; the best the CPU has unless set), and kernels of different levels sum in different orders: the same code, seed
@@ -11,6 +11,10 @@ plateau on another makes the suite red there, so a change to the demo, the train
 before it lands: ``./scripts/demo.sh --quick`` runs once per level (``ATEN_CPU_CAPABILITY`` set for the demo and
 every trial it starts), each in its own folder, and the table gives each model's clean in-domain WER per level, the
 spread across levels and the margin to the bar ``tests/test_demo.py`` holds every quick-demo model to.
+
+ATEN_CPU_CAPABILITY covers PyTorch's own kernels; its matrix products go to MKL and oneDNN, which pick their code
+by the CPU whatever that variable says. ``--blas`` caps them at the level too (``MKL_ENABLE_INSTRUCTIONS``,
+``ONEDNN_MAX_CPU_ISA``): nearer to what a CPU of that kind runs, a second family of summation orders to pass.
 
 ``--full`` runs the full demo (``./scripts/demo.sh``, 14-19 minutes a level on 2 cores) instead: the README's
 table with a column per level. ``--levels`` picks levels (default: every level up to the machine's own). A level
@@ -37,6 +41,10 @@ sys.path.insert(0, str(REPO))
 from tests.plugins.demo import QUICK_DEMO_LEARNED_WER  # noqa: E402  the bar the suite holds the quick demo to
 
 X86_LEVELS = ("default", "avx2", "avx512")
+# --blas: the caps of MKL and oneDNN that match each x86 level (their own names for the instruction sets)
+BLAS_CAPS = {"default": {"MKL_ENABLE_INSTRUCTIONS": "SSE4_2", "ONEDNN_MAX_CPU_ISA": "SSE41"},
+             "avx2": {"MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"},
+             "avx512": {"MKL_ENABLE_INSTRUCTIONS": "AVX512", "ONEDNN_MAX_CPU_ISA": "AVX512_CORE"}}
 
 
 def machine_level(python: str) -> str:
@@ -77,9 +85,14 @@ def wers(root: Path, sweep: str) -> dict[str, float]:
     return {name: (100.0 if w is None else float(w)) for name, w in rows}
 
 
-def run_level(level: str, out: Path, full: bool) -> tuple[dict[str, float], float, str]:
+def level_env(level: str, blas: bool) -> dict[str, str]:
+    """The variables that put PyTorch (and, with ``blas``, MKL and oneDNN) on ``level``."""
+    return {"ATEN_CPU_CAPABILITY": level, **(BLAS_CAPS.get(level, {}) if blas else {})}
+
+
+def run_level(level: str, out: Path, full: bool, blas: bool = False) -> tuple[dict[str, float], float, str]:
     """Run the demo under ``level`` into ``out``; returns the WERs, the seconds and the demo's corpus line."""
-    env = {**os.environ, "ATEN_CPU_CAPABILITY": level, "DEMO_OUT": str(out), "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, **level_env(level, blas), "DEMO_OUT": str(out), "PYTHONUNBUFFERED": "1"}
     log = out.with_suffix(".log")
     out.parent.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
@@ -129,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, help="where the demos are written (default: a temporary folder)")
     ap.add_argument("--full", action="store_true", help="the full demo (14-19 min a level) instead of --quick")
     ap.add_argument("--keep", action="store_true", help="keep the temporary folder")
+    ap.add_argument("--blas", action="store_true", help="cap MKL and oneDNN at each level too")
     args = ap.parse_args(argv)
     python = str(REPO / ".venv" / "bin" / "python")
     if not Path(python).exists():
@@ -147,9 +161,11 @@ def main(argv: list[str] | None = None) -> int:
           flush=True)
     results: dict[str, dict[str, float]] = {}
     for lv in levels:
-        print(f"[check] {'full' if args.full else 'quick'} demo under ATEN_CPU_CAPABILITY={lv} ...", flush=True)
-        results[lv], seconds, audio = run_level(lv, out / lv, args.full)
-        shown = ", ".join(f"{m} {w:.1f}%" for m, w in sorted(results[lv].items()))
+        name = f"{lv}+blas" if args.blas else lv
+        said = " ".join(f"{k}={v}" for k, v in level_env(lv, args.blas).items())
+        print(f"[check] {'full' if args.full else 'quick'} demo under {said} ...", flush=True)
+        results[name], seconds, audio = run_level(lv, out / name, args.full, args.blas)
+        shown = ", ".join(f"{m} {w:.1f}%" for m, w in sorted(results[name].items()))
         print(f"[check]   {seconds:.0f} s, corpus audio {audio}: {shown}", flush=True)
     print()
     print("\n".join(table(results, bar)))

@@ -14,7 +14,7 @@
 # Re-running reuses what is finished (the corpus, finished trials); only the report is written again.
 #
 #   ./scripts/demo.sh            the full demo (14-19 minutes on 2 cores)
-#   ./scripts/demo.sh --quick    the first taste (about 5 minutes): 5 and 10 s of context, two seeds, 300 steps on a
+#   ./scripts/demo.sh --quick    the first taste (about 5 minutes): 5 and 10 s of context, two seeds, 600 steps on a
 #                                quarter-hour corpus with a short-range cue; the models transcribe (about 80% WER);
 #                                its test set alone holds a near-band recall control (1-4 s), never trained on
 #   ./scripts/demo.sh --cued     the positive control (under 30 minutes): 10 and 82 s of context, two seeds, on a
@@ -49,8 +49,8 @@ if [ "$quick" -eq 1 ]; then
   name=demo-quick; grid=grids/demo-quick.yaml; hours=0.25
   test_hours=0.04; test_minutes=0.5; shifted_hours=0.04; shifted_minutes=0.5
   cue=6,3-10  # a short band that 30 s recordings hold: checks the cue's way through the pipeline, not its range
-  # training recordings of 24-33 s: a step takes one window from each of B recordings (interleaved batches: 16 at
-  # 5.12 s, 8 at 10.24 s), so some 31 recordings fill every step; a quarter of an hour in recordings of 1-5 minutes
+  # training recordings of 24-33 s: a step takes one window from each of B recordings (interleaved batches: 8 at
+  # 5.12 s, 4 at 10.24 s), so some 31 recordings fill every step; a quarter of an hour in recordings of 1-5 minutes
   # gave steps of 1 to 5 windows, too few to learn in minutes
   train_len=(--min-minutes 0.4 --max-minutes 0.55)
   # the recall control in the test set only (its own folder, corpus-recall): the models never hear a code word, so it
@@ -130,7 +130,9 @@ for d in sys.argv[1:]:
 print(h.hexdigest()[:16])' "$corpus/train" "$tests/test" "$shifted/test-shifted" 2>/dev/null)"
 # and the CPU kernels the models train with: PyTorch picks them by instruction set (ATEN_CPU_CAPABILITY sets them),
 # and kernels of another level sum in another order, so a model's figures hold for the level named here
-echo "kernels: $($PY -c 'import torch; print(torch.backends.cpu.get_cpu_capability().lower())') (ATEN_CPU_CAPABILITY=${ATEN_CPU_CAPABILITY:-unset}; CPU: $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo 2>/dev/null | head -1))"
+caps="ATEN_CPU_CAPABILITY=${ATEN_CPU_CAPABILITY:-unset}"
+for v in MKL_ENABLE_INSTRUCTIONS ONEDNN_MAX_CPU_ISA; do if [ -n "${!v:-}" ]; then caps+=" $v=${!v}"; fi; done
+echo "kernels: $($PY -c 'import torch; print(torch.backends.cpu.get_cpu_capability().lower())') ($caps; CPU: $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo 2>/dev/null | head -1))"
 
 stamp "2/$steps training and evaluating the grid $grid (local backend, Ray Tune)"
 $PY -m orchestrate plan "$grid"

@@ -52,3 +52,11 @@ def test_a_level_the_cpu_lacks_is_refused_with_exit_2() -> None:
                           timeout=120)
     assert done.returncode == 2 and "avx1024 not available on this CPU; valid: default" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_blas_caps_mkl_and_onednn_at_the_level_too() -> None:
+    assert check.level_env("avx2", False) == {"ATEN_CPU_CAPABILITY": "avx2"}
+    assert check.level_env("avx2", True) == {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+                                            "ONEDNN_MAX_CPU_ISA": "AVX2"}
+    assert check.level_env("default", True)["MKL_ENABLE_INSTRUCTIONS"] == "SSE4_2"
+    assert check.level_env("sve256", True) == {"ATEN_CPU_CAPABILITY": "sve256"}  # no caps known off x86
