@@ -146,7 +146,7 @@ def test_results_pages_are_dated_and_say_where_they_come_from() -> None:
     for page in pages:
         assert re.fullmatch(r"\d{4}-\d{2}-\d{2}-[a-z0-9-]+\.md", page.name), f"{page.name}: not YYYY-MM-DD-topic.md"
         text = page.read_text()
-        for field in ("**Recorded in:**", "**Machine:**", "**Command:**"):
+        for field in ("**Recorded in:**", "**Machine:**", "**CPU kernels:**", "**Command:**"):
             assert field in text, f"{page.relative_to(ROOT)} does not say {field}"
 
 
