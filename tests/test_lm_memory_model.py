@@ -189,7 +189,10 @@ def test_a_config_without_the_new_keys_loads_and_scores_as_before() -> None:
         assert cache.history is None
         outs.append(logits)
     assert torch.equal(outs[0], outs[1])
-    torch.testing.assert_close(outs[0][0, :, :3], torch.tensor(OLD_ROW0), atol=1e-6, rtol=0)
+    # values recorded before the memory existed, on another CPU: kernels of another instruction set sum in another
+    # order, 1.3e-6 apart at most across ATEN_CPU_CAPABILITY default, avx2 and avx512 (logits up to 1.9); a model
+    # that changed moves them by far more than the tolerance
+    torch.testing.assert_close(outs[0][0, :, :3], torch.tensor(OLD_ROW0), atol=1e-5, rtol=0)
     sums = (float(outs[0][0].double().sum()), float(outs[0][1, :4].double().abs().sum()))
     assert sums == pytest.approx(OLD_SUMS, abs=1e-4)
     assert parameter_count(cfg) == 6302  # the count before the memory existed
