@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -78,6 +79,11 @@ class ModelConfig:
     ff_bias: bool = False  # code: bias_in_ff false in every paper config
     activation_checkpointing: bool = False
     attention_backend: str = "auto"  # flash-attn varlen on CUDA when installed, else SDPA
+    # paper and code: none (every frame attends to its whole window). This project's control for context against
+    # fragmentation: self-attention banded to |i - j| <= span output frames (span = this many seconds, rounded down
+    # to whole frames) in training and decoding, so a long window can hold a short receptive field
+    # (asr_core.model.receptive); None: the whole window
+    attention_span_s: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("d_model", "layers", "heads", "ff_expansion", "conv_kernel", "subsampling_channels"):
@@ -100,6 +106,11 @@ class ModelConfig:
         _require(self.batch_renorm_warmup_steps >= 0, "model.batch_renorm_warmup_steps",
                  self.batch_renorm_warmup_steps, "a non-negative integer")
         _choice("model.attention_backend", self.attention_backend, ATTENTION_BACKENDS)
+        _require(self.attention_span_s is None or (isinstance(self.attention_span_s, (int, float))
+                                                   and not isinstance(self.attention_span_s, bool)
+                                                   and 0 < self.attention_span_s < math.inf),
+                 "model.attention_span_s", self.attention_span_s,
+                 "null (attention over the whole window) or a positive number of seconds")
         _choice("model.batch_renorm_schedule", self.batch_renorm_schedule, BATCH_RENORM_SCHEDULES)
         _choice("model.ff_activation", self.ff_activation, FF_ACTIVATIONS)
 
@@ -304,6 +315,12 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+
+    def __post_init__(self) -> None:
+        span = self.model.attention_span_s
+        _require(span is None or span <= self.data.context_s, "model.attention_span_s", span,
+                 f"null or at most data.context_s={self.data.context_s:g} s (a band wider than the window bands "
+                 "nothing)")
 
     # ---- (de)serialisation -------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

@@ -135,6 +135,8 @@ BASELINE: dict[str, Any] = {
     "train.head_diversity_weight": 0.0,
     "train.head_diversity_repr": "Y",
     "train.head_diversity_rows": 64,
+    # The banded-attention control (issue 44), at its default: the whole window, as before it existed.
+    "model.attention_span_s": None,
 }
 
 

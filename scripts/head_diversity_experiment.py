@@ -272,7 +272,7 @@ def paired_step_cost(config: Path, overrides: list[str], weight: float, represen
     cfg = Config.from_yaml(config, overrides)
     torch.set_num_threads(THREADS)
     torch.manual_seed(0)
-    model = build_model(cfg.model, cfg.data.features.n_mels).train()
+    model = build_model(cfg.model, cfg.data.features.n_mels, cfg.data.features.frames_per_second).train()
     b = group_size(cfg.data.context_s, cfg.data)
     t = round(cfg.data.context_s * cfg.data.features.frames_per_second)
     tokens = int(6 * cfg.data.context_s)  # ~6 pieces a second (grids/demo.yaml's vocab_size note)

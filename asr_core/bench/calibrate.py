@@ -155,7 +155,7 @@ def calibrate(cfg: Config, contexts: Sequence[float], steps: int = 5, warmup: in
         # the trainer learns its tokenizer from the training transcripts (here: up to 2,000 of them)
         tok = Tokenizer.train([r.text for r in recordings[:2000]] if data else [base.text], cfg.model.vocab_size)
         torch.manual_seed(cfg.train.seed)
-        model = build_model(cfg.model, cfg.data.features.n_mels).to(device)
+        model = build_model(cfg.model, cfg.data.features.n_mels, cfg.data.features.frames_per_second).to(device)
         opt = build_optimizer(model, cfg.train)
         prepare_model(model, cfg, device, say)  # train.compile, as the trainer does (recorded in the overrides)
         params = sum(p.numel() for p in model.parameters())

@@ -50,7 +50,7 @@ def run(preset_name: str = "tiny", context_s: float = 10.24, minutes: float = 3.
     cfg = preset(preset_name).with_overrides([f"data.context_s={context_s}",
                                               f"data.batch_audio_s={max(context_s, 3600.0)}"])
     torch.manual_seed(0)
-    model = build_model(cfg.model, cfg.data.features.n_mels).to(device).eval()
+    model = build_model(cfg.model, cfg.data.features.n_mels, cfg.data.features.frames_per_second).to(device).eval()
     fps = cfg.data.features.frames_per_second
     sub = cfg.model.subsampling_factor
     window = window_frames(cfg.data.context_s, fps, sub)
@@ -100,7 +100,7 @@ def fusion_rows(preset_name: str = "tiny", context_s: float = 10.24, minutes: fl
     tok = Tokenizer.train([" ".join(vocabulary())] + [" ".join(t) for t in TOPICS.values()] * 20,
                           cfg.model.vocab_size)
     torch.manual_seed(0)
-    model = build_model(cfg.model, cfg.data.features.n_mels).to(device).eval()
+    model = build_model(cfg.model, cfg.data.features.n_mels, cfg.data.features.frames_per_second).to(device).eval()
     fps, sub = cfg.data.features.frames_per_second, cfg.model.subsampling_factor
     window = window_frames(cfg.data.context_s, fps, sub)
     seconds = minutes * 60.0

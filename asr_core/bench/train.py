@@ -221,7 +221,7 @@ def profile_step(out: Path, preset_name: str = "tiny", seconds: float = 20.48, b
     cfg = preset(preset_name)
     torch.manual_seed(0)
     dev = torch.device(device)
-    model = build_model(cfg.model, cfg.data.features.n_mels).to(dev).train()
+    model = build_model(cfg.model, cfg.data.features.n_mels, cfg.data.features.frames_per_second).to(dev).train()
     opt = build_optimizer(model, cfg.train)
     frames = int(seconds * cfg.data.features.frames_per_second)
     # the trainer's own step (asr_core.training.step.optimizer_step) on a batch as the loader makes it: features and

@@ -86,6 +86,9 @@ TAG_SEGMENTS = "trial.segments"  # how many times the job started (first start +
 # the same seed gives other weights on another level, so a model's figures hold for the levels named here
 TAG_KERNELS = "trial.kernels"
 TAG_CPU = "trial.cpu"  # the newest segment's CPU model
+# the model's receptive field, seconds of audio each side of an output frame (model.attention_span_s); "window": the
+# whole window (asr_core.model.receptive)
+TAG_RECEPTIVE_FIELD = "model.receptive_field_s"
 TAG_DATA_FINGERPRINT = "trial.data.fingerprint"  # content fingerprint of the training data (name=fingerprint)
 TAG_GIT_COMMIT = "mlflow.source.git.commit"  # MLflow's own, shown in its UI: the first segment's commit
 CODE_ARTIFACT_DIR = "code"  # the run's artifact folder for the diffs of segments run from a dirty work tree

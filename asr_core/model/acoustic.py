@@ -22,11 +22,15 @@ from asr_core.config import ModelConfig
 from asr_core.model.conformer import ConformerLayer
 from asr_core.model.ctc import CTCHead, SelfConditioning
 from asr_core.model.posenc import build_posenc
+from asr_core.model.receptive import FRAMES_PER_SECOND, span_frames
 from asr_core.model.subsampling import DepthwiseSeparableSubsampling, time_mask
 
 
 class AcousticModel(nn.Module):
-    def __init__(self, cfg: ModelConfig, n_mels: int = 80) -> None:
+    """``frames_per_second``: the features' rate (``data.features.frames_per_second``), which turns
+    ``model.attention_span_s`` into frames (:func:`asr_core.model.receptive.span_frames`)."""
+
+    def __init__(self, cfg: ModelConfig, n_mels: int = 80, frames_per_second: float = FRAMES_PER_SECOND) -> None:
         super().__init__()
         self.cfg = cfg
         self.vocab_size = cfg.vocab_size
@@ -35,7 +39,8 @@ class AcousticModel(nn.Module):
         self.subsampling = DepthwiseSeparableSubsampling(n_mels, cfg.subsampling_channels, cfg.d_model,
                                                          cfg.subsampling_factor)
         self.posenc = build_posenc(cfg)
-        self.layers = nn.ModuleList(ConformerLayer(cfg, self.posenc) for _ in range(cfg.layers))
+        self.span = span_frames(cfg, frames_per_second)
+        self.layers = nn.ModuleList(ConformerLayer(cfg, self.posenc, self.span) for _ in range(cfg.layers))
         self.head = CTCHead(cfg.d_model, cfg.vocab_size, cfg.decoder_norm)
         self.self_conditioning = SelfConditioning(cfg.d_model, cfg.vocab_size) if cfg.self_conditioning else None
         self.activation_checkpointing = cfg.activation_checkpointing
@@ -71,9 +76,9 @@ class AcousticModel(nn.Module):
         return self.head.final(x), out_lengths
 
 
-def build_model(cfg: ModelConfig, n_mels: int = 80) -> AcousticModel:
+def build_model(cfg: ModelConfig, n_mels: int = 80, frames_per_second: float = FRAMES_PER_SECOND) -> AcousticModel:
     """A freshly initialised model; seed torch beforehand for reproducible weights."""
-    return AcousticModel(cfg, n_mels)
+    return AcousticModel(cfg, n_mels, frames_per_second)
 
 
 def count_parameters(model: nn.Module) -> dict[str, int]:

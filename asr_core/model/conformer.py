@@ -81,17 +81,18 @@ class ConvModule(nn.Module):
 
 
 class ConformerLayer(nn.Module):
-    """(B, T, d), mask (B, T), lengths (B,) -> (B, T, d), zero on padded frames.
+    """(B, T, d), mask (B, T), lengths (B,) -> (B, T, d), zero on padded frames; ``span``: the attention band in
+    frames each side (None: the whole window; :mod:`asr_core.model.receptive`).
 
     ``full`` says whether ``mask`` is all True (no window of the batch is padded); :class:`asr_core.model.acoustic.
     AcousticModel` works it out once per forward on the host, so no layer reads a device value back (None: read
     here from ``mask``)."""
 
-    def __init__(self, cfg: ModelConfig, posenc: PositionalEncoding) -> None:
+    def __init__(self, cfg: ModelConfig, posenc: PositionalEncoding, span: int | None = None) -> None:
         super().__init__()
         self.ff1 = FeedForward(cfg.d_model, cfg.ff_expansion, cfg.ff_activation, cfg.ff_bias)
         self.attn_norm = nn.LayerNorm(cfg.d_model)
-        self.attn = SelfAttention(cfg.d_model, cfg.heads, posenc, cfg.attention_backend)
+        self.attn = SelfAttention(cfg.d_model, cfg.heads, posenc, cfg.attention_backend, span)
         self.conv = ConvModule(cfg)
         self.ff2 = FeedForward(cfg.d_model, cfg.ff_expansion, cfg.ff_activation, cfg.ff_bias)
         self.out_norm = nn.LayerNorm(cfg.d_model)

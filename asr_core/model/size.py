@@ -15,6 +15,7 @@ import torch
 from asr_core.config import PRESETS, Config, preset
 from asr_core.config_parse import ConfigError
 from asr_core.model.acoustic import build_model, count_parameters
+from asr_core.model.receptive import receptive_field
 
 
 def load_config(spec: str, overrides: list[str]) -> Config:
@@ -28,7 +29,7 @@ def load_config(spec: str, overrides: list[str]) -> Config:
 
 def parameter_table(cfg: Config) -> dict[str, int]:
     with torch.device("meta"):
-        model = build_model(cfg.model, cfg.data.features.n_mels)
+        model = build_model(cfg.model, cfg.data.features.n_mels, cfg.data.features.frames_per_second)
     return count_parameters(model)
 
 
@@ -45,6 +46,7 @@ def cli(argv: list[str]) -> int:
     table = parameter_table(cfg)
     m = cfg.model
     print(f"{m.layers} layers, d={m.d_model}, {m.heads} heads, vocab {m.vocab_size}, posenc {m.posenc}")
+    print(receptive_field(cfg).describe())
     width = max(len(k) for k in table)
     for name, n in table.items():
         if name == "total":

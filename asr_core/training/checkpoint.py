@@ -158,7 +158,7 @@ def load_for_eval(path: str | Path, device: str | torch.device = "cpu") -> tuple
     """(model in eval mode on ``device``, its config, its tokenizer) from a training checkpoint."""
     state = _acoustic(Path(path), load_checkpoint(path))
     cfg = Config.from_stored(state["config"], source=str(path))
-    model = build_model(cfg.model, cfg.data.features.n_mels)
+    model = build_model(cfg.model, cfg.data.features.n_mels, cfg.data.features.frames_per_second)
     try:
         model.load_state_dict(state["model"])
         tok = Tokenizer.from_bytes(state["tokenizer"])

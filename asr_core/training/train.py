@@ -67,13 +67,14 @@ from asr_core.config import Config
 from asr_core.config_parse import ConfigError
 from asr_core.contract.trial import (CHECKPOINT_FILE, EXIT_DIVERGED, EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, EXIT_USAGE,
                                      FINISHED, RUNNING, TAG_CHECKPOINT, TAG_DATA_FINGERPRINT, TAG_GIT_COMMIT,
-                                     TOKENIZER_FILE, ProgressLog)
+                                     TAG_RECEPTIVE_FIELD, TOKENIZER_FILE, ProgressLog)
 from asr_core.data.chunking import Position, WindowStream
 from asr_core.data.corpora.base import Recording
 from asr_core.data.tokenizer import Tokenizer
 from asr_core.device import DeviceError, resolve_device, use_bf16
 from asr_core.identity import science
 from asr_core.model.acoustic import AcousticModel, build_model
+from asr_core.model.receptive import receptive_field
 from asr_core.runtime import signals
 from asr_core.runtime.outbox import FINAL_FLUSH_S, PREEMPT_FLUSH_S, Outbox, fail_fast_http
 from asr_core.runtime.outbox_folder import outbox_dir
@@ -274,7 +275,8 @@ def _train(cfg: Config, out_dir: Path, tracking_uri: str | None, run_id: str | N
         # the initial weights: train.init_seed (the authors' 12345 in every run), or train.seed where it is null; the
         # data order (WindowStream) and any later draw from torch's generator: train.seed
         torch.manual_seed(t.seed if t.init_seed is None else t.init_seed)
-        model: AcousticModel = build_model(cfg.model, cfg.data.features.n_mels).to(device)
+        feats = cfg.data.features
+        model: AcousticModel = build_model(cfg.model, feats.n_mels, feats.frames_per_second).to(device)
         torch.manual_seed(t.seed)
         opt = build_optimizer(model, t)
         # with train.max_steps the data repeats (a fresh order per epoch) until the steps are done
@@ -313,7 +315,9 @@ def _train(cfg: Config, out_dir: Path, tracking_uri: str | None, run_id: str | N
         outbox.params(cfg.flat())
         # the training data's name=fingerprint on the run is a record; the checkpoint holds the one that counts (a
         # segment that fails before its first checkpoint leaves nothing trained on the data it read)
-        outbox.tags({TAG_DATA_FINGERPRINT: data_id, TAG_CHECKPOINT: str(ckpt_path.resolve())})
+        field = receptive_field(cfg)
+        outbox.tags({TAG_DATA_FINGERPRINT: data_id, TAG_CHECKPOINT: str(ckpt_path.resolve()),
+                     TAG_RECEPTIVE_FIELD: f"{field.seconds:.3f}" if field.banded else "window"})
     try:
         lr = LRSchedule.of(t, total_steps, stream, len(recs))  # over recordings: the stream's plan, durations only
         segment = Segment(cfg, out_dir, ckpt_path, model, opt, stream, recs, tok, data_id, device, precision,
