@@ -53,7 +53,7 @@ from analysis.naming import (CONTEXT_PARAM, SEED_PARAM, config_label, digest, na
 from asr_core.contract.metrics import (AVERAGE, CLEAN, CUE_COLUMNS, GREEDY, SLOT_COLUMNS, TABLE_COLUMNS, TAIL_COLUMNS,
                                        condition_name, decoder_tag, fusion_method, metric_name,
                                        parse_decoder_metric_key, parse_heads_key, parse_lm_ppl_key, parse_metric_key,
-                                       slot_table_name, snr_of, table_name)
+                                       slot_table_name, snr_of, table_name, WORDS_LOST)
 from asr_core.contract.trial import (FINISHED, ROLE_EXTERNAL, ROLE_PARENT, ROLE_TRIAL, TAG_ERROR, TAG_KERNELS,
                                      TAG_LABEL, TAG_ROLE, TAG_SUBGRIDS, TAG_SYSTEM)
 
@@ -68,7 +68,8 @@ METRIC_TOLERANCE_PTS = 0.05
 NOTHING_LEARNED_WER = 99.0
 
 TRIAL_COLUMNS = ["run_id", "label", "config", "config_id", "series", "series_id", "families", "seed", "status",
-                 "context_s", "layers", "d_model", "heads", "posenc", "rotary_theta", "error", "kernels"]
+                 "context_s", "layers", "d_model", "heads", "posenc", "rotary_theta", "error", "kernels", "cut",
+                 "words_lost_pct"]
 EXTERNAL_COLUMNS = ["system", "run_id", "status", "dataset", "condition", "snr_db", "wer"]
 WER_COLUMNS = ["run_id", "dataset", "condition", "snr_db", "decoder", "wer", "wer_table", "n_recordings"]
 # the settings of a beam decoder as its tag holds them (strings; "" where the tag lacks one)
@@ -212,6 +213,8 @@ def build_sweep(experiment: str, records: Iterable[RunRecord], *, ignore_params:
             "rotary_theta": number(rec.params.get("model.rotary_theta")),
             "error": rec.tags.get(TAG_ERROR, ""),
             "kernels": rec.tags.get(TAG_KERNELS, ""),  # the CPU kernel levels that trained it ("" before recorded)
+            "cut": rec.params.get("data.cut", "fixed"),  # runs made before the option cut at fixed multiples
+            "words_lost_pct": float(rec.metrics.get(WORDS_LOST, math.nan)),  # what the training cuts drop
         })
         if rec.status != FINISHED:
             detail = f": {rec.tags[TAG_ERROR]}" if rec.tags.get(TAG_ERROR) else ""
@@ -319,7 +322,7 @@ def build_sweep(experiment: str, records: Iterable[RunRecord], *, ignore_params:
             rec_frames.append(part.assign(run_id=rec.run_id, snr_db=part["condition"].map(conds).astype(float),
                                           decoder=dec))
 
-    info_cols = [c for c in TRIAL_COLUMNS if c not in ("status", "error", "kernels")]
+    info_cols = [c for c in TRIAL_COLUMNS if c not in ("status", "error", "kernels", "cut", "words_lost_pct")]
     wer = pd.DataFrame(wer_rows, columns=WER_COLUMNS)
     wer = trials[info_cols].merge(wer, on="run_id", how="inner")
     if rec_frames:

@@ -55,7 +55,7 @@ from analysis.render import (Section, decoder_display, external_pivot, fmt_num, 
                              render_markdown, settings_display, significance_display, snr_pivots, wer_pivot,
                              werr_pivot)
 from analysis.werr import (DEFAULT_BASELINE_CONTEXT_S, baseline_notes, evaluation_notes, format_seconds,
-                           kernel_notes, significance_table, snr_table, wer_table, werr_table)
+                           cut_notes, kernel_notes, significance_table, snr_table, wer_table, werr_table)
 from asr_core.contract.metrics import CLEAN
 
 log = logging.getLogger(__name__)
@@ -202,7 +202,8 @@ def build_report(sweep: Sweep, out_dir: Path | str, *, baseline_context: float =
     if unlearned:  # the reason that matters first: a figure of runs left out would be drawn flat
         brief = unlearned_note(unlearned, n_configs, names=False)
         skipped = [replace(s, reason=brief if nothing_learned else f"{s.reason}; {brief}") for s in skipped]
-    notes = baseline_notes(sweep, baseline_context) + evaluation_notes(sweep) + kernel_notes(sweep)
+    notes = (baseline_notes(sweep, baseline_context) + evaluation_notes(sweep) + cut_notes(sweep)
+             + kernel_notes(sweep))
     checks, gains = finding_checks(sweep, alpha=alpha, wer=wer)
 
     csvs = {"wer": wer, "werr": werr, "significance": sig, "snr": snr, "problems": sweep.problems,

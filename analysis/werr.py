@@ -452,3 +452,19 @@ def kernel_notes(sweep: Sweep) -> list[str]:
     return [f"The runs trained with different CPU kernel levels: {said}{tail}. The same seed trains other weights "
             "under another level (floating-point order), so seeds of one configuration that trained on different "
             "CPUs differ by more than their seeds do; compare such runs with care."]
+
+
+def cut_notes(sweep: Sweep) -> list[str]:
+    """What the training cuts dropped, per context and ``data.cut`` (the mean over finished runs of the metric
+    ``data/words_lost_pct``): a shorter context cuts more often, so its models are taught to blank more of the speech
+    they hear; nothing when no run logged it (runs made before it was logged)."""
+    t = sweep.trials
+    if t.empty or "words_lost_pct" not in t:
+        return []
+    done = t[(t["status"] == FINISHED) & t["words_lost_pct"].notna()]
+    if done.empty:
+        return []
+    parts = []
+    for (cut, context), g in done.groupby(["cut", "context_s"], sort=True):
+        parts.append(f"{format_seconds(context)} {cut} cuts {g['words_lost_pct'].mean():.2f}%")
+    return ["Words dropped by the training cuts (lying wholly in no window; `data.cut`): " + ", ".join(parts) + "."]

@@ -31,6 +31,7 @@ POSITIONAL_ENCODINGS = ("rotary", "learnable-fourier", "sinusoidal", "fourier", 
 ATTENTION_BACKENDS = ("auto", "sdpa", "flash")
 FEATURE_VARIANTS = ("paper", "code")
 BATCHINGS = ("interleaved", "consecutive")
+CUTS = ("fixed", "pauses")  # data.cut: where training windows are cut (asr_core.data.chunking)
 LR_DECAY_OVER = ("recordings", "steps")  # what the cosine learning-rate decay counts (train.lr_decay_over)
 LOSS_NORMS = ("audio", "tokens")
 BATCH_RENORM_SCHEDULES = ("code", "linear")
@@ -161,6 +162,10 @@ class DataConfig:
     # code: s0*2^floor(r/n) from 512 frames (5.12 s); paper: s0 + s0*2^floor(r/n) ("from 5 s", i.e. 10 s at r=0);
     # none: start at context_s
     seqlen_warmup: str = "code"
+    # fixed (paper and code): cuts every context_s seconds, words straddling a cut dropped from both windows (their
+    # audio stays, unlabelled); pauses: each cut moved back to the start of the word it would split (at most
+    # asr_core.data.chunking.CUT_BOUND_S), so windows are at most context_s and drop no word (needs word times)
+    cut: str = "fixed"
     seqlen_warmup_start_s: float = 5.12
     seqlen_warmup_every: int = 5000  # recordings between doublings
     max_recordings: int = 0  # 0 = one pass over the whole corpus
@@ -178,6 +183,7 @@ class DataConfig:
                  f"0 (the whole step in one pass) or at least data.context_s={self.context_s} (one window)")
         _choice("data.seqlen_warmup", self.seqlen_warmup, SEQLEN_WARMUPS)
         _choice("data.batching", self.batching, BATCHINGS)
+        _choice("data.cut", self.cut, CUTS)
         _require(self.seqlen_warmup_start_s > 0, "data.seqlen_warmup_start_s", self.seqlen_warmup_start_s,
                  "a positive number of seconds")
         _require(self.seqlen_warmup_every > 0, "data.seqlen_warmup_every", self.seqlen_warmup_every,

@@ -137,6 +137,8 @@ BASELINE: dict[str, Any] = {
     "train.head_diversity_rows": 64,
     # The banded-attention control (issue 44), at its default: the whole window, as before it existed.
     "model.attention_span_s": None,
+    # Cuts at word starts (issue 44), at the default: fixed cuts, as before the field existed.
+    "data.cut": "fixed",
 }
 
 

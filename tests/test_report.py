@@ -223,3 +223,19 @@ def test_the_report_warns_when_runs_trained_on_different_kernel_levels(tmp_path:
 def test_runs_that_recorded_no_kernel_level_get_no_note(tmp_path: Path) -> None:
     build_report(build_sweep("old", _family_records()), tmp_path, bootstrap_resamples=100)
     assert "CPU kernel" not in (tmp_path / "report.md").read_text()
+
+
+def test_the_report_says_what_the_training_cuts_dropped_per_context(tmp_path: Path) -> None:
+    recs = []
+    for r in _family_records():
+        ctx = float(r.params["data.context_s"])
+        cut = "pauses" if r.params["train.seed"] == "1" else "fixed"
+        params = {**r.params, "data.cut": cut}
+        recs.append(RunRecord(r.run_id, r.status, r.tags, params,
+                              {**r.metrics, "data/words_lost_pct": 0.0 if cut == "pauses" else 40.0 / ctx}))
+    sweep = build_sweep("cuts", recs)
+    assert set(sweep.trials["cut"]) == {"fixed", "pauses"}
+    build_report(sweep, tmp_path, bootstrap_resamples=100)
+    md = (tmp_path / "report.md").read_text()
+    assert ("Words dropped by the training cuts (lying wholly in no window; `data.cut`): 10 s fixed cuts 3.91%, "
+            "20 s fixed cuts 1.95%, 41 s fixed cuts 0.98%, 10 s pauses cuts 0.00%") in md

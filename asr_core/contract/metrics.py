@@ -69,6 +69,10 @@ TAIL_COLUMNS = ("tail_words", "tail_errors")
 # window covering it) or WINDOW (greedy, clean: the one window of the model's context that ends 1 s after the slot's code
 # word). A table written before the column holds AVERAGE rows only.
 RECALL = "recall"
+# what the training cuts drop (asr_core.data.chunking.lost_to_cuts at data.context_s), logged at step 0 of training:
+# the share of words, and of their speech in seconds, that lie wholly in no window
+WORDS_LOST = "data/words_lost_pct"
+SPEECH_LOST = "data/speech_lost_pct"
 AVERAGE, WINDOW = "average", "window"
 SCORINGS = (AVERAGE, WINDOW)
 SLOT_COLUMNS = ("recording", "condition", "snr_db", "slot", "word", "band", "kind", "distance_s", "hyp", "correct",

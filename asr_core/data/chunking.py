@@ -2,8 +2,11 @@
 
 A recording is cut into consecutive windows ``[k L, (k+1) L)`` of the sequence length ``L`` it is given when the
 stream reaches it (the sequence-length warmup is a function of how many recordings came before). A word belongs to
-a window only if it lies wholly inside it; words straddling a cut are dropped from both sides, their audio stays. A
-trailing piece shorter than ``MIN_TAIL_S`` is dropped unless it is the whole recording.
+a window only if it lies wholly inside it; words straddling a cut are dropped from both sides, their audio stays
+(``data.cut: fixed``, the paper's and the code's). ``data.cut: pauses`` moves each cut back to the start of the word
+it would split, by at most :data:`CUT_BOUND_S`, so windows are at most ``L`` long and no word is dropped where the
+words leave room (:func:`pause_bounds`); :func:`lost_to_cuts` counts what either way drops. A trailing piece shorter
+than ``MIN_TAIL_S`` is dropped unless it is the whole recording.
 
 Every step holds about ``batch_audio_s`` of audio whatever the context: ``B = group_size(L)`` windows of length L
 (B = 704 at 5.12 s, 352 at 10.24 s, ... 1 at 1 h; B halves as the warmup doubles L). Two make-ups
@@ -33,6 +36,8 @@ needs to continue exactly where it stopped (interleaved: the group's first recor
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
 import sys
 from dataclasses import dataclass
@@ -41,10 +46,13 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from asr_core.config import DataConfig
-from asr_core.data.corpora.base import Recording
+from asr_core.data.corpora.base import Recording, Word
 from asr_core.schedules import sequence_length
 
 MIN_TAIL_S = 0.5
+# data.cut=pauses: how far (seconds) a cut may move back to the start of the word it would split. Longer than any
+# word, short against the shortest context (5.12 s): a window keeps at least 60% of its length
+CUT_BOUND_S = 2.0
 SUBGROUP = 2000  # lcasr SimpleDataset(subgroup_shuffle_size=2000): recordings shuffled within runs of this many
 
 
@@ -102,6 +110,68 @@ def window_bounds(duration: float, seq_len: float) -> list[tuple[float, float]]:
     return out
 
 
+def pause_bounds(words: Sequence[Word], duration: float, seq_len: float,
+                 bound_s: float = CUT_BOUND_S) -> list[tuple[float, float]]:
+    """[(start, end), ...] covering ``duration`` in windows of at most ``seq_len`` seconds whose cuts split no word:
+    each cut is moved back from ``start + seq_len`` to the start of the word it falls in (repeatedly, where words
+    overlap), by at most ``bound_s``; where that is not possible (the word began more than ``bound_s`` earlier, or
+    at the window's start) the cut stays and the word is dropped, as fixed cuts drop it. ``words`` in time order,
+    all timed. A trailing piece shorter than ``MIN_TAIL_S`` is dropped unless it is the whole recording or holds a
+    word."""
+    starts = [float(w.start) for w in words]  # type: ignore[arg-type]
+    reach = list(itertools.accumulate((float(w.end) for w in words), max))  # type: ignore[arg-type]
+    out: list[tuple[float, float]] = []
+    start = 0.0
+    while True:
+        target = start + seq_len
+        if target >= duration - 1e-9:  # the tail: kept if long enough or if it holds a word (none is dropped)
+            if not out or duration - start >= MIN_TAIL_S or (starts and starts[-1] >= start - 1e-9):
+                out.append((start, duration))
+            return out
+        cut = target
+        i = bisect.bisect_left(starts, cut - 1e-9) - 1  # the last word that starts before the cut
+        while i >= 0 and reach[i] > cut + 1e-9:  # some word up to i is still running at the cut
+            if words[i].end > cut + 1e-9:  # type: ignore[operator]
+                cut = starts[i]
+            i -= 1
+        if cut < target - bound_s - 1e-9 or cut <= start + 1e-9:
+            cut = target
+        out.append((start, cut))
+        start = cut
+
+
+def lost_to_cuts(recordings: Sequence[Recording], seq_len: float, cut: str = "fixed", sample: int = 1000
+                 ) -> dict[str, float]:
+    """What cutting ``recordings`` into windows of ``seq_len`` drops: the share of words (and of their speech, in
+    seconds) that lie wholly in no window, in percent, over at most ``sample`` timed recordings spread evenly over
+    the corpus (reading every word of a large corpus would take longer than it tells). Keys ``words_lost_pct``,
+    ``speech_lost_pct``, ``recordings`` (those counted); zero recordings: both shares NaN."""
+    n = len(recordings)
+    picks = range(n) if n <= sample else sorted({int(i * n / sample) for i in range(sample)})
+    words = lost = 0
+    speech = speech_lost = 0.0
+    counted = 0
+    for i in picks:
+        rec = recordings[i]
+        if not rec.timed or not rec.words:
+            continue
+        counted += 1
+        bounds = (pause_bounds(rec.words, rec.duration, seq_len) if cut == "pauses"
+                  else window_bounds(rec.duration, seq_len))
+        ends = [e for _, e in bounds]
+        for w in rec.words:
+            a, b = float(w.start), float(w.end)  # type: ignore[arg-type]
+            k = bisect.bisect_right(ends, a + 1e-9)  # the window the word starts in
+            words += 1
+            speech += b - a
+            if not (k < len(bounds) and bounds[k][0] <= a + 1e-9 and b <= bounds[k][1] + 1e-9):
+                lost += 1
+                speech_lost += b - a
+    nan = float("nan")
+    return {"words_lost_pct": 100.0 * lost / words if words else nan,
+            "speech_lost_pct": 100.0 * speech_lost / speech if speech > 0 else nan, "recordings": float(counted)}
+
+
 def duration_timed(recordings: Sequence[Recording], i: int) -> tuple[float, bool]:
     """(duration, every word timed) of ``recordings[i]``; a prepared corpus answers from its arrays."""
     ask = getattr(recordings, "duration_timed", None)
@@ -135,8 +205,9 @@ def micro_batches(windows: Sequence[Window], max_audio_s: float) -> list[list[Wi
     return out
 
 
-def cut_windows(rec: Recording, index: int, seq_len: float) -> list[Window]:
-    """The windows of one recording. Untimed recordings are one window if they fit, else none."""
+def cut_windows(rec: Recording, index: int, seq_len: float, cut: str = "fixed") -> list[Window]:
+    """The windows of one recording (``cut``: ``data.cut``). Untimed recordings are one window if they fit, else
+    none."""
     if not rec.timed:
         if rec.duration <= seq_len + 1e-6:
             return [Window(index, 0.0, rec.duration, rec.text, seq_len)]
@@ -144,7 +215,8 @@ def cut_windows(rec: Recording, index: int, seq_len: float) -> list[Window]:
     out = []
     words = rec.words
     w0 = 0
-    for start, end in window_bounds(rec.duration, seq_len):
+    bounds = pause_bounds(words, rec.duration, seq_len) if cut == "pauses" else window_bounds(rec.duration, seq_len)
+    for start, end in bounds:
         while w0 < len(words) and words[w0].start < start - 1e-9:  # type: ignore[operator]
             w0 += 1
         inside = []
@@ -211,7 +283,7 @@ class WindowStream:
 
     def windows_at(self, epoch: int, index: int) -> list[Window]:
         rec_idx = int(self.order(epoch)[index])
-        return cut_windows(self.recordings[rec_idx], rec_idx, self.seq_len(epoch, index))
+        return cut_windows(self.recordings[rec_idx], rec_idx, self.seq_len(epoch, index), self.data.cut)
 
     def group(self, epoch: int, index: int) -> list[int]:
         """Interleaved: the recordings (indices) of the group that starts at the ``index``-th of ``epoch``."""
@@ -234,7 +306,7 @@ class WindowStream:
             while index < n:
                 seq = self.seq_len(epoch, index)
                 members = order[index:index + group_size(seq, self.data)]
-                wins = [cut_windows(self.recordings[int(m)], int(m), seq) for m in members]
+                wins = [cut_windows(self.recordings[int(m)], int(m), seq, self.data.cut) for m in members]
                 depth = max(len(w) for w in wins)
                 nxt = index + len(members)
                 for kk in range(k, depth):
@@ -279,6 +351,8 @@ class WindowStream:
         """Durations of the windows of the ``index``-th recording of ``epoch`` (durations only; no words read)."""
         rec_idx = int(self.order(epoch)[index])
         duration, timed = duration_timed(self.recordings, rec_idx)
+        if timed and self.data.cut == "pauses":  # where the cuts fall depends on the words
+            return [w.duration for w in cut_windows(self.recordings[rec_idx], rec_idx, seq, "pauses")]
         if timed:
             return [e - s for s, e in window_bounds(duration, seq)]
         if duration <= seq + 1e-6:

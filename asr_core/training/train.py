@@ -65,10 +65,11 @@ import torch
 
 from asr_core.config import Config
 from asr_core.config_parse import ConfigError
+from asr_core.contract.metrics import SPEECH_LOST, WORDS_LOST
 from asr_core.contract.trial import (CHECKPOINT_FILE, EXIT_DIVERGED, EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, EXIT_USAGE,
                                      FINISHED, RUNNING, TAG_CHECKPOINT, TAG_DATA_FINGERPRINT, TAG_GIT_COMMIT,
                                      TAG_RECEPTIVE_FIELD, TOKENIZER_FILE, ProgressLog)
-from asr_core.data.chunking import Position, WindowStream
+from asr_core.data.chunking import Position, WindowStream, duration_timed, lost_to_cuts
 from asr_core.data.corpora.base import Recording
 from asr_core.data.tokenizer import Tokenizer
 from asr_core.device import DeviceError, resolve_device, use_bf16
@@ -176,7 +177,25 @@ def _recordings(cfg: Config, recordings: Sequence[Recording] | None) -> Sequence
         recs = recs[: cfg.data.max_recordings]
     if not recs:
         raise TrainError(f"no training recordings in {cfg.data.train or 'the given list'}")
+    if cfg.data.cut == "pauses":  # the cuts move to word starts: every recording needs its word times
+        untimed = next((i for i in range(len(recs)) if not duration_timed(recs, i)[1]), None)
+        if untimed is not None:
+            raise CorpusError(f"data.cut=pauses needs word times, and recording {recs[untimed].id!r} of "
+                              f"{cfg.data.train or 'the training corpus'} has none; use data.cut=fixed, or a corpus "
+                              "with word times")
     return recs
+
+
+def _log_cut_losses(cfg: Config, recs: Sequence[Recording], outbox: Outbox) -> None:
+    """What the training cuts drop at the context (``data.cut``), printed and logged at step 0 (metrics
+    :data:`~asr_core.contract.metrics.WORDS_LOST`, :data:`~asr_core.contract.metrics.SPEECH_LOST`)."""
+    lost = lost_to_cuts(recs, cfg.data.context_s, cfg.data.cut)
+    if not lost["recordings"]:
+        return
+    print(f"[train] {cfg.data.cut} cuts every {cfg.data.context_s:g} s drop {lost['words_lost_pct']:.2f}% of the "
+          f"words ({lost['speech_lost_pct']:.2f}% of their speech; {lost['recordings']:.0f} recordings counted)",
+          flush=True)
+    outbox.metrics(0, {WORDS_LOST: lost["words_lost_pct"], SPEECH_LOST: lost["speech_lost_pct"]})
 
 
 def _tokenizer(cfg: Config, recs: Sequence[Recording], out_dir: Path, state: dict[str, Any] | None) -> Tokenizer:
@@ -318,6 +337,7 @@ def _train(cfg: Config, out_dir: Path, tracking_uri: str | None, run_id: str | N
         field = receptive_field(cfg)
         outbox.tags({TAG_DATA_FINGERPRINT: data_id, TAG_CHECKPOINT: str(ckpt_path.resolve()),
                      TAG_RECEPTIVE_FIELD: f"{field.seconds:.3f}" if field.banded else "window"})
+        _log_cut_losses(cfg, recs, outbox)
     try:
         lr = LRSchedule.of(t, total_steps, stream, len(recs))  # over recordings: the stream's plan, durations only
         segment = Segment(cfg, out_dir, ckpt_path, model, opt, stream, recs, tok, data_id, device, precision,
