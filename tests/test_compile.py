@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -24,7 +25,8 @@ from tests.test_backend import smoke_corpus
 from asr_core.config import Config, ModelConfig, TrainConfig
 from asr_core.data.batching import MicroBatch
 from asr_core.model.acoustic import build_model
-from asr_core.training.compile import compile_model, compile_problem, keep_uncompiled, prepare_model
+from asr_core.training.compile import (compile_model, compile_problem, cpu_level, forced_level_problem,
+                                       keep_uncompiled, prepare_model)
 
 torch.set_num_threads(2)
 __all__ = ["smoke_corpus"]  # the session fixture, shared with test_backend
@@ -139,7 +141,15 @@ def test_without_a_cpp_compiler_the_cpu_trains_uncompiled(monkeypatch: pytest.Mo
     assert problem is not None and "C++ compiler" in problem
 
 
+# torch.compile under ATEN_CPU_CAPABILITY forced below the CPU's own level gives wrong results (a torch defect the
+# trainer refuses to compile under: test_a_forced_lower_kernel_level_trains_uncompiled); the comparisons of compiled
+# with plain steps are not this project's to make there
+FORCED = forced_level_problem()
+compiled_here = pytest.mark.skipif(FORCED is not None, reason=FORCED or "")
+
+
 @pytest.mark.slow
+@compiled_here
 def test_compiled_steps_give_the_plain_steps_losses_gradients_and_weights() -> None:
     from asr_core.training.step import build_optimizer, step_gradients
 
@@ -173,6 +183,7 @@ def test_compiled_steps_give_the_plain_steps_losses_gradients_and_weights() -> N
 
 
 @pytest.mark.slow
+@compiled_here
 def test_a_compiled_run_checkpoints_in_the_plain_format_and_resumes(tmp_path, smoke_corpus) -> None:
     """``python -m asr_core train tiny --set train.compile=true``: 4 steps, checkpoint every 2; the same run stopped
     by a fault at step 3 and resumed from its step-2 checkpoint ends with the uninterrupted run's weights (within the
@@ -204,3 +215,16 @@ def test_a_compiled_run_checkpoints_in_the_plain_format_and_resumes(tmp_path, sm
         torch.testing.assert_close(b["model"][name], a["model"][name], rtol=1e-4, atol=1e-5, msg=name)
     plain = build_model(Config.from_dict(a["config"]).model)
     plain.load_state_dict(a["model"])  # the plain model reads the compiled run's weights as they are
+
+
+@pytest.mark.parametrize("forced", ["avx2", "default", ""])
+def test_a_forced_lower_kernel_level_trains_uncompiled(monkeypatch: pytest.MonkeyPatch, forced: str) -> None:
+    """Compiling under ATEN_CPU_CAPABILITY=avx2 on an AVX-512 CPU gave the subsampling outputs 0.12 away from the
+    plain model's: training goes on uncompiled and says why; the portable level and the CPU's own compile."""
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", forced)
+    cfg = Config.from_dict({"train": {"compile": True}})
+    problem = compile_problem(cfg, torch.device("cpu"))
+    if forced == "avx2" and cpu_level() == "avx512":
+        assert problem is not None and "ATEN_CPU_CAPABILITY=avx2" in problem and "(avx512)" in problem
+    elif shutil.which("g++") or shutil.which("c++"):
+        assert problem is None

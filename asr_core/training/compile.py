@@ -40,6 +40,38 @@ from asr_core.model.attention import SelfAttention
 from asr_core.model.batchrenorm import MaskedBatchRenorm
 
 
+X86_LEVELS = ("default", "avx2", "avx512")
+
+
+def cpu_level() -> str:
+    """The x86 kernel level this CPU itself has (``avx512``: avx512f, bw, vl and dq; ``avx2``; else ``default``),
+    whatever ``ATEN_CPU_CAPABILITY`` says; "" off x86 Linux."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            flags = next((set(line.split(":", 1)[1].split()) for line in f if line.startswith("flags")), set())
+    except OSError:
+        return ""
+    if not flags:
+        return ""
+    if {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= flags:
+        return "avx512"
+    return "avx2" if "avx2" in flags else "default"
+
+
+def forced_level_problem() -> str | None:
+    """Why compiling on this CPU would give wrong results: ``ATEN_CPU_CAPABILITY`` forces vector kernels below the
+    CPU's own (avx2 on an AVX-512 CPU). torch.compile then writes AVX2 code for the subsampling's convolutions whose
+    outputs were 0.12 away from the plain model's (torch 2.11; a segmentation fault with a warm kernel cache), while
+    an AVX2 CPU running its own level compiles correctly. ``default`` (no vector code) is not affected."""
+    forced = os.environ.get("ATEN_CPU_CAPABILITY", "").strip().lower()
+    own = cpu_level()
+    if forced in X86_LEVELS and forced != "default" and own in X86_LEVELS \
+            and X86_LEVELS.index(forced) < X86_LEVELS.index(own):
+        return (f"ATEN_CPU_CAPABILITY={forced} forces kernels below this CPU's own ({own}), where torch.compile's "
+                "CPU code gives wrong results; unset it to compile")
+    return None
+
+
 def compile_problem(cfg: Config, device: torch.device) -> str | None:
     """Why ``cfg``'s model cannot be compiled for training on ``device``, in words; None where it can."""
     if cfg.model.activation_checkpointing:
@@ -52,6 +84,8 @@ def compile_problem(cfg: Config, device: torch.device) -> str | None:
     if device.type == "cpu" and not any(shutil.which(c) for c in (os.environ.get("CXX", ""), "g++", "c++", "clang++")
                                         if c):
         return "no C++ compiler on this machine (g++, c++ or clang++; or set CXX)"
+    if device.type == "cpu":
+        return forced_level_problem()
     return None
 
 
