@@ -82,13 +82,9 @@ TAG_PREEMPTIONS = "trial.preemptions"  # how often the job checkpointed and aske
 TAG_CHECKPOINT = "trial.checkpoint"  # absolute path of the checkpoint
 TAG_CODE = "trial.code"  # every code version that ran a segment of the trial, comma-separated, in order
 TAG_SEGMENTS = "trial.segments"  # how many times the job started (first start + resumes)
-# every CPU kernel level a segment trained with (PyTorch's ATEN_CPU_CAPABILITY: default, avx2, avx512, ...), in order:
-# the same seed gives other weights on another level, so a model's figures hold for the levels named here
-TAG_KERNELS = "trial.kernels"
+TAG_KERNELS = "trial.kernels"  # every CPU kernel level (ATEN_CPU_CAPABILITY) a segment trained with, in order
 TAG_CPU = "trial.cpu"  # the newest segment's CPU model
-# the model's receptive field, seconds of audio each side of an output frame (model.attention_span_s); "window": the
-# whole window (asr_core.model.receptive)
-TAG_RECEPTIVE_FIELD = "model.receptive_field_s"
+TAG_RECEPTIVE_FIELD = "model.receptive_field_s"  # seconds each side (asr_core.model.receptive); "window": unbanded
 TAG_DATA_FINGERPRINT = "trial.data.fingerprint"  # content fingerprint of the training data (name=fingerprint)
 TAG_GIT_COMMIT = "mlflow.source.git.commit"  # MLflow's own, shown in its UI: the first segment's commit
 CODE_ARTIFACT_DIR = "code"  # the run's artifact folder for the diffs of segments run from a dirty work tree
