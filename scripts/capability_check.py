@@ -38,9 +38,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from asr_core.runtime.provenance import X86_LEVELS, cpu_model  # noqa: E402
 from tests.plugins.demo import QUICK_DEMO_LEARNED_WER  # noqa: E402  the bar the suite holds the quick demo to
 
-X86_LEVELS = ("default", "avx2", "avx512")
 # --blas: the caps of MKL and oneDNN that match each x86 level (their own names for the instruction sets)
 BLAS_CAPS = {"default": {"MKL_ENABLE_INSTRUCTIONS": "SSE4_2", "ONEDNN_MAX_CPU_ISA": "SSE41"},
              "avx2": {"MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"},
@@ -60,18 +60,6 @@ def available_levels(best: str) -> list[str]:
     if best in X86_LEVELS:
         return list(X86_LEVELS[: X86_LEVELS.index(best) + 1])
     return ["default"] if best == "default" else ["default", best]
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    import platform
-
-    return platform.processor() or platform.machine()
 
 
 def wers(root: Path, sweep: str) -> dict[str, float]:
@@ -157,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     out = args.out or Path(tempfile.mkdtemp(prefix="capability-check-"))
     bar = None if args.full else QUICK_DEMO_LEARNED_WER
-    print(f"[check] CPU: {cpu_name()}; its own level: {best}; levels: {', '.join(levels)}; output: {out}",
+    print(f"[check] CPU: {cpu_model()}; its own level: {best}; levels: {', '.join(levels)}; output: {out}",
           flush=True)
     results: dict[str, dict[str, float]] = {}
     for lv in levels:

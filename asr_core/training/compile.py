@@ -38,24 +38,7 @@ from asr_core.config import Config
 from asr_core.model.acoustic import AcousticModel
 from asr_core.model.attention import SelfAttention
 from asr_core.model.batchrenorm import MaskedBatchRenorm
-
-
-X86_LEVELS = ("default", "avx2", "avx512")
-
-
-def cpu_level() -> str:
-    """The x86 kernel level this CPU itself has (``avx512``: avx512f, bw, vl and dq; ``avx2``; else ``default``),
-    whatever ``ATEN_CPU_CAPABILITY`` says; "" off x86 Linux."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            flags = next((set(line.split(":", 1)[1].split()) for line in f if line.startswith("flags")), set())
-    except OSError:
-        return ""
-    if not flags:
-        return ""
-    if {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= flags:
-        return "avx512"
-    return "avx2" if "avx2" in flags else "default"
+from asr_core.runtime.provenance import X86_LEVELS, cpu_level
 
 
 def forced_level_problem() -> str | None:
