@@ -337,7 +337,8 @@ def _train(cfg: Config, out_dir: Path, tracking_uri: str | None, run_id: str | N
         field = receptive_field(cfg)
         outbox.tags({TAG_DATA_FINGERPRINT: data_id, TAG_CHECKPOINT: str(ckpt_path.resolve()),
                      TAG_RECEPTIVE_FIELD: f"{field.seconds:.3f}" if field.banded else "window"})
-        _log_cut_losses(cfg, recs, outbox)
+        if state is None:  # a resumed segment logged it at its first start (the corpus is checked to be the same)
+            _log_cut_losses(cfg, recs, outbox)
     try:
         lr = LRSchedule.of(t, total_steps, stream, len(recs))  # over recordings: the stream's plan, durations only
         segment = Segment(cfg, out_dir, ckpt_path, model, opt, stream, recs, tok, data_id, device, precision,
