@@ -13,7 +13,7 @@ from asr_core.contract import metrics as m
 
 DATASETS = ["dev", "test-shifted", "rev16", "tedlium.v3", "a/b"]
 SNRS = [None, -7.5, -5.0, 0.0, 10.0, 2.5, 1e-3, 150.0]
-DECODERS = [m.GREEDY, "beam", "beam-lm1024", "beam_lm.v2"]
+DECODERS = [m.GREEDY, "beam", "beam-lm1024", "beam_lm.v2", "window-5.12s"]
 
 
 def _same_snr(got: float, snr: float | None) -> bool:
@@ -120,3 +120,29 @@ def test_the_contract_imports_neither_torch_nor_pandas() -> None:
             "print(sorted(n for n in ('torch', 'pandas', 'numpy') if n in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+@pytest.mark.parametrize("seconds", [5.12, 10.24, 20.48, 81.92, 1, 3600])
+def test_window_decoders_round_trip(seconds: float) -> None:
+    from asr_core.contract.metrics import window_decoder, window_seconds
+
+    name = window_decoder(seconds)
+    assert name.startswith("window-") and name.endswith("s")
+    assert window_seconds(name) == float(seconds)
+    assert m.fusion_method(name) is None  # a window decoder is no fusion method
+
+
+@pytest.mark.parametrize("bad", [0, -5.12, float("nan"), float("inf"), True, "5.12"])
+def test_a_window_that_is_not_positive_is_refused(bad: object) -> None:
+    from asr_core.contract.metrics import window_decoder
+
+    with pytest.raises(ValueError, match="positive number of seconds"):
+        window_decoder(bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("name", ["greedy", "beam", "fusion-chiu", "window-5.120s", "window-s", "window-0s",
+                                  "window-5.12", "window--1s"])
+def test_other_decoders_are_no_window(name: str) -> None:
+    from asr_core.contract.metrics import window_seconds
+
+    assert window_seconds(name) is None

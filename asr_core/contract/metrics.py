@@ -20,6 +20,9 @@ at all: runs already logged keep the names they have, so every builder is the ex
   their posteriors is the decoder ``fusion-<METHOD>`` (:func:`fusion_decoder`, :func:`fusion_method`;
   :data:`FUSION_METHODS`), logged as a beam decoder is (``wer_fusion-chiu/...``, ``eval/<DATASET>.fusion-chiu.csv``)
   with the tag ``eval.decoder.fusion-<METHOD>``; the ``greedy`` decoder is the averaging method;
+* another decoding window than trained (the context-or-fragmentation control): greedy decoding, windows averaged,
+  at a window of W seconds is the decoder ``window-<W:g>s`` (:func:`window_decoder`, :func:`window_seconds`),
+  logged as a beam decoder is (``wer_window-5.12s/...``) with the tag ``eval.decoder.window-<W:g>s``;
 * per-recording tables: artifacts ``eval/<DATASET>.csv`` (greedy) and ``eval/<DATASET>.<DECODER>.csv``
   (:func:`table_name`), columns :data:`TABLE_COLUMNS` then the optional :data:`CUE_COLUMNS`, then
   :data:`TAIL_COLUMNS` in tables of an evaluation given a tail set (absent otherwise);
@@ -48,6 +51,7 @@ GREEDY = "greedy"  # the decoder of the trial's own evaluation: metrics wer/...,
 FUSION_METHODS = ("select", "blockwise", "chiu", "lcs", "rover")
 AVERAGING = "average"  # the greedy decoder's method: each frame the mean of the windows covering it
 FUSION_PREFIX = "fusion-"
+WINDOW_PREFIX = "window-"  # greedy decoding at another window than the model's context: window-<W:g>s
 CLEAN = "clean"  # the condition without added music
 WER = "wer"
 CUE = "cue"
@@ -232,6 +236,26 @@ def fusion_method(decoder: str) -> str | None:
         return AVERAGING
     method = decoder[len(FUSION_PREFIX):] if decoder.startswith(FUSION_PREFIX) else None
     return method if method in FUSION_METHODS else None
+
+
+def window_decoder(seconds: float) -> str:
+    """The decoder name of greedy decoding at a window of ``seconds``: ``5.12`` -> ``"window-5.12s"``; raises
+    ValueError for a window that is not a positive finite number of seconds."""
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds) \
+            or seconds <= 0:
+        raise ValueError(f"decoding window {seconds!r}: valid is a positive number of seconds, e.g. 5.12")
+    return f"{WINDOW_PREFIX}{float(seconds):g}s"
+
+
+def window_seconds(decoder: str) -> float | None:
+    """The inverse of :func:`window_decoder`: ``"window-5.12s"`` -> ``5.12``; None for any other decoder."""
+    if not (decoder.startswith(WINDOW_PREFIX) and decoder.endswith("s")):
+        return None
+    try:
+        seconds = float(decoder[len(WINDOW_PREFIX):-1])
+    except ValueError:
+        return None
+    return seconds if math.isfinite(seconds) and seconds > 0 and window_decoder(seconds) == decoder else None
 
 
 def decoder_tag(decoder: str) -> str:
