@@ -111,6 +111,32 @@ def test_eval_max_minutes_shortens_evaluation_recordings_only(tmp_path: Path) ->
     assert summary["test"]["recordings"] >= 3 and summary["train"]["recordings"] == 1
 
 
+def test_eval_min_minutes_lengthens_evaluation_recordings_and_leaves_train(tmp_path: Path) -> None:
+    """--eval-min-minutes: the evaluation splits' shortest recording; train's files and the stamp's arguments are
+    those of a corpus made without it (the option enters the stamp only when given)."""
+    common = dict(eval_hours=0.01, min_minutes=0.2, max_minutes=0.25, splits=("train", "test"), jobs=1)
+    plain = synthesise(tmp_path / "plain", 0.004, 0, **common)
+    longer = synthesise(tmp_path / "long", 0.004, 0, eval_min_minutes=0.3, eval_max_minutes=0.35, **common)
+    args = [json.loads((tmp_path / d / "synth.json").read_text())["args"] for d in ("plain", "long")]
+    assert "eval_min_minutes" not in args[0] and args[1]["eval_min_minutes"] == 0.3
+    for f in sorted((tmp_path / "plain" / "train").iterdir()):
+        assert (tmp_path / "long" / "train" / f.name).read_bytes() == f.read_bytes(), f.name
+    metas = [json.loads(line) for line in (tmp_path / "long" / "recordings.jsonl").read_text().splitlines()]
+    assert min(m["duration"] for m in metas if m["split"] == "test") >= 0.3 * 60
+    assert longer["test"]["recordings"] < plain["test"]["recordings"]
+
+
+@pytest.mark.parametrize("extra, valid", [
+    (["--eval-min-minutes", "0"], "at most --eval-max-minutes (5, from --max-minutes)"),
+    (["--eval-min-minutes", "4.5", "--eval-max-minutes", "4"], "at most --eval-max-minutes (4)")])
+def test_eval_min_minutes_refused_outside_its_range(tmp_path: Path, extra: list[str], valid: str) -> None:
+    r = subprocess.run([sys.executable, "-m", "asr_core", "synth", str(tmp_path / "c"), "--hours", "0.01", *extra],
+                       cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and not (tmp_path / "c").exists()
+    last = r.stderr.strip().splitlines()[-1]
+    assert "--eval-min-minutes" in last and valid in last and f"got {extra[1]}" in last, last
+
+
 def test_key_terms_recur_minutes_apart() -> None:
     plan = make_plans("train", 0.1, seed=5, min_minutes=3, max_minutes=3, meeting_fraction=0)[0]
     _, words, _, meta = render(plan, dry=True)

@@ -18,7 +18,8 @@ Output layout (every split loads with the podcast reader, e.g. ``load_corpus("po
                                 :mod:`asr_core.data.corpora.recall`)
 
 Recordings last ``--min-minutes`` to ``--max-minutes`` (default 1-5); ``--eval-max-minutes`` shortens those of
-dev, test and test-shifted, so that a small evaluation set still has enough recordings for a paired test. Each is
+dev, test and test-shifted, so that a small evaluation set still has enough recordings for a paired test, and
+``--eval-min-minutes`` sets their shortest (recordings long enough to hold many window edges). Each is
 a "podcast" (one voice) or, with probability ``--meeting-fraction``, a "meeting" (two voices alternating turns).
 Structure that rewards long context, as real long-form audio does: one espeak-ng voice, rate and pitch per speaker
 and one acoustic condition (channel colouring, reverberation, background noise level) per recording, held for the
@@ -352,11 +353,11 @@ def synthesise(out: Path, hours: float, seed: int, *, eval_hours: float | None =
                max_minutes: float = 5.0, meeting_fraction: float = 0.3, jobs: int = 2,
                splits: tuple[str, ...] = SPLITS, voices: int = 0, shift: str = "far",
                eval_max_minutes: float | None = None, cue: CueConfig | None = None,
-               recall: RecallConfig | None = None) -> dict:
+               recall: RecallConfig | None = None, eval_min_minutes: float | None = None) -> dict:
     """Generate (or finish generating) the corpus in ``out``; returns the summary written to synth.json.
 
     ``eval_max_minutes`` (default ``max_minutes``) caps the recordings of dev, test and test-shifted, whose
-    shortest stay ``min(min_minutes, eval_max_minutes)``. ``cue``: the planted cue of every split (None or a rate
+    shortest stay ``min(min_minutes, eval_max_minutes)`` unless ``eval_min_minutes`` is given. ``cue``: the planted cue of every split (None or a rate
     of 0: none); the summary then counts each split's planted words (``cue_words``). ``recall``: the recall plant
     (None or a rate of 0: none); the summary then counts each split's slots (``recall_slots``)."""
     cue = cue if cue is not None and cue.active else None
@@ -373,15 +374,18 @@ def synthesise(out: Path, hours: float, seed: int, *, eval_hours: float | None =
         args["shift"] = shift
     if eval_max_minutes is not None:
         args["eval_max_minutes"] = eval_max_minutes
+    if eval_min_minutes is not None:
+        args["eval_min_minutes"] = eval_min_minutes
     if cue is not None:
         args["cue"] = cue.spec()
     if recall is not None:
         args["recall"] = recall.spec()
 
     def lengths(split: str) -> tuple[float, float]:
-        if split == "train" or eval_max_minutes is None:
+        if split == "train" or (eval_max_minutes is None and eval_min_minutes is None):
             return min_minutes, max_minutes
-        return min(min_minutes, eval_max_minutes), eval_max_minutes
+        top = max_minutes if eval_max_minutes is None else eval_max_minutes
+        return (min(min_minutes, top) if eval_min_minutes is None else eval_min_minutes), top
 
     out.mkdir(parents=True, exist_ok=True)
     stamp = out / "synth.json"
@@ -439,6 +443,10 @@ def cli(argv: list[str]) -> int:
         ap.error("--min-minutes must be positive and at most --max-minutes")
     if a.eval_max_minutes is not None and not a.eval_max_minutes > 0:
         ap.error(f"--eval-max-minutes must be positive, got {a.eval_max_minutes}")
+    top = a.max_minutes if a.eval_max_minutes is None else a.eval_max_minutes
+    if a.eval_min_minutes is not None and not 0 < a.eval_min_minutes <= top:
+        ap.error(f"--eval-min-minutes must be positive and at most --eval-max-minutes ({top:g}"
+                 f"{', from --max-minutes' if a.eval_max_minutes is None else ''}), got {a.eval_min_minutes:g}")
     if not 0 <= a.meeting_fraction <= 1:
         ap.error("--meeting-fraction must be in [0, 1]")
     n_voices = len(domain_voices(DOMAINS["in"]))
@@ -457,7 +465,7 @@ def cli(argv: list[str]) -> int:
     summary = synthesise(a.out, a.hours, a.seed, eval_hours=a.eval_hours, min_minutes=a.min_minutes,
                          max_minutes=a.max_minutes, meeting_fraction=a.meeting_fraction, jobs=a.jobs, splits=splits,
                          voices=a.voices, shift=a.shift, eval_max_minutes=a.eval_max_minutes, cue=cue,
-                         recall=recall)
+                         recall=recall, eval_min_minutes=a.eval_min_minutes)
     cued = cue.active
     print(f"{'split':14s} {'recordings':>10s} {'hours':>7s} {'words':>7s}{' cue words  a minute' if cued else ''}"
           f"{'     slots  a minute' if recall.active else ''}  spec")

@@ -26,6 +26,9 @@ def parser(description: str, splits: Sequence[str], shifts: Sequence[str]) -> ar
     ap.add_argument("--eval-max-minutes", type=float, default=None,
                     help="cap on the length of dev/test/test-shifted recordings (default --max-minutes): shorter "
                          "evaluation recordings give a paired test more of them")
+    ap.add_argument("--eval-min-minutes", type=float, default=None,
+                    help="shortest dev/test/test-shifted recording (default min(--min-minutes, --eval-max-minutes)): "
+                         "longer ones hold more window edges; positive, at most --eval-max-minutes")
     ap.add_argument("--shift", choices=shifts, default="far",
                     help="test-shifted domain: far = unseen accents and voices (default); near = the training "
                          "voices at unseen rates and pitches, in unseen rooms (for corpora made with --voices)")
