@@ -178,6 +178,41 @@ def heads_display(table: pd.DataFrame, representation: str) -> list[tuple[str, p
     return out
 
 
+def mean_sd(mean: float, sd: float) -> str:
+    """'mean ± sd' with two decimals; the mean alone where sd is not finite (one seed)."""
+    return f"{fmt_num(mean)} ± {fmt_num(sd)}" if math.isfinite(sd) else fmt_num(mean)
+
+
+def fragmentation_display(summary: pd.DataFrame, tests: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
+    """The "Context or fragmentation" section's tables (:mod:`analysis.fragmentation`): per group and dataset (clean)
+    the models' WER and error types, then every test."""
+    out = []
+    clean = summary[summary["condition"] == CLEAN]
+    for (grp, ds), part in clean.groupby(["group", "dataset"], sort=True):
+        out.append((f"{ds}" + (f" ({grp})" if clean["group"].nunique() > 1 else "") + ": WER and error types (%), "
+                    "clean, mean ± sd over seeds", pd.DataFrame({
+                        "model": part["model"], "context": part["context_s"].map(lambda c: f"{c:g} s"),
+                        "receptive field": [f"±{f:.2f} s ({2 * f:.2f} s)" if math.isfinite(f) else "whole window"
+                                            for f in part["field_s"]],
+                        "training cut": part["cut"], "decoding window": part["window_s"].map(lambda w: f"{w:g} s"),
+                        "WER": [mean_sd(m, s) for m, s in zip(part["wer_mean"], part["wer_sd"])],
+                        "S": [mean_sd(m, s) for m, s in zip(part["sub_mean"], part["sub_sd"])],
+                        "D": [mean_sd(m, s) for m, s in zip(part["del_mean"], part["del_sd"])],
+                        "I": [mean_sd(m, s) for m, s in zip(part["ins_mean"], part["ins_sd"])],
+                        "seeds": part["n_seeds"]})))
+    if not tests.empty:
+        out.append(("Every test (all in fragmentation_tests.csv)", pd.DataFrame({
+            "dataset": tests["dataset"], "compared": tests["model"] + " vs " + tests["reference"],
+            "seeds": ["shared" if s else "own" for s in tests["shared_seeds"]],
+            "WER ref": tests["wer_reference"].map(fmt_num), "WER": tests["wer"].map(fmt_num),
+            "WERR %": [fmt_num(x, 1, True) for x in tests["werr"]],
+            "ΔWER [CI]": [f"{fmt_num(d, 2, True)} [{fmt_num(a, 2, True)}, {fmt_num(b, 2, True)}]"
+                          for d, a, b in zip(tests["delta_wer"], tests["delta_lo"], tests["delta_hi"])],
+            "p perm": tests["p_permutation"].map(fmt_p), "p Holm": tests["p_holm"].map(fmt_p),
+            "verdict": tests["verdict"], "note": tests["note"].fillna("")})))
+    return out
+
+
 # ---- Markdown and HTML ---------------------------------------------------------------------------------------
 
 def render_markdown(sweep: Sweep, sections: Iterable[Section]) -> str:

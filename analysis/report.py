@@ -3,8 +3,10 @@
 ``OUT/index.html`` (self-contained: figures embedded as base64 PNG, inline CSS), ``OUT/report.md`` (figures linked
 beside it), the PNGs, and CSVs: ``wer.csv``, ``werr.csv``, ``significance.csv``, ``snr.csv``, ``problems.csv``,
 ``trials.csv``, ``external.csv`` (other systems scored by ``python -m asr_core score``, also a table beside the
-models' WER). Every comparison with a baseline is stated in one plain sentence (the two WERs and whether the difference
-is significant after Holm's correction), its numbers (intervals, p-values) in the table beside the sentences, and
+models' WER), ``errors.csv`` (substitutions, deletions and insertions of every decoder, :mod:`analysis.errors`;
+its section "Error types", after the WER and tail-word sections, shows greedy decoding on clean audio). Every
+comparison with a baseline is stated in one plain sentence (the two WERs and whether the difference is significant
+after Holm's correction), its numbers (intervals, p-values) in the table beside the sentences, and
 every run that was left out is listed with the reason. A configuration whose every seed is at
 :data:`~analysis.collect.NOTHING_LEARNED_WER`% WER or more on every clean test set has not learned to transcribe: it
 stays in the WER table and the CSVs, but no comparison, WERR table or figure is drawn from it (a sweep of such models
@@ -17,6 +19,9 @@ Sections that only a sweep with the data gets (a sweep without it gets the repor
 * window fusion (decoders ``fusion-<METHOD>``, paper 001): a "Decoding method" section after the decoders', WER
   per method and context, the context-length gain under each method and methods against averaging
   (:mod:`analysis.fusion`), ``fusion.csv`` and ``fusion_tests.csv``;
+* the context-or-fragmentation controls (a banded or pause-cut model, or a decoder ``window-<W>s``): a "Context or
+  fragmentation" section, each control against the dense models and a verdict by fixed rules
+  (:mod:`analysis.fragmentation`), ``fragmentation.csv`` and ``fragmentation_tests.csv``;
 * LM perplexity (``lm_ppl/...`` on LM runs): perplexity against LM context, ``lm_ppl.csv`` and a figure;
 * head similarity (``heads/...``): against context per heads count and model size, beside WER, and whether it
   tracks WER (:mod:`analysis.heads`), ``heads.csv``, ``heads_tracking.csv`` and a figure per family;
@@ -43,6 +48,8 @@ import pandas as pd
 
 from analysis import cue
 from analysis import decoders as dec
+from analysis import errors as er
+from analysis import fragmentation as fr
 from analysis import fusion as fu
 from analysis import heads as hd
 from analysis import recall as rc
@@ -208,6 +215,7 @@ def build_report(sweep: Sweep, out_dir: Path | str, *, baseline_context: float =
 
     csvs = {"wer": wer, "werr": werr, "significance": sig, "snr": snr, "problems": sweep.problems,
             "trials": sweep.trials, "finding": _finding_frame(checks, gains), "external": sweep.external}
+    error_section, csvs["errors"] = er.section(sweep)
     extra: list[Section] = []
     if sweep.beam_decoders:
         section, tables = _decoder_section(sweep, wer, alpha, level, bootstrap_resamples)
@@ -216,6 +224,10 @@ def build_report(sweep: Sweep, out_dir: Path | str, *, baseline_context: float =
     if fu.has_fusion(sweep):
         section, tables = fu.section(sweep, baseline_context, alpha, level=level,
                                      bootstrap_resamples=bootstrap_resamples)
+        extra.append(section)
+        csvs.update(tables)
+    if fr.has_controls(sweep):
+        section, tables = fr.section(sweep, alpha, level=level, bootstrap_resamples=bootstrap_resamples)
         extra.append(section)
         csvs.update(tables)
     if not sweep.lm_ppl.empty:
@@ -256,8 +268,8 @@ def build_report(sweep: Sweep, out_dir: Path | str, *, baseline_context: float =
     sections.insert(1, _finding_section(checks))
     at = next(i for i, s in enumerate(sections) if s.title == RUNS_LEFT_OUT)
     sections[at:at] = extra
-    if tail_section is not None:  # its own section, right after the WER section
-        sections.insert(next(i for i, s in enumerate(sections) if s.title == "WER and WERR") + 1, tail_section)
+    at = next(i for i, s in enumerate(sections) if s.title == "WER and WERR") + 1  # right after the WER section
+    sections[at:at] = ([tail_section] if tail_section is not None else []) + [error_section]
     figures = figures + [f for s in extra for f in s.figures]
     md_path, html_path = out / "report.md", out / "index.html"
     md_path.write_text(render_markdown(sweep, sections), encoding="utf-8")

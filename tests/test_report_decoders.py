@@ -235,8 +235,8 @@ def test_greedy_only_sweep_keeps_its_sections(tmp_path: Path) -> None:
     titles = [ln[3:] for ln in (tmp_path / "report.md").read_text().splitlines() if ln.startswith("## ")]
     assert titles == ["Overview", "The paper's finding in this sweep", "Figures",
                       "Findings: each context length against the baseline", "Findings in numbers", "WER and WERR",
-                      "Noise robustness: WERR (%) from the baseline at each SNR", "Runs left out", "Methods"]
-    assert sorted(rep.csvs) == ["external", "finding", "problems", "significance", "snr", "trials", "wer", "werr"]
+                      "Error types", "Noise robustness: WERR (%) from the baseline at each SNR", "Runs left out", "Methods"]
+    assert sorted(rep.csvs) == ["errors", "external", "finding", "problems", "significance", "snr", "trials", "wer", "werr"]
     assert {f.key for f in rep.figures} == {"fig1_werr_vs_context_context", "fig2_werr_vs_snr_context",
                                             "fig3_wer_vs_context_posenc"}
 
