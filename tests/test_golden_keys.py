@@ -18,7 +18,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 GOLDEN = REPO / "tests" / "golden" / "keys.json"
-GRIDS = ("grids/paper.yaml", "grids/demo.yaml", "grids/demo-quick.yaml", "grids/demo-cued.yaml", "grids/smoke.yaml")
+GRIDS = ("grids/paper.yaml", "grids/demo.yaml", "grids/demo-quick.yaml", "grids/demo-cued.yaml", "grids/smoke.yaml",
+         "grids/demo-fragmentation.yaml", "grids/controls.yaml")
 
 
 def current_keys() -> dict[str, dict[str, str]]:
