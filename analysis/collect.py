@@ -23,8 +23,9 @@ decoder ``D`` (``asr_core.evaluation.evaluate.BeamDecoding``, ``python -m orches
 ``wer_<D>/<DATASET>[/snr<DB>]``, ``eval/<DATASET>.<D>.csv`` and the tag ``eval.decoder.<D>`` (JSON settings) to the
 same run. :attr:`Sweep.wer` and :attr:`Sweep.recordings` hold every decoder's rows, told apart by their ``decoder``
 column; whatever assumes one WER per trial, dataset and condition selects the greedy rows (:func:`greedy_rows`).
-A window fusion method (paper 001) is read as a beam decoder is, named ``fusion-<METHOD>``; greedy is the averaging
-method. :attr:`Sweep.beam_decoders` leaves them out, :attr:`Sweep.fusion_decoders` lists them.
+A window fusion method (paper 001, ``fusion-<METHOD>``; greedy is the averaging method) and greedy decoding at another
+window than trained (``window-<W:g>s``) are read as beam decoders are: :attr:`Sweep.beam_decoders` leaves them out,
+:attr:`Sweep.fusion_decoders` and :attr:`Sweep.window_decoders` list them.
 
 Also read: head similarity (``heads/<DATASET>/<R>/sum|similarity|layer<i>``, paper 003) into :attr:`Sweep.heads`,
 and LM perplexity (``lm_ppl/<DATASET>/ctx<N>`` on the LM's own run, ``python -m asr_core lm ppl``) into
@@ -53,7 +54,7 @@ from analysis.naming import (CONTEXT_PARAM, SEED_PARAM, config_label, digest, na
 from asr_core.contract.metrics import (AVERAGE, CLEAN, CUE_COLUMNS, GREEDY, SLOT_COLUMNS, TABLE_COLUMNS, TAIL_COLUMNS,
                                        condition_name, decoder_tag, fusion_method, metric_name,
                                        parse_decoder_metric_key, parse_heads_key, parse_lm_ppl_key, parse_metric_key,
-                                       slot_table_name, snr_of, table_name, WORDS_LOST)
+                                       slot_table_name, snr_of, table_name, window_seconds, WORDS_LOST)
 from asr_core.contract.trial import (FINISHED, ROLE_EXTERNAL, ROLE_PARENT, ROLE_TRIAL, TAG_ERROR, TAG_KERNELS,
                                      TAG_LABEL, TAG_ROLE, TAG_SUBGRIDS, TAG_SYSTEM)
 
@@ -133,8 +134,7 @@ class Sweep:
 
     @property
     def families(self) -> list[str]:
-        names = sorted({f for fams in self.trials["families"] for f in fams.split(",") if f})
-        return names
+        return sorted({f for fams in self.trials["families"] for f in fams.split(",") if f})
 
     @property
     def datasets(self) -> list[str]:
@@ -144,15 +144,21 @@ class Sweep:
 
     @property
     def beam_decoders(self) -> list[str]:
-        """The beam decoders some finished run has results of, sorted (not greedy, not a ``fusion-<METHOD>``)."""
+        """The beam decoders some finished run has results of, sorted (not greedy, ``fusion-*`` or ``window-*``)."""
         names = set(self.wer["decoder"]) if "decoder" in self.wer.columns else set()
-        return sorted(d for d in names if fusion_method(d) is None)
+        return sorted(d for d in names if fusion_method(d) is None and window_seconds(d) is None)
 
     @property
     def fusion_decoders(self) -> list[str]:
         """The window fusion decoders (``fusion-<METHOD>``, paper 001) some finished run has results of, sorted."""
         names = set(self.wer["decoder"]) if "decoder" in self.wer.columns else set()
         return sorted(d for d in names if d != GREEDY and fusion_method(d) is not None)
+
+    @property
+    def window_decoders(self) -> list[str]:
+        """The decoders at another window than trained (``window-<W:g>s``) some finished run has results of, by W."""
+        names = set(self.wer["decoder"]) if "decoder" in self.wer.columns else set()
+        return sorted((d for d in names if window_seconds(d) is not None), key=window_seconds)
 
 
 # ---- building the frames -------------------------------------------------------------------------------------
@@ -195,11 +201,8 @@ def build_sweep(experiment: str, records: Iterable[RunRecord], *, ignore_params:
         seed = seed_of(rec.tags, rec.params)
         config_params = {k: v for k, v in science_params(rec.params).items() if k not in ignored}
         series_params = {k: v for k, v in config_params.items() if k != CONTEXT_PARAM}
-        if not rec.params:
-            # no params logged yet: the label (minus seed) is the best identity available
-            config_id = "label:" + config_label(label, seed)
-        else:
-            config_id = digest(config_params)
+        # no params logged yet: the label (minus seed) is the best identity available
+        config_id = digest(config_params) if rec.params else "label:" + config_label(label, seed)
         families = ",".join(sorted(f.strip() for f in rec.tags.get(TAG_SUBGRIDS, "").split(",") if f.strip()))
         context = number(rec.params.get(CONTEXT_PARAM))
         trial_rows.append({
@@ -323,8 +326,7 @@ def build_sweep(experiment: str, records: Iterable[RunRecord], *, ignore_params:
                                           decoder=dec))
 
     info_cols = [c for c in TRIAL_COLUMNS if c not in ("status", "error", "kernels", "cut", "words_lost_pct")]
-    wer = pd.DataFrame(wer_rows, columns=WER_COLUMNS)
-    wer = trials[info_cols].merge(wer, on="run_id", how="inner")
+    wer = trials[info_cols].merge(pd.DataFrame(wer_rows, columns=WER_COLUMNS), on="run_id", how="inner")
     if rec_frames:
         recs = pd.concat(rec_frames, ignore_index=True)
         recs = trials[info_cols].merge(recs, on="run_id", how="inner")
@@ -334,8 +336,7 @@ def build_sweep(experiment: str, records: Iterable[RunRecord], *, ignore_params:
     prob = pd.DataFrame(problems, columns=["run_id", "label", "status", "problem"])
     prob = prob.sort_values(["label", "problem"], kind="stable").reset_index(drop=True)
     external = pd.DataFrame(external_rows, columns=EXTERNAL_COLUMNS)
-    heads = pd.DataFrame(head_rows, columns=HEAD_COLUMNS)
-    heads = trials[info_cols].merge(heads, on="run_id", how="inner")
+    heads = trials[info_cols].merge(pd.DataFrame(head_rows, columns=HEAD_COLUMNS), on="run_id", how="inner")
     lm_ppl = pd.DataFrame(lm_rows, columns=LM_PPL_COLUMNS).sort_values(["lm_name", "lm_run", "dataset",
                                                                         "lm_context"]).reset_index(drop=True)
     slots = pd.concat(slot_frames, ignore_index=True)[SLOT_FRAME_COLUMNS] if slot_frames else \

@@ -22,8 +22,16 @@ joined each way named, beside the trial's own averaging, logged as ``wer_fusion-
     fusion: [select, blockwise, chiu, lcs, rover]   # or "all"; asr_core.contract.metrics.FUSION_METHODS
     datasets: [...]        # optional, as above; snrs and stride too
 
-A fusion file gives no ``lm``, ``alpha``, ``beta``, ``beam_width``, ``lm_context`` or ``prompt`` (the methods decode
-greedily).
+Or decoding at other windows than the model's context (the context-or-fragmentation control; example:
+``grids/decode-windows.yaml``): greedy decoding, windows averaged at the stride as the trial's own decoding, but each
+window W seconds long, logged as ``wer_window-<W:g>s/<dataset>`` (:func:`asr_core.contract.metrics.window_decoder`)::
+
+    name: windows          # the evaluation's name
+    window_s: [5.12, 10.24, 20.48]   # positive numbers of seconds, each once (or one number)
+    datasets: [...]        # optional, as above; snrs, stride and tail too
+
+A fusion or window file gives no ``lm``, ``alpha``, ``beta``, ``beam_width``, ``lm_context`` or ``prompt`` (it decodes
+greedily), and not both ``fusion`` and ``window_s`` (two evaluations: one decode file, and name, each).
 
 Relative paths (``lm``, ``prompt``, the datasets' PATH) resolve against the decode file's folder. Every error names
 the file, the key, the value and what is valid (:class:`DecodeFileError`).
@@ -44,7 +52,7 @@ from typing import Any, Mapping
 from asr_core.yaml_input import YamlInputError, load_yaml_file
 
 KEYS = ("name", "lm", "alpha", "beta", "beam_width", "lm_context", "prompt", "datasets", "snrs", "stride", "fusion",
-        "tail")
+        "tail", "window_s")
 BEAM_KEYS = ("lm", "alpha", "beta", "beam_width", "lm_context", "prompt")
 SETTING_KEYS = ("lm", "lm_sha256", "alpha", "beta", "beam_width", "lm_context", "prompt", "prompt_sha256", "stride")
 
@@ -70,21 +78,28 @@ class DecodeSpec:
     source: str = ""  # the decode file it was read from
     fusion: tuple[str, ...] = ()  # window fusion methods (greedy decoding; the beam fields unused); (): a beam spec
     tail: str | None = None  # absolute path of a tail set (paper 002); None: each trial's own eval.tail
+    windows: tuple[float, ...] = ()  # greedy decoding at these windows (seconds; the beam fields unused)
 
     @property
     def decoders(self) -> list[str]:
-        """The decoders whose metrics the spec's jobs write: its name for a beam, ``fusion-<METHOD>`` per method."""
-        from asr_core.contract.metrics import fusion_decoder
+        """The decoders whose metrics the spec's jobs write: its name for a beam, ``fusion-<METHOD>`` per method,
+        ``window-<W:g>s`` per window."""
+        from asr_core.contract.metrics import fusion_decoder, window_decoder
 
+        if self.windows:
+            return [window_decoder(w) for w in self.windows]
         return [fusion_decoder(m) for m in self.fusion] if self.fusion else [self.name]
 
     def setting(self) -> dict[str, Any]:
         """What defines the decoder ``name``: the LM and prompt (path and SHA-256 of the content), alpha, beta,
-        beam width, LM context and stride; for a fusion spec, its methods and the stride. Hashing reads the LM file
+        beam width, LM context and stride; for a fusion spec, its methods and the stride; for a window spec, its
+        windows and the stride. Hashing reads the LM file
         once (a few hundred MB at paper size)."""
         tail = {"tail": self.tail, "tail_sha256": _sha256(self.tail)} if self.tail else {}  # absent: as before
         if self.fusion:
             return {"fusion": list(self.fusion), "stride": self.stride, **tail}
+        if self.windows:
+            return {"windows": list(self.windows), "stride": self.stride, **tail}
         return {**tail, "lm": self.lm, "lm_sha256": _sha256(self.lm), "alpha": self.alpha, "beta": self.beta,
                 "beam_width": self.beam_width, "lm_context": self.lm_context, "prompt": self.prompt,
                 "prompt_sha256": _sha256(self.prompt), "stride": self.stride}
@@ -98,13 +113,17 @@ class DecodeSpec:
             d.pop("fusion")
         if self.tail is None:
             d.pop("tail")
+        if self.windows:
+            d["windows"] = list(self.windows)
+        else:  # as before window specs existed
+            d.pop("windows")
         return d
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "DecodeSpec":
         """A spec written by :meth:`to_dict` (the sweep's own record: trusted, not validated again)."""
         return cls(**{**d, "datasets": tuple(d.get("datasets", ())), "snrs": tuple(d.get("snrs", ())),
-                      "fusion": tuple(d.get("fusion", ()))})
+                      "fusion": tuple(d.get("fusion", ())), "windows": tuple(d.get("windows", ()))})
 
     def metric_keys(self, dataset: str) -> list[str]:
         """The metrics one decoded dataset gets: per decoder clean, then each SNR (``asr_core.evaluation.evaluate``'s
@@ -149,8 +168,13 @@ def parse_decode(raw: Any, path: Path) -> DecodeSpec:
     unknown = sorted(str(k) for k in set(raw) - set(KEYS))
     if unknown:
         raise DecodeFileError(f"{where}: unknown key {unknown[0]!r}; valid keys: {', '.join(KEYS)}")
+    if "fusion" in raw and "window_s" in raw:
+        raise DecodeFileError(f"{where}: 'fusion' and 'window_s' are two evaluations; valid: one of them per decode "
+                              "file, each under a name of its own")
     if "fusion" in raw:
         return _parse_fusion(raw, path)
+    if "window_s" in raw:
+        return _parse_windows(raw, path)
     for k in ("name", "lm", "beta"):
         if k not in raw:
             raise DecodeFileError(f"{where}: missing key {k!r}"
@@ -211,19 +235,30 @@ def _common(where: str, raw: Mapping[str, Any], base: Path) -> dict[str, Any]:
     return {"stride": stride, "snrs": snrs, "datasets": datasets, "tail": tail}
 
 
-def _parse_fusion(raw: Mapping[str, Any], path: Path) -> DecodeSpec:
-    """A window fusion file: ``name``, ``fusion`` (a list of methods, or ``all``), and the common keys."""
-    from asr_core.contract.metrics import FUSION_METHODS
+def _greedy_head(raw: Mapping[str, Any], path: Path, key: str, does: str) -> tuple[str, Path]:
+    """The name of a greedy decode file (``key``: ``fusion`` or ``window_s``, which ``does`` what it says) and the
+    folder its relative paths resolve against; it gives no beam search setting."""
     from orchestrate.assets import grids_dir
 
     where = str(path)
     beam = [k for k in BEAM_KEYS if k in raw]
     if beam:
-        raise DecodeFileError(f"{where}: {beam[0]!r} is a beam search setting, but 'fusion' decodes greedily with "
-                              "the windows joined each way named; remove it, or 'fusion' for a beam decoder")
+        raise DecodeFileError(f"{where}: {beam[0]!r} is a beam search setting, but {key!r} {does}; remove it, or "
+                              f"{key!r} for a beam decoder")
     if "name" not in raw:
         raise DecodeFileError(f"{where}: missing key 'name' (the evaluation's name)")
-    name = _name(where, raw["name"])
+    base = path.resolve().parent
+    if base == grids_dir().resolve():  # a packaged spec: its paths read as from ./grids/ of the folder it is run in
+        base = Path.cwd() / "grids"
+    return _name(where, raw["name"]), base
+
+
+def _parse_fusion(raw: Mapping[str, Any], path: Path) -> DecodeSpec:
+    """A window fusion file: ``name``, ``fusion`` (a list of methods, or ``all``), and the common keys."""
+    from asr_core.contract.metrics import FUSION_METHODS
+
+    where = str(path)
+    name, base = _greedy_head(raw, path, "fusion", "decodes greedily with the windows joined each way named")
     v = raw["fusion"]
     methods = tuple(FUSION_METHODS) if v == "all" else v
     valid = f"valid: a list of {', '.join(FUSION_METHODS)} (each once), or 'all'"
@@ -235,11 +270,30 @@ def _parse_fusion(raw: Mapping[str, Any], path: Path) -> DecodeSpec:
             raise DecodeFileError(f"{where}: invalid value in 'fusion': {m!r}{why}; {valid}")
     if len(set(methods)) != len(methods):
         raise DecodeFileError(f"{where}: 'fusion' repeats a method: {list(methods)}; {valid}")
-    base = path.resolve().parent
-    if base == grids_dir().resolve():  # a packaged spec: its paths read as from ./grids/ of the folder it is run in
-        base = Path.cwd() / "grids"
     return DecodeSpec(name=name, lm=None, alpha=0.0, beta=0.0, beam_width=1, lm_context=1,
                       fusion=tuple(methods), source=str(path.resolve()), **_common(where, raw, base))
+
+
+def _parse_windows(raw: Mapping[str, Any], path: Path) -> DecodeSpec:
+    """A file of decoding windows: ``name``, ``window_s`` (seconds: a list, or one number), and the common keys."""
+    from asr_core.contract.metrics import window_decoder
+
+    where = str(path)
+    name, base = _greedy_head(raw, path, "window_s", "decodes greedily with windows of those lengths")
+    v = raw["window_s"]
+    valid = "valid: positive numbers of seconds, each once (a list, or one number), e.g. [5.12, 10.24, 20.48]"
+    windows = v if isinstance(v, list) else [v]
+    if not windows:
+        raise DecodeFileError(f"{where}: invalid value for 'window_s': {v!r}; {valid}")
+    for w in windows:
+        try:
+            window_decoder(w)  # a bool, a string, 0, a negative or not finite number: refused
+        except ValueError:
+            raise DecodeFileError(f"{where}: invalid value in 'window_s': {w!r}; {valid}") from None
+    if len({window_decoder(w) for w in windows}) != len(windows):
+        raise DecodeFileError(f"{where}: 'window_s' repeats a window: {windows}; {valid}")
+    return DecodeSpec(name=name, lm=None, alpha=0.0, beta=0.0, beam_width=1, lm_context=1,
+                      windows=tuple(float(w) for w in windows), source=str(path.resolve()), **_common(where, raw, base))
 
 
 def _name(where: str, v: Any) -> str:

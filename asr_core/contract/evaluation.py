@@ -115,7 +115,8 @@ class EvaluationSpec:
     """One evaluation job (``evaluation.json``): which model, under which name and setting, on what.
 
     ``datasets``: the ``NAME=FORMAT:PATH`` specs to read; ``conditions``: what to decode of each (by name);
-    ``decoder``: None for greedy CTC; with ``fusion`` (a list of window fusion methods) greedy decoding joined each
+    ``decoder``: None for greedy CTC; with ``windows`` (seconds) greedy decoding at those windows; with ``fusion`` (a
+    list of window fusion methods) greedy decoding joined each
     of those ways; else the beam decoder's resolved setting (``lm``, ``alpha``, ``beta``,
     ``beam_width``, ``lm_context``, ``prompt``, ``stride``: :class:`orchestrate.decode_file.DecodeSpec`)."""
 

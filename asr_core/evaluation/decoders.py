@@ -3,10 +3,11 @@
 Each recording and condition (clean, or music at an SNR) is decoded once into posteriors by the moving-window
 model (:func:`asr_core.decoding.decode.posteriors`), then by each decoder: greedy CTC, and with a
 :class:`BeamDecoding` beam search from the same posteriors (with an LM or without, paper 004; built from the
-command line's options by :func:`beam_decoding`). :func:`evaluate_dataset` scores each decoder's hypothesis
-against the normalised reference, the planted cue words where the dataset has them, and the tail words when given
-a tail set (:mod:`asr_core.evaluation.tail`), into the rows of :func:`asr_core.evaluation.evaluate.evaluate`'s
-tables.
+command line's options by :func:`beam_decoding`); a greedy decoder at another window than the model's context
+(``window-<W:g>s``) decodes posteriors of its own, made the same way with its window. :func:`evaluate_dataset`
+scores each decoder's hypothesis against the normalised reference, the planted cue words where the dataset has
+them, and the tail words when given a tail set (:mod:`asr_core.evaluation.tail`), into the rows of
+:func:`asr_core.evaluation.evaluate.evaluate`'s tables.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import torch
 
@@ -121,11 +122,14 @@ def evaluate_dataset(name: str, recordings: list[Recording], snrs: list[float], 
                      window: int, stride: float, batch: WindowBatch | int, sub: int, fps: float, dev: torch.device,
                      noise: str, noise_seed: int, progress: ProgressLog | None = None, precision: str = "fp32",
                      beam: BeamDecoding | None = None, cues: dict[str, tuple[int, ...]] | None = None,
-                     clean: bool = True, tail: TailSet | None = None, fusion: tuple[str, ...] = ()
+                     clean: bool = True, tail: TailSet | None = None, fusion: tuple[str, ...] = (),
+                     other_windows: Mapping[str, int] | None = None
                      ) -> tuple[dict[str, list[dict[str, Any]]], list[dict[str, Any]]]:
     """Rows per decoder (``greedy``, ``beam.name`` with a beam, ``fusion-<METHOD>`` for each window fusion method
     of ``fusion``: :mod:`asr_core.decoding.fused`) and the hypotheses, of one dataset: each recording and condition
     decoded once into posteriors, then by each decoder (the fusion methods reuse the averaging pass's windows).
+    ``other_windows``: decoder name (``window-<W:g>s``) → its window in input frames
+    (:func:`~asr_core.decoding.decode.window_frames`): each decodes posteriors made again with that window, greedily.
     ``cues``: the planted words' indices per recording id (:func:`asr_core.data.corpora.cues.planted`), counted in
     ``cue_words``/``cue_errors``; None: the dataset has none (the columns stay empty). ``tail``: a tail set whose words' errors are counted in
     ``tail_words``/``tail_errors`` (:func:`asr_core.evaluation.tail.tail_counts`); None: the rows have no such keys."""
@@ -134,7 +138,8 @@ def evaluate_dataset(name: str, recordings: list[Recording], snrs: list[float], 
     from asr_core.data.audio import load_audio
 
     rows: dict[str, list[dict[str, Any]]] = {GREEDY: [], **({beam.name: []} if beam is not None else {}),
-                                             **{fusion_decoder(m): [] for m in fusion}}
+                                             **{fusion_decoder(m): [] for m in fusion},
+                                             **{d: [] for d in other_windows or {}}}
     pieces = tokenizer_pieces(tokenizer) if fusion else []
     hyps = []
     batch = batch if isinstance(batch, WindowBatch) else WindowBatch(batch)  # an int: this dataset's own
@@ -173,6 +178,12 @@ def evaluate_dataset(name: str, recordings: list[Recording], snrs: list[float], 
                 texts[fusion_decoder(method)] = fused_texts(windows, (method,), window=window, stride=stride,
                                                             tokenizer=tokenizer, pieces=pieces, fps=fps)[method]
                 took[fusion_decoder(method)] = time.perf_counter() - t1
+            ran: dict[str, int] = {}  # the windows each window decoder ran
+            for decoder, frames in (other_windows or {}).items():
+                t1 = time.perf_counter()
+                texts[decoder], ran[decoder] = greedy_at(model, feats, frames, stride, batch, sub, dev, precision,
+                                                         tokenizer)
+                took[decoder] = time.perf_counter() - t1
             hyp: dict[str, Any] = {"recording": rec.id, "condition": condition_name(snr), "ref": ref}
             line = []
             for decoder, text in texts.items():
@@ -193,10 +204,27 @@ def evaluate_dataset(name: str, recordings: list[Recording], snrs: list[float], 
                 if tail is not None:
                     cue_note += f", tail {t.errors}/{t.words}"
                 line.append(f"{'' if decoder == GREEDY else decoder + ' '}WER {c.wer:.1f}%{cue_note} "
-                           f"(RTF {took[decoder] / max(rec.duration, 1e-9):.3f})")
+                           f"(RTF {took[decoder] / max(rec.duration, 1e-9):.3f}"
+                           + (f", {ran[decoder]} windows)" if decoder in ran else ")"))
             hyps.append(hyp)
             if progress is not None:
                 progress.write("eval", len(rows[GREEDY]), total, name)
             print(f"[eval] {name} {i}/{len(recordings)} {rec.id} {condition_name(snr)}: {'; '.join(line)} "
                   f"({c.ref_words} words, {n_windows} windows)", file=sys.stderr, flush=True)
     return rows, hyps
+
+
+def greedy_at(model, feats: torch.Tensor, window: int, stride: float, batch: WindowBatch, sub: int,
+              dev: torch.device, precision: str, tokenizer) -> tuple[str, int]:
+    """Greedy CTC of one recording's features decoded with moving windows of ``window`` input frames (not the
+    model's context), averaged at ``stride`` as :func:`~asr_core.decoding.decode.posteriors` averages: the text and
+    the windows run."""
+    ran = 0
+
+    def count(_span: tuple[int, int], _probs: torch.Tensor) -> None:
+        nonlocal ran
+        ran += 1
+
+    probs = posteriors(model, feats, window, stride=stride, batch_windows=batch, subsampling=sub, device=dev,
+                       precision=precision, on_window=count)
+    return tokenizer.decode(greedy_ids(probs, tokenizer.blank_id)), ran

@@ -1,7 +1,8 @@
 """Evaluate a checkpoint: moving-window greedy CTC on long recordings, clean and with music at given SNRs.
 
 ``python -m asr_core evaluate CKPT --data NAME=FORMAT:PATH [--data ...] [--snr DB ...] [--noisy NAME ...]
-[--stride 0.125] [--fusion METHOD,...] [--precision auto|bf16|fp32] [--batch-windows N] [--out DIR]``
+[--stride 0.125] [--fusion METHOD,...] [--window-s SECONDS,...] [--precision auto|bf16|fp32] [--batch-windows N]
+[--out DIR]`` (its options: :mod:`asr_core.evaluation.evaluate_cli`)
 
 Every dataset is decoded clean; the datasets named in ``noisy`` (``eval.noisy``; none named = every dataset) are
 also decoded with music at each SNR. The paper added music to Rev16 only, for the main (context) family
@@ -41,6 +42,13 @@ With ``--fusion`` (paper 001), each window fusion method named (:mod:`asr_core.d
 under ``fusion-<METHOD>`` (``wer_fusion-chiu/<NAME>``, ``eval/<NAME>.fusion-chiu.csv``, tag
 ``eval.decoder.fusion-chiu``).
 
+With ``--window-s`` (comma-separated seconds, each positive and given once), the same greedy decoding, windows
+averaged at the same stride, is run again at each window W instead of the model's context (the
+context-or-fragmentation control: the model's windows shortened at decoding only), logged as the fusion decoders
+are under ``window-<W:g>s`` (``wer_window-5.12s/<NAME>``, ``eval/<NAME>.window-5.12s.csv``, tag
+``eval.decoder.window-5.12s``: JSON of ``window_s``, ``stride``, ``decoding`` and the model's
+``trained_context_s``). A bad value is refused before any work (exit 2).
+
 Everything logged goes through an outbox (:mod:`asr_core.runtime.outbox`): the trial job passes its own, so evaluation never
 waits for MLflow; the standalone command keeps one in ``DIR/outbox`` and waits for it at most
 ``ASR_CORE_FINAL_FLUSH_S`` seconds at the end (what is left is shipped later with ``python -m asr_core outbox DIR
@@ -58,7 +66,6 @@ dataset's total.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import math
@@ -75,14 +82,14 @@ from asr_core.data.corpora.cues import planted
 from asr_core.data.corpora.fingerprint import fingerprint
 from asr_core.contract.evaluation import merge_tables
 from asr_core.contract.ledger import shown_tags
-from asr_core.contract.metrics import (CUE_COLUMNS, FUSION_METHODS, GREEDY, TABLE_COLUMNS, TAIL_COLUMNS, TAIL_TAG,
-                                       condition_name, cue_metric_key, decoder_tag, fusion_decoder, metric_key,
-                                       slot_table_file, table_file, tail_metric_key)
+from asr_core.contract.metrics import (CUE_COLUMNS, GREEDY, TABLE_COLUMNS, TAIL_COLUMNS, TAIL_TAG, condition_name,
+                                       cue_metric_key, decoder_tag, fusion_decoder, metric_key, slot_table_file,
+                                       table_file, tail_metric_key, window_decoder)
+from asr_core.evaluation.evaluate_cli import parse_fusion, parse_windows, parser, print_summary
 from asr_core.runtime.outbox import Outbox, fail_fast_http
 from asr_core.evaluation.score import Counts, corpus_wer
 from asr_core.evaluation.tail import describe, load_tail
 from asr_core.contract.trial import EVAL_DIR, ProgressLog
-from asr_core.contract.options import renamed
 
 # torch, pandas, scipy (the recall plant's tables) and what imports them are imported where they are used: a
 # refusal of the command line, of a checkpoint's file or of an evaluation's options needs none of them
@@ -123,7 +130,10 @@ class EvaluationRun:
 
     ``fusion``: window fusion methods (:data:`~asr_core.contract.metrics.FUSION_METHODS`, paper 001) decoded beside
     the greedy averaging, each as the decoder ``fusion-<METHOD>`` (:mod:`asr_core.decoding.fused`); as with a beam,
-    only these extra decoders are then logged.
+    only these extra decoders are then logged. ``windows``: decoding windows in seconds, each positive and given
+    once (one equal to the model's context is decoded again), each decoded as the greedy decoder is but with that
+    window instead of the model's context (at the same stride), as the decoder ``window-<W:g>s``
+    (:func:`~asr_core.contract.metrics.window_decoder`); logged as the fusion decoders are.
     """
 
     checkpoint: Path
@@ -142,6 +152,7 @@ class EvaluationRun:
     tables_from: Sequence[Path] = ()
     tail: Path | None = None
     fusion: tuple[str, ...] = ()
+    windows: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "checkpoint", Path(self.checkpoint))
@@ -151,6 +162,11 @@ class EvaluationRun:
         if "average" in self.fusion or len(set(self.fusion)) != len(self.fusion):
             raise ValueError(f"fusion methods {list(self.fusion)}: each at most once, and not 'average' (the greedy "
                              "decoder is the averaging)")
+        names = [window_decoder(w) for w in self.windows]  # raises naming what is valid
+        if len(set(names)) != len(names):
+            raise ValueError(f"decoding windows {list(self.windows)}: valid are positive numbers of seconds, each "
+                             "at most once")
+        object.__setattr__(self, "windows", tuple(float(w) for w in self.windows))
         if self.tail is not None:
             object.__setattr__(self, "tail", Path(self.tail))
 
@@ -267,10 +283,12 @@ def evaluate(job: EvaluationRun, to: Destination = Destination()) -> pd.DataFram
     fps = cfg.data.features.frames_per_second
     sub = cfg.model.subsampling_factor
     window = window_frames(cfg.data.context_s, fps, sub)
+    at = {window_decoder(w): window_frames(w, fps, sub) for w in job.windows}  # decoded again at other windows
     batch = WindowBatch(batch_windows or _auto_batch(cfg, window, dev, bf16, corpora))
     print(f"[eval] {checkpoint}: context {cfg.data.context_s:g} s = {window} frames, stride {stride:g}, "
           f"{'bf16' if bf16 else 'fp32'}, {batch.size} windows at a time"
-          f"{' (sized from free memory)' if not batch_windows else ''}, {len(corpora)} datasets, conditions: "
+          f"{' (sized from free memory)' if not batch_windows else ''}"
+          + "".join(f", {d} = {n} frames" for d, n in at.items()) + f", {len(corpora)} datasets, conditions: "
           + "; ".join(f"{n}: {', '.join(condition_name(s) for s in conditions[n])}" for n in names),
           file=sys.stderr, flush=True)
 
@@ -279,8 +297,8 @@ def evaluate(job: EvaluationRun, to: Destination = Destination()) -> pd.DataFram
     if beam is not None:
         check_lm_vocabulary(beam, tokenizer)
     fused = [fusion_decoder(m) for m in job.fusion]
-    decoders = [GREEDY] + ([beam.name] if beam is not None else []) + fused
-    extra = beam is not None or bool(fused)  # then only the extra decoders are logged (greedy is the trial's own)
+    decoders = [GREEDY] + ([beam.name] if beam is not None else []) + fused + list(at)
+    extra = len(decoders) > 1  # then only the extra decoders are logged (greedy is the trial's own)
     rows: list[dict[str, Any]] = []
     metrics: dict[str, float] = {}
     logged: list[Path] = []
@@ -289,7 +307,8 @@ def evaluate(job: EvaluationRun, to: Destination = Destination()) -> pd.DataFram
         by_decoder, hyps = evaluate_dataset(name, recordings, ds_snrs, model, extractor, tokenizer, window, stride,
                                             batch, sub, fps, dev, noise, job.noise_seed, progress,
                                             "bf16" if bf16 else "fp32", beam, cues[name],
-                                            clean=None in conditions[name], tail=tail, fusion=job.fusion)
+                                            clean=None in conditions[name], tail=tail, fusion=job.fusion,
+                                            other_windows=at)
         for decoder in decoders:
             ds_rows = by_decoder[decoder]
             rows.extend({**r, "decoder": decoder} for r in ds_rows)
@@ -350,26 +369,15 @@ def evaluate(job: EvaluationRun, to: Destination = Destination()) -> pd.DataFram
             new_tags = {**new_tags, decoder_tag(beam.name): json.dumps(dict(beam.describe), sort_keys=True)}
         for method in job.fusion:
             new_tags[decoder_tag(fusion_decoder(method))] = json.dumps(fusion_setting(method, stride), sort_keys=True)
+        for w in job.windows:
+            new_tags[decoder_tag(window_decoder(w))] = json.dumps(
+                {"window_s": f"{w:g}", "stride": f"{stride:g}", "decoding": "greedy",
+                 "trained_context_s": f"{cfg.data.context_s:g}"}, sort_keys=True)
         if tail is not None:
             new_tags[TAIL_TAG] = describe(tail, {n: [r.text for r in recs] for n, recs in corpora.items()})
         # the saved view's rounded WERs (asr_core.contract.ledger), beside the metrics
         log_stage(outbox, out, run, {**new_tags, **shown_tags(metrics)}, metrics, logged, EVAL_DIR, "eval")
     return df
-
-
-def parse_fusion(text: str | None) -> tuple[str, ...]:
-    """``--fusion``'s value: comma-separated method names, or ``all`` (every one of
-    :data:`~asr_core.contract.metrics.FUSION_METHODS`); None: none."""
-    if text is None:
-        return ()
-    if text.strip() == "all":
-        return FUSION_METHODS
-    methods = tuple(m.strip() for m in text.split(",") if m.strip())
-    bad = [m for m in methods if m not in FUSION_METHODS]
-    if bad or not methods:
-        raise ValueError(f"--fusion {text!r}: valid are {', '.join(FUSION_METHODS)} (comma-separated), or 'all'"
-                         + (" ('average' is the greedy decoder itself)" if "average" in bad else ""))
-    return methods
 
 
 def fusion_setting(method: str, stride: float) -> dict[str, str]:
@@ -394,52 +402,13 @@ def _auto_batch(cfg, window: int, dev: torch.device, bf16: bool, corpora: dict[s
 
 
 def cli(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(prog="python -m asr_core evaluate", description=__doc__.split("\n\n")[0])
-    ap.add_argument("checkpoint", type=Path)
-    ap.add_argument("--data", action="append", default=None, metavar="NAME=FORMAT:PATH",
-                    help="a dataset (repeatable); default: eval.datasets of the checkpoint's config")
-    ap.add_argument("--snr", action="append", type=float, default=None, metavar="DB",
-                    help="music at this SNR in dB (repeatable); clean audio is always evaluated; default: the "
-                         "checkpoint's eval.snrs")
-    ap.add_argument("--clean-only", action="store_true", help="no music at all (not the checkpoint's eval.snrs)")
-    ap.add_argument("--noisy", action="append", default=None, metavar="NAME",
-                    help="a dataset also decoded with music at the SNRs (repeatable); default: the checkpoint's "
-                         "eval.noisy when --data is not given, else every dataset")
-    ap.add_argument("--stride", type=float, default=None, help="window stride as a fraction of the context "
-                    "(default: the checkpoint's eval.stride, 0.125)")
-    ap.add_argument("--batch-windows", type=int, default=None,
-                    help="windows decoded together; 0 = sized from the GPU's free memory (8 on the CPU); default: "
-                         "the checkpoint's eval.batch_windows")
-    ap.add_argument("--precision", default=None, choices=("auto", "bf16", "fp32"),
-                    help="auto: bf16 autocast on CUDA, fp32 on the CPU; default: the checkpoint's eval.precision")
-    ap.add_argument("--noise", default=None, help="'synthetic' or an audio file of music")
-    ap.add_argument("--out", type=Path, default=None, help="folder for the CSV tables (default: next to CKPT)")
-    ap.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
-    ap.add_argument("--strict", action="store_true", help="a bad corpus file is fatal instead of skipped")
-    ap.add_argument("--tail", type=Path, default=None, metavar="FILE.json",
-                    help="a tail set (python -m asr_core tailset): also the tail-word error rate, logged as "
-                         "tail/<NAME>; default: the checkpoint's eval.tail")
-    ap.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default: the one the checkpoint "
-                    "recorded; with no run known, nothing is logged)")
-    ap.add_argument("--run-id", default=None)
-    ap.add_argument("--no-log", action="store_true", help="do not log to MLflow")
-    ap.add_argument("--fusion", default=None, metavar="METHOD[,METHOD...]",
-                    help="window fusion methods decoded beside the greedy averaging (paper 001), each logged as "
-                         f"wer_fusion-<METHOD>/...: {', '.join(FUSION_METHODS)}, or 'all'")
-    b = ap.add_argument_group("beam search (paper 004): logged as wer_<NAME>/... beside the greedy wer/...")
-    b.add_argument("--decoder", default=GREEDY, choices=(GREEDY, "beam"), help="greedy (default) or beam")
-    b.add_argument("--lm", type=Path, default=None, help="with --decoder beam: an LM checkpoint (lm train)")
-    renamed(b, "--alpha", b.add_argument("--lm-weight", dest="alpha", type=float, default=None,
-                                         help="the LM's weight (default: BeamConfig's, paper 004's code)"))
-    renamed(b, "--beta", b.add_argument("--token-bonus", dest="beta", type=float, default=None,
-                                        help="bonus per token"))
-    b.add_argument("--beam-width", type=int, default=None)
-    b.add_argument("--lm-context", type=int, default=None, help="tokens the LM remembers (an LM's context is "
-                   "counted in tokens)")
-    b.add_argument("--prompt", type=Path, default=None, help="a text file the LM reads before each recording")
-    b.add_argument("--decoder-name", default=None,
-                   help="the metrics' prefix wer_<NAME>/ (default: beam, or beam-lm<CONTEXT> with an LM)")
-    a = ap.parse_args(argv)
+    """``python -m asr_core evaluate`` (the module's docstring; options: :mod:`asr_core.evaluation.evaluate_cli`)."""
+    a = parser(__doc__.split("\n\n")[0]).parse_args(argv)
+    try:
+        windows = parse_windows(a.window_s)
+    except ValueError as e:
+        print(f"evaluate: {e}", file=sys.stderr)
+        return 2
     fail_fast_http()  # one MLflow call fails fast; the outbox retries
     refused = command_refusal("evaluate", a.checkpoint)  # before torch is imported: a second, not several
     if refused:
@@ -462,22 +431,12 @@ def cli(argv: list[str]) -> int:
                  if v is not None}
         job = EvaluationRun.of(a.checkpoint, ev, datasets=a.data or list(ev.datasets), snrs=snrs, noisy=noisy,
                                noise=a.noise or ev.noise, precision=a.precision or ev.precision, device=a.device,
-                               strict=a.strict, beam=beam, fusion=parse_fusion(a.fusion), **given)
+                               strict=a.strict, beam=beam, fusion=parse_fusion(a.fusion), windows=windows,
+                               **given)
         df = evaluate(job, Destination(out_dir=a.out or a.checkpoint.parent / EVAL_DIR, log=not a.no_log,
                                        run_id=a.run_id, tracking_uri=a.tracking_uri))
     except (CorpusError, ValueError, FileNotFoundError, KeyError) as e:
         print(f"evaluate: {e}", file=sys.stderr)
         return 2
-    keys = ["decoder", "dataset", "condition"] if "decoder" in df.columns else ["dataset", "condition"]
-    summary = df.groupby(keys, sort=False)[["ref_words", "substitutions", "deletions",
-                                                                 "insertions"]].sum()
-    summary["wer"] = 100 * (summary.substitutions + summary.deletions + summary.insertions) / summary.ref_words
-    if df["cue_words"].notna().any():
-        cue = df.dropna(subset=["cue_words"]).groupby(keys, sort=False)[["cue_words", "cue_errors"]].sum()
-        summary = summary.join(cue)
-        summary["cue"] = 100 * summary.cue_errors / summary.cue_words.where(summary.cue_words > 0)
-    if "tail_words" in df.columns:
-        summary = summary.join(df.groupby(keys, sort=False)[list(TAIL_COLUMNS)].sum())
-        summary["tail"] = 100 * summary.tail_errors / summary.tail_words.where(summary.tail_words > 0)
-    print(summary.round(2).to_string())
+    print_summary(df)
     return 0

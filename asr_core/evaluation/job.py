@@ -83,7 +83,8 @@ def _finished_checkpoint(path: Path) -> bool:
 def run_evaluation(spec: EvaluationSpec, cfg: "Config", folder: TrialFolder, tracking_uri: str | None,
                    run_id: str | None, progress: "ProgressLog", outbox: "Outbox | None") -> None:
     """Decode ``spec.conditions`` of ``spec.datasets`` with the model's checkpoint (greedy, the spec's beam
-    decoder, or greedy with its window fusion methods) into ``folder/eval`` and the model's run; a stop signal interrupts it at once
+    decoder, or greedy with its window fusion methods and at its other windows: the decoder's ``fusion`` and
+    ``windows``, seconds) into ``folder/eval`` and the model's run; a stop signal interrupts it at once
     (:class:`EvaluationInterrupted`)."""
     from asr_core.evaluation.decoders import beam_decoding
     from asr_core.evaluation.evaluate import Destination, EvaluationRun, evaluate
@@ -92,8 +93,10 @@ def run_evaluation(spec: EvaluationSpec, cfg: "Config", folder: TrialFolder, tra
     beam = None
     stride = cfg.eval.stride
     fusion: tuple[str, ...] = ()
-    if spec.decoder is not None and spec.decoder.get("fusion"):  # window fusion methods, greedy (paper 001)
-        fusion = tuple(spec.decoder["fusion"])
+    windows: tuple[float, ...] = ()
+    if spec.decoder is not None and (spec.decoder.get("fusion") or spec.decoder.get("windows")):
+        fusion = tuple(spec.decoder.get("fusion") or ())  # window fusion methods, greedy (paper 001)
+        windows = tuple(float(w) for w in spec.decoder.get("windows") or ())  # greedy at other windows (seconds)
         stride = spec.decoder.get("stride") or stride
     elif spec.decoder is not None:
         d = spec.decoder
@@ -109,7 +112,7 @@ def run_evaluation(spec: EvaluationSpec, cfg: "Config", folder: TrialFolder, tra
         evaluate(EvaluationRun.of(checkpoint, cfg.eval, datasets=list(spec.datasets), snrs=[], noisy=(), stride=stride,
                                   **tail,
                                   beam=beam, conditions=spec.conditions, tables_from=earlier_tables(spec),
-                                  fusion=fusion),
+                                  fusion=fusion, windows=windows),
                  Destination(out_dir=folder.eval_dir, log=outbox is not None, run_id=run_id, tracking_uri=tracking_uri,
                              outbox=outbox, progress=progress))
     if outbox is not None:

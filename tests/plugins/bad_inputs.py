@@ -124,6 +124,8 @@ CASES: tuple[Case, ...] = (
     Case("lm-train-text-as-tokenizer", "asr_core", ("lm", "train", "--text", "text:{d}/t.txt", "--tokenizer",
                                                     "{d}/t.txt", "--out", "{d}/lm2"), ("{d}/t.txt", "SentencePiece")),
     Case("evaluate-snr-not-a-number", "asr_core", ("evaluate", "{d}/text.pt", "--snr", "loud"), ("--snr", "loud")),
+    Case("evaluate-window-zero", "asr_core", ("evaluate", "{d}/real.pt", "--no-log", "--window-s", "5.12,0"),
+         ("--window-s", "'5.12,0'", "positive numbers of seconds")),
     # ---- orchestrate -----------------------------------------------------------------------------------------
     Case("plan-directory", "orchestrate", ("plan", "{d}/grids"), ("{d}/grids", "grid file"), fast=True),
     Case("plan-missing", "orchestrate", ("plan", "{d}/nope.yaml"), ("{d}/nope.yaml",)),
@@ -161,6 +163,13 @@ CASES: tuple[Case, ...] = (
                                                                      "{d}/decode-text-lm.yaml", "--sweep-root",
                                                                      "{d}/runs"),
          ("decode-text-lm.yaml", "not a checkpoint of this project", "{d}/text.pt")),
+    Case("evaluate-decode-file-window-zero", "orchestrate", ("evaluate", "nosweep", "--spec",
+                                                             "{d}/decode-window-zero.yaml", "--sweep-root", "{d}/runs"),
+         ("decode-window-zero.yaml", "'window_s'", ": 0;", "positive numbers of seconds")),
+    Case("evaluate-decode-file-window-negative", "orchestrate", ("evaluate", "nosweep", "--spec",
+                                                                 "{d}/decode-window-negative.yaml", "--sweep-root",
+                                                                 "{d}/runs"),
+         ("decode-window-negative.yaml", "'window_s'", "-5.12", "positive numbers of seconds")),
     Case("evaluate-bad-where", "orchestrate", ("evaluate", "nosweep", "--spec", "{d}/decode-good.yaml", "--where",
                                                "foo", "--sweep-root", "{d}/runs"), ("--where 'foo'", "KEY=VALUE")),
     Case("status-missing-sweep", "orchestrate", ("status", "nosuchsweep", "--sweep-root", "{d}/runs"),
@@ -205,6 +214,8 @@ def make_scratch(d: Path) -> Path:
     decoder = "alpha: 0.5\nbeta: 1\nbeam_width: 4\nlm_context: 64\n"
     (d / "decode-text-lm.yaml").write_text("name: x\nlm: text.pt\n" + decoder)
     (d / "decode-good.yaml").write_text("name: x\nlm: real.pt\n" + decoder)
+    (d / "decode-window-zero.yaml").write_text("name: w\nwindow_s: [5.12, 0]\n")
+    (d / "decode-window-negative.yaml").write_text("name: w\nwindow_s: -5.12\n")
     grids = d / "grids"
     grids.mkdir()
     for name, text in GRIDS.items():
