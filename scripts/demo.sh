@@ -12,39 +12,49 @@
 #      the recall slots scored one window per slot, and the causal check: the key re-rendered with another code word,
 #      and silenced (python -m asr_core recall --key as-is,swap,silence).
 # Re-running reuses what is finished (the corpus, finished trials); only the report is written again.
+# Times are on 2 cores from a fresh clone; those marked "estimate" follow from the measured ones and are to be
+# re-measured.
 #
-#   ./scripts/demo.sh            the full demo (14-19 minutes on 2 cores)
+#   ./scripts/demo.sh            the full demo (estimate: 18-28 minutes; 14-19 were measured with test recordings
+#                                under a minute, before both test sets took recordings of 3-4 minutes)
 #   ./scripts/demo.sh --quick    the first taste (about 5 minutes): 5 and 10 s of context, two seeds, 600 steps on a
 #                                quarter-hour corpus with a short-range cue; the models transcribe (about 80% WER);
 #                                its test set alone holds a near-band recall control (1-4 s), never trained on
 #   ./scripts/demo.sh --cued     the positive control (under 30 minutes): 10 and 82 s of context, two seeds, on a
 #                                corpus with the recall plant (its own sweep demo-cued; grids/demo-cued.yaml)
 #   ./scripts/demo.sh --homophones  the full demo on a corpus with the homophone cue (its own sweep demo-homophones)
+#   ./scripts/demo.sh --fragmentation  context or fragmentation (estimate: 25-37 minutes; under 45): on the full
+#                                demo's corpus (made if absent), the demo's 5.12 and 81.92 s models beside 81.92 s
+#                                models with banded attention and 5.12 s models cut at pauses, three seeds
+#                                (grids/demo-fragmentation.yaml; its own sweep), the dense 81.92 s models decoded at
+#                                5.12-20.48 s windows too (grids/decode-windows.yaml), and the report
 #   DEMO_OUT=/tmp/demo ./scripts/demo.sh   write somewhere other than ./demo-out
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-quick=0; cued=0; homophones=0; train_len=()
+quick=0; cued=0; homophones=0; fragmentation=0; train_len=()
 for arg in "$@"; do
   case "$arg" in
     --quick) quick=1 ;;
     --cued) cued=1 ;;
     --homophones) homophones=1 ;;
-    -h|--help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    *) echo "demo.sh: unknown argument '$arg'; valid: --quick, --cued, --homophones, --help" >&2; exit 2 ;;
+    --fragmentation) fragmentation=1 ;;
+    # the header above, from line 2 to the first line that is not a comment
+    -h|--help) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit 0 ;;
+    *) echo "demo.sh: unknown argument '$arg'; valid: --quick, --cued, --homophones, --fragmentation, --help" >&2
+       exit 2 ;;
   esac
 done
-if [ $(( quick + cued + homophones )) -gt 1 ]; then
-  echo "demo.sh: --quick, --cued and --homophones are different demos; give one of them" >&2; exit 2
+if [ $(( quick + cued + homophones + fragmentation )) -gt 1 ]; then
+  echo "demo.sh: --quick, --cued, --homophones and --fragmentation are different demos; give one of them" >&2; exit 2
 fi
 
 bash scripts/setup.sh
 PY=.venv/bin/python
 OUT=${DEMO_OUT:-demo-out}
-# cue: none, or RATE[,NEAR-FAR] of synth --cue. Test recordings: short ones (under a minute) give each test set enough
-# recordings for the recording-level paired tests; the long-range cue needs in-domain recordings of 1 to 2.5 minutes
-# to hold a cue word and the word 20-60 s before it that decides it (the shifted set keeps short recordings: its
-# decoding is half the evaluation time, and the cue is read on the in-domain set)
+# cue: none, or RATE[,NEAR-FAR] of synth --cue. test_min/test_minutes: the shortest and longest test recording
+# (--eval-min-minutes, --eval-max-minutes; test_min empty: synth's default). The recording-level paired tests need
+# recordings, and window edges need recordings longer than the windows (--quick and --cued keep theirs as they were)
 if [ "$quick" -eq 1 ]; then
   name=demo-quick; grid=grids/demo-quick.yaml; hours=0.25
   test_hours=0.04; test_minutes=0.5; shifted_hours=0.04; shifted_minutes=0.5
@@ -62,17 +72,30 @@ elif [ "$cued" -eq 1 ]; then
   name=demo-cued; grid=grids/demo-cued.yaml; hours=1.0
   test_hours=0.3; test_minutes=2.5; shifted_hours=0; shifted_minutes=0
   cue=0; recall=5  # 5 slots a minute asked (about 4-5 reached in recordings of 1-2.5 minutes)
-elif [ "$homophones" -eq 1 ]; then
-  name=demo-homophones; grid=grids/demo.yaml; hours=1.0
-  test_hours=0.3; test_minutes=2.5; shifted_hours=0.12; shifted_minutes=0.75
-  cue=6  # 6 cue words a minute asked (about 5.6 reached), band 20-60 s
 else
+  # the full demo, --homophones and --fragmentation: both test sets in recordings of 3-4 minutes, so that every
+  # model meets window edges, the 81.92 s one included (a recording is 2.2-2.9 of its windows), and 0.5 h each,
+  # which synth deals into 9 in-domain and 8 shifted recordings (seed 0) for the paired tests. The shifted set is
+  # made as long as the in-domain one, at a cost (its decoding is about half of each model's evaluation: some 3
+  # minutes of the full demo, by estimate): in recordings under a minute, as before, the 81.92 s models decoded each
+  # one whole, without an edge. The training split is unchanged (the same hours, lengths and seed), so the models'
+  # keys are the demo's.
   name=demo; grid=grids/demo.yaml; hours=1.0
-  test_hours=0.15; test_minutes=0.75; shifted_hours=0.15; shifted_minutes=0.75
+  test_hours=0.5; test_min=3; test_minutes=4; shifted_hours=0.5; shifted_minutes=4
   cue=0
+  if [ "$homophones" -eq 1 ]; then
+    name=demo-homophones
+    cue=6  # 6 cue words a minute asked (about 5.6 reached), band 20-60 s: a 3-4 minute recording holds many
+  fi
 fi
 root="$OUT/$name"
 corpus="$root/corpus"
+if [ "$fragmentation" -eq 1 ]; then
+  # the full demo's corpus, made here with its synth arguments if it is not there yet (the same command below)
+  name=demo-fragmentation; grid=grids/demo-fragmentation.yaml
+  root="$OUT/$name"
+  corpus="$OUT/demo/corpus"
+fi
 shifted="$root/corpus-shifted"
 tests="$corpus"  # the folder of the in-domain test set
 mkdir -p "$root"
@@ -83,7 +106,17 @@ export OMP_NUM_THREADS=1
 start=$(date +%s)
 stamp() { echo; echo "== [$(( $(date +%s) - start ))s] $*"; }
 steps=3
-if [ "$cued" -eq 1 ] || [ "$homophones" -eq 1 ]; then steps=4; fi
+if [ "$cued" -eq 1 ] || [ "$homophones" -eq 1 ] || [ "$fragmentation" -eq 1 ]; then steps=4; fi
+eval_min=()
+if [ -n "${test_min:-}" ]; then
+  eval_min=(--eval-min-minutes "$test_min")
+  # a corpus of an earlier demo (test recordings under a minute; synth would refuse the new arguments) and the runs
+  # beside it, whose models were evaluated on those test sets under the same names (test, test-shifted)
+  if [ -f "$corpus/synth.json" ] && ! grep -q '"eval_min_minutes"' "$corpus/synth.json"; then
+    echo "demo.sh: $corpus was made by an earlier demo (test recordings under a minute); delete $(dirname "$corpus")" \
+      "(its corpus, and its runs evaluated on those test sets) and run again" >&2; exit 2
+  fi
+fi
 
 cue_args=(--cue "$cue")
 if [ "$cue" != 0 ]; then cue_args+=(--cue-report); fi
@@ -108,7 +141,8 @@ elif [ "$test_hours" = "$shifted_hours" ] && [ "$test_minutes" = "$shifted_minut
   # three voices (a domain small models learn in minutes); test-shifted: those voices at other rates and pitches,
   # in other rooms
   $PY -m asr_core synth --out "$corpus" --hours "$hours" --eval-hours "$test_hours" --eval-max-minutes "$test_minutes" \
-    "${train_len[@]}" --voices 3 --shift near --splits train,test,test-shifted --seed 0 "${cue_args[@]}"
+    "${eval_min[@]}" "${train_len[@]}" --voices 3 --shift near --splits train,test,test-shifted --seed 0 \
+    "${cue_args[@]}"
 else
   stamp "1/$steps synthetic corpus -> $corpus, $shifted ($(espeak-ng --version 2>/dev/null | head -1))"
   # as above, the two test sets at their own lengths: the same seed and cue in both folders (test-shifted's
@@ -119,7 +153,8 @@ else
     --eval-max-minutes "$shifted_minutes" --voices 3 --shift near --splits test-shifted --seed 0 --cue "$cue"
 fi
 eval_sets="test=podcast:$tests/test, test-shifted=podcast:$shifted/test-shifted"
-if [ "$cued" -eq 1 ]; then eval_sets="test=podcast:$corpus/test"; fi
+# --cued and --fragmentation read their question in-domain (grids/demo-fragmentation.yaml: clean only)
+if [ "$cued" -eq 1 ] || [ "$fragmentation" -eq 1 ]; then eval_sets="test=podcast:$corpus/test"; fi
 # what a demo run on another machine must match to reproduce these numbers: the audio itself (another espeak-ng
 # build speaks other samples, while the transcripts and word times, all that the corpus fingerprint covers, may agree)
 echo "corpus audio sha256 (train, test, test-shifted): $($PY -c 'import hashlib, pathlib, sys
@@ -141,7 +176,18 @@ $PY -m orchestrate submit "$grid" --backend local --sweep "$name" --sweep-root "
   --set "eval.datasets=[$eval_sets]"
 $PY -m orchestrate status "$name" --sweep-root "$root/runs"
 
-stamp "3/$steps analysis report"
+report_step=3
+if [ "$fragmentation" -eq 1 ]; then
+  stamp "3/$steps the dense 81.92 s models decoded at 5.12, 10.24 and 20.48 s windows (grids/decode-windows.yaml)"
+  # the same weights at shorter windows: the decoding edges of a short model without its training, as evaluation
+  # jobs of the sweep (the local backend, as the trials); the report reads them as decoder window-<W>s
+  $PY -m orchestrate evaluate "$name" --spec grids/decode-windows.yaml --where subgrid=dense \
+    --where data.context_s=81.92 --sweep-root "$root/runs"
+  $PY -m orchestrate status "$name" --sweep-root "$root/runs"
+  report_step=4
+fi
+
+stamp "$report_step/$steps analysis report"
 uri="sqlite:///$(cd "$root/runs" && pwd)/mlflow.db"
 $PY -m analysis report "$name" --tracking-uri "$uri" --out "$root/report"
 
