@@ -120,8 +120,8 @@ def test_mixed_states_every_share_in_percent() -> None:
     v = decide(ev())
     assert v.kind == fr.MIXED
     assert v.sentence == ("Verdict: mixed. Of the 5.12 → 81.92 s gain of 4.00 points (WER 12.00% → 8.00%), banding "
-                          "attention to a 5.3 s field gives back 50%, cutting at pauses recovers 25%, decoding at "
-                          "5.12 s windows loses 50%.")
+                          "attention to a 5.3 s field (the window kept) loses 50%, cutting at pauses recovers 25%, "
+                          "decoding at 5.12 s windows loses 50%.")
 
 
 def test_a_missing_control_says_which_and_what_can_be_said() -> None:
@@ -243,5 +243,5 @@ def test_paper_layout_short_context_from_the_pause_cuts() -> None:
     assert len(tests) == 2 + 2 * 2 + 3  # gains, banded against both dense models, pause cuts against all three
     heads = dict(fr.verdicts([g], summary, tests))
     assert set(heads) == {"talks, 10.24 → 81.92 s", "talks, 10.24 → 3600 s"}
-    assert heads["talks, 10.24 → 81.92 s"].kind == fr.MIXED  # banding gives back 3/4, pause cuts recover 3/4
+    assert heads["talks, 10.24 → 81.92 s"].kind == fr.MIXED  # banding loses 3/4, pause cuts recover 3/4
     assert "Of the 10.24 → 3600 s gain of 5.00 points" in heads["talks, 10.24 → 3600 s"].sentence
