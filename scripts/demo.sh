@@ -114,7 +114,8 @@ if [ -n "${test_min:-}" ]; then
   # beside it, whose models were evaluated on those test sets under the same names (test, test-shifted)
   if [ -f "$corpus/synth.json" ] && ! grep -q '"eval_min_minutes"' "$corpus/synth.json"; then
     echo "demo.sh: $corpus was made by an earlier demo (test recordings under a minute); delete $(dirname "$corpus")" \
-      "(its corpus, and its runs evaluated on those test sets) and run again" >&2; exit 2
+      "(its corpus, and its runs evaluated on those test sets) and run again, or keep it and write elsewhere:" \
+      "DEMO_OUT=another-folder $0 $*" >&2; exit 2
   fi
 fi
 
