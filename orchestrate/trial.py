@@ -70,9 +70,14 @@ def trial_label(cfg: Config) -> str:
     """``ctx{seconds}s-{posenc}-{L}L{d}d{h}h-s{seed}``, the name a person reads in the MLflow UI.
 
     Context is rounded to whole seconds (81.92 -> 82) as the paper writes it; rotary encodings carry their theta.
+    The context-or-fragmentation controls say what they change after the context: ``-band{S}s`` for attention
+    banded to S seconds a layer (``model.attention_span_s``), ``-{cut}cut`` for cuts other than fixed ones
+    (``data.cut``), e.g. ``ctx82s-band1.08s-rope...``, ``ctx5s-pausescut-rope...``.
     """
     m = cfg.model
     ctx = cfg.data.context_s
     ctx_txt = f"{ctx:.0f}" if ctx >= 1 else f"{ctx:g}"
     pe = f"rope{_si(m.rotary_theta)}" if m.posenc == "rotary" else POSENC_SHORT.get(m.posenc, m.posenc)
-    return f"ctx{ctx_txt}s-{pe}-{m.layers}L{m.d_model}d{m.heads}h-s{cfg.train.seed}"
+    control = (f"-band{m.attention_span_s:g}s" if m.attention_span_s is not None else "") + (
+        f"-{cfg.data.cut}cut" if cfg.data.cut != "fixed" else "")
+    return f"ctx{ctx_txt}s{control}-{pe}-{m.layers}L{m.d_model}d{m.heads}h-s{cfg.train.seed}"

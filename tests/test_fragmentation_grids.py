@@ -202,3 +202,17 @@ def test_a_corpus_of_the_earlier_demo_is_refused(tmp_path: Path, args: tuple[str
     done = _run_copy(tmp_path, *args)
     assert done.returncode == 2 and "delete out/demo " in done.stderr, done.stderr
     assert not (tmp_path / "python.log").exists()  # nothing ran
+
+
+def test_labels_say_which_control_a_model_is() -> None:
+    """A banded or pause-cut model is told from the dense one of its context by its label, not by a key suffix; a
+    dense model's label is the one it always had."""
+    labels = sorted(t.label for t in load_grid(REPO / "grids/demo-fragmentation.yaml").trials)
+    assert len(set(labels)) == len(labels) == 15
+    assert "ctx82s-band1.08s-rope1.5M-2L96d4h-s1" in labels and "ctx82s-band2.56s-rope1.5M-2L96d4h-s3" in labels
+    assert "ctx5s-pausescut-rope1.5M-2L96d4h-s2" in labels
+    assert "ctx82s-rope1.5M-2L96d4h-s1" in labels  # the demo's own model, labelled as in grids/demo.yaml
+    demo = {t.key: t.label for t in load_grid(REPO / "grids/demo.yaml").trials}
+    for t in load_grid(REPO / "grids/demo-fragmentation.yaml").trials:
+        if t.key in demo:
+            assert t.label == demo[t.key]
