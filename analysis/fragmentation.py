@@ -27,15 +27,20 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 from types import SimpleNamespace
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 import numpy as np
 import pandas as pd
 
 from analysis import errors, stats
 from analysis.collect import Sweep
+# the verdict's rules: their constants and kinds are re-exported here for the section's readers
+from analysis.fragmentation_rules import (CONTEXT_BANDED_MIN, CONTEXT_PAUSES_MAX, CONTEXT_USED,  # noqa: F401
+                                          FRAGMENTATION, FRAGMENTATION_BANDED_MAX, FRAGMENTATION_PAUSES_MIN, MIXED,
+                                          NO_GAIN, OTHER_FAMILY, UNDECIDED, VERDICT_FAMILY, Evidence, Verdict,
+                                          decide)
 from analysis.naming import CONTEXT_PARAM, SEED_PARAM, digest, number
-from analysis.render import Section, fmt_num, fragmentation_display
+from analysis.render import Section, fragmentation_display
 from analysis.werr import SeedTables, recording_index, same_context, stable_seed, verdict
 from asr_core.contract.metrics import CLEAN, GREEDY, window_seconds
 
@@ -43,105 +48,6 @@ TITLE = "Context or fragmentation"
 CUT_PARAM, SPAN_PARAM = "data.cut", "model.attention_span_s"
 DENSE, BANDED, PAUSES, WINDOW = "dense", "banded", "pauses", "window"
 
-# ---- the verdict's rules ----------------------------------------------------------------------------------------
-# Fixed before any control was trained, and not to be tuned to what the controls show. G = WER(dense short) −
-# WER(dense long), clean audio, per dataset: the gain to explain. Shares of G:
-#   share_banded = (WER(banded) − WER(dense long)) / G   1: banding loses the whole gain; 0: it loses none
-#   share_pauses = (WER(dense short) − WER(pause cuts)) / G   the share that removing cut losses recovers
-#   share_edges  = (WER(dense long at short windows) − WER(dense long)) / G   what decoding edges cost (stated only)
-# The banded model read is the one whose total receptive field (2 × each side) is nearest the short context.
-# A test "holds" when its Holm-adjusted p < alpha and its bootstrap interval of ΔWER, which resamples seeds as well
-# as recordings, excludes 0.
-CONTEXT_BANDED_MIN = 2 / 3  # "context used": share_banded ≥ this, and
-CONTEXT_PAUSES_MAX = 1 / 3  # |share_pauses| ≤ this, and the test of pause cuts against dense short not holding
-FRAGMENTATION_BANDED_MAX = 1 / 3  # "fragmentation": share_banded ≤ this, and
-FRAGMENTATION_PAUSES_MIN = 1 / 2  # share_pauses ≥ this
-NO_GAIN, CONTEXT_USED, FRAGMENTATION, MIXED, UNDECIDED = (
-    "no gain of context to explain", "context used", "fragmentation", "mixed", "undecided")
-
-
-@dataclass(frozen=True)
-class Evidence:
-    """What the verdict reads for one dataset (clean audio): WERs in percent, None where the model is missing;
-    ``*_holds``: whether the test holds (None: not tested)."""
-
-    wer_short: float | None = None  # dense, short context
-    wer_long: float | None = None  # dense, long context
-    gain_holds: bool | None = None  # dense long against dense short
-    wer_banded: float | None = None
-    banded_field_s: float | None = None  # total receptive field, 2 × each side
-    wer_pauses: float | None = None
-    pauses_holds: bool | None = None  # pause cuts against dense short
-    wer_edges: float | None = None  # dense long decoded at short windows
-    short_s: float = math.nan
-    long_s: float = math.nan
-
-
-@dataclass(frozen=True)
-class Verdict:
-    kind: str
-    sentence: str
-    gain: float | None = None
-    share_banded: float | None = None
-    share_pauses: float | None = None
-    share_edges: float | None = None
-
-
-def _all(*conditions: bool | None) -> bool | None:
-    """Three-valued AND: False if any is False, None (unknown) if any is None, else True."""
-    if any(c is False for c in conditions):
-        return False
-    return None if any(c is None for c in conditions) else True
-
-
-def _rule(x: float | None, holds: Callable[[float], bool]) -> bool | None:
-    return None if x is None else holds(x)
-
-
-def decide(e: Evidence) -> Verdict:
-    """The verdict for one dataset by the module's rules (pure; see the constants). Where a control is missing the
-    verdict is reached if the rules decide without it, else it is :data:`UNDECIDED`, naming what is missing."""
-    span = f"{e.short_s:g} → {e.long_s:g} s"
-    missing_dense = [f"{c:g} s" if math.isfinite(c) else "a longer context"
-                     for c, w in ((e.short_s, e.wer_short), (e.long_s, e.wer_long)) if w is None]
-    if missing_dense:
-        return Verdict(UNDECIDED, f"Verdict: undecided: no dense model at {' and '.join(missing_dense)}, so there "
-                                  f"is no {span} gain to explain.")
-    gain = e.wer_short - e.wer_long
-    head = f"the {span} gain of {fmt_num(gain)} points (WER {fmt_num(e.wer_short)}% → {fmt_num(e.wer_long)}%)"
-    if gain <= 0 or e.gain_holds is False:
-        why = "is not positive" if gain <= 0 else "is not significant after Holm's correction (or not robust to seeds)"
-        return Verdict(NO_GAIN, f"Verdict: {NO_GAIN}: {head} {why}.", gain)
-    if e.gain_holds is None:
-        return Verdict(UNDECIDED, f"Verdict: undecided: {head} could not be tested recording by recording.", gain)
-    sb, sp, se = ((None if w is None else sign * (w - ref) / gain) for w, ref, sign in (
-        (e.wer_banded, e.wer_long, 1), (e.wer_pauses, e.wer_short, -1), (e.wer_edges, e.wer_long, 1)))
-    context_used = _all(_rule(sb, lambda x: x >= CONTEXT_BANDED_MIN), _rule(sp, lambda x: abs(x) <= CONTEXT_PAUSES_MAX),
-                        None if e.pauses_holds is None else not e.pauses_holds)
-    fragmentation = _all(_rule(sb, lambda x: x <= FRAGMENTATION_BANDED_MAX),
-                         _rule(sp, lambda x: x >= FRAGMENTATION_PAUSES_MIN))
-    kind = (CONTEXT_USED if context_used else FRAGMENTATION if fragmentation
-            else MIXED if context_used is False and fragmentation is False else UNDECIDED)
-    parts = []
-    if sb is not None:
-        field = f"a {e.banded_field_s:.2g} s field" if e.banded_field_s else "a short field"
-        parts.append(f"banding attention to {field} (the window kept) loses {100 * sb:.0f}%")
-    if sp is not None:
-        parts.append(f"cutting at pauses recovers {100 * sp:.0f}%")
-    if se is not None:
-        parts.append(f"decoding at {e.short_s:g} s windows loses {100 * se:.0f}%")
-    absent = [what for what, w in (("a banded model", e.wer_banded),
-                                   (f"a pause-cut model at {e.short_s:g} s", e.wer_pauses),
-                                   (f"decoding at {e.short_s:g} s windows", e.wer_edges)) if w is None]
-    if kind == UNDECIDED:
-        needed = [a for a in absent if not a.startswith("decoding")] or ["the pause-cut test"]
-        text = f"Verdict: undecided: the rules need {' and '.join(needed)}, which this sweep lacks."
-    else:
-        text = f"Verdict: {kind}."
-    text += f" Of {head}, " + (", ".join(parts) if parts else "no control measures a share") + "."
-    if absent and kind != UNDECIDED:
-        text += " Not measured: " + "; ".join(absent) + "."
-    return Verdict(kind, text, gain, sb, sp, se)
 
 
 # ---- the models --------------------------------------------------------------------------------------------------
@@ -245,7 +151,7 @@ SUMMARY_COLUMNS = ["group", "dataset", "condition", "snr_db", "role", "model", "
 TEST_COLUMNS = ["group", "dataset", "condition", "test", "reference", "model", "reference_config",
                 "reference_decoder", "config", "decoder", "shared_seeds", "n_recordings", "seeds_reference", "seeds",
                 "wer_reference", "wer", "delta_wer", "delta_lo", "delta_hi", "werr", "werr_lo", "werr_hi",
-                "p_permutation", "p_holm", "significant", "seed_robust", "holds", "verdict", "note"]
+                "p_permutation", "family", "p_holm", "significant", "seed_robust", "holds", "verdict", "note"]
 
 
 @dataclass(frozen=True)
@@ -386,7 +292,8 @@ def test_table(sweep: Sweep, found: list[Group] | None = None, *, alpha: float =
                 row = {"group": g.name, "dataset": ds, "condition": CLEAN, "test": test, "model": label(m, dec),
                        "reference": label(ref, ref_dec) if ref else f"dense {ref_ctx:g} s",
                        "config": m.config, "decoder": dec, "reference_decoder": ref_dec,
-                       "shared_seeds": ref is m}
+                       "shared_seeds": ref is m, "family": VERDICT_FAMILY if test == "gain" or (
+                           test == PAUSES and ref is g.short) else OTHER_FAMILY}
                 if ref is None:
                     rows.append({**row, "p_permutation": math.nan,
                                  "note": f"not tested: no dense model at {ref_ctx:g} s in this group"})
@@ -397,9 +304,12 @@ def test_table(sweep: Sweep, found: list[Group] | None = None, *, alpha: float =
                                      ref is m, stable_seed(ref.config_id, ref_dec, m.config_id, dec, ds), level,
                                      bootstrap_resamples)
                 rows.append({**row, **_result(res, note)})
-    p_holm = stats.holm([r.get("p_permutation", math.nan) for r in rows])
-    for r, adj in zip(rows, p_holm):
-        r["p_holm"] = float(adj)
+    for family in (VERDICT_FAMILY, OTHER_FAMILY):  # Holm within each family
+        members = [r for r in rows if r["family"] == family]
+        for r, adj in zip(members, stats.holm([r.get("p_permutation", math.nan) for r in members])):
+            r["p_holm"] = float(adj)
+    for r in rows:
+        adj = r["p_holm"]
         r["significant"] = bool(adj < alpha) if np.isfinite(adj) else None
         lo, hi = r.get("delta_lo", math.nan), r.get("delta_hi", math.nan)
         r["seed_robust"] = bool(lo > 0 or hi < 0) if np.isfinite(lo) and np.isfinite(hi) else None
@@ -456,6 +366,21 @@ def verdicts(found: list[Group], summary: pd.DataFrame, tests: pd.DataFrame) -> 
     return out
 
 
+def power_lines(tests: pd.DataFrame, alpha: float) -> list[str]:
+    """Where even the verdict's family cannot reach ``alpha``: with R recordings an exact sign-flip test's p is at
+    least 2^(1 − R) (Monte Carlo: 1 / (resamples + 1)), and Holm multiplies the smallest by the family's size k."""
+    out = []
+    fam = tests[(tests["family"] == VERDICT_FAMILY) & tests["p_permutation"].notna()]
+    for (group, ds), t in fam.groupby(["group", "dataset"], sort=True):
+        r = int(t["n_recordings"].min())
+        floor = 2.0 ** (1 - r) if r <= stats.EXACT_PERMUTATION_MAX_N else 1 / (stats.PERMUTATION_RESAMPLES + 1)
+        if len(t) * floor >= alpha:
+            out.append(f"{ds} ({group}): with {r} recordings no test can reach p < {alpha:g} after Holm over the "
+                       f"verdict's {len(t)} tests (the smallest possible is {len(t) * floor:.3g}); the verdict "
+                       f"cannot find a gain: give the test set more recordings")
+    return out
+
+
 # ---- the section -------------------------------------------------------------------------------------------------
 
 def section(sweep: Sweep, alpha: float, *, level: float = 0.95, bootstrap_resamples: int = stats.BOOTSTRAP_RESAMPLES
@@ -476,8 +401,9 @@ def section(sweep: Sweep, alpha: float, *, level: float = 0.95, bootstrap_resamp
         f"Models are matched on every field but context, cut and attention span; S, D, I as in \"{errors.TITLE}\".",
         f"Tests (clean audio): each control against the dense models, recording by recording: per recording the "
         f"errors averaged over seeds, the paired sign-flip permutation test, and a bootstrap interval of ΔWER over "
-        f"recordings and seeds (a model decoded two ways draws its seeds once); Holm-corrected over every test of "
-        f"this section. A test holds when its Holm p < {alpha:g} and its interval excludes 0.",
+        f"recordings and seeds (a model decoded two ways draws its seeds once); Holm-corrected within two families: "
+        f"the tests the verdict reads (the gain, pause cuts against dense short) and the others (descriptive). "
+        f"A test holds when its Holm p < {alpha:g} and its interval excludes 0.",
         f"The verdict's rules, fixed before any control was trained: G = WER(dense short) − WER(dense long). No "
         f"gain to explain if G ≤ 0 or its test does not hold. Banding's share (WER(banded) − WER(dense long)) / G, "
         f"for the banded model at the long context whose total field is nearest the short context; pause cuts' "
@@ -488,6 +414,6 @@ def section(sweep: Sweep, alpha: float, *, level: float = 0.95, bootstrap_resamp
         f"share that decoding the dense long model at the short window loses is stated, not ruled on. All rows in "
         f"fragmentation.csv (every condition), all tests in fragmentation_tests.csv."]
     lines = [f"{head}: {v.sentence}" for head, v in verdicts(found, summary, tests)]
-    bullets = [("Verdict", lines or ["No group holds a control with results."])]
+    bullets = [("Verdict", (lines or ["No group holds a control with results."]) + power_lines(tests, alpha))]
     return Section(TITLE, paras, fragmentation_display(summary, tests), [], bullets), {"fragmentation": summary,
                                                                           "fragmentation_tests": tests}

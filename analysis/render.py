@@ -208,8 +208,8 @@ def fragmentation_display(summary: pd.DataFrame, tests: pd.DataFrame) -> list[tu
             "WERR %": [fmt_num(x, 1, True) for x in tests["werr"]],
             "ΔWER [CI]": [f"{fmt_num(d, 2, True)} [{fmt_num(a, 2, True)}, {fmt_num(b, 2, True)}]"
                           for d, a, b in zip(tests["delta_wer"], tests["delta_lo"], tests["delta_hi"])],
-            "p perm": tests["p_permutation"].map(fmt_p), "p Holm": tests["p_holm"].map(fmt_p),
-            "verdict": tests["verdict"], "note": tests["note"].fillna("")})))
+            "p perm": tests["p_permutation"].map(fmt_p), "Holm family": tests["family"],
+            "p Holm": tests["p_holm"].map(fmt_p), "verdict": tests["verdict"], "note": tests["note"].fillna("")})))
     return out
 
 
