@@ -96,7 +96,8 @@ def decide(e: Evidence) -> Verdict:
     parts = []
     if sb is not None:
         field = f"a {e.banded_field_s:.2g} s field" if e.banded_field_s else "a short field"
-        parts.append(f"banding attention to {field} (the window kept) loses {100 * sb:.0f}%")
+        parts.append(f"banding attention to {field} (the window kept) " + (
+            f"loses {100 * sb:.0f}%" if sb >= 0 else f"loses none of it and gains {-100 * sb:.0f}% of it more"))
     if sp is not None:
         parts.append(f"cutting at pauses recovers {100 * sp:.0f}%")
     if se is not None:

@@ -265,3 +265,9 @@ def test_power_lines_say_when_no_test_can_reach_alpha() -> None:
     assert len(line) == 1 and "with 9 recordings no test can reach p < 0.05" in line[0] and "0.0508" in line[0]
     assert fr.power_lines(tests(2, 9), 0.05) == []
     assert fr.power_lines(tests(1, 6), 0.05) == [] and len(fr.power_lines(tests(1, 5), 0.05)) == 1
+
+
+def test_a_banded_model_better_than_dense_long_reads_as_a_further_gain() -> None:
+    v = decide(ev(wer_banded=6.0, wer_pauses=9.0))  # 2 points better than dense long; pauses recover 3 of 4
+    assert v.kind == fr.FRAGMENTATION and v.share_banded == pytest.approx(-0.5)
+    assert "loses none of it and gains 50% of it more" in v.sentence and "-50%" not in v.sentence
