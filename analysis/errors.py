@@ -136,7 +136,12 @@ def change_lines(table: pd.DataFrame, decoder: str = GREEDY) -> list[str]:
         if finite and math.isfinite(delta) and delta != 0:
             kind = max(finite, key=lambda k: abs(finite[k]))
             share = 100.0 * finite[kind] / delta
-            most = f"; {kind} change most ({share:.0f}% of the change)"
+            # a share over 100% (the kinds moving in opposite directions, a small net change) reads as nonsense
+            most = (f"; {kind} change most ({share:.0f}% of the change)" if 0 < share <= 100 else
+                    f"; {kind} change most, and the kinds move in opposite directions")
+        elif any(v != 0 for v in finite.values()):
+            kind = max(finite, key=lambda k: abs(finite[k]))
+            most = f"; {kind} change most, and the kinds move in opposite directions"
         lines.append(head + parts + most + ".")
     return lines
 

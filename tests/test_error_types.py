@@ -130,3 +130,15 @@ def test_greedy_only_report_has_the_greedy_table(tmp_path: Path) -> None:
     assert rep.csvs["errors"] == tmp_path / "errors.csv" and set(errors["decoder"]) == {GREEDY}
     assert np.allclose(errors["sub_mean"] + errors["del_mean"] + errors["ins_mean"], errors["wer_mean"])
     assert set(errors["condition"]) > {CLEAN}  # every condition in the CSV
+
+
+def test_kinds_moving_apart_are_said_so_not_given_a_share_over_100() -> None:
+    """A small net change whose kinds move in opposite directions (the demo's shifted set: S +9, D -10) names the
+    kind that moved most without a share of -822%."""
+    rows = [{"decoder": GREEDY, "condition": "clean", "config_id": f"c{i}", "dataset": "shifted", "series": "all",
+             "context_s": ctx, "wer_mean": w, "sub_mean": s, "del_mean": d, "ins_mean": ins}
+            for i, (ctx, w, s, d, ins) in enumerate([(5.12, 81.13, 40.0, 35.0, 6.13),
+                                                      (81.92, 82.35, 49.09, 25.03, 8.23)])]
+    (line,) = er.change_lines(pd.DataFrame(rows))
+    assert "deletions change most, and the kinds move in opposite directions" in line and "%" in line
+    assert "of the change" not in line
