@@ -12,18 +12,17 @@
 #      the recall slots scored one window per slot, and the causal check: the key re-rendered with another code word,
 #      and silenced (python -m asr_core recall --key as-is,swap,silence).
 # Re-running reuses what is finished (the corpus, finished trials); only the report is written again.
-# Times are on 2 cores from a fresh clone; those marked "estimate" follow from the measured ones and are to be
-# re-measured.
+# Times are on 2 cores from a fresh clone (docs/results/2026-11-29-demo-long-tests.md and
+# 2026-11-29-context-or-fragmentation.md).
 #
-#   ./scripts/demo.sh            the full demo (estimate: 18-28 minutes; 14-19 were measured with test recordings
-#                                under a minute, before both test sets took recordings of 3-4 minutes)
+#   ./scripts/demo.sh            the full demo (about 18 minutes: 68 s for the corpus, 17 minutes for the models)
 #   ./scripts/demo.sh --quick    the first taste (about 5 minutes): 5 and 10 s of context, two seeds, 600 steps on a
 #                                quarter-hour corpus with a short-range cue; the models transcribe (about 80% WER);
 #                                its test set alone holds a near-band recall control (1-4 s), never trained on
 #   ./scripts/demo.sh --cued     the positive control (under 30 minutes): 10 and 82 s of context, two seeds, on a
 #                                corpus with the recall plant (its own sweep demo-cued; grids/demo-cued.yaml)
 #   ./scripts/demo.sh --homophones  the full demo on a corpus with the homophone cue (its own sweep demo-homophones)
-#   ./scripts/demo.sh --fragmentation  context or fragmentation (estimate: 25-37 minutes; under 45): on the full
+#   ./scripts/demo.sh --fragmentation  context or fragmentation (about 22 minutes): on the full
 #                                demo's corpus (made if absent), the demo's 5.12 and 81.92 s models beside 81.92 s
 #                                models with banded attention and 5.12 s models cut at pauses, three seeds
 #                                (grids/demo-fragmentation.yaml; its own sweep), the dense 81.92 s models decoded at
