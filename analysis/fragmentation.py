@@ -41,7 +41,7 @@ from analysis.fragmentation_rules import (CONTEXT_BANDED_MIN, CONTEXT_PAUSES_MAX
                                           decide)
 from analysis.naming import CONTEXT_PARAM, SEED_PARAM, digest, number
 from analysis.render import Section, fragmentation_display
-from analysis.werr import SeedTables, recording_index, same_context, stable_seed, verdict
+from analysis.werr import SeedTables, comparison_row, recording_index, same_context, stable_seed, verdict
 from asr_core.contract.metrics import CLEAN, GREEDY, window_seconds
 
 TITLE = "Context or fragmentation"
@@ -303,7 +303,7 @@ def test_table(sweep: Sweep, found: list[Group] | None = None, *, alpha: float =
                                      index[dec].get((m.config_id, ds, CLEAN), {}), (row["reference"], row["model"]),
                                      ref is m, stable_seed(ref.config_id, ref_dec, m.config_id, dec, ds), level,
                                      bootstrap_resamples)
-                rows.append({**row, **_result(res, note)})
+                rows.append({**row, **comparison_row(res, note)})
     for family in (VERDICT_FAMILY, OTHER_FAMILY):  # Holm within each family
         members = [r for r in rows if r["family"] == family]
         for r, adj in zip(members, stats.holm([r.get("p_permutation", math.nan) for r in members])):
@@ -316,16 +316,6 @@ def test_table(sweep: Sweep, found: list[Group] | None = None, *, alpha: float =
         r["holds"] = None if r["significant"] is None else bool(r["significant"] and r["seed_robust"])
         r["verdict"] = verdict({"delta_lo": math.nan, "delta_hi": math.nan, **r}, alpha)
     return pd.DataFrame(rows, columns=TEST_COLUMNS)
-
-
-def _result(res: stats.Comparison | str, note: str) -> dict[str, Any]:
-    if isinstance(res, str):
-        return {"p_permutation": math.nan, "note": "not tested: " + res}
-    return {"n_recordings": res.n_recordings, "seeds_reference": ",".join(map(str, res.seeds_a)),
-            "seeds": ",".join(map(str, res.seeds_b)), "wer_reference": res.wer_a, "wer": res.wer_b,
-            "delta_wer": res.delta, "delta_lo": res.delta_ci[0], "delta_hi": res.delta_ci[1], "werr": res.werr,
-            "werr_lo": res.werr_ci[0], "werr_hi": res.werr_ci[1], "p_permutation": res.permutation.pvalue,
-            "note": note}
 
 
 # ---- the verdict from the tables -------------------------------------------------------------------------------

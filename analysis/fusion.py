@@ -30,8 +30,8 @@ import pandas as pd
 from analysis import stats
 from analysis.collect import Sweep
 from analysis.render import Section, fmt_num, fmt_p
-from analysis.werr import (compare_configs, family_rows, find_baseline, format_seconds, recording_index,
-                           stable_seed, verdict, wer_table)
+from analysis.werr import (compare_configs, comparison_row, family_rows, find_baseline, format_seconds,
+                           recording_index, stable_seed, verdict, wer_table)
 from asr_core.contract.metrics import AVERAGING, CLEAN, FUSION_METHODS, fusion_decoder, fusion_method
 
 TITLE = "Decoding method: window fusion (paper 001)"
@@ -81,16 +81,6 @@ def fusion_table(sweep: Sweep) -> pd.DataFrame:
 
 # ---- tests ---------------------------------------------------------------------------------------------------
 
-def _result(res: stats.Comparison | str, seeds_dropped: str = "") -> dict[str, Any]:
-    if isinstance(res, str):
-        return {"p_permutation": math.nan, "note": "not tested: " + res}
-    return {"n_recordings": res.n_recordings, "seeds_reference": ",".join(map(str, res.seeds_a)),
-            "seeds": ",".join(map(str, res.seeds_b)), "wer_reference": res.wer_a, "wer": res.wer_b,
-            "delta_wer": res.delta, "delta_lo": res.delta_ci[0], "delta_hi": res.delta_ci[1], "werr": res.werr,
-            "werr_lo": res.werr_ci[0], "werr_hi": res.werr_ci[1], "p_permutation": res.permutation.pvalue,
-            "note": seeds_dropped}
-
-
 def _holm(rows: list[dict[str, Any]], alpha: float) -> None:
     for r, adj in zip(rows, stats.holm([r.get("p_permutation", math.nan) for r in rows])):
         r["p_holm"] = float(adj)
@@ -128,7 +118,7 @@ def context_tests(sweep: Sweep, table: pd.DataFrame, baseline_context: float, *,
                    "method": m, "reference": kind, "reference_context_s": ref_ctx, "context_s": long_ctx}
             if ref.empty or long.empty:
                 missing = " and ".join(format_seconds(c) for c, f in ((ref_ctx, ref), (long_ctx, long)) if f.empty)
-                group.append({**row, **_result(f"{LABELS[m]} has no results at {missing} in this series")})
+                group.append({**row, **comparison_row(f"{LABELS[m]} has no results at {missing} in this series")})
                 continue
             a, b = ref["config_id"].iloc[0], long["config_id"].iloc[0]
             row.update(reference_config=ref["config"].iloc[0], config=long["config"].iloc[0])
@@ -139,7 +129,7 @@ def context_tests(sweep: Sweep, table: pd.DataFrame, baseline_context: float, *,
                                                  level=level, index=index[m])
                 except stats.PairingError as e:
                     cache[key] = str(e)
-            group.append({**row, **_result(cache[key])})
+            group.append({**row, **comparison_row(cache[key])})
         _holm(group, alpha)
         rows += group
     return pd.DataFrame(rows, columns=TEST_COLUMNS)
@@ -191,7 +181,7 @@ def method_tests(sweep: Sweep, table: pd.DataFrame, *, alpha: float = 0.05, leve
                                                 level=level, bootstrap_resamples=bootstrap_resamples,
                                                 seed=stable_seed(*key))
                 res, note = cache[key]
-                group.append({**row, **_result(res, note)})
+                group.append({**row, **comparison_row(res, note)})
             _holm(group, alpha)
             rows += group
     return pd.DataFrame(rows, columns=TEST_COLUMNS)

@@ -15,7 +15,7 @@ import math
 import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Any, Iterable
 
 import numpy as np
 import pandas as pd
@@ -468,3 +468,15 @@ def cut_notes(sweep: Sweep) -> list[str]:
     for (cut, context), g in done.groupby(["cut", "context_s"], sort=True):
         parts.append(f"{format_seconds(context)} {cut} cuts {g['words_lost_pct'].mean():.2f}%")
     return ["Words dropped by the training cuts (lying wholly in no window; `data.cut`): " + ", ".join(parts) + "."]
+
+
+def comparison_row(res: stats.Comparison | str, note: str = "") -> dict[str, Any]:
+    """A test table's columns of one comparison (WERs, ΔWER and WERR with intervals, the permutation p, seeds and
+    ``note``), or ``p_permutation`` NaN and ``"not tested: <why>"`` where ``res`` says why it could not be made."""
+    if isinstance(res, str):
+        return {"p_permutation": math.nan, "note": "not tested: " + res}
+    return {"n_recordings": res.n_recordings, "seeds_reference": ",".join(map(str, res.seeds_a)),
+            "seeds": ",".join(map(str, res.seeds_b)), "wer_reference": res.wer_a, "wer": res.wer_b,
+            "delta_wer": res.delta, "delta_lo": res.delta_ci[0], "delta_hi": res.delta_ci[1], "werr": res.werr,
+            "werr_lo": res.werr_ci[0], "werr_hi": res.werr_ci[1], "p_permutation": res.permutation.pvalue,
+            "note": note}
