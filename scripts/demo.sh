@@ -189,7 +189,10 @@ fi
 
 stamp "$report_step/$steps analysis report"
 uri="sqlite:///$(cd "$root/runs" && pwd)/mlflow.db"
-$PY -m analysis report "$name" --tracking-uri "$uri" --out "$root/report"
+# the fragmentation grid has no 10.24 s model: its dense models are compared against 5.12 s, the short context
+baseline=()
+if [ "$fragmentation" -eq 1 ]; then baseline=(--baseline-context-s 5.12); fi
+$PY -m analysis report "$name" --tracking-uri "$uri" --out "$root/report" "${baseline[@]}"
 
 if [ "$homophones" -eq 1 ]; then
   stamp "4/$steps how far back each model's decoded output reaches (python -m asr_core reach)"
