@@ -22,11 +22,12 @@
 #   ./scripts/demo.sh --cued     the positive control (under 30 minutes): 10 and 82 s of context, two seeds, on a
 #                                corpus with the recall plant (its own sweep demo-cued; grids/demo-cued.yaml)
 #   ./scripts/demo.sh --homophones  the full demo on a corpus with the homophone cue (its own sweep demo-homophones)
-#   ./scripts/demo.sh --fragmentation  context or fragmentation (about 22 minutes): on the full
+#   ./scripts/demo.sh --fragmentation  context or fragmentation (about 22 minutes alone): on the full
 #                                demo's corpus (made if absent), the demo's 5.12 and 81.92 s models beside 81.92 s
 #                                models with banded attention and 5.12 s models cut at pauses, three seeds
-#                                (grids/demo-fragmentation.yaml; its own sweep), the dense 81.92 s models decoded at
-#                                5.12-20.48 s windows too (grids/decode-windows.yaml), and the report
+#                                (grids/demo-fragmentation.yaml, in the full demo's sweep demo: its models are
+#                                reused, not trained again), the dense 81.92 s models decoded at 5.12-20.48 s windows
+#                                too (grids/decode-windows.yaml), and the report (demo-out/demo/report-fragmentation)
 #   DEMO_OUT=/tmp/demo ./scripts/demo.sh   write somewhere other than ./demo-out
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -89,11 +90,12 @@ else
 fi
 root="$OUT/$name"
 corpus="$root/corpus"
+report="$root/report"
 if [ "$fragmentation" -eq 1 ]; then
-  # the full demo's corpus, made here with its synth arguments if it is not there yet (the same command below)
-  name=demo-fragmentation; grid=grids/demo-fragmentation.yaml
-  root="$OUT/$name"
-  corpus="$OUT/demo/corpus"
+  # the full demo's corpus (made here with its synth arguments if it is not there yet) and its sweep: the dense
+  # models have the demo's keys, so those the full demo trained (5.12 and 81.92 s, seeds 1 and 2) are reused, not
+  # trained again, and a full demo run later reuses the ones trained here (its other trials keep their evaluation)
+  grid=grids/demo-fragmentation.yaml; report="$root/report-fragmentation"
 fi
 shifted="$root/corpus-shifted"
 tests="$corpus"  # the folder of the in-domain test set
@@ -192,7 +194,7 @@ uri="sqlite:///$(cd "$root/runs" && pwd)/mlflow.db"
 # the fragmentation grid has no 10.24 s model: its dense models are compared against 5.12 s, the short context
 baseline=()
 if [ "$fragmentation" -eq 1 ]; then baseline=(--baseline-context-s 5.12); fi
-$PY -m analysis report "$name" --tracking-uri "$uri" --out "$root/report" "${baseline[@]}"
+$PY -m analysis report "$name" --tracking-uri "$uri" --out "$report" "${baseline[@]}"
 
 if [ "$homophones" -eq 1 ]; then
   stamp "4/$steps how far back each model's decoded output reaches (python -m asr_core reach)"
@@ -210,7 +212,7 @@ if [ "$cued" -eq 1 ]; then
 fi
 
 stamp "done"
-echo "Report:          $(cd "$root/report" && pwd)/index.html   (also report.md, figures and CSV tables beside it)"
+echo "Report:          $(cd "$report" && pwd)/index.html   (also report.md, figures and CSV tables beside it)"
 if [ "$cued" -eq 1 ]; then echo "Recall:          $(cd "$root/recall" && pwd)/summary.csv   (per model, edit and band)"; fi
 if [ "$homophones" -eq 1 ]; then echo "Reach:           $(cd "$root/reach" && pwd)/reach.png   (tables in its folders)"; fi
 echo "MLflow dashboard: .venv/bin/mlflow ui --backend-store-uri $uri --host 127.0.0.1 --port 5000"

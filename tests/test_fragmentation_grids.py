@@ -177,6 +177,8 @@ def _commands(tmp_path: Path, *args: str) -> list[str]:
 
 
 def test_demo_fragmentation_runs_on_the_full_demos_corpus(tmp_path: Path) -> None:
+    for d in ("full", "frag"):  # the sweep folder, which the stand-in never makes, so the script reaches its report
+        (tmp_path / d / "out" / "demo" / "runs").mkdir(parents=True)
     full = _commands(tmp_path / "full")
     frag = _commands(tmp_path / "frag", "--fragmentation")
     synth = [c for c in full if c.startswith("-m asr_core synth")]
@@ -184,13 +186,18 @@ def test_demo_fragmentation_runs_on_the_full_demos_corpus(tmp_path: Path) -> Non
     assert synth == ["-m asr_core synth --out out/demo/corpus --hours 1.0 --eval-hours 0.5 --eval-max-minutes 4 "
                      "--eval-min-minutes 3 --voices 3 --shift near --splits train,test,test-shifted --seed 0 --cue 0"]
     submit = [c for c in frag if c.startswith("-m orchestrate submit")]
-    assert submit == ["-m orchestrate submit grids/demo-fragmentation.yaml --backend local --sweep demo-fragmentation "
-                      "--sweep-root out/demo-fragmentation/runs --set data.train=podcast:out/demo/corpus/train "
+    assert submit == ["-m orchestrate submit grids/demo-fragmentation.yaml --backend local --sweep demo "
+                      "--sweep-root out/demo/runs --set data.train=podcast:out/demo/corpus/train "
                       "--set eval.datasets=[test=podcast:out/demo/corpus/test]"]
-    windows = ("-m orchestrate evaluate demo-fragmentation --spec grids/decode-windows.yaml --where subgrid=dense "
-               "--where data.context_s=81.92 --sweep-root out/demo-fragmentation/runs")
+    windows = ("-m orchestrate evaluate demo --spec grids/decode-windows.yaml --where subgrid=dense "
+               "--where data.context_s=81.92 --sweep-root out/demo/runs")
     assert frag.index(windows) > frag.index(submit[0])  # the trained models decoded at shorter windows
     assert not any(c.startswith("-m orchestrate evaluate") for c in full)
+    # one sweep for both: the full demo's dense models are the fragmentation's (reused by key, not trained twice)
+    full_submit = next(c for c in full if c.startswith("-m orchestrate submit"))
+    assert "--sweep demo --sweep-root out/demo/runs " in full_submit
+    reports = [c.split(" --out ")[1].split()[0] for c in full + frag if c.startswith("-m analysis report demo ")]
+    assert reports == ["out/demo/report", "out/demo/report-fragmentation"]  # neither report overwrites the other
 
 
 @pytest.mark.parametrize("args", [(), ("--fragmentation",)])
