@@ -218,13 +218,8 @@ def greedy_at(model, feats: torch.Tensor, window: int, stride: float, batch: Win
               dev: torch.device, precision: str, tokenizer) -> tuple[str, int]:
     """Greedy CTC of one recording's features decoded with moving windows of ``window`` input frames (not the
     model's context), averaged at ``stride`` as :func:`~asr_core.decoding.decode.posteriors` averages: the text and
-    the windows run."""
-    ran = 0
-
-    def count(_span: tuple[int, int], _probs: torch.Tensor) -> None:
-        nonlocal ran
-        ran += 1
-
+    the windows run (:func:`~asr_core.decoding.decode.plan_windows`'s, as :func:`posteriors` runs them)."""
     probs = posteriors(model, feats, window, stride=stride, batch_windows=batch, subsampling=sub, device=dev,
-                       precision=precision, on_window=count)
+                       precision=precision)
+    ran = len(plan_windows(feats.shape[0], window, stride, sub).starts)
     return tokenizer.decode(greedy_ids(probs, tokenizer.blank_id)), ran
