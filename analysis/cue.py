@@ -89,12 +89,10 @@ def rate_table(sweep: Sweep) -> pd.DataFrame:
     per_seed["noncue_wer"] = _pct(per_seed["noncue_errors"], per_seed["noncue_words"])
     g = per_seed.groupby(keys, dropna=False, sort=False)
 
-    def sd(x: pd.Series) -> float:
-        return float(x.std(ddof=1)) if x.notna().sum() > 1 else math.nan
-
-    out = g["cue_rate"].agg(cue_rate="mean", cue_rate_sd=sd, cue_rate_min="min", cue_rate_max="max").reset_index()
+    out = g["cue_rate"].agg(cue_rate="mean", cue_rate_sd=stats.seed_sd, cue_rate_min="min",
+                            cue_rate_max="max").reset_index()
     for col, name in (("wer", "wer"), ("noncue_wer", "noncue_wer")):
-        agg = g[col].agg(mean="mean", sd=sd, min="min", max="max").reset_index(drop=True)
+        agg = g[col].agg(mean="mean", sd=stats.seed_sd, min="min", max="max").reset_index(drop=True)
         out[name], out[f"{name}_sd"], out[f"{name}_min"], out[f"{name}_max"] = (agg[c] for c in ("mean", "sd", "min",
                                                                                                  "max"))
     out["n_seeds"] = g["seed"].count().values

@@ -21,6 +21,7 @@ import math
 import numpy as np
 import pandas as pd
 
+from analysis import stats
 from analysis.collect import Sweep
 from analysis.render import Section, fmt_num, mean_sd
 from analysis.werr import family_rows, format_seconds
@@ -35,10 +36,6 @@ SEED_COLUMNS = [*KEYS, "seed", "n_recordings", "ref_words", "wer", "sub", "del",
 RATE_COLUMNS = ["family", "series", "series_id", "config", "config_id", "context_s", "cut", "attention_span_s",
                 "decoder", "dataset", "condition", "snr_db", "n_seeds", "seeds", "n_recordings", "wer_mean", "wer_sd",
                 "sub_mean", "sub_sd", "del_mean", "del_sd", "ins_mean", "ins_sd"]
-
-
-def _sd(x: pd.Series) -> float:
-    return float(x.std(ddof=1)) if len(x) > 1 else math.nan
 
 
 def seed_rates(sweep: Sweep) -> pd.DataFrame:
@@ -77,10 +74,10 @@ def error_table(sweep: Sweep) -> pd.DataFrame:
     if per_seed.empty:
         return pd.DataFrame(columns=RATE_COLUMNS)
     g = per_seed.groupby(KEYS, dropna=False, sort=False)
-    out = g["wer"].agg(wer_mean="mean", wer_sd=_sd).reset_index()
+    out = g["wer"].agg(wer_mean="mean", wer_sd=stats.seed_sd).reset_index()
     for short, _ in KINDS:
-        stats = g[short].agg(["mean", _sd])
-        out[f"{short}_mean"], out[f"{short}_sd"] = stats["mean"].to_numpy(), stats["_sd"].to_numpy()
+        agg = g[short].agg(["mean", stats.seed_sd])
+        out[f"{short}_mean"], out[f"{short}_sd"] = agg["mean"].to_numpy(), agg["seed_sd"].to_numpy()
     out["n_seeds"] = g["seed"].count().to_numpy()
     out["seeds"] = g["seed"].agg(lambda s: ",".join(str(int(v)) for v in sorted(s))).to_numpy()
     out["n_recordings"] = g["n_recordings"].min().to_numpy()

@@ -26,6 +26,15 @@ from typing import Mapping, Sequence
 import numpy as np
 from scipy import special
 
+
+def seed_sd(values: Sequence[float] | np.ndarray) -> float:
+    """The sample standard deviation (ddof 1) of one figure over seeds, missing values (NaN) left out; NaN with fewer
+    than two values. The spread every table of the report prints beside a mean of seeds."""
+    x = np.asarray(values, dtype=float)
+    x = x[~np.isnan(x)]
+    return float(x.std(ddof=1)) if x.size > 1 else math.nan
+
+
 EXACT_PERMUTATION_MAX_N = 16  # enumerate all 2^n sign flips up to 65,536 of them
 PERMUTATION_RESAMPLES = 20_000  # Monte Carlo sign flips otherwise; p is then no smaller than 1/20,001
 BOOTSTRAP_RESAMPLES = 2_000

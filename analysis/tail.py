@@ -67,10 +67,6 @@ def _pct(errors: pd.Series, words: pd.Series) -> pd.Series:
     return 100.0 * errors / words.where(words > 0)
 
 
-def _sd(x: pd.Series) -> float:
-    return float(x.std(ddof=1)) if x.notna().sum() > 1 else math.nan
-
-
 def rate_table(sweep: Sweep) -> pd.DataFrame:
     """Per family, configuration, dataset and condition: the pooled tail-WER and WER, each as mean / sd / min / max
     over seeds of the per-seed pooled rate (percent), and the share of reference words that are tail words
@@ -83,8 +79,9 @@ def rate_table(sweep: Sweep) -> pd.DataFrame:
     per_seed["tail_wer"] = _pct(per_seed["tail_errors"], per_seed["tail_words"])
     per_seed["wer"] = _pct(per_seed["errors"], per_seed["ref_words"])
     g = per_seed.groupby(KEYS, dropna=False, sort=False)
-    out = g["tail_wer"].agg(tail_wer="mean", tail_wer_sd=_sd, tail_wer_min="min", tail_wer_max="max").reset_index()
-    agg = g["wer"].agg(mean="mean", sd=_sd, min="min", max="max").reset_index(drop=True)
+    out = g["tail_wer"].agg(tail_wer="mean", tail_wer_sd=stats.seed_sd, tail_wer_min="min",
+                            tail_wer_max="max").reset_index()
+    agg = g["wer"].agg(mean="mean", sd=stats.seed_sd, min="min", max="max").reset_index(drop=True)
     out["wer"], out["wer_sd"], out["wer_min"], out["wer_max"] = (agg[c] for c in ("mean", "sd", "min", "max"))
     out["n_seeds"] = g["seed"].count().values
     out["seeds"] = g["seed"].agg(lambda s: ",".join(str(int(v)) for v in sorted(s))).values

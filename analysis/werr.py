@@ -62,7 +62,7 @@ def wer_table(sweep: Sweep, decoder: str = GREEDY) -> pd.DataFrame:
     if wer.empty:
         return pd.DataFrame(columns=keys + ["n_seeds", "seeds", "wer_mean", "wer_sd", "wer_min", "wer_max"])
     g = wer.groupby(keys, dropna=False, sort=False)
-    out = g["wer"].agg(wer_mean="mean", wer_sd=lambda x: x.std(ddof=1) if len(x) > 1 else math.nan,
+    out = g["wer"].agg(wer_mean="mean", wer_sd=stats.seed_sd,
                        wer_min="min", wer_max="max").reset_index()
     out["n_seeds"] = g["seed"].count().values
     out["seeds"] = g["seed"].agg(lambda s: ",".join(str(int(v)) for v in sorted(s))).values
@@ -125,7 +125,7 @@ def werr_table(sweep: Sweep, baseline_context: float = DEFAULT_BASELINE_CONTEXT_
     merged = out[by + ["config_id", "baseline_wer"]].merge(per_seed, on=["config_id", "dataset", "condition"])
     merged["werr_seed"] = 100.0 * (merged["baseline_wer"] - merged["wer"]) / merged["baseline_wer"]
     spread = merged.groupby(by + ["config_id"], dropna=False)["werr_seed"].agg(
-        werr_sd=lambda x: x.std(ddof=1) if len(x) > 1 else math.nan, werr_min="min", werr_max="max").reset_index()
+        werr_sd=stats.seed_sd, werr_min="min", werr_max="max").reset_index()
     out = out.merge(spread, on=by + ["config_id"], how="left")
     return out.sort_values(["family", "series", "dataset", "snr_db", "context_s"],
                            na_position="first").reset_index(drop=True)

@@ -238,3 +238,10 @@ def test_pairing_names_missing_recordings_and_seeds() -> None:
     pc = stats.pair_counts(a, b)
     assert pc.seeds_a == (0, 1) and pc.seeds_b == (0, 2) and pc.recordings == ("talk1", "talk2")
     assert pc.mean_errors_b.tolist() == [2.5, 3.0]
+
+
+def test_seed_sd_leaves_out_missing_values_and_needs_two() -> None:
+    """The spread over seeds every report table prints: ddof 1, NaN skipped, NaN below two values."""
+    assert stats.seed_sd([1.0, 3.0]) == pytest.approx(math.sqrt(2.0))
+    assert stats.seed_sd([1.0, float("nan"), 3.0]) == pytest.approx(math.sqrt(2.0))
+    assert math.isnan(stats.seed_sd([2.0, float("nan")])) and math.isnan(stats.seed_sd([]))
