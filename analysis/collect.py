@@ -56,7 +56,7 @@ from asr_core.contract.metrics import (AVERAGE, CLEAN, CUE_COLUMNS, GREEDY, SLOT
                                        parse_decoder_metric_key, parse_heads_key, parse_lm_ppl_key, parse_metric_key,
                                        slot_table_name, snr_of, table_name, window_seconds, WORDS_LOST)
 from asr_core.contract.trial import (FINISHED, ROLE_EXTERNAL, ROLE_PARENT, ROLE_TRIAL, TAG_ERROR, TAG_KERNELS,
-                                     TAG_LABEL, TAG_ROLE, TAG_SUBGRIDS, TAG_SYSTEM)
+                                     TAG_LABEL, TAG_RECEPTIVE_FIELD, TAG_ROLE, TAG_SUBGRIDS, TAG_SYSTEM)
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ NOTHING_LEARNED_WER = 99.0
 
 TRIAL_COLUMNS = ["run_id", "label", "config", "config_id", "series", "series_id", "families", "seed", "status",
                  "context_s", "layers", "d_model", "heads", "posenc", "rotary_theta", "error", "kernels", "cut",
-                 "words_lost_pct"]
+                 "words_lost_pct", "receptive_field_s"]
 EXTERNAL_COLUMNS = ["system", "run_id", "status", "dataset", "condition", "snr_db", "wer"]
 WER_COLUMNS = ["run_id", "dataset", "condition", "snr_db", "decoder", "wer", "wer_table", "n_recordings"]
 # the settings of a beam decoder as its tag holds them (strings; "" where the tag lacks one)
@@ -218,6 +218,7 @@ def build_sweep(experiment: str, records: Iterable[RunRecord], *, ignore_params:
             "kernels": rec.tags.get(TAG_KERNELS, ""),  # the CPU kernel levels that trained it ("" before recorded)
             "cut": rec.params.get("data.cut", "fixed"),  # runs made before the option cut at fixed multiples
             "words_lost_pct": float(rec.metrics.get(WORDS_LOST, math.nan)),  # what the training cuts drop
+            "receptive_field_s": number(rec.tags.get(TAG_RECEPTIVE_FIELD)),  # each side; NaN: the whole window
         })
         if rec.status != FINISHED:
             detail = f": {rec.tags[TAG_ERROR]}" if rec.tags.get(TAG_ERROR) else ""
@@ -325,7 +326,8 @@ def build_sweep(experiment: str, records: Iterable[RunRecord], *, ignore_params:
             rec_frames.append(part.assign(run_id=rec.run_id, snr_db=part["condition"].map(conds).astype(float),
                                           decoder=dec))
 
-    info_cols = [c for c in TRIAL_COLUMNS if c not in ("status", "error", "kernels", "cut", "words_lost_pct")]
+    info_cols = [c for c in TRIAL_COLUMNS
+                 if c not in ("status", "error", "kernels", "cut", "words_lost_pct", "receptive_field_s")]
     wer = trials[info_cols].merge(pd.DataFrame(wer_rows, columns=WER_COLUMNS), on="run_id", how="inner")
     if rec_frames:
         recs = pd.concat(rec_frames, ignore_index=True)

@@ -7,8 +7,8 @@ training cuts and fewer edges in decoding. The sweep's controls separate the two
   a long context (:class:`Group`: the short one is the pause-cut models', e.g. 5.12 s in the demo and 10.24 s at the
   paper's scale; the long ones the banded models', e.g. 81.92 s); the gain to explain is the WER between them;
 * **banded** models: a long window with attention banded to a few seconds a layer, so each output frame sees only
-  its receptive field (:func:`receptive_field_s`, seconds each side; what the run's tag ``model.receptive_field_s``
-  holds) while the window stays long: few edges, no long-range context;
+  its receptive field (seconds each side: the run's tag ``model.receptive_field_s``, which training computes
+  with :func:`asr_core.model.receptive.receptive_field`) while the window stays long: few edges, no long-range context;
 * **pause cuts**: the short context with ``data.cut = pauses`` (cuts moved to word starts, no word dropped);
 * **window decoding**: the dense long model decoded at shorter windows (decoder ``window-<W>s``): the decoding
   edges of a short model, none of its training.
@@ -25,8 +25,7 @@ section; :func:`decide` is the verdict, by rules fixed in this module before any
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
-from types import SimpleNamespace
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 import numpy as np
@@ -68,30 +67,6 @@ class Model:
     field_s: float
 
 
-def receptive_field_s(params: Mapping[str, Any]) -> float:
-    """The receptive field each side in seconds of a run's params (:func:`asr_core.model.receptive.receptive_field`,
-    the value of its tag ``model.receptive_field_s``); NaN when attention is not banded or the params do not say."""
-    from asr_core.config import FeatureConfig, ModelConfig
-    from asr_core.model.receptive import receptive_field
-
-    span = number(None if params.get(SPAN_PARAM) is None else str(params.get(SPAN_PARAM)))
-    if not math.isfinite(span):
-        return math.nan
-
-    def ints(prefix: str, names: tuple[str, ...]) -> dict[str, int]:
-        return {n: int(float(params[f"{prefix}{n}"])) for n in names
-                if str(params.get(f"{prefix}{n}", "")) not in ("", "nan", "None")}
-
-    try:
-        model = replace(ModelConfig(), attention_span_s=span,
-                        **ints("model.", ("layers", "conv_kernel", "subsampling_factor")))
-        feats = replace(FeatureConfig(), **ints("data.features.", ("sample_rate", "hop_length", "win_length")))
-    except (ValueError, TypeError):
-        return math.nan
-    seconds = receptive_field(SimpleNamespace(model=model, data=SimpleNamespace(features=feats))).seconds
-    return math.nan if seconds is None else float(seconds)
-
-
 def _role(cut: str, span: float) -> str | None:
     if math.isfinite(span):
         return BANDED if cut == "fixed" else None
@@ -112,8 +87,7 @@ def models(sweep: Sweep) -> list[Model]:
         p = p.to_dict()
         group = digest({k: v for k, v in p.items() if k not in skip})
         span = number(str(p.get(SPAN_PARAM, "")))
-        field = number(str(t.get("receptive_field_s", ""))) if "receptive_field_s" in t else math.nan
-        field = field if math.isfinite(field) else receptive_field_s(p)
+        field = float(t.get("receptive_field_s", math.nan))  # the run's tag model.receptive_field_s
         cut = str(p.get(CUT_PARAM) or t.get("cut") or "fixed")
         out.append(Model(group, _role(cut, span), t["config_id"], t["config"], t["series"], float(t["context_s"]),
                          cut, span, field))

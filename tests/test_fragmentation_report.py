@@ -20,6 +20,9 @@ from analysis.collect import Sweep, build_sweep
 from analysis.fetch import RunRecord
 from analysis.fragmentation import Evidence, decide
 from analysis.report import build_report
+from asr_core.config import resolve
+from asr_core.contract.trial import TAG_RECEPTIVE_FIELD
+from asr_core.model.receptive import receptive_field
 
 SEEDS = (1, 2, 3)
 N_REC, WORDS = 12, 100
@@ -42,6 +45,13 @@ WORLDS = {
 }
 
 
+def field_tag(params: dict[str, str]) -> dict[str, str]:
+    """The tag training gives a run of ``params`` (``model.receptive_field_s``: seconds each side, or "window")."""
+    overrides = [f"{k}={v}" for k, v in params.items() if k.startswith("model.")]
+    field = receptive_field(resolve({}, overrides))
+    return {TAG_RECEPTIVE_FIELD: f"{field.seconds:.3f}" if field.banded else "window"}
+
+
 def errors(world: str, name: str, seed: int) -> np.ndarray:
     e = np.full(N_REC, 0.0) + np.asarray(WORLDS[world][name], dtype=float)
     e[0] += seed - 1
@@ -61,7 +71,8 @@ def records(world: str, controls: bool = True) -> list[RunRecord]:
             continue
         for seed in SEEDS:
             tags = {"sweep.role": "trial", "trial.label": f"{name}-s{seed}", "trial.seed": str(seed),
-                    "trial.subgrids": "dense" if name.startswith("dense") else "control"}
+                    "trial.subgrids": "dense" if name.startswith("dense") else "control",
+                    **field_tag({"model.layers": "2", **params})}
             e = errors(world, name, seed)
             metrics, tables = {"wer/talks": 100.0 * e.sum() / (N_REC * WORDS)}, {"talks": table("talks", e)}
             for w in WINDOWS if name == "dense82" and controls else ():
@@ -147,7 +158,8 @@ def test_controls_are_found_by_their_fields(frag: Sweep) -> None:
     roles = {m.config: m.role for m in fr.models(frag)}
     assert roles == {"dense5": "dense", "dense82": "dense", "band1": "banded", "band2": "banded", "pauses": "pauses"}
     fields = {m.config: m.field_s for m in fr.models(frag)}
-    assert fields["band1"] == pytest.approx(2.6425) and fields["band2"] == pytest.approx(5.8425)
+    # the runs' tags, rounded to milliseconds as training writes them
+    assert fields["band1"] == pytest.approx(2.6425, abs=1e-3) and fields["band2"] == pytest.approx(5.8425, abs=1e-3)
     assert np.isnan(fields["dense82"])
     assert fr.window_decoders(frag) == ["window-5.12s", "window-10.24s", "window-20.48s"]
     (g,) = fr.groups(frag)
@@ -239,7 +251,8 @@ def test_paper_layout_short_context_from_the_pause_cuts() -> None:
             x = np.full(N_REC, float(e))
             x[0] += seed - 1
             out.append(RunRecord(f"{name}-{seed}", "FINISHED", {"sweep.role": "trial", "trial.label": f"{name}-s{seed}",
-                                                                "trial.seed": str(seed), "trial.subgrids": "paper"},
+                                                                "trial.seed": str(seed), "trial.subgrids": "paper",
+                                                                **field_tag({"model.layers": "6", **params})},
                                  {"train.seed": str(seed), "model.layers": "6", **params},
                                  {"wer/talks": 100.0 * x.sum() / (N_REC * WORDS)}, {"talks": table("talks", x)}))
     sweep = build_sweep("paper", out)
