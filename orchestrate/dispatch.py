@@ -311,6 +311,9 @@ def run_sweep(sweep: SweepDir, manifest: Manifest, trials: list[Trial], profile:
             log(f"tagged {len(fix)} re-attached runs with their job ids")
         _mirror_left(ledger, {k: r for k, r in runs.items() if k not in is_eval}, plan)
         by_key = {t.key: t for t in trials}
+        joined = ledger.join_subgrids([t for t in trials if t.key not in is_eval], runs)
+        if joined:
+            log(f"{joined} runs joined this grid's sub-grids (their tag trial.subgrids)")
         for k in plan.attached:  # live jobs read config.json when they are requeued: give them today's settings
             sweep.prepare_trial(profile.fit(by_key[k]))
         todo_keys = plan.to_submit()

@@ -23,7 +23,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 from urllib.parse import urlparse
 
 from asr_core.contract.tracking import sqlite_file
@@ -351,6 +351,16 @@ class Ledger:
 
         out.update(self.store.map(create, todo))
         return out
+
+    def join_subgrids(self, trials: Iterable[Trial], runs: Mapping[str, TrialRun]) -> int:
+        """Tag each run of ``runs`` (by key) with its trial's sub-grids where they differ: a trial the sweep had that
+        a later grid shares has joined that grid's sub-grids (:func:`orchestrate.sweep.merge_trials`), and the report
+        reads a configuration's seeds by sub-grid. Returns how many runs were tagged."""
+        stale = {runs[t.key].run_id: {TAG_SUBGRIDS: ",".join(t.subgrids)} for t in trials
+                 if t.key in runs and runs[t.key].subgrids != ",".join(t.subgrids)}
+        if stale:
+            self.tag_runs(stale)
+        return len(stale)
 
     def tag_runs(self, tags_by_run: dict[str, dict[str, str]]) -> None:
         """Set tags on many runs (one batch call per run; in parallel on a server)."""

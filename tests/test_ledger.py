@@ -4,6 +4,7 @@ trial folders: its tests are in tests/test_status.py."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -266,3 +267,19 @@ def test_the_first_submission_saves_the_view_of_every_wer_column_and_leaves_a_la
     ledger.client.set_experiment_tag(ledger.experiment_id, sv.VIEW_TAG_PREFIX + sv.VIEW_ID, later)
     Ledger(ledger.uri, "demo").ensure_sweep("grids/demo.yaml", "local", datasets=["test", "test-shifted"])
     assert ledger.client.get_experiment(ledger.experiment_id).tags[sv.VIEW_TAG_PREFIX + sv.VIEW_ID] == later
+
+
+def test_a_trial_that_a_later_grid_shares_is_tagged_with_both_sub_grids(ledger: Ledger) -> None:
+    """A later ``submit`` of another grid into the sweep that shares a trial (the fragmentation grid's dense models in
+    the full demo's sweep) adds its sub-grid to the run's ``trial.subgrids``: the report reads a configuration's
+    seeds by family, and a seed tagged with the first grid's sub-grid only would sit apart from the seeds the second
+    grid added."""
+    trials = list(load_grid(SMOKE).trials)[:2]
+    parent = ledger.ensure_sweep("g", "local")
+    ids = ledger.create_trial_runs(parent, trials, "local")
+    later = [replace(trials[0], subgrids=(*trials[0].subgrids, "dense")), trials[1]]
+    assert ledger.create_trial_runs(parent, later, "local") == ids  # no run created
+    assert ledger.join_subgrids(later, ledger.trial_runs()) == 1
+    runs = ledger.trial_runs()
+    assert runs[trials[0].key].subgrids == ",".join((*trials[0].subgrids, "dense"))
+    assert runs[trials[1].key].subgrids == ",".join(trials[1].subgrids)  # not in the later grid: as it was
