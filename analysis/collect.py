@@ -39,7 +39,6 @@ tables are read.
 
 from __future__ import annotations
 
-import io
 import json
 import logging
 import math
@@ -51,16 +50,16 @@ import pandas as pd
 from analysis.fetch import CollectError, RunRecord, fetch_records, is_lm_run
 from analysis.naming import (CONTEXT_PARAM, SEED_PARAM, config_label, digest, name_configs, name_series, number,
                              science_params, seed_of)
-from asr_core.contract.metrics import (AVERAGE, CLEAN, CUE_COLUMNS, GREEDY, SLOT_COLUMNS, TABLE_COLUMNS, TAIL_COLUMNS,
+from analysis.tables import condition_summary, read_slot_table, read_table
+from asr_core.contract.metrics import (CLEAN, CUE_COLUMNS, GREEDY, SLOT_COLUMNS, TABLE_COLUMNS, TAIL_COLUMNS,
                                        condition_name, decoder_tag, fusion_method, metric_name,
                                        parse_decoder_metric_key, parse_heads_key, parse_lm_ppl_key, parse_metric_key,
-                                       slot_table_name, snr_of, table_name, window_seconds, WORDS_LOST)
+                                       slot_table_name, table_name, window_seconds, WORDS_LOST)
 from asr_core.contract.trial import (FINISHED, ROLE_EXTERNAL, ROLE_PARENT, ROLE_TRIAL, TAG_ERROR, TAG_KERNELS,
                                      TAG_LABEL, TAG_RECEPTIVE_FIELD, TAG_ROLE, TAG_SUBGRIDS, TAG_SYSTEM)
 
 log = logging.getLogger(__name__)
 
-COUNT_COLUMNS = ("ref_words", "substitutions", "deletions", "insertions", "hyp_words")
 NO_FAMILY = "(none)"
 # a metric and the corpus WER recomputed from its table may differ by rounding only
 METRIC_TOLERANCE_PTS = 0.05
@@ -235,7 +234,11 @@ def build_sweep(experiment: str, records: Iterable[RunRecord], *, ignore_params:
     trials = pd.DataFrame(trial_rows, columns=TRIAL_COLUMNS)
     if len(trials) == 0:
         raise CollectError(f"experiment {experiment!r} has no trial runs (tag sweep.role=trial)")
-    trials = name_configs(trials)
+    # one configuration's seeds may come from grids with other sub-grids (a trial a later grid shares): each run
+    # takes the union of its configuration's families, so no table splits the seeds of one configuration
+    union = trials.groupby("config_id")["families"].agg(lambda f: ",".join(sorted({x for v in f for x in v.split(",")
+                                                                                  if x != NO_FAMILY} or {NO_FAMILY})))
+    trials = name_configs(trials.assign(families=trials["config_id"].map(union)))
     params = pd.DataFrame([{"run_id": r.run_id, **science_params(r.params, named=True)} for r in records
                            if r.tags.get(TAG_ROLE) == ROLE_TRIAL]).set_index("run_id")
     trials = name_series(trials, params)
@@ -283,21 +286,21 @@ def build_sweep(experiment: str, records: Iterable[RunRecord], *, ignore_params:
                 problems.append(_problem(rec, label, f"no artifact eval/{name}.csv: no per-recording counts, so "
                                                      f"{what} is left out of the significance tests for this run"))
                 continue
-            table, why = _read_table(rec.tables[name], ds)
+            table, why = read_table(rec.tables[name], ds)
             if why:
                 problems.append(_problem(rec, label, f"eval/{name}.csv {why}; left out of the significance tests"))
                 continue
             tables[(dec, ds)] = table
             slot_name = slot_table_name(ds, dec)
             if slot_name in rec.tables:
-                slot_table, why = _read_slot_table(rec.tables[slot_name])
+                slot_table, why = read_slot_table(rec.tables[slot_name])
                 if why:
                     problems.append(_problem(rec, label, f"eval/{slot_name}.csv {why}; left out of the recall "
                                                          "control"))
                 else:
                     slot_frames.append(slot_table.assign(run_id=rec.run_id, dataset=ds, decoder=dec))
         # per table, one pass: sums and duplicate checks per condition, then the usable rows in one slice
-        summary = {key: _condition_summary(t) for key, t in tables.items()}
+        summary = {key: condition_summary(t) for key, t in tables.items()}
         usable: dict[tuple[str, str], dict[str, float]] = {}
         for (dec, ds, cond), (value, snr) in sorted(have.items()):
             row = {"run_id": rec.run_id, "dataset": ds, "condition": cond, "snr_db": snr, "decoder": dec,
@@ -409,75 +412,6 @@ def _lm_ppl_rows(rec: RunRecord) -> list[dict[str, Any]]:
 
 def _problem(rec: RunRecord, label: str, text: str) -> dict[str, Any]:
     return {"run_id": rec.run_id, "label": label, "status": rec.status, "problem": text}
-
-
-def _read_table(text: str, dataset: str) -> tuple[pd.DataFrame, str]:
-    """Parse one eval CSV; returns (table, "") or (empty, why it is unusable)."""
-    try:
-        df = pd.read_csv(io.StringIO(text), dtype={"recording": str, "condition": str, "dataset": str})
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
-        return pd.DataFrame(), f"cannot be parsed ({type(e).__name__}: {e})"
-    missing = [c for c in TABLE_COLUMNS if c not in df.columns]
-    if missing:
-        return pd.DataFrame(), f"lacks columns {missing} (has {list(df.columns)})"
-    cue = {c: pd.to_numeric(df[c], errors="coerce") if c in df.columns else math.nan
-           for c in CUE_COLUMNS + TAIL_COLUMNS}
-    df = df[list(TABLE_COLUMNS)].assign(**cue)
-    for c in COUNT_COLUMNS + ("wer",):
-        df[c] = pd.to_numeric(df[c], errors="coerce")
-    bad = df[df[list(COUNT_COLUMNS)].isna().any(axis=1)]
-    if len(bad):
-        return pd.DataFrame(), f"has non-numeric counts for recordings {bad['recording'].tolist()[:5]}"
-    other = sorted(set(df["dataset"]) - {dataset})
-    if other:
-        return pd.DataFrame(), f"holds rows of other datasets {other}"
-    # canonical condition names, so that 'snr10.0' in a table matches the metric key 'snr10'
-    snr = pd.to_numeric(df["snr_db"], errors="coerce")
-    keys = df["condition"].astype(str) + "|" + snr.astype(str)  # NaN is no dict key: compare as text
-    canon = {}
-    for key, c, s in zip(keys, df["condition"].astype(str), snr):
-        if key not in canon:
-            canon[key] = CLEAN if c == CLEAN else condition_name(s if not math.isnan(s) else snr_of(c))
-    df["condition"] = keys.map(canon)
-    df["errors"] = df["substitutions"] + df["deletions"] + df["insertions"]
-    return df.drop(columns=["snr_db"]), ""
-
-
-def _read_slot_table(text: str) -> tuple[pd.DataFrame, str]:
-    """Parse one per-slot table (:data:`SLOT_COLUMNS`); returns (table, "") or (empty, why it is unusable).
-    Conditions are made canonical as in the per-recording tables."""
-    try:
-        df = pd.read_csv(io.StringIO(text), dtype={"recording": str, "condition": str, "slot": str, "word": str,
-                                                   "band": str, "kind": str, "hyp": str, "scoring": str},
-                         keep_default_na=False, na_values={"snr_db": [""], "distance_s": [""]})
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
-        return pd.DataFrame(), f"cannot be parsed ({type(e).__name__}: {e})"
-    if "scoring" not in df.columns:  # written before the column: the moving-window scoring only
-        df["scoring"] = AVERAGE
-    df["scoring"] = df["scoring"].replace("", AVERAGE)
-    missing = [c for c in SLOT_COLUMNS if c not in df.columns]
-    if missing:
-        return pd.DataFrame(), f"lacks columns {missing} (has {list(df.columns)})"
-    df = df[list(SLOT_COLUMNS)].copy()
-    for c in ("snr_db", "distance_s", "correct"):
-        df[c] = pd.to_numeric(df[c], errors="coerce")
-    if df["correct"].isna().any() or not df["correct"].isin([0, 1]).all():
-        return pd.DataFrame(), "has a 'correct' cell that is not 0 or 1"
-    df["condition"] = [CLEAN if c == CLEAN else condition_name(s if not math.isnan(s) else snr_of(c))
-                       for c, s in zip(df["condition"], df["snr_db"])]
-    df["correct"] = df["correct"].astype(int)
-    return df, ""
-
-
-def _condition_summary(table: pd.DataFrame) -> dict[str, dict]:
-    """Per condition of one eval table: recordings ``n``, corpus ``wer`` (percent) and duplicated recordings."""
-    out = {}
-    for cond, part in table.groupby("condition", sort=False):
-        words = float(part["ref_words"].sum())
-        rec = part["recording"]
-        out[str(cond)] = {"n": len(part), "wer": 100.0 * float(part["errors"].sum()) / words if words > 0 else math.nan,
-                          "dup": rec[rec.duplicated()].tolist()}
-    return out
 
 
 def _expected_conditions(kept: list[RunRecord]) -> dict[str, set[tuple[str, str]]]:

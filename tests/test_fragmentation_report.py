@@ -284,3 +284,15 @@ def test_a_banded_model_better_than_dense_long_reads_as_a_further_gain() -> None
     v = decide(ev(wer_banded=6.0, wer_pauses=9.0))  # 2 points better than dense long; pauses recover 3 of 4
     assert v.kind == fr.FRAGMENTATION and v.share_banded == pytest.approx(-0.5)
     assert "loses none of it and gains 50% of it more" in v.sentence and "-50%" not in v.sentence
+
+
+def test_a_dense_model_shared_with_another_grid_counts_every_seed() -> None:
+    """The full demo's dense seeds (sub-grids ``context,dense``) beside the seed the fragmentation grid added
+    (``dense``): one configuration, every seed in its row, whichever family lists it first."""
+    runs = records("fragmentation")
+    for r in runs:
+        if r.tags.get("trial.subgrids") == "dense" and r.tags["trial.seed"] != "3":
+            r.tags["trial.subgrids"] = "context,dense"
+    s = fr.summary_table(build_sweep("demo", runs))
+    dense = s[s["model"].isin(["dense 5.12 s", "dense 81.92 s"])]
+    assert len(dense) == 2 and set(dense["n_seeds"]) == {3}, dense[["model", "n_seeds", "seeds"]]
