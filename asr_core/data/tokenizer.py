@@ -4,13 +4,18 @@
 not support the requested number of pieces; SentencePiece then stops early (``hard_vocab_limit=false``) and the
 missing ids are filled with reserved control symbols, which text never encodes to. The piece count therefore always
 equals ``vocab_size - 1``, the blank is always ``vocab_size - 1`` and the model's output size never changes.
+
+``symbols`` (optional) are words that must stay one piece each (the copy plant's identity tokens,
+:func:`asr_core.data.corpora.copy_plant.one_piece_words`): each becomes the user-defined symbol ``"▁" + word``, so a
+whole word equal to it encodes to exactly that piece (a word it begins is split after it: give words that begin no
+other word). Without symbols the model file is what it was before the option existed, byte for byte.
 """
 
 from __future__ import annotations
 
 import io
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Iterable, Iterator, Sequence
 
 import sentencepiece as spm
 
@@ -19,6 +24,7 @@ SENTENCE_BYTES = 8192  # transcripts go to SentencePiece in pieces of at most th
 # SentencePiece's threads. Any count learns the same pieces, but the model file records it: a constant keeps the
 # file the same on every machine (16 threads on a 2-core machine cost nothing).
 THREADS = 16
+SPACE = "\u2581"  # SentencePiece's word boundary, "▁"
 
 
 class TokenizerError(ValueError):
@@ -36,18 +42,27 @@ class Tokenizer:
 
     # ---- construction --------------------------------------------------------------------------------------
     @classmethod
-    def train(cls, texts: Iterable[str], vocab_size: int, path: str | Path | None = None) -> "Tokenizer":
-        """Learn ``vocab_size - 1`` BPE pieces from ``texts``; write the model to ``path`` when given."""
+    def train(cls, texts: Iterable[str], vocab_size: int, path: str | Path | None = None,
+              symbols: Sequence[str] = ()) -> "Tokenizer":
+        """Learn ``vocab_size - 1`` BPE pieces from ``texts``, each of ``symbols`` (whole words) one of them; write the
+        model to ``path`` when given."""
         texts = [t for t in texts if t.strip()]
         if not texts:
             raise TokenizerError("cannot train a tokenizer: the training transcripts are empty")
         if vocab_size < 3:
             raise TokenizerError(f"vocab_size={vocab_size} is too small; it must be >= 3 (pieces + blank)")
+        bad = [s for s in symbols if not s or s != s.strip() or len(s.split()) != 1]
+        if bad:
+            raise TokenizerError(f"tokenizer symbol {bad[0]!r} is not one word")
+        user = list(dict.fromkeys(SPACE + s for s in symbols))
         want = vocab_size - 1
-        proto = _train(texts, want, [])
+        if len(user) >= want:
+            raise TokenizerError(f"{len(user)} symbols leave no room in {want} pieces; raise model.vocab_size "
+                                 f"(currently {vocab_size})")
+        proto = _train(texts, want, [], user)
         got = spm.SentencePieceProcessor(model_proto=proto).get_piece_size()
         if got < want:  # small corpus: pad with reserved ids so the blank stays at vocab_size - 1
-            proto = _train(texts, want, [RESERVED.format(i) for i in range(want - got)])
+            proto = _train(texts, want, [RESERVED.format(i) for i in range(want - got)], user)
         tok = cls(proto)
         if tok.vocab_size != vocab_size:
             raise TokenizerError(f"tokenizer has {tok.pieces} pieces, expected {want}; "
@@ -109,7 +124,7 @@ def sentences(texts: Iterable[str], max_bytes: int = SENTENCE_BYTES) -> Iterator
             yield " ".join(words)
 
 
-def _train(texts: list[str], pieces: int, reserved: list[str]) -> bytes:
+def _train(texts: list[str], pieces: int, reserved: list[str], user: list[str] | None = None) -> bytes:
     buf = io.BytesIO()
     kwargs = dict(sentence_iterator=sentences(texts), model_writer=buf, model_type="bpe", vocab_size=pieces,
                   normalization_rule_name="nmt_nfkc_cf", character_coverage=1.0, hard_vocab_limit=False,
@@ -117,6 +132,8 @@ def _train(texts: list[str], pieces: int, reserved: list[str]) -> bytes:
                   input_sentence_size=2_000_000, shuffle_input_sentence=True, max_sentence_length=1 << 16)
     if reserved:
         kwargs["control_symbols"] = reserved
+    if user:
+        kwargs["user_defined_symbols"] = user
     try:
         spm.SentencePieceTrainer.train(**kwargs)
     except RuntimeError as e:

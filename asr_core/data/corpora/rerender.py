@@ -8,6 +8,12 @@ rendering by the recording's first voice is closest in length) in the span of ev
 nothing there. Every other sample, every word time and every slot are the corpus's; the re-rendering is checked
 against the recording's transcript (:func:`edited_audio` refuses one that differs: a corpus made by another
 espeak-ng build, or edited since).
+
+A corpus made with ``synth --copy`` (:mod:`asr_core.data.corpora.copy_plant`) is re-rendered the same way with a
+:class:`~asr_core.data.corpora.copy_plant.CopyEdit`: ``swap`` says every key token as its partner
+(:func:`~asr_core.data.corpora.copy_plant.partner`; a slot's swap word is
+:func:`~asr_core.data.corpora.copy_plant.swap_of_slot`), ``silence`` nothing in each key token's span; unmasked slots
+are left as they are.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import numpy as np
 
 from asr_core.contract.specs import CorpusError
 from asr_core.data.corpora.base import Recording
+from asr_core.data.corpora.copy_plant import CopyConfig, CopyEdit
 from asr_core.data.corpora.cues import CueConfig, meta_file, read_meta
 from asr_core.data.corpora.recall import CODE_WORDS, KeyEdit, RecallConfig, swap_word
 from asr_core.data.corpora.synth import Plan, make_plans, render
@@ -53,6 +60,15 @@ def stamped_plans(out: Path, split: str) -> tuple[list[Plan], RecallConfig | Non
     return plans, RecallConfig.parse(args["recall"]) if "recall" in args else None
 
 
+def stamped_copy(out: Path) -> CopyConfig | None:
+    """The copy plant the ``synth.json`` of the corpus in ``out`` records (None: none, or no readable stamp)."""
+    try:
+        args = json.loads((out / "synth.json").read_text())["args"]
+        return CopyConfig.parse(args["copy"]) if "copy" in args else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def swap_for(plan: Plan, word: str) -> str:
     """The swap word of ``plan``'s code word ``word``: :func:`~asr_core.data.corpora.recall.swap_word` over the code
     words as the plan's first speaker says them."""
@@ -70,18 +86,21 @@ class Rerenderer:
             plans, self.recall = stamped_plans(self.split_dir.parent, self.split_dir.name)
         except ValueError as e:
             raise CorpusError(str(e)) from None
-        if self.recall is None:
+        self.copy = stamped_copy(self.split_dir.parent)
+        if self.recall is None and self.copy is None:
             raise CorpusError(f"{self.split_dir.parent / 'synth.json'}: the corpus has no recall plant; make one with "
-                              "python -m asr_core synth --recall RATE")
+                              "python -m asr_core synth --recall RATE (or --copy BANDS)")
         self.plans = {p.id: p for p in plans}
         self._edited: dict[tuple[str, KeyEdit], np.ndarray] = {}  # what was rendered, for the next checkpoint
 
     def edit_for(self, rec: Recording, mode: str) -> KeyEdit | None:
-        """The :class:`KeyEdit` of ``mode`` for ``rec``; None for a recording that never says its key (nothing to
-        edit)."""
+        """The :class:`KeyEdit` of ``mode`` for ``rec`` (a :class:`CopyEdit` in a copy corpus); None for a recording
+        that never says its key (nothing to edit)."""
         meta = self._meta(rec)
         if not meta.get("recall_key"):
             return None
+        if self.copy is not None:
+            return CopyEdit(mode)
         return KeyEdit(mode, swap_for(self._plan(rec), meta["recall_word"]) if mode == "swap" else "")
 
     def edited_audio(self, rec: Recording, edit: KeyEdit) -> np.ndarray:
@@ -89,7 +108,7 @@ class Rerenderer:
         times differ from the recording's transcript. Kept for the next call with the same recording and edit."""
         if (rec.id, edit) in self._edited:
             return self._edited[(rec.id, edit)]
-        wave, words, _, _ = render(self._plan(rec), recall=self.recall, key_edit=edit)
+        wave, words, _, _ = render(self._plan(rec), recall=self.recall, key_edit=edit, copy=self.copy)
         same = len(words) == len(rec.words) and all(
             a.text == b.text and abs((a.start or 0.0) - (b.start or 0.0)) <= TIME_TOLERANCE_S
             and abs((a.end or 0.0) - (b.end or 0.0)) <= TIME_TOLERANCE_S for a, b in zip(words, rec.words))

@@ -43,6 +43,12 @@ sentence's level; the transcript keeps X. Half the slots lie 1-4 s after the lat
 10% are unmasked and about 5% of the recordings never say the key. ``--recall 0`` (the default) makes the corpus as it
 was before the plant existed, byte for byte.
 
+``--copy near`` or ``--copy near,far`` plants the copy control (:mod:`asr_core.data.corpora.copy_plant`) instead: a
+one-piece identity token (one of 16 letters said by name, drawn afresh for every episode), said clearly ("letter X")
+and asked for again with its audio masked, 1-3 s later inside one 5.12 s cell of the recording (near), or 20-60 s
+later inside one 81.92 s block (far, in every other block), so that every training window of a context 5.12 * 2^k s
+holds an episode whole or not at all. Not with ``--recall`` or ``--cue``; without it the corpus is as before.
+
 Word times are exact by construction: every word is synthesised on its own
 (:mod:`asr_core.data.corpora.synth_audio`), its leading and trailing silence trimmed, and placed at a known sample
 offset with short pauses between words; the reported start and end are the first and last sample of the trimmed
@@ -66,15 +72,13 @@ import numpy as np
 
 from asr_core.data.corpora import podcast
 from asr_core.data.corpora.base import Word
-from asr_core.data.corpora.cues import (WINDOWS_S, CueConfig, CuePlanter, containment, corpus_sites, cue_sites,
-                                  cue_topics, format_containment, sound_of)
+from asr_core.data.corpora.cues import CueConfig, CuePlanter, cue_sites, cue_topics, sound_of
 from asr_core.data.corpora.synth_text import TOPICS, SentenceMaker
-from asr_core.contract.options import take_positional
-from asr_core.data.corpora.synth_args import parser
 
 # the audio side (torch, torchaudio, scipy, soundfile) is imported where a recording is drawn or rendered: a
 # refusal of the command line needs none of it
 if TYPE_CHECKING:
+    from asr_core.data.corpora.copy_plant import CopyConfig
     from asr_core.data.corpora.recall import KeyEdit, RecallConfig
     from asr_core.data.corpora.synth_audio import Room, Speaker
 
@@ -232,8 +236,8 @@ def make_plans(split: str, hours: float, seed: int, *, min_minutes: float = 1.0,
 
 # ---- rendering -------------------------------------------------------------------------------------------------
 
-def render(plan: Plan, *, dry: bool = False, recall: RecallConfig | None = None,
-           key_edit: KeyEdit | None = None) -> tuple[np.ndarray, list[Word], list[int], dict]:
+def render(plan: Plan, *, dry: bool = False, recall: RecallConfig | None = None, key_edit: KeyEdit | None = None,
+           copy: CopyConfig | None = None) -> tuple[np.ndarray, list[Word], list[int], dict]:
     """Synthesise one recording. Returns (waveform (N,) float32 16 kHz, words with times, speaker index per
     word, metadata). ``dry`` skips the room (channel, reverberation, noise), for tests of the word times.
 
@@ -242,16 +246,27 @@ def render(plan: Plan, *, dry: bool = False, recall: RecallConfig | None = None,
     With an active ``recall`` a :class:`~asr_core.data.corpora.recall.RecallPlanter` puts in its key sentences and
     slots (they take precedence over the cue's sentences) and the metadata lists them (``recall_slots``).
     ``key_edit`` (the causal check) says every clear mention of the code word otherwise, in the same span: every
-    other sample, word time and metadata entry is the unedited rendering's (:class:`KeyEdit`)."""
+    other sample, word time and metadata entry is the unedited rendering's (:class:`KeyEdit`).
+    With an active ``copy`` (not with ``recall`` or a cue) a :class:`~asr_core.data.corpora.copy_plant.CopyPlanter`
+    puts its episodes into their cells, stops ordinary sentences short of them and waits for them; ``key_edit`` (a
+    :class:`~asr_core.data.corpora.copy_plant.CopyEdit`) then says every key token otherwise."""
     from asr_core.data.audio import SAMPLE_RATE
+    from asr_core.data.corpora.copy_plant import CopyPlanter
     from asr_core.data.corpora.recall import RecallPlanter, masker, sentence_rms
     from asr_core.data.corpora.synth_audio import Speaker, apply_room
 
     rng = random.Random(plan.seed)
     maker = SentenceMaker(rng, plan.topic)
     planter = CuePlanter(plan.cue, plan.topic, plan.seed, plan.target_s) if plan.cue is not None else None
-    recaller = (RecallPlanter(recall, plan.seed, plan.target_s, int(plan.id.rsplit("-", 1)[1]))  # its index
-                if recall is not None and recall.active else None)
+    index = int(plan.id.rsplit("-", 1)[1])
+    recaller: RecallPlanter | CopyPlanter | None = (RecallPlanter(recall, plan.seed, plan.target_s, index)
+                                                    if recall is not None and recall.active else None)
+    copier = CopyPlanter(copy, plan.seed, plan.target_s, index, plan.split) if copy is not None and copy.active \
+        else None
+    if copier is not None:
+        if recaller is not None or planter is not None:
+            raise ValueError("the copy plant goes with neither the recall plant nor a cue")
+        recaller = copier
     cache: dict[tuple[int, str, int], np.ndarray] = {}
     pieces: list[tuple[int, np.ndarray]] = []
     words: list[Word] = []
@@ -264,6 +279,8 @@ def render(plan: Plan, *, dry: bool = False, recall: RecallConfig | None = None,
         if plan.kind == "meeting" and turn_left <= 0 and not (recaller is not None and recaller.holds_turn()):
             who, turn_left = 1 - who, rng.randint(1, 3)
             cursor += int(rng.uniform(0.3, 0.9) * SAMPLE_RATE)
+        if copier is not None:
+            cursor = copier.wait(cursor)  # an episode due: silence until it starts
         spk = plan.speakers[who]
         sentence_starts.append(len(words))
         recalled = recaller.sentence(cursor / SAMPLE_RATE) if recaller is not None else None
@@ -277,6 +294,8 @@ def render(plan: Plan, *, dry: bool = False, recall: RecallConfig | None = None,
             # a cue word: its group's one sound
             said = w if planter is None or recalled is not None else planter.spoken(j, w)
             key = (who, said, variant)
+            if copier is not None:
+                cursor = copier.place(j, cursor)  # a slot's token at its planned start
             masked = recaller is not None and recaller.masks(j, cursor / SAMPLE_RATE)
             rate = round(spk.rate * (0.95 if variant == 0 else 1.05))
             if key not in cache and not masked:
@@ -284,11 +303,15 @@ def render(plan: Plan, *, dry: bool = False, recall: RecallConfig | None = None,
             gain = 10 ** (rng.uniform(-2, 2) / 20)
             # a masked code word: the fixed masker at the level of the sentence's other words
             audio = masker(sentence_rms([a for _, a in pieces[first_piece:]])) if masked else cache[key] * gain
-            if key_edit is not None and recalled is not None and j == len(sentence) - 1 and not masked:
-                if key_edit.word and (who, key_edit.word, variant) not in cache:
-                    cache[(who, key_edit.word, variant)] = espeak(key_edit.word, Speaker(spk.voice, rate, spk.pitch))
-                edited[cursor] = (audio, key_edit.audio(len(audio), gain * cache[(who, key_edit.word, variant)]
-                                                        if key_edit.word else None))
+            if copier is not None and recalled is None and not copier.fits(cursor + len(audio)):
+                break  # the word would reach into an episode's cell: the sentence stops here
+            if key_edit is not None and recalled is not None and j == len(sentence) - 1 and not masked \
+                    and (copier is None or copier.keying()):
+                other = key_edit.word if copier is None else key_edit.instead(w)  # type: ignore[attr-defined]
+                if other and (who, other, variant) not in cache:
+                    cache[(who, other, variant)] = espeak(other, Speaker(spk.voice, rate, spk.pitch))
+                edited[cursor] = (audio, key_edit.audio(len(audio), gain * cache[(who, other, variant)]
+                                                        if other else None))
             pieces.append((cursor, audio))
             words.append(Word(w, round(cursor / SAMPLE_RATE, 3), round((cursor + len(audio)) / SAMPLE_RATE, 3)))
             speakers.append(who)
@@ -298,6 +321,8 @@ def render(plan: Plan, *, dry: bool = False, recall: RecallConfig | None = None,
                 recaller.heard(len(words) - 1, j, words[-1], cursor, cursor + len(audio))
             gap = plan.room.word_gap_s * rng.uniform(0.6, 1.4)
             cursor += len(audio) + int(gap * SAMPLE_RATE)
+        if copier is not None and sentence_starts[-1] == len(words):
+            sentence_starts.pop()  # stopped before its first word
         pause = rng.uniform(0.25, 0.7)
         if recaller is not None and recaller.holds_turn():
             pause = 0.25  # a near slot follows its key sentence at once
@@ -329,14 +354,15 @@ def render(plan: Plan, *, dry: bool = False, recall: RecallConfig | None = None,
     return wave, words, speakers, meta
 
 
-def write_recording(plan: Plan, out: Path, recall: RecallConfig | None = None) -> dict:
-    """Render ``plan`` (with the recall plant ``recall``) into ``out/<split>/<id>.wav|.json`` and
-    ``out/meta/<id>.json``; returns the metadata. The transcript is written last, so a recording whose JSON exists
-    is complete (used to resume)."""
+def write_recording(plan: Plan, out: Path, recall: RecallConfig | None = None,
+                    copy: CopyConfig | None = None) -> dict:
+    """Render ``plan`` (with the recall plant ``recall`` or the copy plant ``copy``) into
+    ``out/<split>/<id>.wav|.json`` and ``out/meta/<id>.json``; returns the metadata. The transcript is written last,
+    so a recording whose JSON exists is complete (used to resume)."""
     from asr_core.data.audio import save_audio
 
     t0 = time.perf_counter()
-    wave, words, speakers, meta = render(plan, recall=recall)
+    wave, words, speakers, meta = render(plan, recall=recall, copy=copy)
     split_dir = out / plan.split
     save_audio(split_dir / f"{plan.id}.wav", wave)
     meta["render_s"] = round(time.perf_counter() - t0, 2)
@@ -353,15 +379,20 @@ def synthesise(out: Path, hours: float, seed: int, *, eval_hours: float | None =
                max_minutes: float = 5.0, meeting_fraction: float = 0.3, jobs: int = 2,
                splits: tuple[str, ...] = SPLITS, voices: int = 0, shift: str = "far",
                eval_max_minutes: float | None = None, cue: CueConfig | None = None,
-               recall: RecallConfig | None = None, eval_min_minutes: float | None = None) -> dict:
+               recall: RecallConfig | None = None, eval_min_minutes: float | None = None,
+               copy: CopyConfig | None = None) -> dict:
     """Generate (or finish generating) the corpus in ``out``; returns the summary written to synth.json.
 
     ``eval_max_minutes`` (default ``max_minutes``) caps the recordings of dev, test and test-shifted, whose
     shortest stay ``min(min_minutes, eval_max_minutes)`` unless ``eval_min_minutes`` is given. ``cue``: the planted cue of every split (None or a rate
     of 0: none); the summary then counts each split's planted words (``cue_words``). ``recall``: the recall plant
-    (None or a rate of 0: none); the summary then counts each split's slots (``recall_slots``)."""
+    (None or a rate of 0: none); the summary then counts each split's slots (``recall_slots``). ``copy``: the copy
+    plant (None or no bands: none; not with ``recall`` or ``cue``), its slots counted the same way."""
     cue = cue if cue is not None and cue.active else None
     recall = recall if recall is not None and recall.active else None
+    copy = copy if copy is not None and copy.active else None
+    if copy is not None and (cue is not None or recall is not None):
+        raise ValueError("the copy plant goes with neither --recall nor --cue")
     if eval_hours is None:
         eval_hours = max(0.1, hours / 10)
     args = {"format_version": FORMAT_VERSION, "hours": hours, "eval_hours": eval_hours, "seed": seed,
@@ -380,6 +411,8 @@ def synthesise(out: Path, hours: float, seed: int, *, eval_hours: float | None =
         args["cue"] = cue.spec()
     if recall is not None:
         args["recall"] = recall.spec()
+    if copy is not None:
+        args["copy"] = copy.spec()
 
     def lengths(split: str) -> tuple[float, float]:
         if split == "train" or (eval_max_minutes is None and eval_min_minutes is None):
@@ -404,7 +437,7 @@ def synthesise(out: Path, hours: float, seed: int, *, eval_hours: float | None =
     t0 = time.perf_counter()
     done = 0
     with ProcessPoolExecutor(max_workers=max(1, jobs)) as pool:
-        futures = {pool.submit(write_recording, p, out, recall): p for p in todo}
+        futures = {pool.submit(write_recording, p, out, recall, copy): p for p in todo}
         for fut in as_completed(futures):
             meta = fut.result()
             done += 1
@@ -421,7 +454,7 @@ def synthesise(out: Path, hours: float, seed: int, *, eval_hours: float | None =
     if cue is not None:
         for s in splits:
             summary[s]["cue_words"] = sum(len(m.get("cues", ())) for m in metas if m["split"] == s)
-    if recall is not None:
+    if recall is not None or copy is not None:
         for s in splits:
             summary[s]["recall_slots"] = sum(len(m.get("recall_slots", ())) for m in metas if m["split"] == s)
     stamp.write_text(json.dumps({"args": args, "complete": True, "splits": summary}, indent=1))
@@ -429,67 +462,7 @@ def synthesise(out: Path, hours: float, seed: int, *, eval_hours: float | None =
 
 
 def cli(argv: list[str]) -> int:
-    ap = parser(__doc__.split("\n\n")[0], SPLITS, SHIFTS)
-    a = ap.parse_args(argv)
-    take_positional(ap, a, "out", "--out")
-    a.out = Path(a.out)
-    splits = tuple(s for s in a.splits.split(",") if s)
-    bad = [s for s in splits if s not in SPLITS]
-    if bad:
-        ap.error(f"--splits: unknown split {bad[0]!r}; valid: {', '.join(SPLITS)}")
-    if not a.hours > 0 or (a.eval_hours is not None and not a.eval_hours > 0):
-        ap.error("--hours and --eval-hours must be positive")
-    if not 0 < a.min_minutes <= a.max_minutes:
-        ap.error("--min-minutes must be positive and at most --max-minutes")
-    if a.eval_max_minutes is not None and not a.eval_max_minutes > 0:
-        ap.error(f"--eval-max-minutes must be positive, got {a.eval_max_minutes}")
-    top = a.max_minutes if a.eval_max_minutes is None else a.eval_max_minutes
-    if a.eval_min_minutes is not None and not 0 < a.eval_min_minutes <= top:
-        ap.error(f"--eval-min-minutes must be positive and at most --eval-max-minutes ({top:g}"
-                 f"{', from --max-minutes' if a.eval_max_minutes is None else ''}), got {a.eval_min_minutes:g}")
-    if not 0 <= a.meeting_fraction <= 1:
-        ap.error("--meeting-fraction must be in [0, 1]")
-    n_voices = len(domain_voices(DOMAINS["in"]))
-    if not 0 <= a.voices <= n_voices:
-        ap.error(f"--voices must be 0 (all) or 1..{n_voices}, got {a.voices}")
-    try:
-        cue = CueConfig.parse(a.cue)
-    except ValueError as e:
-        ap.error(f"--cue: {e}")
-    from asr_core.data.corpora.recall import RecallConfig
+    """``python -m asr_core synth ARGS``: :func:`asr_core.data.corpora.synth_cli.cli`."""
+    from asr_core.data.corpora.synth_cli import cli as run
 
-    try:
-        recall = RecallConfig.parse(a.recall)
-    except ValueError as e:
-        ap.error(f"--recall: {e}")
-    summary = synthesise(a.out, a.hours, a.seed, eval_hours=a.eval_hours, min_minutes=a.min_minutes,
-                         max_minutes=a.max_minutes, meeting_fraction=a.meeting_fraction, jobs=a.jobs, splits=splits,
-                         voices=a.voices, shift=a.shift, eval_max_minutes=a.eval_max_minutes, cue=cue,
-                         recall=recall, eval_min_minutes=a.eval_min_minutes)
-    cued = cue.active
-    print(f"{'split':14s} {'recordings':>10s} {'hours':>7s} {'words':>7s}{' cue words  a minute' if cued else ''}"
-          f"{'     slots  a minute' if recall.active else ''}  spec")
-    for s, d in summary.items():
-        planted = f"{d['cue_words']:10d} {d['cue_words'] / max(d['hours'] * 60, 1e-9):9.2f}" if cued else ""
-        if recall.active:
-            planted += f"{d['recall_slots']:10d} {d['recall_slots'] / max(d['hours'] * 60, 1e-9):9.2f}"
-        print(f"{s:14s} {d['recordings']:10d} {d['hours']:7.3f} {d['words']:7d}{planted}  {d['spec']}")
-    if a.cue_report:
-        print()
-        print(cue_report(a.out, splits))
-    return 0
-
-
-def cue_report(out: Path, splits: tuple[str, ...] = SPLITS, windows_s: tuple[float, ...] = WINDOWS_S) -> str:
-    """For each split of the corpus in ``out``: how often a window of each length holds a disambiguating word with
-    the cue word (:func:`asr_core.data.corpora.cues.containment`); ``before``: the window ends at the cue word,
-    ``placed``: the mean over the window's placements around the cue word, as moving-window decoding averages them."""
-    parts = ["planted cue: share of cue words whose disambiguating word a window holds (before: a window ending at "
-             "the cue word; placed: the mean over the window's placements around it)"]
-    for s in splits:
-        rows = containment(corpus_sites(out / s), windows_s)
-        if not rows or rows[0]["cue_words"] == 0:
-            parts.append(f"{s}: no planted words")
-            continue
-        parts.append(format_containment(rows, title=f"{s}:"))
-    return "\n\n".join(parts)
+    return run(argv)
