@@ -22,6 +22,12 @@ sign-flip permutation test of :func:`analysis.stats.sign_flip_test` on the diffe
 left out), its p-values Holm-corrected across every comparison of the section. :func:`verdicts`: per series, dataset
 and condition, whether the longest context recalls far slots significantly better than the shortest; where there are
 near slots only (recordings under 45 s), whether near-band recall is above chance at all (:func:`near_verdict`).
+
+Where the single-window rows carry the forced choice among each slot's candidates, the rates also hold forced-choice,
+posterior-choice and onset-match accuracy with chance and a binomial test against it, and the tables show them
+beside exact match (:mod:`analysis.recall_choice`, which also holds the copy plant's criteria,
+:func:`~analysis.recall_choice.copy_verdicts`); :func:`far_tests` makes the far-band tests on the forced choice too
+(``measure="choice_correct"``).
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ import math
 import numpy as np
 import pandas as pd
 
+from analysis import recall_choice as ch
 from analysis import stats
 from analysis.collect import Sweep, greedy_rows
 from analysis.werr import ContextSpan, context_spans, family_rows, format_seconds, holm_once, stable_seed
@@ -47,7 +54,7 @@ CHANCE = 100.0 / 8  # percent: one of the plant's K = 8 code words guessed
 KEYS = ["config", "config_id", "series", "series_id", "families", "context_s", "dataset", "condition"]
 RATE_COLUMNS = ["family", "series", "series_id", "dataset", "condition", "config", "config_id", "context_s", "group",
                 "n_seeds", "seeds", "n_recordings", "n_slots", "accuracy", "accuracy_sd", "accuracy_min",
-                "accuracy_max"]
+                "accuracy_max", *ch.CHOICE_RATE_COLUMNS]
 TEST_COLUMNS = ["family", "series", "series_id", "dataset", "condition", "shortest_config", "shortest_context_s",
                 "config", "context_s", "n_recordings", "far_shortest", "far", "p", "p_holm", "note"]
 
@@ -70,7 +77,7 @@ def scored_condition(condition: str, scoring: str) -> str:
 def slot_rows(sweep: Sweep) -> pd.DataFrame:
     """The greedy per-slot rows of ``sweep`` (empty without the plant), the single-window rows under their own
     condition (:func:`scored_condition`)."""
-    rows = greedy_rows(sweep.slots)
+    rows = ch.with_measures(greedy_rows(sweep.slots))
     if rows.empty or "scoring" not in rows.columns:
         return rows
     return rows.assign(condition=[scored_condition(c, s) for c, s in zip(rows["condition"], rows["scoring"])])
@@ -97,7 +104,9 @@ def _sd(x: pd.Series) -> float:
 
 def rate_table(sweep: Sweep) -> pd.DataFrame:
     """Per family, configuration, dataset, condition and group: slot accuracy (percent) as mean / sd / min / max
-    over seeds of the per-seed pooled accuracy (:data:`RATE_COLUMNS`), in the order of :data:`GROUPS`."""
+    over seeds of the per-seed pooled accuracy, then the forced choice's columns
+    (:data:`~analysis.recall_choice.CHOICE_RATE_COLUMNS`, NaN without it) (:data:`RATE_COLUMNS`), in the order of
+    :data:`GROUPS`."""
     rows = slot_rows(sweep)
     if rows.empty:
         return pd.DataFrame(columns=RATE_COLUMNS)
@@ -112,18 +121,25 @@ def rate_table(sweep: Sweep) -> pd.DataFrame:
     out["seeds"] = g["seed"].agg(lambda s: ",".join(str(int(v)) for v in sorted(s))).values
     out["n_slots"] = g["n"].mean().values  # the same slots for every seed
     out["n_recordings"] = g["n_recordings"].max().values
+    choice = ch.choice_rates(g_rows, keys)
+    for c in choice.columns.difference(keys):
+        out[c] = choice[c].values
+    fields = ch.model_fields(sweep) if len(out) else {}
+    out["attention_span_s"] = [fields.get(c, (math.nan, math.nan))[0] for c in out["config_id"]]
+    out["field_s"] = [fields.get(c, (math.nan, math.nan))[1] for c in out["config_id"]]
     out = family_rows(out, sweep.families)
     out["order"] = out["group"].map({k: i for i, k in enumerate(GROUPS)})
     return out.sort_values(["family", "series", "dataset", "condition", "context_s", "order"]
                            ).reset_index(drop=True)[RATE_COLUMNS]
 
 
-def far_table(rows: pd.DataFrame) -> dict[tuple[str, str, str], stats.SeedTable]:
+def far_table(rows: pd.DataFrame, measure: str = "correct") -> dict[tuple[str, str, str], stats.SeedTable]:
     """Per (config_id, dataset, condition): seed -> recording -> (far slots wrong, far slots), masked far slots only
-    (recordings without any are not in it)."""
-    far = rows[(rows["kind"] == "masked") & (rows["band"] == "far")]
+    (recordings without any are not in it); wrong by ``measure`` (``correct``: exact match; ``choice_correct``: the
+    forced choice, slots without it left out)."""
+    far = rows[(rows["kind"] == "masked") & (rows["band"] == "far") & rows[measure].notna()]
     out: dict[tuple[str, str, str], dict[int, dict[str, tuple[float, float]]]] = {}
-    counts = far.groupby(["config_id", "dataset", "condition", "seed", "recording"], sort=False)["correct"].agg(
+    counts = far.groupby(["config_id", "dataset", "condition", "seed", "recording"], sort=False)[measure].agg(
         ["sum", "size"]).reset_index()
     for cid, ds, cond, seed, rec, ok, n in counts.itertuples(index=False):
         out.setdefault((cid, ds, cond), {}).setdefault(int(seed), {})[str(rec)] = (float(n - ok), float(n))
@@ -140,14 +156,17 @@ def far_pvalue(a: stats.SeedTable, b: stats.SeedTable, *, names: tuple[str, str]
     return stats.sign_flip_test(diffs, seed=seed).pvalue, int(has.sum())
 
 
-def far_tests(sweep: Sweep, rates: pd.DataFrame | None = None) -> pd.DataFrame:
+def far_tests(sweep: Sweep, rates: pd.DataFrame | None = None, measure: str = "correct") -> pd.DataFrame:
     """Each context against the series' shortest on far-band accuracy (:data:`TEST_COLUMNS`), Holm-corrected across
-    every comparison made; rows that cannot be tested carry a note."""
+    every comparison made; rows that cannot be tested carry a note. ``measure``: ``correct`` (exact match) or
+    ``choice_correct`` (the forced choice: its accuracy in ``far_shortest`` and ``far``)."""
     rates = rate_table(sweep) if rates is None else rates
-    far = rates[rates["group"] == "far"]
+    column = {"correct": "accuracy", "choice_correct": "choice"}[measure]
+    far = rates[(rates["group"] == "far") & rates[column].notna()]
     if far.empty:
         return pd.DataFrame(columns=TEST_COLUMNS)
-    index = far_table(slot_rows(sweep))
+    far = far.assign(accuracy=far[column])
+    index = far_table(slot_rows(sweep), measure)
     out = []
     for (fam, sid, ds, cond), grp in far.groupby(["family", "series_id", "dataset", "condition"], sort=True):
         grp = grp.sort_values("context_s")
@@ -256,6 +275,12 @@ def display(rates: pd.DataFrame, tests: pd.DataFrame) -> list[tuple[str, pd.Data
 
     out = []
     for (fam, ds, cond), grp in rates.groupby(["family", "dataset", "condition"], sort=True):
+        if ch.has_choice(grp):
+            out.append((f"Family {fam}, {ds}" + ("" if cond == CLEAN else f", {cond}") + ": recall slot accuracy (%) "
+                        "by exact match, forced choice among the candidates (p: one-sided binomial test against "
+                        "chance, slots pooled over seeds), posterior choice and onset match, mean ± sd over seeds "
+                        "(n: slots)", ch.choice_table(grp, GROUP_NAMES, GROUPS)))
+            continue
         several = grp["series_id"].nunique() > 1
         cols: dict[str, list[str]] = {"": [GROUP_NAMES[g] for g in GROUPS if g in set(grp["group"])]}
         present = cols[""]

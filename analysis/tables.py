@@ -61,6 +61,9 @@ def read_slot_table(text: str) -> tuple[pd.DataFrame, str]:
     if "scoring" not in df.columns:  # written before the column: the moving-window scoring only
         df["scoring"] = AVERAGE
     df["scoring"] = df["scoring"].replace("", AVERAGE)
+    for c in SLOT_COLUMNS[SLOT_COLUMNS.index("choice"):]:  # written before the forced choice: not scored
+        if c not in df.columns:
+            df[c] = ""
     missing = [c for c in SLOT_COLUMNS if c not in df.columns]
     if missing:
         return pd.DataFrame(), f"lacks columns {missing} (has {list(df.columns)})"

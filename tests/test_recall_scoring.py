@@ -57,7 +57,7 @@ def test_each_slot_is_scored_by_its_aligned_word() -> None:
     hyp.insert(0, "um")
     ref = marked_reference(WORDS, SLOTS)
     rows = slot_rows(ref, " ".join(hyp).upper(), "r", "snr10", extra={"key": "swap"}, scoring="window")
-    assert [tuple(r[c] for c in m.SLOT_COLUMNS) for r in rows] == [
+    assert [tuple(r[c] for c in m.SLOT_COLUMNS[:11]) for r in rows] == [
         ("r", "snr10", 10.0, "r/0", "zebra", "near", "masked", 2.5, "zebra", 1, "window"),
         ("r", "snr10", 10.0, "r/1", "zebra", "far", "masked", 30.0, "walrus", 0, "window"),
         ("r", "snr10", 10.0, "r/2", "zebra", "far", "unmasked", 41.0, "", 0, "window"),
@@ -109,7 +109,7 @@ def test_slot_tables_merge_by_condition_slot_and_scoring(tmp_path: Path) -> None
     assert t[t.condition == "snr10"].correct.sum() == 0
     # a table written before the scoring column holds moving-window rows: its clean rows are measured already
     legacy = tmp_path / "legacy.csv"
-    write_slot_table(legacy, slot_rows(ref, "", "r") + slot_rows(ref, "", "r", "snr20"), m.SLOT_COLUMNS[:-1])
+    write_slot_table(legacy, slot_rows(ref, "", "r") + slot_rows(ref, "", "r", "snr20"), m.SLOT_COLUMNS[:10])
     assert merge_slot_tables(new, [legacy]) == 4 and len(pd.read_csv(new)) == 16
 
 
@@ -306,7 +306,7 @@ def test_recall_command_writes_the_table(recall_corpus: Path, tmp_path: Path,
                       str(tmp_path / "out"), "--key", "as-is,swap,silence"]) == 0
     table = pd.read_csv(tmp_path / "out" / "rec.slots.csv", dtype={"recording": str, "hyp": str, "swap_word": str},
                         keep_default_na=False)
-    assert list(table.columns) == [*m.SLOT_COLUMNS, "key", "swap_word", "followed"]
+    assert list(table.columns) == [*m.SLOT_COLUMNS, "key", "swap_word", "followed", "followed_choice"]
     assert set(table.scoring) == {"window"} and set(table.key) == {"as-is", "swap", "silence"}
     slots = recall_slots(load_corpus(f"podcast:{recall_corpus}", audio=False))
     assert slots is not None

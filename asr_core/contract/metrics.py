@@ -79,8 +79,14 @@ WORDS_LOST = "data/words_lost_pct"
 SPEECH_LOST = "data/speech_lost_pct"
 AVERAGE, WINDOW = "average", "window"
 SCORINGS = (AVERAGE, WINDOW)
+# The forced choice among the slot's candidates (scoring WINDOW only; empty in AVERAGE rows and in tables written before
+# the columns): ``choice`` (the candidate whose substitution into the window's reference has the highest CTC
+# likelihood), ``choice_correct``, ``onset_correct`` (the aligned hypothesis word starts with the code word's onset),
+# ``posterior_choice`` (the candidate piece with the most posterior mass over the masked span; empty unless every
+# candidate is one piece), ``posterior_correct`` and ``n_choices`` (the candidates: chance is 1/n_choices).
 SLOT_COLUMNS = ("recording", "condition", "snr_db", "slot", "word", "band", "kind", "distance_s", "hyp", "correct",
-                "scoring")
+                "scoring", "choice", "choice_correct", "onset_correct", "posterior_choice", "posterior_correct",
+                "n_choices")
 RECALL_GROUPS = ("near", "far", "unmasked", "no-key")  # masked slots with a key by band, then the two controls
 SLOTS_SUFFIX = ".slots"
 HEADS_STATISTICS = ("sum", "similarity", "layer")  # "layer" with the layer's index: layer<i>

@@ -14,6 +14,12 @@ slot (:mod:`asr_core.evaluation.recall_window`; greedy and clean, in the same ta
 row per slot, condition and scoring (:data:`SLOT_COLUMNS`); the metrics are the clean condition's moving-window
 accuracy in percent per group (:func:`group_accuracy`): masked slots with a key sentence by band
 (``near``, ``far``) and the controls (``unmasked``: the acoustic ceiling; ``no-key``: the guess rate, 1/K).
+
+Single-window rows also hold the forced choice among the slot's candidates (:attr:`Slot.choices`: the metadata's
+``recall_choices``, else the recall plant's code words), made from the window's posteriors
+(:mod:`asr_core.evaluation.recall_window`, :class:`ForcedChoice`): ``choice``, ``choice_correct``, ``onset_correct``,
+``posterior_choice``, ``posterior_correct`` and ``n_choices`` (:data:`CHOICE_COLUMNS`); moving-window rows leave them
+empty.
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ from asr_core.contract.metrics import (AVERAGE, CLEAN, GREEDY, RECALL_GROUPS, SL
 from asr_core.contract.specs import CorpusError
 from asr_core.data.corpora.base import Recording
 from asr_core.data.corpora.cues import meta_file, read_meta
-from asr_core.data.corpora.recall import BANDS, KINDS
+from asr_core.data.corpora.recall import BANDS, CODE_WORDS, KINDS, onset
 from asr_core.evaluation.score import normalise, normalise_marked
 
 
@@ -42,7 +48,9 @@ class Slot:
     """One slot as the corpus recorded it: ``slot`` (its id), ``index`` of the code word among the transcript's
     words, ``word``, ``band`` (near/far), ``kind`` (masked/unmasked/no-key), ``distance_s`` (to the latest clear
     mention; None without a key), ``start``/``end`` (the slot sentence's first word's start and the code word's
-    end, seconds)."""
+    end, seconds), ``choices`` (the candidates of the forced choice: the metadata's ``recall_choices``, else the
+    recall plant's code words) and ``copy`` (whether the metadata lists them: a copy corpus, whose swap edit says
+    each key as its partner)."""
 
     slot: str
     index: int
@@ -52,6 +60,38 @@ class Slot:
     distance_s: float | None
     start: float
     end: float
+    choices: tuple[str, ...] = CODE_WORDS
+    copy: bool = False
+
+
+CHOICE_COLUMNS = SLOT_COLUMNS[SLOT_COLUMNS.index("choice"):]  # the forced choice's cells (module docstring)
+
+
+@dataclass(frozen=True)
+class ForcedChoice:
+    """A slot's forced choice from one window: ``choice`` (the candidate of best CTC likelihood; "" when none was
+    made) and ``posterior`` (the candidate of most posterior mass over the masked span; "" unless every candidate
+    is one piece)."""
+
+    choice: str = ""
+    posterior: str = ""
+
+
+def onset_match(hyp: str, word: str) -> int:
+    """1 when the hypothesis word ``hyp`` starts with ``word``'s written onset (:func:`~asr_core.data.corpora.recall.
+    onset`; its first letter where it starts with a vowel), else 0 (also for "": no word aligned)."""
+    head = onset(word) or word[:1]
+    return int(bool(hyp) and hyp.startswith(head))
+
+
+def _choices(meta: Mapping[str, Any], path: Path) -> tuple[str, ...] | None:
+    listed = meta.get("recall_choices")
+    if listed is None:
+        return None
+    if not isinstance(listed, list) or not listed or not all(isinstance(w, str) and w for w in listed) \
+            or len(set(listed)) != len(listed):
+        raise CorpusError(f"{path}: recall_choices {listed!r} is not a list of distinct words; regenerate the corpus")
+    return tuple(listed)
 
 
 def recall_slots(recordings: Sequence[Recording]) -> dict[str, tuple[Slot, ...]] | None:
@@ -68,6 +108,7 @@ def recall_slots(recordings: Sequence[Recording]) -> dict[str, tuple[Slot, ...]]
         if "recall_slots" not in meta:
             continue
         slots = []
+        listed = _choices(meta, path)
         for s in meta["recall_slots"]:
             i = s.get("index") if isinstance(s, dict) else None
             if not isinstance(i, int) or not 0 <= i < len(rec.words) or rec.words[i].text != s.get("word") \
@@ -75,10 +116,14 @@ def recall_slots(recordings: Sequence[Recording]) -> dict[str, tuple[Slot, ...]]
                 raise CorpusError(f"{path}: recall slot {s!r} does not match transcript {rec.meta['transcript']} "
                                   f"({len(rec.words)} words); regenerate the corpus (python -m asr_core synth "
                                   "--recall RATE)")
+            if listed is not None and s["word"] not in listed:
+                raise CorpusError(f"{path}: recall slot {s!r}: its word is not among recall_choices {list(listed)}; "
+                                  "regenerate the corpus")
             d = s.get("distance_s")
             slots.append(Slot(str(s.get("slot", f"{rec.id}/{len(slots)}")), i, s["word"], s["band"], s["kind"],
                               None if d is None else float(d), float(s.get("start", rec.words[i].start or 0.0)),
-                              float(s.get("end", rec.words[i].end or 0.0))))
+                              float(s.get("end", rec.words[i].end or 0.0)),
+                              CODE_WORDS if listed is None else listed, listed is not None))
         found[rec.id] = tuple(slots)
     if not found:
         return None
@@ -122,18 +167,30 @@ def marked_reference(words: Sequence[str], slots: Sequence[Slot]) -> MarkedRefer
 
 
 def slot_rows(reference: MarkedReference, hyp_text: str, recording: str, condition: str = CLEAN,
-              extra: Mapping[str, Any] | None = None, scoring: str = AVERAGE) -> list[dict[str, Any]]:
+              extra: Mapping[str, Any] | None = None, scoring: str = AVERAGE,
+              choices: Sequence[ForcedChoice] | None = None) -> list[dict[str, Any]]:
     """One row per slot of ``reference`` (:data:`SLOT_COLUMNS`, then ``extra``'s columns) for the hypothesis
-    ``hyp_text`` (raw decoded text; normalised here) of ``recording`` in ``condition``, scored as ``scoring``."""
+    ``hyp_text`` (raw decoded text; normalised here) of ``recording`` in ``condition``, scored as ``scoring``.
+    ``choices``: each slot's :class:`ForcedChoice` (the single-window scoring); without, the cells of
+    :data:`CHOICE_COLUMNS` are empty."""
     hyp = normalise(hyp_text).split()
     at = aligned_words(reference.words, hyp, reference.positions)
     snr = snr_of(condition)
+    if choices is not None and len(choices) != len(reference.slots):
+        raise ValueError(f"{len(choices)} forced choices for {len(reference.slots)} slots")
     rows = []
-    for s, p in zip(reference.slots, reference.positions):
+    for k, (s, p) in enumerate(zip(reference.slots, reference.positions)):
         h = at[p]
+        cells = dict.fromkeys(CHOICE_COLUMNS, "")
+        if choices is not None:
+            c = choices[k]
+            cells = {"choice": c.choice, "choice_correct": int(c.choice == s.word) if c.choice else "",
+                     "onset_correct": onset_match(h, reference.words[p]), "posterior_choice": c.posterior,
+                     "posterior_correct": int(c.posterior == s.word) if c.posterior else "",
+                     "n_choices": len(s.choices)}
         rows.append({"recording": recording, "condition": condition, "snr_db": None if math.isnan(snr) else snr,
                      "slot": s.slot, "word": s.word, "band": s.band, "kind": s.kind, "distance_s": s.distance_s,
-                     "hyp": h, "correct": int(h == reference.words[p]), "scoring": scoring, **(extra or {})})
+                     "hyp": h, "correct": int(h == reference.words[p]), "scoring": scoring, **cells, **(extra or {})})
     return rows
 
 
@@ -196,5 +253,6 @@ SLOT_KEY = ("condition", "slot", "scoring")  # a per-slot table holds one row pe
 def merge_slot_tables(new: Path, older: Iterable[Path]) -> int:
     """:func:`asr_core.contract.evaluation.merge_tables` for per-slot tables: ``new`` also gets the rows of the
     ``older`` tables whose (condition, slot, scoring) it does not hold itself (a table written before the
-    ``scoring`` column holds moving-window rows). Returns the rows taken over."""
+    ``scoring`` column holds moving-window rows; rows of a table without the forced-choice columns take them over
+    empty). Returns the rows taken over."""
     return merge_tables(new, older, key=SLOT_KEY, missing={"scoring": AVERAGE})

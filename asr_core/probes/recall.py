@@ -15,9 +15,13 @@ recordings that say their key are edited.
 Writes ``<NAME>.slots.csv`` per dataset to ``--out`` (default ``recall/`` beside the checkpoint; with several
 checkpoints, a folder per checkpoint in it, and ``summary.csv``: per checkpoint, context, seed, dataset, edit and
 group, the accuracy and the share that follows the swap, :data:`SUMMARY_COLUMNS`): one row per slot and key edit, the columns of
-:data:`~asr_core.contract.metrics.SLOT_COLUMNS` (condition ``clean``, scoring ``window``), then ``key`` (the edit),
-``swap_word`` and ``followed`` (1 where the output at the slot is the swap word). Prints each dataset's accuracy per
-group and edit, and for the swap how often the output follows it. Nothing is logged to MLflow.
+:data:`~asr_core.contract.metrics.SLOT_COLUMNS` (condition ``clean``, scoring ``window``, with the forced choice
+among the slot's candidates), then ``key`` (the edit), ``swap_word``, ``followed`` (1 where the output at the slot
+is the swap word) and ``followed_choice`` (1 where the forced choice is the swap word). The swap word of a slot is
+the one the re-rendering says (:func:`~asr_core.data.corpora.rerender.swap_for`), or in a copy corpus (slots with
+``recall_choices``) the slot's token's partner (:func:`asr_core.data.corpora.copy_plant.partner`). Prints each
+dataset's exact-match, forced-choice, posterior-choice and onset-match accuracy per group and edit, with chance
+(1/candidates), and for the swap how often the output and the forced choice follow it. Nothing is logged to MLflow.
 """
 
 from __future__ import annotations
@@ -36,14 +40,14 @@ from asr_core.data.corpora import CorpusError, load_corpus
 from asr_core.data.corpora.recall import EDITS
 from asr_core.data.corpora.rerender import Rerenderer
 from asr_core.decoding.decode import prepare_features, window_frames
-from asr_core.evaluation.recall import group_accuracy, group_of, recall_slots, write_slot_table
+from asr_core.evaluation.recall import Slot, group_accuracy, group_of, recall_slots, write_slot_table
 from asr_core.evaluation.recall_window import WindowModel, score_recording
 from asr_core.probes.checkpoints import out_for, refusal
 
 RECALL_DIR = "recall"
 AS_IS = "as-is"
 KEYS = (AS_IS, *EDITS)
-COLUMNS = (*SLOT_COLUMNS, "key", "swap_word", "followed")
+COLUMNS = (*SLOT_COLUMNS, "key", "swap_word", "followed", "followed_choice")
 
 
 def parse_keys(text: str) -> tuple[str, ...]:
@@ -55,35 +59,95 @@ def parse_keys(text: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(keys))
 
 
-def follow_rate(rows: Sequence[dict[str, Any]]) -> dict[str, tuple[int, int]]:
-    """Per group of the swapped rows: (slots whose output is the swap word, slots)."""
+def swap_for_slot(slot: Slot, edit_word: str) -> str:
+    """The word a swapped key says for ``slot``: its token's partner in a copy corpus (:attr:`Slot.copy`), else the
+    edit's word (the recording's code word's swap)."""
+    if not slot.copy:
+        return edit_word
+    from asr_core.data.corpora.copy_plant import partner
+
+    return str(partner(slot.word))
+
+
+def follow_rate(rows: Sequence[dict[str, Any]], column: str = "followed") -> dict[str, tuple[int, int]]:
+    """Per group of the swapped rows: (slots whose output, or with ``column`` ``followed_choice`` whose forced
+    choice, is the swap word, slots)."""
     out: dict[str, list[int]] = {}
     for r in rows:
         if r.get("key") != "swap":
             continue
         c = out.setdefault(group_of(str(r["band"]), str(r["kind"])), [0, 0])
-        c[0] += int(r["followed"])
+        c[0] += int(r.get(column) or 0)
         c[1] += 1
     return {g: (a, n) for g, (a, n) in out.items()}
 
 
 SUMMARY_COLUMNS = ("checkpoint", "context_s", "seed", "dataset", "key", "group", "slots", "correct", "accuracy",
-                   "followed", "follow_rate")
+                   "followed", "follow_rate", "chance", "choice_correct", "choice_accuracy", "posterior_slots",
+                   "posterior_correct", "posterior_accuracy", "onset_correct", "onset_accuracy", "followed_choice",
+                   "follow_choice_rate")
+
+
+def _pct(ok: int, n: int) -> float | str:
+    return round(100.0 * ok / n, 2) if n else ""
+
+
+def choice_counts(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per group of ``rows`` (one key edit's): chance (%, the mean of 1/candidates), and (hits, slots) of the forced
+    choice, the posterior choice (slots where it was made) and the onset match."""
+    out: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        c = out.setdefault(group_of(str(r["band"]), str(r["kind"])), {"chance": [], "choice": [0, 0],
+                                                                      "posterior": [0, 0], "onset": [0, 0]})
+        if r.get("n_choices") not in (None, ""):
+            c["chance"].append(100.0 / int(r["n_choices"]))
+        for name, col in (("choice", "choice_correct"), ("posterior", "posterior_correct"),
+                          ("onset", "onset_correct")):
+            if r.get(col) not in (None, ""):
+                c[name][0] += int(r[col])
+                c[name][1] += 1
+    return out
 
 
 def summary_rows(checkpoint: Path, context_s: float, seed: int, dataset: str, rows: Sequence[dict[str, Any]]
                  ) -> list[dict[str, Any]]:
-    """Per key edit and group of one checkpoint's rows on ``dataset``: slots, correct, accuracy (%), and for the
-    swap the slots whose output is the swap word and their share (%) (:data:`SUMMARY_COLUMNS`)."""
+    """Per key edit and group of one checkpoint's rows on ``dataset``: slots, correct, accuracy (%), chance (%),
+    forced-choice, posterior-choice and onset-match hits and accuracies (%), and for the swap the slots whose output,
+    and those whose forced choice, is the swap word and their shares (%) (:data:`SUMMARY_COLUMNS`)."""
     out = []
-    follows = follow_rate(rows)
+    follows, follows_choice = follow_rate(rows), follow_rate(rows, "followed_choice")
     for key in dict.fromkeys(str(r["key"]) for r in rows):
-        for group, (ok, n) in group_accuracy([r for r in rows if r["key"] == key], scoring=WINDOW).items():
+        mine = [r for r in rows if r["key"] == key]
+        counts = choice_counts(mine)
+        for group, (ok, n) in group_accuracy(mine, scoring=WINDOW).items():
             f = follows.get(group) if key == "swap" else None
+            fc = follows_choice.get(group) if key == "swap" else None
+            c = counts[group]
             out.append({"checkpoint": str(checkpoint), "context_s": context_s, "seed": seed, "dataset": dataset,
                         "key": key, "group": group, "slots": n, "correct": ok, "accuracy": round(100.0 * ok / n, 2),
-                        "followed": f[0] if f else "", "follow_rate": round(100.0 * f[0] / f[1], 2) if f else ""})
+                        "followed": f[0] if f else "", "follow_rate": round(100.0 * f[0] / f[1], 2) if f else "",
+                        "chance": round(sum(c["chance"]) / len(c["chance"]), 2) if c["chance"] else "",
+                        "choice_correct": c["choice"][0] if c["choice"][1] else "",
+                        "choice_accuracy": _pct(*c["choice"]), "posterior_slots": c["posterior"][1] or "",
+                        "posterior_correct": c["posterior"][0] if c["posterior"][1] else "",
+                        "posterior_accuracy": _pct(*c["posterior"]),
+                        "onset_correct": c["onset"][0] if c["onset"][1] else "",
+                        "onset_accuracy": _pct(*c["onset"]), "followed_choice": fc[0] if fc else "",
+                        "follow_choice_rate": round(100.0 * fc[0] / fc[1], 2) if fc else ""})
     return out
+
+
+def summary_line(dataset: str, r: dict[str, Any], context_s: float) -> str:
+    """How a summary row is printed."""
+    def pct(v: Any) -> str:
+        return "–" if v == "" else f"{float(v):.1f}%"
+
+    line = (f"{dataset} {r['key']} {r['group']}: {r['accuracy']:.1f}% ({r['correct']} of {r['slots']} slots; "
+            f"single window, context {context_s:g} s); forced choice {pct(r['choice_accuracy'])}, posterior "
+            f"choice {pct(r['posterior_accuracy'])}, onset {pct(r['onset_accuracy'])} (chance {pct(r['chance'])})")
+    if r["key"] == "swap":
+        line += (f"; {r['follow_rate']:.1f}% follow the swap, forced choice {pct(r['follow_choice_rate'])}")
+    return line
 
 
 def measure(checkpoint: str | Path, datasets: Sequence[str], *, keys: Sequence[str] = (AS_IS,), device: str = "auto",
@@ -144,19 +208,19 @@ def measure(checkpoint: str | Path, datasets: Sequence[str], *, keys: Sequence[s
                 wave = load_audio(rec.audio) if edit is None else torch.from_numpy(
                     renderers[name].edited_audio(rec, edit))
                 feats = prepare_features(extractor, wave, rec.ignore, fps)
-                swap = edit.word if edit is not None else ""
-                part = score_recording(wm, feats, rec, ds_slots[rec.id], extra={"key": key, "swap_word": swap})
-                for r in part:
+                part = score_recording(wm, feats, rec, ds_slots[rec.id], extra={"key": key})
+                for r, s in zip(part, ds_slots[rec.id]):
+                    swap = swap_for_slot(s, edit.word) if edit is not None and key == "swap" else ""
+                    r["swap_word"] = swap
                     r["followed"] = int(bool(swap) and r["hyp"] == swap)
+                    r["followed_choice"] = int(bool(swap) and r["choice"] == swap)
                 rows += part
             print(f"[recall] {name} {n}/{len(recordings)} {rec.id}: {len(ds_slots[rec.id])} slots",
                   file=sys.stderr, flush=True)
         tables[name] = write_slot_table(out / f"{name}.slots.csv", rows, COLUMNS)
         part = summary_rows(checkpoint, cfg.data.context_s, cfg.train.seed, name, rows)
         for r in part:
-            print(f"{name} {r['key']} {r['group']}: {r['accuracy']:.1f}% ({r['correct']} of {r['slots']} slots; "
-                  f"single window, context {cfg.data.context_s:g} s)"
-                  + (f"; {r['follow_rate']:.1f}% follow the swap" if r["key"] == "swap" else ""))
+            print(summary_line(name, r, cfg.data.context_s))
         if summary is not None:
             summary += part
     return tables
