@@ -2,15 +2,15 @@
 # The miniature study, end to end on one machine with no GPU and no cluster:
 #   1. a synthetic long-form corpus spoken by espeak-ng (in-domain and shifted-domain test sets); with --homophones,
 #      a planted long-range cue: homophones spelt by the recording's topic, given away 20-60 s before each (synth
-#      --cue); with --cued, the recall control: a code word said clearly, then asked for with its audio masked 1-4 s
-#      or 20-60 s later (synth --recall),
+#      --cue); with --cued, the copy control: a one-piece identity token said clearly, then asked for with its audio
+#      masked 1-3 s (near band) or 20-60 s later (far band; synth --copy near,far),
 #   2. small FastConformer-CTC models at four context lengths x two seeds, trained and evaluated (clean and with
 #      music at three SNRs) through the `local` backend (Ray Tune), every run recorded in MLflow (sqlite),
 #   3. the analysis report: WER/WERR per context length with seed spread, significance tests, SNR curves, and where
 #      the corpus has a cue, the cue-word error rate (the planted words) beside the WER;
 #   4. with --homophones, how far back each model's decoded output reaches (python -m asr_core reach); with --cued,
-#      the recall slots scored one window per slot, and the causal check: the key re-rendered with another code word,
-#      and silenced (python -m asr_core recall --key as-is,swap,silence).
+#      the slots scored one window per slot (forced choice among the tokens), and the causal check: the keys
+#      re-rendered as other tokens, and silenced (python -m asr_core recall --key as-is,swap,silence).
 # Re-running reuses what is finished (the corpus, finished trials); only the report is written again.
 # Times are on 2 cores from a fresh clone (docs/results/2026-11-29-demo-long-tests.md and
 # 2026-11-29-context-or-fragmentation.md).
@@ -19,8 +19,9 @@
 #   ./scripts/demo.sh --quick    the first taste (about 5 minutes): 5 and 10 s of context, two seeds, 600 steps on a
 #                                quarter-hour corpus with a short-range cue; the models transcribe (about 80% WER);
 #                                its test set alone holds a near-band recall control (1-4 s), never trained on
-#   ./scripts/demo.sh --cued     the positive control (under 30 minutes): 10 and 82 s of context, two seeds, on a
-#                                corpus with the recall plant (its own sweep demo-cued; grids/demo-cued.yaml)
+#   ./scripts/demo.sh --cued     the positive control (under 30 minutes): 10 and 82 s of context and 82 s windows
+#                                with banded attention, two seeds, on a corpus with the copy plant (synth --copy
+#                                near,far; its own sweep demo-copy; grids/demo-copy.yaml)
 #   ./scripts/demo.sh --homophones  the full demo on a corpus with the homophone cue (its own sweep demo-homophones)
 #   ./scripts/demo.sh --fragmentation  context or fragmentation (about 22 minutes alone): on the full
 #                                demo's corpus (made if absent), the demo's 5.12 and 81.92 s models beside 81.92 s
@@ -67,11 +68,14 @@ if [ "$quick" -eq 1 ]; then
   # exercises the slots' way through evaluation and the report, not recall (recordings under 45 s: near slots only)
   recall=5
 elif [ "$cued" -eq 1 ]; then
-  # the recall control: test recordings of 1-2.5 minutes hold far-band slots (a recording under 45 s gets near
-  # slots only); no shifted set (the control is read in-domain)
-  name=demo-cued; grid=grids/demo-cued.yaml; hours=1.0
-  test_hours=0.3; test_minutes=2.5; shifted_hours=0; shifted_minutes=0
-  cue=0; recall=5  # 5 slots a minute asked (about 4-5 reached in recordings of 1-2.5 minutes)
+  # the copy control (synth --copy near,far): recordings of 3-5 minutes (train) and 3-4 minutes (test), so that
+  # every recording holds a far block (its second 81.92 s) as well as near ones; 0.6 h of test speech (about 10
+  # recordings, every 5th without keys: the guess rate) for recording-level tests; no shifted set (the control is
+  # read in-domain). The old recall plant (synth --recall, grids/demo-cued.yaml) is still made by hand.
+  name=demo-copy; grid=grids/demo-copy.yaml; hours=1.0
+  test_hours=0.6; test_min=3; test_minutes=4; shifted_hours=0; shifted_minutes=0
+  train_len=(--min-minutes 3 --max-minutes 5)
+  cue=0
 else
   # the full demo, --homophones and --fragmentation: both test sets in recordings of 3-4 minutes, so that every
   # model meets window edges, the 81.92 s one included (a recording is 2.2-2.9 of its windows), and 0.5 h each,
@@ -123,9 +127,9 @@ fi
 cue_args=(--cue "$cue")
 if [ "$cue" != 0 ]; then cue_args+=(--cue-report); fi
 if [ "$cued" -eq 1 ]; then
-  stamp "1/$steps synthetic corpus with the recall plant -> $corpus ($(espeak-ng --version 2>/dev/null | head -1))"
+  stamp "1/$steps synthetic corpus with the copy plant -> $corpus ($(espeak-ng --version 2>/dev/null | head -1))"
   $PY -m asr_core synth --out "$corpus" --hours "$hours" --eval-hours "$test_hours" --eval-max-minutes "$test_minutes" \
-    --voices 3 --splits train,test --seed 0 --recall "$recall"
+    "${eval_min[@]}" "${train_len[@]}" --voices 3 --splits train,test --seed 0 --copy near,far
   shifted="$corpus"
 elif [ "$quick" -eq 1 ]; then
   shifted="$corpus"; tests="$root/corpus-recall"
@@ -205,8 +209,8 @@ fi
 
 if [ "$cued" -eq 1 ]; then
   stamp "4/$steps the slots one window each, with the key as it is, swapped and silenced (python -m asr_core recall)"
-  # the causal check: the key re-rendered with another code word (does the far-slot output follow it?) and silenced
-  # (does it fall to the guess rate?); the key's edits are rendered once for all the models
+  # the causal check: every key re-rendered as its partner token (does the slot's output follow it?) and silenced
+  # (does it fall to the guess rate?); the keys' edits are rendered once for all the models
   $PY -m asr_core recall "$root"/runs/"$name"/trials/*/checkpoint.pt --data "test=podcast:$corpus/test" \
     --key as-is,swap,silence --out "$root/recall"
 fi

@@ -19,7 +19,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 GOLDEN = REPO / "tests" / "golden" / "keys.json"
 GRIDS = ("grids/paper.yaml", "grids/demo.yaml", "grids/demo-quick.yaml", "grids/demo-cued.yaml", "grids/smoke.yaml",
-         "grids/demo-fragmentation.yaml", "grids/controls.yaml")
+         "grids/demo-fragmentation.yaml", "grids/controls.yaml", "grids/demo-copy.yaml")
 
 
 def current_keys() -> dict[str, dict[str, str]]:

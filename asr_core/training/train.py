@@ -212,9 +212,13 @@ def _tokenizer(cfg: Config, recs: Sequence[Recording], out_dir: Path, state: dic
         tok = Tokenizer.load(path, cfg.model.vocab_size)
         (out_dir / TOKENIZER_FILE).write_bytes(tok.to_bytes())
         return tok
-    print(f"[train] learning a {cfg.model.vocab_size - 1}-piece BPE tokenizer from {len(recs)} transcripts",
-          flush=True)
-    return Tokenizer.train([r.text for r in recs], cfg.model.vocab_size, out_dir / TOKENIZER_FILE)
+    from asr_core.data.corpora.copy_plant import one_piece_words
+
+    # a synthetic corpus with the copy plant: its identity tokens one piece each (none for any other corpus)
+    symbols = one_piece_words(Path(str(recs[0].audio)).parent) if len(recs) else ()
+    print(f"[train] learning a {cfg.model.vocab_size - 1}-piece BPE tokenizer from {len(recs)} transcripts"
+          + (f" ({len(symbols)} words kept whole: the corpus's identity tokens)" if symbols else ""), flush=True)
+    return Tokenizer.train([r.text for r in recs], cfg.model.vocab_size, out_dir / TOKENIZER_FILE, symbols=symbols)
 
 
 def _data_identity(cfg: Config, recs: Sequence[Recording], state: dict[str, Any] | None) -> str:
