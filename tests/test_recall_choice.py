@@ -421,3 +421,14 @@ def test_a_slot_table_written_before_the_forced_choice_is_read(tmp_path: Path) -
     sweep = build_sweep("copy", records)
     assert sweep.problems.empty, sweep.problems
     assert len(sweep.slots) == 4 * N_REC * 4 and (sweep.slots["choice"].astype(str) == "").sum() == 4 * N_REC
+
+
+def test_a_sweep_with_one_context_has_no_far_test_and_a_report(tmp_path: Path) -> None:
+    """Only the 10.24 s models finished (the others still training): rates, no comparison, a report all the same."""
+    from analysis.report import build_report
+
+    records = [r for r in _records() if not r.run_id.startswith("r82")]
+    sweep = build_sweep("copy", records)
+    assert rc.far_tests(sweep).empty and rc.far_tests(sweep, measure="choice_correct").empty
+    rep = build_report(sweep, tmp_path, bootstrap_resamples=100)
+    assert "N1 (near band" in rep.markdown.read_text()
