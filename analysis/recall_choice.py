@@ -204,7 +204,7 @@ def copy_verdicts(rates: pd.DataFrame, tests: pd.DataFrame, chance: float | None
             mine = dense[dense["series_id"] == sid]
             short = next((row for _, row in mine.iterrows() if _near(row["context_s"], SHORT_S)), None)
             long = next((row for _, row in mine.iterrows() if _near(row["context_s"], LONG_S)), None)
-            head = f"{ds}" + (f", {mine['series'].iloc[0]}" if len(mine) else "") + \
+            head = f"{ds}" + (f", {mine['series'].iloc[0]}" if len(mine) and len(series) > 1 else "") + \
                 f" (forced choice, {condition}; chance {ch:.1f}%)"
             n_s, n_l = acc(short, "near")[0], acc(long, "near")[0]
             n1 = all(math.isfinite(x) and x >= NEAR_MIN - _EPS for x in (n_s, n_l))
