@@ -79,6 +79,7 @@ from asr_core.contract.atomic import stale_temps
 from asr_core.config_parse import ConfigError
 from asr_core.contract.evaluation import (DEFAULT_EVALUATION, OWN_EVALUATION, EvaluationSpec, default_evaluation,
                                           describe_conditions, evaluated_record, evaluation_tag, read_evaluation)
+from asr_core.evaluation.checkpoint_read import CheckpointRefused
 from asr_core.evaluation.job import EvaluationInterrupted, run_evaluation
 from asr_core.runtime.outbox import FINAL_FLUSH_S, PREEMPT_FLUSH_S, Outbox, fail_fast_http
 from asr_core.runtime.provenance import CodeVersion, code_version, cpu_kernels, cpu_model
@@ -315,6 +316,13 @@ def _segment(cfg: Config, folder: TrialFolder, lease: "Lease", job_id: str, trac
         status(SCHEDULED, {TAG_PREEMPTIONS: str(n)})
         _flush(outbox, PREEMPT_FLUSH_S)
         return EXIT_PREEMPTED
+    except CheckpointRefused as e:  # not the checkpoint the model trained: nothing evaluated, nothing merged
+        _say(f"{e}; exit {EXIT_USAGE}")
+        outcome(OUTCOME_FAILED, str(e))
+        progress.write("failed")
+        status(FAILED, {TAG_ERROR: error_line(str(e), "checkpoint refused")})
+        _flush(outbox, FINAL_FLUSH_S)
+        return EXIT_USAGE
     except Diverged as e:  # a failure of its own: its exit code, outcome and reason
         _say(f"{e}; exit {EXIT_DIVERGED}")
         outcome(OUTCOME_DIVERGED, str(e))

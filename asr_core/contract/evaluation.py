@@ -14,7 +14,13 @@ What an evaluation job must hold to (both sides import this module; neither re-d
   params or segment tags, which are the training's;
 * it decodes exactly :attr:`EvaluationSpec.conditions` (dataset name → clean and/or SNRs), so nothing already
   measured is measured again, and logs each dataset's table merged with the tables the model already has
-  (:func:`merge_tables`), so ``eval/<dataset>.csv`` always holds every condition measured;
+  (:func:`merge_tables`), so ``eval/<dataset>.csv`` always holds every condition measured: the merge and the upload
+  run under the model's lock (:data:`TABLES_LOCK_FILE`, beside the model's folder), against the table the run holds at
+  that moment and every local table of the model's evaluations, so jobs of one model running at once lose no row;
+* it reads the model's checkpoint once, checked against the model's ``TRAINED`` record and key, and records what it
+  read: :attr:`EvaluationSpec.checkpoint_sha256` and ``checkpoint_step`` in its ``evaluation.json``, the run's tags
+  :func:`checkpoint_tags`, and :data:`CHECKPOINT_COLUMN` in each row it measured; rows of another checkpoint are
+  never merged with its own;
 * one name is one setting: the *fixed* setting (:func:`greedy_setting` for the default evaluation: stride,
   precision, noise) may not change under a name that has results; datasets and SNRs may grow.
 
@@ -39,6 +45,16 @@ DEFAULT_EVALUATION = "greedy"  # the grid's eval section: greedy CTC, metrics we
 # which evaluation each of its tables uses.
 EVALUATION_TAG_PREFIX = "eval.evaluation."
 OWN_EVALUATION = "own"
+# The checkpoint an evaluation read, on the model's run: eval.<id>.checkpoint_sha256 and eval.<id>.checkpoint_step
+# (id as in EVALUATION_TAG_PREFIX's tags); in its tables, the column CHECKPOINT_COLUMN of each row it measured
+CHECKPOINT_SHA_TAG = "eval.{}.checkpoint_sha256"
+CHECKPOINT_STEP_TAG = "eval.{}.checkpoint_step"
+CHECKPOINT_COLUMN = "checkpoint_sha256"
+# beside the model's trial folder (``trials/.<model key>.eval-tables.lock``; the model's folder is never written):
+# flock'ed while one of its evaluation jobs merges and uploads its tables
+TABLES_LOCK_FILE = ".{}.eval-tables.lock"
+# in an evaluation job's eval/: the tables of what it measured itself, before they are merged into eval/<table>
+MEASURED_DIR = "measured"
 
 Condition = float | None  # None: clean audio; a number: music at that SNR in dB
 Conditions = dict[str, tuple[Condition, ...]]  # dataset name -> conditions, clean first then SNRs ascending
@@ -129,6 +145,9 @@ class EvaluationSpec:
     conditions: Conditions
     decoder: dict[str, Any] | None = None
     created: float = field(default=0.0, compare=False)
+    # what the job read (written by the job once it read the checkpoint; None before)
+    checkpoint_sha256: str | None = field(default=None, compare=False)
+    checkpoint_step: int | None = field(default=None, compare=False)
 
     @property
     def checkpoint(self) -> Path:
@@ -137,16 +156,20 @@ class EvaluationSpec:
         return Path(self.model_dir) / CHECKPOINT_FILE
 
     def to_dict(self) -> dict[str, Any]:
+        read = {"checkpoint_sha256": self.checkpoint_sha256, "checkpoint_step": self.checkpoint_step}
         return {"key": self.key, "model": self.model, "model_dir": self.model_dir, "name": self.name,
                 "setting": self.setting, "datasets": list(self.datasets),
-                "conditions": conditions_json(self.conditions), "decoder": self.decoder, "created": self.created}
+                "conditions": conditions_json(self.conditions), "decoder": self.decoder, "created": self.created,
+                **({k: v for k, v in read.items() if v is not None} if self.checkpoint_sha256 else {})}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "EvaluationSpec":
         return cls(key=d["key"], model=d["model"], model_dir=d["model_dir"], name=d["name"],
                    setting=dict(d["setting"]), datasets=tuple(d["datasets"]),
                    conditions={n: _sorted_conditions(v) for n, v in d["conditions"].items()},
-                   decoder=d.get("decoder"), created=float(d.get("created", 0.0)))
+                   decoder=d.get("decoder"), created=float(d.get("created", 0.0)),
+                   checkpoint_sha256=d.get("checkpoint_sha256") or None,
+                   checkpoint_step=int(d["checkpoint_step"]) if d.get("checkpoint_step") is not None else None)
 
     def write(self, folder: Path) -> Path:
         folder.mkdir(parents=True, exist_ok=True)
@@ -176,6 +199,18 @@ def evaluation_tag(ident: str, name: str, conditions: Mapping[str, Iterable[Cond
     """The tag (one item) recording one evaluation on its model's run (:data:`EVALUATION_TAG_PREFIX`)."""
     return {f"{EVALUATION_TAG_PREFIX}{ident}": json.dumps({"name": name, "conditions": conditions_json(conditions),
                                                            "setting": dict(setting)}, sort_keys=True)}
+
+
+def checkpoint_tags(ident: str, sha256: str, step: int) -> dict[str, str]:
+    """The tags recording the checkpoint evaluation ``ident`` read (:data:`CHECKPOINT_SHA_TAG`)."""
+    return {CHECKPOINT_SHA_TAG.format(ident): sha256, CHECKPOINT_STEP_TAG.format(ident): str(step)}
+
+
+def recorded_checkpoints(tags: Mapping[str, str]) -> dict[str, str]:
+    """evaluation id → the sha256 of the checkpoint it read, from a run's tags."""
+    head, tail = CHECKPOINT_SHA_TAG.split("{}")
+    return {k[len(head):-len(tail)]: v for k, v in tags.items() if k.startswith(head) and k.endswith(tail)
+            and len(k) > len(head) + len(tail)}
 
 
 def parse_evaluation_tag(key: str, value: str) -> tuple[str, str, Conditions, dict[str, Any]] | None:
@@ -215,8 +250,9 @@ def merge_tables(new: Path, older: Iterable[Path], key: Sequence[str] = TABLE_KE
     """Rewrite the table ``new`` so that it also holds the rows of the ``older`` tables of the same dataset and
     decoder that it does not measure itself: rows are told apart by their ``key`` columns (per-recording tables: one
     row per recording and condition; ``new``'s rows win), a key column a row lacks or leaves empty read as
-    ``missing``'s value for it (a column added later: what rows written before it meant). Returns the number of rows taken over. Tables that are
-    missing or unreadable are skipped; ``new`` is replaced whole (:func:`asr_core.contract.atomic.write_with`)."""
+    ``missing``'s value for it (a column added later: what rows written before it meant). Returns the number of rows
+    taken over. Tables that are missing or unreadable are skipped, and so are rows cut short (a copy killed midway);
+    ``new`` is replaced whole (:func:`asr_core.contract.atomic.write_with`)."""
     with open(new, newline="") as fh:
         reader = csv.DictReader(fh)
         columns = list(reader.fieldnames or [])
@@ -235,6 +271,8 @@ def merge_tables(new: Path, older: Iterable[Path], key: Sequence[str] = TABLE_KE
         except (OSError, csv.Error):
             continue
         for r in old:
+            if None in r.values() or None in r:  # a row cut short, or one with more cells than its header
+                continue
             k = key_of(r)
             if k not in seen:
                 seen.add(k)

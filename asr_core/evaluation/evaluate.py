@@ -134,6 +134,10 @@ class EvaluationRun:
     once (one equal to the model's context is decoded again), each decoded as the greedy decoder is but with that
     window instead of the model's context (at the same stride), as the decoder ``window-<W:g>s``
     (:func:`~asr_core.contract.metrics.window_decoder`); logged as the fusion decoders are.
+
+    ``reader``: where the model comes from instead of reading ``checkpoint`` here: an object whose
+    ``for_eval(device)`` gives (model, config, tokenizer), as an evaluation job's one verified read of its model's
+    checkpoint (:class:`asr_core.evaluation.checkpoint_read.ModelCheckpoint`).
     """
 
     checkpoint: Path
@@ -153,6 +157,7 @@ class EvaluationRun:
     tail: Path | None = None
     fusion: tuple[str, ...] = ()
     windows: tuple[float, ...] = ()
+    reader: Any = dataclasses.field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "checkpoint", Path(self.checkpoint))
@@ -276,7 +281,7 @@ def evaluate(job: EvaluationRun, to: Destination = Destination()) -> pd.DataFram
     from asr_core.evaluation.decoders import check_lm_vocabulary, evaluate_dataset
     from asr_core.evaluation.recall_window import WindowModel, window_rows
 
-    model, cfg, tokenizer = load_for_eval(checkpoint, dev)
+    model, cfg, tokenizer = job.reader.for_eval(dev) if job.reader is not None else load_for_eval(checkpoint, dev)
     if isinstance(model, torch.nn.Module):
         model.eval()
     extractor = FeatureExtractor(cfg.data.features)
