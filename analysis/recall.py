@@ -304,3 +304,16 @@ def display(rates: pd.DataFrame, tests: pd.DataFrame) -> list[tuple[str, pd.Data
                         "recordings": tests["n_recordings"], "p": tests["p"].map(_p),
                         "p Holm": tests["p_holm"].map(_p), "note": tests["note"]})))
     return out
+
+
+def choice_part(sweep: Sweep, rates: pd.DataFrame, alpha: float
+                ) -> tuple[list[tuple[str, pd.DataFrame]], list[str], dict[str, pd.DataFrame]]:
+    """What the report adds for the forced choice: the far-band tests on it (a display table), the copy plant's
+    verdict lines (:func:`analysis.recall_choice.copy_verdicts`) and the csv ``recall_choice_tests``; nothing
+    without forced-choice rows."""
+    if not ch.has_choice(rates):
+        return [], [], {}
+    tests = far_tests(sweep, rates, measure="choice_correct")
+    shown = display(rates.iloc[0:0], tests)
+    titled = [(t.replace("far-band accuracy", "far-band forced-choice accuracy"), d) for t, d in shown]
+    return titled, ch.copy_verdicts(rates, tests, None, alpha), {"recall_choice_tests": tests}

@@ -240,17 +240,3 @@ def copy_verdicts(rates: pd.DataFrame, tests: pd.DataFrame, chance: float | None
                              + (f" ({f_b - ch:+.1f} points from chance)" if math.isfinite(f_b) else "")
                              + f"; F1 {'met' if f1 else 'not met'}.")
     return lines
-
-
-def choice_part(sweep, rates: pd.DataFrame, alpha: float) -> tuple[list[tuple[str, pd.DataFrame]], list[str],
-                                                                   dict[str, pd.DataFrame]]:
-    """What the report adds for the forced choice: the far-band tests on it (a display table), the copy plant's
-    verdict lines (:func:`copy_verdicts`) and the csv ``recall_choice_tests``; nothing without forced-choice rows."""
-    from analysis import recall as rc
-
-    if not has_choice(rates):
-        return [], [], {}
-    tests = rc.far_tests(sweep, rates, measure="choice_correct")
-    shown = rc.display(rates.iloc[0:0], tests)
-    titled = [(t.replace("far-band accuracy", "far-band forced-choice accuracy"), d) for t, d in shown]
-    return titled, copy_verdicts(rates, tests, None, alpha), {"recall_choice_tests": tests}

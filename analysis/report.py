@@ -394,7 +394,7 @@ def _recall_part(sweep: Sweep, alpha: float) -> tuple[Section, dict[str, pd.Data
         f"Tests: each context against the series' shortest on far-band accuracy, the paired sign-flip permutation "
         f"test over recordings (per recording the far slots missed, averaged over seeds, over its far slots), "
         f"Holm-corrected across every comparison of this part; significant: adjusted p < {alpha:g}."]
-    shown, lines, choice_csvs = rc.ch.choice_part(sweep, rates, alpha)
+    shown, lines, choice_csvs = rc.choice_part(sweep, rates, alpha)
     bullets = [("Recall control: shortest against longest context", rc.verdicts(rates, tests, alpha))]
     if lines:  # the forced choice among the slot's candidates (one window per slot), and the copy plant's criteria
         paras.append(rc.ch.CHOICE_TEXT)

@@ -22,6 +22,7 @@ import pytest
 import torch
 
 import asr_core.data.corpora.synth as synth
+import asr_core.data.corpora.synth_cli as synth_cli
 from asr_core.data.corpora import load_corpus
 from asr_core.contract.specs import CorpusError
 from asr_core.data.corpora.base import Recording, Word
@@ -360,7 +361,7 @@ def cued_corpus(tmp_path_factory: pytest.TempPathFactory) -> dict:
     out = tmp_path_factory.mktemp("cue") / "corpus"
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
-        assert synth.cli([str(out), "--hours", "0.01", "--eval-hours", "0.02", "--min-minutes", "0.5",
+        assert synth_cli.cli([str(out), "--hours", "0.01", "--eval-hours", "0.02", "--min-minutes", "0.5",
                           "--max-minutes", "0.6", "--splits", "test", "--seed", "2", "--cue", "4,5-15",
                           "--cue-report", "--jobs", "2"]) == 0
     return {"out": out, "printed": printed.getvalue()}
@@ -381,7 +382,7 @@ def test_cli_records_the_cue_and_reports_window_containment(cued_corpus: dict,
     # near 5 s: a 5 s window ending at the cue word never holds the word before; far 15 s: 20 s always does
     assert before[0] == 0.0 and before[2:] == [100.0] * 3
     with pytest.raises(SystemExit) as bad:
-        synth.cli([str(out / "x"), "--hours", "0.01", "--cue", "1,30-20"])
+        synth_cli.cli([str(out / "x"), "--hours", "0.01", "--cue", "1,30-20"])
     assert bad.value.code == 2 and "--cue: cue spec '1,30-20'" in capsys.readouterr().err
     assert not (out / "x").exists()
 

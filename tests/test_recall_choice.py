@@ -282,7 +282,7 @@ def test_the_report_s_rates_hold_the_forced_choice_with_chance_and_a_binomial_te
     (title, table), = [(t, d) for t, d in rc.display(rates, rc.far_tests(sweep, rates)) if "forced choice" in t]
     assert list(table["measure"][:4]) == ["exact match", "forced choice", "onset match", "exact match"]
     assert "55.0 ± 7.1 (p=" in " ".join(table["82 s"]) and set(table["chance %"]) == {"", "6.2"}
-    shown, lines, csvs = ch.choice_part(sweep, rates, 0.05)
+    shown, lines, csvs = rc.choice_part(sweep, rates, 0.05)
     assert "far-band forced-choice accuracy" in shown[0][0] and list(csvs) == ["recall_choice_tests"]
     assert any("N1 (" in x and "**met**" in x for x in lines)
     assert any("F1 (" in x and "**met**" in x and "Holm p = 0.031" in x for x in lines)
@@ -294,7 +294,7 @@ def test_tables_without_the_columns_read_as_before() -> None:
     old = dataclasses.replace(sweep, slots=slots)
     rates = rc.rate_table(old)
     assert len(rates) and rates["choice"].isna().all() and rates["chance"].isna().all()
-    assert not ch.has_choice(rates) and ch.choice_part(old, rates, 0.05) == ([], [], {})
+    assert not ch.has_choice(rates) and rc.choice_part(old, rates, 0.05) == ([], [], {})
     assert rc.far_tests(old, rates, measure="choice_correct").empty and len(rc.far_tests(old, rates)) == 1
     assert all("forced choice" not in t for t, _ in rc.display(rates, rc.far_tests(old, rates)))
 

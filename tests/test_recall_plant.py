@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import asr_core.data.corpora.synth as synth
+import asr_core.data.corpora.synth_cli as synth_cli
 from asr_core.data.audio import SAMPLE_RATE, load_audio
 from asr_core.data.corpora import load_corpus
 from asr_core.data.corpora.fingerprint import fingerprint
@@ -58,7 +59,7 @@ def test_recall_spec_parsing_and_the_cli_refuses_bad_rates(tmp_path: Path,
             RecallConfig.parse(bad)
     for bad in ("-1", "abc", "8.5"):
         with pytest.raises(SystemExit) as e:
-            synth.cli(["--out", str(tmp_path / "x"), "--hours", "0.01", "--recall", bad])
+            synth_cli.cli(["--out", str(tmp_path / "x"), "--hours", "0.01", "--recall", bad])
         assert e.value.code == 2 and f"--recall: recall spec '{bad}'" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
 
@@ -184,7 +185,7 @@ ARGS = ["--hours", "0.012", "--eval-hours", "0.012", "--min-minutes", "0.6", "--
 def _cli(args: list[str]) -> str:
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
-        assert synth.cli(args) == 0
+        assert synth_cli.cli(args) == 0
     return printed.getvalue()
 
 

@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 import torch
 
-import asr_core.data.corpora.synth as synth
+import asr_core.data.corpora.synth_cli as synth_cli
 from asr_core.contract import metrics as m
 from asr_core.contract.specs import CorpusError
 from asr_core.data.corpora import load_corpus
@@ -139,7 +139,7 @@ def recall_corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A small test split with the recall plant (real espeak-ng), made by the command line."""
     out = tmp_path_factory.mktemp("recall") / "corpus"
     with contextlib.redirect_stdout(io.StringIO()):
-        assert synth.cli(["--out", str(out), "--hours", "0.01", "--eval-hours", "0.022", "--min-minutes", "0.6",
+        assert synth_cli.cli(["--out", str(out), "--hours", "0.01", "--eval-hours", "0.022", "--min-minutes", "0.6",
                           "--max-minutes", "0.75", "--splits", "test", "--seed", "4", "--recall", "5",
                           "--jobs", "2"]) == 0
     return out / "test"

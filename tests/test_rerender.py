@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import asr_core.data.corpora.synth as synth
+import asr_core.data.corpora.synth_cli as synth_cli
 from asr_core.contract.specs import CorpusError
 from asr_core.data.audio import SAMPLE_RATE, load_audio
 from asr_core.data.corpora import load_corpus
@@ -26,7 +27,7 @@ TAIL_S = 0.6  # after an edited span: the room's reverberation (at most 0.25 s) 
 def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("rerender") / "corpus"
     with contextlib.redirect_stdout(io.StringIO()):
-        assert synth.cli(["--out", str(out), "--hours", "0.01", "--eval-hours", "0.022", "--min-minutes", "0.6",
+        assert synth_cli.cli(["--out", str(out), "--hours", "0.01", "--eval-hours", "0.022", "--min-minutes", "0.6",
                           "--max-minutes", "0.75", "--splits", "test", "--seed", "4", "--recall", "5"]) == 0
     return out / "test"
 

@@ -80,7 +80,7 @@ def read_checkpoint(path: Path | str) -> CheckpointRead:
     :class:`~asr_core.training.checkpoint.CheckpointError` for anything else."""
     import torch
 
-    from asr_core.training.checkpoint import CheckpointError, _acoustic, _checked
+    from asr_core.training.checkpoint import CheckpointError, acoustic_state, checked_state
 
     path = Path(path)
     try:
@@ -95,7 +95,7 @@ def read_checkpoint(path: Path | str) -> CheckpointRead:
         state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - torch raises many kinds for a file that is not a checkpoint
         raise CheckpointError(not_ours(path, f"unreadable: {type(e).__name__}")) from None
-    state = _acoustic(path, _checked(path, state))
+    state = acoustic_state(path, checked_state(path, state))
     return CheckpointRead(path, hashlib.sha256(data).hexdigest(), int(state.get("step", 0)), state)
 
 

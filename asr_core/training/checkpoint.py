@@ -55,10 +55,12 @@ def read_header(path: str | Path) -> dict[str, Any]:
 def acoustic_header(path: str | Path) -> dict[str, Any]:
     """:func:`read_header` of an acoustic model's checkpoint: an LM's (``kind: lm``) is refused, naming where it
     goes, before its config is taken for a model's."""
-    return _acoustic(Path(path), read_header(path))
+    return acoustic_state(Path(path), read_header(path))
 
 
-def _acoustic(path: Path, state: dict[str, Any]) -> dict[str, Any]:
+def acoustic_state(path: Path, state: dict[str, Any]) -> dict[str, Any]:
+    """``state`` if it is an acoustic model's checkpoint, else :class:`CheckpointError` (an LM's, given where a
+    model's is wanted)."""
     if state.get("kind") is not None:
         raise CheckpointError(f"{path} is an LM checkpoint (kind {state['kind']!r}), not an acoustic model's; an LM "
                               "goes to --lm of evaluate or lm tune, a model's checkpoint.pt here")
@@ -72,7 +74,7 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
 
 
 def _load(path: Path, mmap: bool) -> dict[str, Any]:
-    """The checked dict of the checkpoint at ``path`` (:func:`_check_file` before torch reads it, :func:`_checked`
+    """The checked dict of the checkpoint at ``path`` (:func:`_check_file` before torch reads it, :func:`checked_state`
     after); ``mmap``: tensors memory-mapped, where the file's format allows it."""
     _check_file(path)
     try:
@@ -84,7 +86,7 @@ def _load(path: Path, mmap: bool) -> dict[str, Any]:
             state = _read(path, mmap=False)
     except Exception as e:  # noqa: BLE001 - torch raises many kinds for a file that is not a checkpoint
         raise _not_ours(path, _why_unreadable(e)) from None
-    return _checked(path, state)
+    return checked_state(path, state)
 
 
 def _check_file(path: Path) -> None:
@@ -111,7 +113,7 @@ def _not_ours(path: Path, why: str) -> CheckpointError:
     return CheckpointError(not_ours(path, why))
 
 
-def _checked(path: Path, state: Any) -> dict[str, Any]:
+def checked_state(path: Path, state: Any) -> dict[str, Any]:
     """``state`` if it is a checkpoint's dict this code can read, else :class:`CheckpointError`."""
     if not isinstance(state, dict):
         raise _not_ours(path, f"it holds a {type(state).__name__}, not a checkpoint's dict")
@@ -156,7 +158,7 @@ def drop_optimizer_state(path: str | Path) -> int:
 
 def load_for_eval(path: str | Path, device: str | torch.device = "cpu") -> tuple[AcousticModel, Config, Tokenizer]:
     """(model in eval mode on ``device``, its config, its tokenizer) from a training checkpoint."""
-    state = _acoustic(Path(path), load_checkpoint(path))
+    state = acoustic_state(Path(path), load_checkpoint(path))
     cfg = Config.from_stored(state["config"], source=str(path))
     model = build_model(cfg.model, cfg.data.features.n_mels, cfg.data.features.frames_per_second)
     try:

@@ -459,10 +459,3 @@ def synthesise(out: Path, hours: float, seed: int, *, eval_hours: float | None =
             summary[s]["recall_slots"] = sum(len(m.get("recall_slots", ())) for m in metas if m["split"] == s)
     stamp.write_text(json.dumps({"args": args, "complete": True, "splits": summary}, indent=1))
     return summary
-
-
-def cli(argv: list[str]) -> int:
-    """``python -m asr_core synth ARGS``: :func:`asr_core.data.corpora.synth_cli.cli`."""
-    from asr_core.data.corpora.synth_cli import cli as run
-
-    return run(argv)
