@@ -316,20 +316,15 @@ def _segment(cfg: Config, folder: TrialFolder, lease: "Lease", job_id: str, trac
         status(SCHEDULED, {TAG_PREEMPTIONS: str(n)})
         _flush(outbox, PREEMPT_FLUSH_S)
         return EXIT_PREEMPTED
-    except CheckpointRefused as e:  # not the checkpoint the model trained: nothing evaluated, nothing merged
-        _say(f"{e}; exit {EXIT_USAGE}")
-        outcome(OUTCOME_FAILED, str(e))
+    except (CheckpointRefused, Diverged) as e:  # failures of their own: each its exit code, outcome and reason
+        code, kind, reason = ((EXIT_DIVERGED, OUTCOME_DIVERGED, "diverged") if isinstance(e, Diverged)
+                              else (EXIT_USAGE, OUTCOME_FAILED, "checkpoint refused"))  # nothing evaluated or merged
+        _say(f"{e}; exit {code}")
+        outcome(kind, str(e))
         progress.write("failed")
-        status(FAILED, {TAG_ERROR: error_line(str(e), "checkpoint refused")})
+        status(FAILED, {TAG_ERROR: error_line(str(e), reason)})
         _flush(outbox, FINAL_FLUSH_S)
-        return EXIT_USAGE
-    except Diverged as e:  # a failure of its own: its exit code, outcome and reason
-        _say(f"{e}; exit {EXIT_DIVERGED}")
-        outcome(OUTCOME_DIVERGED, str(e))
-        progress.write("failed")
-        status(FAILED, {TAG_ERROR: error_line(str(e), "diverged")})
-        _flush(outbox, FINAL_FLUSH_S)
-        return EXIT_DIVERGED
+        return code
     except Exception as e:  # noqa: BLE001 - every failure must reach the folder and the ledger
         traceback.print_exc()
         last = error_line(f"{type(e).__name__}: {e}", type(e).__name__)
