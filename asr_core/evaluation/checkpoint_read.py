@@ -56,22 +56,9 @@ class CheckpointRead:
     def for_eval(self, device: "str | torch.device" = "cpu") -> tuple[Any, "Config", Any]:
         """(model in eval mode on ``device``, its config, its tokenizer), as
         :func:`asr_core.training.checkpoint.load_for_eval` makes them, from this read."""
-        from asr_core.data.tokenizer import Tokenizer
-        from asr_core.model.acoustic import build_model
-        from asr_core.training.checkpoint import CheckpointError
+        from asr_core.training.checkpoint import model_from_state
 
-        cfg = self.config
-        model = build_model(cfg.model, cfg.data.features.n_mels, cfg.data.features.frames_per_second)
-        try:
-            model.load_state_dict(self.state["model"])
-            tok = Tokenizer.from_bytes(self.state["tokenizer"])
-        except (RuntimeError, TypeError, ValueError) as e:  # weights of another shape, a broken tokenizer
-            said = " ".join(str(e).split())[:240]
-            raise CheckpointError(f"{self.path}: its weights or tokenizer do not fit its config "
-                                  f"({type(e).__name__}: {said}); the file is damaged or was edited") from None
-        if tok.vocab_size != cfg.model.vocab_size:
-            raise CheckpointError(f"{self.path}: tokenizer has {tok.vocab_size} outputs, model {cfg.model.vocab_size}")
-        return model.to(device).eval(), cfg, tok
+        return model_from_state(self.path, self.state, device)
 
 
 def read_checkpoint(path: Path | str) -> CheckpointRead:

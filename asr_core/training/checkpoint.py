@@ -158,7 +158,13 @@ def drop_optimizer_state(path: str | Path) -> int:
 
 def load_for_eval(path: str | Path, device: str | torch.device = "cpu") -> tuple[AcousticModel, Config, Tokenizer]:
     """(model in eval mode on ``device``, its config, its tokenizer) from a training checkpoint."""
-    state = acoustic_state(Path(path), load_checkpoint(path))
+    return model_from_state(Path(path), acoustic_state(Path(path), load_checkpoint(path)), device)
+
+
+def model_from_state(path: Path, state: dict[str, Any],
+                     device: str | torch.device = "cpu") -> tuple[AcousticModel, Config, Tokenizer]:
+    """(model in eval mode on ``device``, its config, its tokenizer) from the checked ``state`` of the checkpoint at
+    ``path`` (:func:`acoustic_state`); :class:`CheckpointError` naming ``path`` where they do not fit together."""
     cfg = Config.from_stored(state["config"], source=str(path))
     model = build_model(cfg.model, cfg.data.features.n_mels, cfg.data.features.frames_per_second)
     try:
