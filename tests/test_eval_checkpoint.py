@@ -20,8 +20,9 @@ from mlflow.tracking import MlflowClient
 from asr_core.contract.evaluation import read_evaluation
 from asr_core.contract.trial import EXIT_OK, EXIT_USAGE, OUTCOME_FAILED, TrialFolder, read_attempts
 from asr_core.training.checkpoint import save_checkpoint
-from tests.test_eval_merge_faults import (STEPS, dataset_and_tokenizer, evaluation_job, finished_model, model_state,
-                                          run_table)
+from tests.test_eval_merge_faults import STEPS, base, evaluation_job, model, model_state, run_table
+
+__all__ = ["base", "model"]  # the fixtures, shared with test_eval_merge_faults
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -53,16 +54,6 @@ def _refused(job: Path, *words: str) -> None:
 def _nothing_of(m: dict, job: Path, condition: str) -> None:
     assert condition not in {r["condition"] for r in run_table(m)}
     assert f"wer/dev/{condition}" not in MlflowClient(m["uri"]).get_run(m["run_id"]).data.metrics
-
-
-@pytest.fixture(scope="module")
-def base(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    return dataset_and_tokenizer(tmp_path_factory.mktemp("evck"))
-
-
-@pytest.fixture()
-def model(base: dict, tmp_path: Path) -> dict:
-    return finished_model(tmp_path / "m", base)
 
 
 def test_a_checkpoint_at_another_step_than_trained_records_is_refused(model: dict) -> None:
