@@ -4,7 +4,7 @@ A synthetic corpus made with ``synth --recall`` says a code word clearly and lat
 masked (:mod:`asr_core.data.corpora.recall`); evaluation scores each slot (:mod:`asr_core.evaluation.recall`) into
 ``eval/<DATASET>.slots.csv`` (:data:`asr_core.contract.metrics.SLOT_COLUMNS`), read into
 :attr:`analysis.collect.Sweep.slots`. A model that uses its context recalls a masked code word when the clear
-mention lies inside it: the near band (1-4 s) is inside every window, the far band (20-60 s) only inside long ones.
+mention lies inside it: the near band (1-4 s back in the recall plant) is inside every window, the far band (20-60 s) only inside long ones.
 
 Two scorings (the table's ``scoring``): the moving-window decoding that evaluation makes, reported under its condition
 (``clean``), and one window per slot ending 1 s after it (:mod:`asr_core.evaluation.recall_window`), reported as the
@@ -43,7 +43,8 @@ from analysis.collect import Sweep, greedy_rows
 from analysis.werr import ContextSpan, context_spans, family_rows, format_seconds, holm_once, stable_seed
 from asr_core.contract.metrics import AVERAGE, CLEAN, WINDOW
 
-# distance bins of masked slots: (label, upper edge in seconds, exclusive); the plant's bands are 1-4 s and 20-60 s
+# distance bins of masked slots: (label, upper edge in seconds, exclusive); the recall plant's bands are 1-4 s and
+# 20-60 s, the copy plant's 1-3 s and 20-60 s (the bands' names give the distances of the slots at hand: band_names)
 BINS = (("1-4 s", 5.0), ("5-10 s", 10.0), ("10-20 s", 20.0), ("20-40 s", 40.0), ("40-60 s", math.inf))
 CONTROLS = ("unmasked", "no-key")
 GROUPS = ("near", "far", *(label for label, _ in BINS), *CONTROLS)
@@ -54,7 +55,7 @@ CHANCE = 100.0 / 8  # percent: one of the plant's K = 8 code words guessed
 KEYS = ["config", "config_id", "series", "series_id", "families", "context_s", "dataset", "condition"]
 RATE_COLUMNS = ["family", "series", "series_id", "dataset", "condition", "config", "config_id", "context_s", "group",
                 "n_seeds", "seeds", "n_recordings", "n_slots", "accuracy", "accuracy_sd", "accuracy_min",
-                "accuracy_max", *ch.CHOICE_RATE_COLUMNS]
+                "accuracy_max", *ch.CHOICE_RATE_COLUMNS, "distance_min_s", "distance_max_s"]
 TEST_COLUMNS = ["family", "series", "series_id", "dataset", "condition", "shortest_config", "shortest_context_s",
                 "config", "context_s", "n_recordings", "far_shortest", "far", "p", "p_holm", "note"]
 
@@ -65,6 +66,20 @@ def distance_bin(distance_s: float) -> str:
     if not math.isfinite(distance_s):
         return "" if math.isnan(distance_s) else BINS[-1][0]
     return next(label for label, hi in BINS if distance_s < hi)
+
+
+def band_names(rates: pd.DataFrame) -> dict[str, str]:
+    """:data:`GROUP_NAMES` with each band named by the distances of its slots in ``rates`` (columns
+    ``distance_min_s``, ``distance_max_s``), so a plant's own band is what the report says: ``"near band (1.2-2.9
+    s)"``; the plant's nominal band where ``rates`` holds none of its slots."""
+    names = dict(GROUP_NAMES)
+    for band in ("near", "far"):
+        part = rates[rates["group"] == band] if "distance_min_s" in rates else rates.iloc[0:0]
+        lo, hi = part["distance_min_s"].min(), part["distance_max_s"].max()
+        if len(part) and np.isfinite(lo) and np.isfinite(hi):
+            a, b = f"{round(float(lo), 1):g}", f"{round(float(hi), 1):g}"
+            names[band] = f"{band} band ({a} s)" if a == b else f"{band} band ({a}-{b} s)"
+    return names
 
 
 def scored_condition(condition: str, scoring: str) -> str:
@@ -112,8 +127,10 @@ def rate_table(sweep: Sweep) -> pd.DataFrame:
         return pd.DataFrame(columns=RATE_COLUMNS)
     g_rows = grouped(rows)
     keys = KEYS + ["group"]
+    g_rows["distance_s"] = g_rows["distance_s"].astype(float)
     per_seed = g_rows.groupby(keys + ["seed"], dropna=False, sort=False).agg(
-        ok=("correct", "sum"), n=("correct", "size"), n_recordings=("recording", "nunique")).reset_index()
+        ok=("correct", "sum"), n=("correct", "size"), n_recordings=("recording", "nunique"),
+        distance_min_s=("distance_s", "min"), distance_max_s=("distance_s", "max")).reset_index()
     per_seed["accuracy"] = 100.0 * per_seed["ok"] / per_seed["n"]
     g = per_seed.groupby(keys, dropna=False, sort=False)
     out = g["accuracy"].agg(accuracy="mean", accuracy_sd=_sd, accuracy_min="min", accuracy_max="max").reset_index()
@@ -121,6 +138,7 @@ def rate_table(sweep: Sweep) -> pd.DataFrame:
     out["seeds"] = g["seed"].agg(lambda s: ",".join(str(int(v)) for v in sorted(s))).values
     out["n_slots"] = g["n"].mean().values  # the same slots for every seed
     out["n_recordings"] = g["n_recordings"].max().values
+    out["distance_min_s"], out["distance_max_s"] = g["distance_min_s"].min().values, g["distance_max_s"].max().values
     choice = ch.choice_rates(g_rows, keys)
     for c in choice.columns.difference(keys):
         out[c] = choice[c].values
@@ -213,6 +231,7 @@ def verdicts(rates: pd.DataFrame, tests: pd.DataFrame, alpha: float) -> list[str
             continue
         fam, sid, ds, cond, head, span, short, long = (g.family, g.series_id, g.dataset, g.condition, g.head, g.span,
                                                        g.short, g.long)
+        names = band_names(rates[(rates["dataset"] == ds) & (rates["condition"] == cond)])
         t = tests[(tests["family"] == fam) & (tests["series_id"] == sid) & (tests["dataset"] == ds)
                   & (tests["condition"] == cond) & (tests["config"] == long["config"])]
         if t.empty or not np.isfinite(t["p_holm"].iloc[0]):
@@ -229,7 +248,7 @@ def verdicts(rates: pd.DataFrame, tests: pd.DataFrame, alpha: float) -> list[str
         def other(group: str) -> str:
             a = _acc(rates, short["config_id"], ds, cond, group)
             b = _acc(rates, long["config_id"], ds, cond, group)
-            return f"{GROUP_NAMES[group]} {_pct(a)} → {_pct(b)}"
+            return f"{names[group]} {_pct(a)} → {_pct(b)}"
 
         lines.append(f"{head}, {span}: {verdict}: far-band accuracy {short['accuracy']:.1f}% → "
                      f"{long['accuracy']:.1f}% (Holm p = {_p(p)}, {int(t['n_recordings'].iloc[0])} recordings, "
@@ -252,14 +271,15 @@ def near_verdict(rates: pd.DataFrame, g: ContextSpan) -> str:
                if not above.any() else "**near-band recall is above chance at every context**" if above.all() else
                "**near-band recall is above chance at some contexts only**")
     span = format_seconds(g.short["context_s"]) if g.single else g.span
+    names = band_names(rates[(rates["dataset"] == g.dataset) & (rates["condition"] == g.condition)])
     accs = " → ".join(_pct(a) for a in near["accuracy"])
 
     def control(group: str) -> str:
-        return f"{GROUP_NAMES[group]} " + " → ".join(_pct(_acc(rates, cid, g.dataset, g.condition, group))
+        return f"{names[group]} " + " → ".join(_pct(_acc(rates, cid, g.dataset, g.condition, group))
                                                      for cid in near["config_id"])
 
     return (f"{g.head}, {span}: no far-band slots (recordings under 45 s hold near slots only), so far-slot recall "
-            f"is not compared; near band (1-4 s) {accs} (chance {CHANCE:.1f}%): {verdict}; "
+            f"is not compared; {names['near']} {accs} (chance {CHANCE:.1f}%): {verdict}; "
             + "; ".join(control(k) for k in CONTROLS) + ".")
 
 
@@ -280,14 +300,15 @@ def display(rates: pd.DataFrame, tests: pd.DataFrame) -> list[tuple[str, pd.Data
             out.append((f"Family {fam}, {ds}" + ("" if cond == CLEAN else f", {cond}") + ": recall slot accuracy (%) "
                         "by exact match, forced choice among the candidates (p: one-sided binomial test against "
                         "chance, slots pooled over seeds), posterior choice and onset match, mean ± sd over seeds "
-                        "(n: slots)", ch.choice_table(grp, GROUP_NAMES, GROUPS)))
+                        "(n: slots)", ch.choice_table(grp, band_names(grp), GROUPS)))
             continue
         several = grp["series_id"].nunique() > 1
-        cols: dict[str, list[str]] = {"": [GROUP_NAMES[g] for g in GROUPS if g in set(grp["group"])]}
+        names = band_names(grp)
+        cols: dict[str, list[str]] = {"": [names[g] for g in GROUPS if g in set(grp["group"])]}
         present = cols[""]
         for (series, ctx), part in grp.groupby(["series", "context_s"], sort=True):
             name = f"{format_seconds(ctx)}" + (f" ({series})" if several else "")
-            by = {GROUP_NAMES[g]: r for g, r in zip(part["group"], part.itertuples(index=False))}
+            by = {names[g]: r for g, r in zip(part["group"], part.itertuples(index=False))}
             cols[name] = [pm(by[n].accuracy, by[n].accuracy_sd) + f" (n={by[n].n_slots:.0f}, {by[n].n_seeds} seeds)"
                           if n in by else "–" for n in present]
         out.append((f"Family {fam}, {ds}" + ("" if cond == CLEAN else f", {cond}") + ": recall slot accuracy (%), "

@@ -67,7 +67,7 @@ def test_no_recall_is_said_to_be_not_learned() -> None:
     window = next(x for x in lines if ", test (clean, one window per slot)" in x)
     for line in (clean, window):
         assert "5.12 s → 10 s: no far-band slots" in line
-        assert "near band (1-4 s) 0.0% → 0.0% (chance 12.5%): **the control is not learned" in line
+        assert "near band (2 s) 0.0% → 0.0% (chance 12.5%): **the control is not learned" in line
         assert "ceiling (unmasked) 100.0% → 100.0%; guess rate (no key) 0.0% → 0.0%." in line
 
 
@@ -77,7 +77,7 @@ def test_no_recall_is_said_to_be_not_learned() -> None:
 ])
 def test_recall_above_chance_is_said_to_be(recalled: dict[float, int], verdict: str, accs: str) -> None:
     lines = verdict_lines(recalled)
-    assert len(lines) == 2 and all(verdict in x and f"near band (1-4 s) {accs} (chance" in x for x in lines), lines
+    assert len(lines) == 2 and all(verdict in x and f"near band (2 s) {accs} (chance" in x for x in lines), lines
     assert not any("not learned" in x for x in lines)
 
 
@@ -86,7 +86,7 @@ def test_the_report_carries_the_near_only_verdict(tmp_path: Path) -> None:
     md = rep.markdown.read_text()
     part = md.split("## Recall control (positive control)")[1].split("\n## ")[0]
     assert part.count("**the control is not learned: near-band recall is at or below chance at every context**") == 2
-    assert "| near band (1-4 s) " in part and "| far band (20-60 s) " not in part
+    assert "| near band (2 s) " in part and "| far band (" not in part
     assert "0.0 ± 0.0 (n=15, 2 seeds)" in part
     assert "far-band accuracy against the series' shortest context" not in part  # no empty test table
     assert not (tmp_path / "recall_tests.csv").read_text().strip().count("\n")  # its header only

@@ -155,7 +155,7 @@ def test_verdict_lines(sweep) -> None:
     flat = next(x for x in lines if ", flat, " in x)
     assert "10 s → 82 s: **yes: the longer context recalls far slots significantly better**" in rec
     assert f"far-band accuracy 10.0% → 95.0% (Holm p = {4 / 512:.3f}, 10 recordings, α = 0.05)" in rec
-    assert "near band (1-4 s) 97.5% → 97.5%; ceiling (unmasked) 100.0% → 100.0%; guess rate (no key) 25.0% → 0.0%" \
+    assert "near band (2-3.5 s) 97.5% → 97.5%; ceiling (unmasked) 100.0% → 100.0%; guess rate (no key) 25.0% → 0.0%" \
         in rec
     assert "**no: no significant difference in far-slot recall from longer context**" in flat
     assert "far-band accuracy 10.0% → 10.0% (Holm p = 1.000" in flat
@@ -168,7 +168,7 @@ def test_report_part_and_csvs(tmp_path: Path) -> None:
     part = md.split("## Recall control (positive control)")[1].split("\n## ")[0]
     assert "**Recall control.**" in part and "**yes: the longer context recalls far slots significantly better**" \
         in part
-    for row in ("near band (1-4 s)", "far band (20-60 s)", "distance 1-4 s", "distance 20-40 s", "distance 40-60 s",
+    for row in ("near band (2-3.5 s)", "far band (25-45 s)", "distance 1-4 s", "distance 20-40 s", "distance 40-60 s",
                 "ceiling (unmasked)", "guess rate (no key)"):
         assert f"| {row} " in part, row
     assert "97.5 ± 3.5 (n=20, 2 seeds)" in part
