@@ -8,6 +8,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 export PYTHONUNBUFFERED=1
+# one thread per process: two workers (and the trainers they start) share two cores, and torch's threads spin-wait;
+# a process that wants more sets it itself
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 if [[ "${1:-}" == "fast" ]]; then
   shift
   set -- -m "not slow and not slurm and not browser" "$@"

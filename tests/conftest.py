@@ -8,6 +8,7 @@ its own SLURM test cluster (start.sh picks free ports and its own state folder),
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 
@@ -23,9 +24,25 @@ ALLOWED = (".venv/", "artifacts/", "__pycache__/", "long_context_asr_study.egg-i
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups (its worker hook is registered after this file)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    demo = set()
     for item in items:
         if "quick_demo" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.xdist_group("demo"))
+            demo.add(item.nodeid.split("::")[0])
+    # slowest modules first, the quick demo's before all (the longest unit one worker takes), so that the two workers
+    # end together; a module keeps its tests' order, so its module fixtures are made once
+    seconds = _module_seconds()
+    items.sort(key=lambda it: -(float("inf") if it.nodeid.split("::")[0] in demo
+                                else seconds.get(it.nodeid.split("::")[0], 0.0)))
+
+
+def _module_seconds() -> dict[str, float]:
+    """{module path: seconds} from tests/durations.json (scripts/test_durations.py); empty if it is missing."""
+    try:
+        table = json.loads((REPO / "tests" / "durations.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return {str(k): float(v) for k, v in table.items()} if isinstance(table, dict) else {}
 
 
 def _checkout_paths() -> set[str] | None:

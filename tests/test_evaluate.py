@@ -30,7 +30,6 @@ from asr_core.data.tokenizer import Tokenizer
 from asr_core.contract.trial import EVAL_DIR, ProgressLog, TrialFolder, eval_fingerprint_tag
 
 ROOT = Path(__file__).resolve().parents[1]
-torch.set_num_threads(2)
 
 
 @pytest.fixture(scope="module")

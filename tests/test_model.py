@@ -14,7 +14,6 @@ from asr_core.model.acoustic import build_model
 from asr_core.model.size import parameter_table
 from asr_core.model.posenc import RotaryEncoding
 
-torch.set_num_threads(2)
 
 
 @pytest.mark.parametrize("name,expected", [("main", 90e6), ("9L-768", 130e6), ("3L-2048-16H", 315e6)])

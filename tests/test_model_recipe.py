@@ -16,7 +16,6 @@ from asr_core.model.acoustic import build_model, count_parameters
 from asr_core.model.size import parameter_table
 from tests.test_model import _batch, _small
 
-torch.set_num_threads(2)
 
 
 # ---- batch renorm schedule ------------------------------------------------------------------------------------
