@@ -76,6 +76,7 @@ from typing import TYPE_CHECKING
 from asr_core.runtime import signals
 from asr_core.config import Config
 from asr_core.contract.atomic import stale_temps
+from asr_core.contract.checkpoint_file import seal_trained
 from asr_core.config_parse import ConfigError
 from asr_core.contract.evaluation import (DEFAULT_EVALUATION, OWN_EVALUATION, EvaluationSpec, default_evaluation,
                                           describe_conditions, evaluated_record, evaluation_tag, read_evaluation)
@@ -371,6 +372,8 @@ def _train_and_evaluate(cfg: Config, folder: TrialFolder, lease: "Lease", tracki
         checkpoint = Path(result.checkpoint)
         mark_trained(folder.path, checkpoint, result.steps)
     _drop_optimizer(checkpoint, lease)
+    if lease.held():
+        seal_trained(folder.path)  # the checkpoint's hash as every evaluation of the model will check it
     if not cfg.eval.datasets:
         return
     evaluated = folder.evaluated

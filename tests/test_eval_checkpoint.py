@@ -64,6 +64,21 @@ def test_a_checkpoint_at_another_step_than_trained_records_is_refused(model: dic
     _nothing_of(model, job, "snr5")
 
 
+def test_a_checkpoint_replaced_before_any_evaluation_read_it_is_refused_by_the_hash_training_sealed(model: dict
+                                                                                                    ) -> None:
+    """Same step, same model key, other bytes, before the model's first evaluation job: the hash the trial job
+    sealed into TRAINED when training ended (written here as it writes it) refuses the file."""
+    ckpt, trained = model["model"] / "checkpoint.pt", TrialFolder(model["model"]).trained
+    record = json.loads(trained.read_text())
+    record["sha256"] = sealed = _sha(ckpt)
+    trained.write_text(json.dumps(record))
+    save_checkpoint(ckpt, _other(model))
+    job = evaluation_job(model, (5.0,))
+    assert _run(model, job) == EXIT_USAGE
+    _refused(job, sealed, _sha(ckpt), "TRAINED")
+    _nothing_of(model, job, "snr5")
+
+
 def test_a_checkpoint_of_another_model_is_refused(model: dict) -> None:
     job = evaluation_job(model, (5.0,))
     other_cfg = model["cfg"].with_overrides(["train.seed=7"])

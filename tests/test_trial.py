@@ -8,6 +8,7 @@ it from start to its end.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -109,6 +110,9 @@ def test_trial_trains_evaluates_and_finishes_once(tmp_path: Path, corpus: Path) 
     final = load_checkpoint(trial_dir / "checkpoint.pt")
     assert "optimizer" not in final and final["model"]  # trained: the optimizer state is dropped, the model kept
     assert "dropped the optimizer state from checkpoint.pt" in done.stdout
+    # TRAINED holds the hash of the checkpoint as training left it, which every evaluation of the model checks
+    sealed = json.loads((trial_dir / "TRAINED").read_text())["sha256"]
+    assert sealed == hashlib.sha256((trial_dir / "checkpoint.pt").read_bytes()).hexdigest()
     steps = sorted(m.step for m in client.get_metric_history(run_id, "train/loss"))
     assert steps == list(range(1, 9)) or steps == list(range(8)), steps
 

@@ -8,8 +8,7 @@ the command               :func:`trial_command` (``python -m asr_core trial --co
                           --run-id …``), run with ``cwd`` = the sweep's workdir and :data:`ENV_JOB_ID` set
 the config it reads       :data:`CONFIG_FILE` in the trial folder, written by :func:`write_config`
 exit codes                :data:`EXIT_OK` 0, :data:`EXIT_FAILED` 1, :data:`EXIT_USAGE` 2, :data:`EXIT_PREEMPTED` 75,
-                          :data:`EXIT_FENCED` 73, :data:`EXIT_CANCELLED` 77,
-                          :data:`EXIT_DIVERGED` 65
+                          :data:`EXIT_FENCED` 73, :data:`EXIT_CANCELLED` 77, :data:`EXIT_DIVERGED` 65
 run states                :data:`SCHEDULED` … :data:`KILLED` (MLflow's), who writes which: see :data:`STATES`; the
                           job writes them through its outbox (:mod:`asr_core.runtime.outbox`, folder :data:`OUTBOX_DIR`)
 tags                      ``TAG_*`` below: the ledger writes the ``sweep.*`` and identity tags at submission, the
@@ -18,8 +17,7 @@ tags                      ``TAG_*`` below: the ledger writes the ``sweep.*`` and
                           :func:`eval_fingerprint_tag`
 trial-folder files        :class:`TrialFolder`; the markers' writers :func:`mark_trained`, :func:`mark_done`,
                           :func:`mark_cancelled`, :func:`mark_evaluated` (atomic: :mod:`asr_core.contract.atomic`)
-progress                  :class:`ProgressLog` (JSON lines the trainer and evaluator append) and
-                          :func:`read_progress` (what ``orchestrate`` shows); never parsed from log text
+progress                  :class:`ProgressLog` (JSON lines) and :func:`read_progress`; never parsed from log text
 segments and outcomes     :func:`asr_core.contract.segments.read_segments` (one line per start of the job),
                           :func:`record_attempt` / :func:`read_attempts` / :func:`failures` / :func:`preemptions`
                           (one line per ended segment)
@@ -270,9 +268,11 @@ def append_json_lines(path: Path, records: Iterable[dict[str, Any]]) -> None:
 
 
 # ---- markers: each written whole or not at all (a full disk leaves the old marker or none) -------------------------
-def mark_trained(trial_dir: Path | str, checkpoint: Path | str, steps: int) -> None:
-    """Write :data:`TRAINED_FILE`: training finished with ``checkpoint`` after ``steps`` steps."""
-    write_atomic(TrialFolder(Path(trial_dir)).trained, json.dumps({"checkpoint": str(checkpoint), "steps": steps}))
+def mark_trained(trial_dir: Path | str, checkpoint: Path | str, steps: int, sha256: str = "") -> None:
+    """Write :data:`TRAINED_FILE`: training finished with ``checkpoint`` after ``steps`` steps; ``sha256``: of the
+    checkpoint as evaluations read it (:func:`asr_core.contract.checkpoint_file.seal_trained`)."""
+    record = {"checkpoint": str(checkpoint), "steps": steps, **({"sha256": sha256} if sha256 else {})}
+    write_atomic(TrialFolder(Path(trial_dir)).trained, json.dumps(record))
 
 
 def trained_checkpoint(trial_dir: Path | str) -> Path | None:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from asr_core.contract.checkpoint_file import not_ours
+from asr_core.contract.checkpoint_file import not_ours, trained_sha256
 from asr_core.contract.trial import TrialFolder
 
 if TYPE_CHECKING:
@@ -97,7 +97,7 @@ def trained_steps(model_dir: Path | str) -> int | None:
 
 def verify(read: CheckpointRead, spec: "EvaluationSpec", model_key: str | None = None) -> None:
     """Refuse (:class:`CheckpointRefused`, naming both) a checkpoint that is not the one ``spec``'s model finished
-    training with: its step differs from the ``TRAINED`` record's, its config is another model's (its key is neither
+    training with: its step or hash differs from the ``TRAINED`` record's, its config is another model's (its key is neither
     ``spec.model`` nor ``model_key``, the key the job's own config gives the model: a model recorded under an older
     key), or it is another file than ``spec`` records an earlier segment of the job read."""
     steps = trained_steps(spec.model_dir)
@@ -106,6 +106,12 @@ def verify(read: CheckpointRead, spec: "EvaluationSpec", model_key: str | None =
             f"evaluation {spec.key}: checkpoint {read.path} is at step {read.step} (sha256 {read.sha256}), but model "
             f"{spec.model}'s TRAINED record says its training finished at step {steps}: the checkpoint was replaced "
             "after training; nothing is evaluated (restore the model's checkpoint, or train the model again)")
+    sealed = trained_sha256(spec.model_dir)
+    if sealed and sealed != read.sha256:
+        raise CheckpointRefused(
+            f"evaluation {spec.key}: checkpoint {read.path} has sha256 {read.sha256} (step {read.step}), but model "
+            f"{spec.model}'s TRAINED record says its training left sha256 {sealed}: the checkpoint was replaced after "
+            "training; nothing is evaluated (restore the model's checkpoint, or train the model again)")
     key = read.config.key()
     if key not in (spec.model, model_key):
         raise CheckpointRefused(
