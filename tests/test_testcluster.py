@@ -147,6 +147,15 @@ def test_node_down_holds_jobs_and_resume_runs_them(slurm_cluster: SlurmCluster, 
 
 
 @pytest.mark.slurm
+def test_the_node_offers_every_cpu_of_the_host_whatever_omp_num_threads_says(slurm_cluster: SlurmCluster) -> None:
+    """``nproc`` answers OMP_NUM_THREADS (1 under ./scripts/test.sh, and on many login nodes): a node sized by it
+    had 1 CPU, and a ray-slurm allocation of 2 stayed PENDING (PartitionConfig) for good."""
+    host = int(os.environ.get("TESTCLUSTER_CPUS") or len(os.sched_getaffinity(0)))
+    node = slurm_cluster.scontrol("-o", "show", "node", slurm_cluster.node)
+    assert f"CPUTot={host} " in node, (os.environ.get("OMP_NUM_THREADS"), node)
+
+
+@pytest.mark.slurm
 def test_start_again_is_idempotent(slurm_cluster: SlurmCluster) -> None:
     run_dir = slurm_cluster.state_dir / "run"
     before = {p.name: p.read_text().strip() for p in run_dir.glob("*.pid")}

@@ -15,7 +15,8 @@
 #   TESTCLUSTER_GPUS       number of fake a100 GPUs on each node, 1 or 2 (default 2)
 #   TESTCLUSTER_TIMEOUT    seconds to wait for each daemon (default 60)
 #   TESTCLUSTER_MAX_ARRAY_SIZE  MaxArraySize (default 10001; the largest array index is one less)
-#   TESTCLUSTER_CPUS       CPUs each node offers (default: nproc); more than nproc oversubscribes the host
+#   TESTCLUSTER_CPUS       CPUs each node offers (default: the host's, whatever OMP_NUM_THREADS says); more
+#                          oversubscribes the host
 #                          (SlurmdParameters=config_overrides), for tests that need more job slots than cores
 #   TESTCLUSTER_NODES      number of nodes, 1 to 8 (default 1). One node is named after this host; with more, the
 #                          nodes are HOST-1 ... HOST-N, each a slurmd of this host (slurmd -N NAME) with its own
@@ -36,7 +37,9 @@ ACCOUNT=${TESTCLUSTER_ACCOUNT:-asr}
 NGPUS=${TESTCLUSTER_GPUS:-2}
 TIMEOUT=${TESTCLUSTER_TIMEOUT:-60}
 MAX_ARRAY_SIZE=${TESTCLUSTER_MAX_ARRAY_SIZE:-10001}
-NCPUS=${TESTCLUSTER_CPUS:-$(nproc)}
+# the host's CPUs: nproc answers OMP_NUM_THREADS and OMP_THREAD_LIMIT, which say nothing of the host
+HOST_CPUS=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)
+NCPUS=${TESTCLUSTER_CPUS:-$HOST_CPUS}
 NNODES=${TESTCLUSTER_NODES:-1}
 NODE=$(hostname -s)
 MUNGE_SOCKET=$MUNGE_DIR/munge.socket
@@ -158,7 +161,7 @@ slurmd_log() { echo "$LOG/$(slurmd_stem "$1").log"; }
 write_configs() {
   local mem_mb db_pass overrides="" stem=slurmd node_lines="" ports i
   # More CPUs than the host has: slurmd would drain the node for "Low socket*core*thread count" without this.
-  if [ "$NCPUS" -gt "$(nproc)" ]; then overrides="SlurmdParameters=config_overrides"; fi
+  if [ "$NCPUS" -gt "$HOST_CPUS" ]; then overrides="SlurmdParameters=config_overrides"; fi
   # Leave 10% of the memory to the system so slurmd never finds less than configured (that drains the node).
   # Several nodes share it equally (each slurmd sees the whole host, so it never finds less than configured).
   mem_mb=$(awk -v n="$NNODES" '/^MemTotal:/ {printf "%d", $2 / 1024 * 0.9 / n}' /proc/meminfo)
