@@ -1,7 +1,10 @@
-"""Seconds each test module took in a run of the suite, from its JUnit report, for ``tests/durations.json``.
+"""Seconds each test module and each test took in a run of the suite, from its JUnit report, for
+``tests/durations.json``.
 
-The suite starts its slowest modules first (tests/conftest.py), so that two workers end together instead of one
-finishing a long test alone at the end. Refresh the file after a change that makes a module much slower or faster:
+The suite uses the file twice (tests/conftest.py): it starts the slowest modules first, so that the workers end
+together instead of one finishing a long test alone at the end, and the fast tier (``./scripts/test.sh fast``)
+leaves out every test that took :data:`FAST_LIMIT_S` or more. Refresh it after a change that makes tests much
+slower or faster:
 
     ./scripts/test.sh --junitxml=artifacts/junit.xml
     .venv/bin/python scripts/test_durations.py artifacts/junit.xml > tests/durations.json
@@ -9,31 +12,47 @@ finishing a long test alone at the end. Refresh the file after a change that mak
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import xml.etree.ElementTree as ET
 from collections import Counter
 from pathlib import Path
 
+KEEP_S = 1.0  # tests faster than this are left out of the file (every module is kept)
 
-def module_seconds(report: Path) -> dict[str, float]:
-    """{test module's path: seconds its tests took}, slowest first, from a JUnit XML ``report``."""
-    seconds: Counter[str] = Counter()
+
+def node_id(classname: str, name: str) -> str:
+    """pytest's node id of a JUnit test case: ``tests.test_a.TestB``, ``test_c[x]@group`` ->
+    ``tests/test_a.py::TestB::test_c[x]`` (the xdist group suffix dropped)."""
+    parts = classname.split(".")
+    module = [p for p in parts if not p[:1].isupper()]
+    classes = [p for p in parts if p[:1].isupper()]
+    return "::".join(["/".join(module) + ".py", *classes, name.split("@", 1)[0]])
+
+
+def durations(report: Path) -> dict[str, dict[str, float]]:
+    """``{"modules": {path: seconds}, "tests": {node id: seconds}}`` (tests of :data:`KEEP_S` or more), slowest
+    first, from a JUnit XML ``report``."""
+    modules: Counter[str] = Counter()
+    tests: Counter[str] = Counter()
     for case in ET.parse(report).iter("testcase"):
-        module = (case.get("classname") or "").split(".")
-        name = "/".join(m for m in module if not m[:1].isupper())  # a class inside the module is not a folder
-        seconds[f"{name}.py"] += float(case.get("time") or 0.0)
-    return {m: round(s, 1) for m, s in seconds.most_common()}
+        nid = node_id(case.get("classname") or "", case.get("name") or "")
+        seconds = float(case.get("time") or 0.0)
+        modules[nid.split("::")[0]] += seconds
+        tests[nid] += seconds
+    return {"modules": {m: round(s, 1) for m, s in modules.most_common()},
+            "tests": {t: round(s, 1) for t, s in tests.most_common() if s >= KEEP_S}}
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 1 or not Path(argv[0]).is_file():
-        print("usage: scripts/test_durations.py JUNIT_XML (a report pytest wrote with --junitxml)", file=sys.stderr)
-        return 2
+    p = argparse.ArgumentParser(prog="scripts/test_durations.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("junit_xml", help="a report pytest wrote with --junitxml")
+    args = p.parse_args(argv)
     try:
-        table = module_seconds(Path(argv[0]))
-    except ET.ParseError as e:
-        print(f"scripts/test_durations.py: {argv[0]} is not JUnit XML ({e})", file=sys.stderr)
+        table = durations(Path(args.junit_xml))
+    except (OSError, ET.ParseError) as e:
+        print(f"scripts/test_durations.py: {args.junit_xml} is not a readable JUnit XML report ({e})", file=sys.stderr)
         return 2
     print(json.dumps(table, indent=1))
     return 0
