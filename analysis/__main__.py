@@ -40,8 +40,8 @@ from analysis.fetch import CollectError
 from analysis.werr import DEFAULT_BASELINE_CONTEXT_S, SelectionError, compare_configs, format_seconds, resolve_config
 from asr_core.contract.metrics import CLEAN, condition_name
 from asr_core.contract.options import positional, renamed
-from asr_core.contract.tracking import (DEFAULT_SWEEP_ROOT, ENV, bad_uri, bound_mlflow_http, missing_ledger,
-                                        mlflow_http, tracking_uri)
+from asr_core.contract.tracking import (DEFAULT_SWEEP_ROOT, ENV, SWEEP_ROOT_ENV, bad_uri, bound_mlflow_http,
+                                        default_sweep_root, missing_ledger, mlflow_http, tracking_uri)
 from asr_core.version import ShowVersion
 
 if TYPE_CHECKING:
@@ -107,8 +107,8 @@ def ledger_options(p: argparse.ArgumentParser) -> None:
     """``--tracking-uri`` and ``--sweep-root``: where the sweep's ledger is, by the one rule."""
     p.add_argument("--tracking-uri", default=None, help=f"MLflow tracking URI (default: the URI the sweep's folder "
                    f"recorded, else ${ENV}, else sqlite:///SWEEP_ROOT/mlflow.db)")
-    p.add_argument("--sweep-root", default=DEFAULT_SWEEP_ROOT, help="the folder sweeps live in, for the sweep's "
-                   f"recorded URI and the default ledger (default: ./{DEFAULT_SWEEP_ROOT})")
+    p.add_argument("--sweep-root", default=default_sweep_root(), help="the folder sweeps live in, for the sweep's "
+                   f"recorded URI and the default ledger (default: ${SWEEP_ROOT_ENV}, else ./{DEFAULT_SWEEP_ROOT})")
 
 
 def _report(args: argparse.Namespace) -> int:

@@ -121,9 +121,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
     record_estimate(sweep.path, grid, profile, args.backend)  # for status: GPU-hours spent against it
     print(f"sweep {sweep.name}: {plan.summary()}")
-    print(f"  folder {sweep.path}\n  ledger {uri}\n  status: orchestrate status {sweep.name} "
-          f"--sweep-root {args.sweep_root}")
-    return _behind(args, plan, sweep.name)
+    print(f"  folder {sweep.path}\n  ledger {uri}\n  status: {sweep.command('status')}")
+    return _behind(args, plan, sweep)
 
 
 def _evaluations_of(sweep: SweepDir):  # noqa: ANN202 - a closure for run_sweep's expand
@@ -219,17 +218,17 @@ def cmd_resume(args: argparse.Namespace) -> int:
                          write=True, adopt=True, backend=backend, code=_code(), expand=_evaluations_of(sweep),
                          only=_selected(args.where))
     print(f"sweep {sweep.name}: {plan.summary()}")
-    return _behind(args, plan, sweep.name)
+    return _behind(args, plan, sweep)
 
 
-def _behind(args: argparse.Namespace, plan: "Plan", name: str) -> int:
+def _behind(args: argparse.Namespace, plan: "Plan", sweep: SweepDir) -> int:
     """0, or :data:`EXIT_TRACKER` and a line saying what to run once MLflow answers when a blocking backend's trials
     ran but the ledger could not be read at the end (their results wait in their folders' outboxes)."""
     if not plan.ledger_behind:
         return 0
     print(f"orchestrate {args.command}: the trials ran and their results are in their folders (outboxes), but "
-          f"{plan.ledger_behind}; once MLflow answers, `orchestrate status {name} --sweep-root "
-          f"{args.sweep_root}` ships them and brings the runs up to date", file=sys.stderr)
+          f"{plan.ledger_behind}; once MLflow answers, `{sweep.command('status')}` ships them and brings the runs "
+          "up to date", file=sys.stderr)
     return EXIT_TRACKER
 
 
@@ -314,9 +313,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         print(f"sweep {sweep.name}, evaluation {spec.name}: {len(planned.get('added', []))} new evaluation jobs, "
               f"{len(planned.get('untrained', []))} models not trained yet; {plan.summary()}")
         print(f"  results: {', '.join(f'wer_{d}/...' for d in spec.decoders)} in each model's run; status: "
-              f"orchestrate status {sweep.name} "
-              f"--sweep-root {args.sweep_root}")
-        return _behind(args, plan, sweep.name)
+              f"{sweep.command('status')}")
+        return _behind(args, plan, sweep)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from asr_core.contract.options import renamed
-from asr_core.contract.tracking import DEFAULT_SWEEP_ROOT, ENV
+from asr_core.contract.tracking import DEFAULT_SWEEP_ROOT, ENV, SWEEP_ROOT_ENV, default_sweep_root
 from asr_core.version import ShowVersion
 from orchestrate.show import add_arguments as show_arguments
 from orchestrate.sweep import DEFAULT_MAX_FAILURES
@@ -28,8 +28,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "job runs on this host (recorded in the sweep)")
 
     def common(sp: argparse.ArgumentParser) -> None:
-        sp.add_argument("--sweep-root", default=DEFAULT_SWEEP_ROOT, help="folder holding sweeps and the default "
-                        f"sqlite ledger (default: ./{DEFAULT_SWEEP_ROOT})")
+        sp.add_argument("--sweep-root", default=default_sweep_root(), help="folder holding sweeps and the default "
+                        f"sqlite ledger (default: ${SWEEP_ROOT_ENV}, else ./{DEFAULT_SWEEP_ROOT})")
         sp.add_argument("--tracking-uri", default=None, help="MLflow URI: sqlite:///PATH or http://HOST:PORT "
                         f"(default: the sweep's own, else ${ENV}, else sqlite:///SWEEP_ROOT/mlflow.db)")
 

@@ -27,6 +27,7 @@ import errno
 import fcntl
 import json
 import os
+import shlex
 import socket
 import time
 import uuid
@@ -39,6 +40,7 @@ from asr_core.config import Config
 from asr_core.contract.atomic import backup_of, write_atomic
 from asr_core.contract.evaluation import EvaluationSpec, is_evaluation
 from asr_core.contract.trial import TrialFolder, mark_cancelled, write_config
+from asr_core.contract.tracking import SWEEP_ROOT_ENV
 from orchestrate.mounts import flock_problem
 from orchestrate.trial import Trial
 
@@ -140,6 +142,10 @@ class SweepDir:
         self.name = name
         self.path = (Path(root) / name).resolve()
 
+    def command(self, verb: str) -> str:
+        """The command line ``orchestrate VERB`` of this sweep that works from any folder (its root spelled out)."""
+        return f"orchestrate {verb} {self.name} --sweep-root {shlex.quote(str(self.path.parent))}"
+
     # ---- manifest and trials ----------------------------------------------------------------------------------------
     @property
     def manifest_path(self) -> Path:
@@ -157,7 +163,7 @@ class SweepDir:
             d = read_json(self.manifest_path, "the sweep's manifest", dict)
         except FileNotFoundError:
             raise SweepError(f"no sweep {self.name!r} under {self.path.parent} (no {self.manifest_path}); "
-                             "submit it first, or pass --sweep-root") from None
+                             f"submit it first, or pass --sweep-root (or set ${SWEEP_ROOT_ENV})") from None
         known = set(Manifest.__dataclass_fields__)
         unknown = sorted(set(d) - known)
         if unknown:

@@ -20,10 +20,17 @@ from pathlib import Path
 
 ENV = "MLFLOW_TRACKING_URI"
 DEFAULT_SWEEP_ROOT = "runs"
+SWEEP_ROOT_ENV = "ASR_STUDY_SWEEP_ROOT"  # the folder sweeps live in, for every command run from anywhere
 LEDGER_FILE = "mlflow.db"
 SWEEP_MANIFEST = "sweep.json"  # the sweep folder's manifest (written by orchestrate.sweep); its "tracking_uri"
 RULE = (f"--tracking-uri, else the sweep folder's recorded URI, else ${ENV}, else "
-        f"sqlite:///SWEEP_ROOT/{LEDGER_FILE} (SWEEP_ROOT: --sweep-root, default ./{DEFAULT_SWEEP_ROOT})")
+        f"sqlite:///SWEEP_ROOT/{LEDGER_FILE} (SWEEP_ROOT: --sweep-root, else ${SWEEP_ROOT_ENV}, else "
+        f"./{DEFAULT_SWEEP_ROOT})")
+
+
+def default_sweep_root() -> str:
+    """The folder sweeps live in when no ``--sweep-root`` is given: ``$ASR_STUDY_SWEEP_ROOT``, else ``./runs``."""
+    return os.environ.get(SWEEP_ROOT_ENV, "").strip() or DEFAULT_SWEEP_ROOT
 
 
 def default_tracking_uri(sweep_root: str | Path = DEFAULT_SWEEP_ROOT) -> str:
@@ -49,7 +56,7 @@ def tracking_uri(given: str | None, *, sweep_root: str | Path | None = None, swe
     sqlite file (the trainer's standalone commands)."""
     if given:
         return given
-    root = Path(sweep_root if sweep_root is not None else DEFAULT_SWEEP_ROOT)
+    root = Path(sweep_root if sweep_root is not None else default_sweep_root())
     if sweep:
         recorded = recorded_tracking_uri(root, sweep)
         if recorded:

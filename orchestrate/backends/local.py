@@ -62,7 +62,7 @@ class LocalBackend(Backend):
         if rc != 0 and child.signalled is not None:
             raise BackendError(f"stopped by {signal.Signals(child.signalled).name}: the running trainers "
                                f"checkpointed where they were (driver exit {rc}, log {child.log_path}); "
-                               f"`orchestrate resume {self.sweep.name}` continues the sweep")
+                               f"`{self.sweep.command('resume')}` continues the sweep")
         if rc != 0:
             raise BackendError(f"the local Tune driver exited with {rc}: {last_line(child.log_path)} "
-                               f"(log {child.log_path}); `orchestrate resume {self.sweep.name}` continues the sweep")
+                               f"(log {child.log_path}); `{self.sweep.command('resume')}` continues the sweep")

@@ -236,7 +236,7 @@ class SlurmBackend(Backend):
             done = (f"arrays {', '.join(queued)} ({i} of {n_arrays}) are queued, the other " if queued
                     else "nothing was submitted, the ")
             raise BackendError(f"sbatch failed for sweep {self.sweep.name}: {e}; {done}runs stay SCHEDULED and "
-                               f"`orchestrate resume {self.sweep.name}` retries") from None
+                               f"`{self.sweep.command('resume')}` retries") from None
         array_id = handles[0].job_id.split("_")[0]
         sub.record_job(array_id)
         limit = f", at most {parallelism} at once" if parallelism else ""
