@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from analysis import stats
@@ -225,6 +226,10 @@ def _main(argv: list[str]) -> int:
               f"--bootstrap {args.bootstrap} be at least 100"
               + (f" and --baseline-context-s {args.baseline_context_s:g} positive" if args.command == "report" else ""),
               file=sys.stderr)
+        return EXIT_USAGE
+    out = Path(args.out) if args.command == "report" else None
+    if out is not None and out.exists() and not out.is_dir():  # before the ledger is looked for, nothing written
+        print(f"error: --out {out} is a file; give a folder for the report (made if missing)", file=sys.stderr)
         return EXIT_USAGE
     args.tracking_uri = tracking_uri(args.tracking_uri, sweep_root=args.sweep_root, sweep=args.sweep)
     bad = bad_uri(args.tracking_uri)

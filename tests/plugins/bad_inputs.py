@@ -183,6 +183,8 @@ CASES: tuple[Case, ...] = (
          ("--significance 2", "(0, 1)"), fast=True),
     Case("report-unknown-heads-repr", "analysis", ("report", "x", "--out", "{d}/rep", "--heads-repr", "Z"),
          ("--heads-repr", "'Z'")),
+    Case("report-out-is-a-file", "analysis", ("report", "x", "--out", "{d}/t.txt"), ("--out", "{d}/t.txt", "is a file"),
+         fast=True),
     Case("compare-level-out-of-range", "analysis", ("compare", "x", "a", "b", "--level", "1.5"), ("--level 1.5",)),
     Case("compare-bad-bootstrap", "analysis", ("compare", "x", "a", "b", "--bootstrap", "-5",
                                                "--tracking-uri", "sqlite:///{d}/m.db"), ("--bootstrap", "-5")),
