@@ -46,9 +46,10 @@ def file_refusal(path: str | Path) -> str | None:
 
 def command_refusal(command: str, path: str | Path) -> str | None:
     """The one line ``command`` prints when it refuses ``path`` before importing torch (None: a zip archive, read
-    next): ``COMMAND: checkpoint PATH not found`` for anything but a file, else :func:`file_refusal`'s words."""
+    next): ``COMMAND: checkpoint PATH not found`` where nothing is there, else :func:`file_refusal`'s words (a trial
+    folder: the checkpoint inside it, by name)."""
     path = Path(path)
-    if not path.is_file():
+    if not path.is_file() and not path.is_dir():
         return f"{command}: checkpoint {path} not found"
     refused = file_refusal(path)
     return f"{command}: {refused}" if refused else None

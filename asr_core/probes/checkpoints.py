@@ -6,11 +6,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from asr_core.contract.checkpoint_file import file_refusal
+
 
 def refusal(prog: str, checkpoints: Sequence[Path], out: Path | None, several: str = "each gets a folder in it"
             ) -> str | None:
-    """The one line a probe exits 2 with, or None: a checkpoint that is not a file, or several checkpoints without
+    """The one line a probe exits 2 with, or None: a checkpoint that is a folder or not there, or several checkpoints without
     ``--out`` (``several`` says what --out then holds)."""
+    folder = next((c for c in checkpoints if c.is_dir()), None)
+    if folder is not None:  # a trial folder: the checkpoint inside it, by name
+        return f"{prog}: {file_refusal(folder)}"
     missing = [str(c) for c in checkpoints if not c.is_file()]
     if missing:
         return f"{prog}: checkpoint not found: {', '.join(missing)}"

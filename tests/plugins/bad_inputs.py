@@ -64,6 +64,9 @@ CASES: tuple[Case, ...] = (
          ("not a checkpoint of this project", "{d}/noconfig.pt", "config")),
     Case("evaluate-empty-file", "asr_core", ("evaluate", "{d}/empty.pt"), ("{d}/empty.pt",)),
     Case("evaluate-directory", "asr_core", ("evaluate", "{d}"), ("{d}",)),
+    Case("evaluate-trial-folder", "asr_core", ("evaluate", "{d}/trial"), ("did you mean", "{d}/trial/checkpoint.pt")),
+    Case("heads-trial-folder", "asr_core", ("heads", "{d}/trial"), ("did you mean", "{d}/trial/checkpoint.pt")),
+    Case("reach-trial-folder", "asr_core", ("reach", "{d}/trial"), ("did you mean", "{d}/trial/checkpoint.pt")),
     Case("evaluate-missing", "asr_core", ("evaluate", "{d}/missing.pt"), ("{d}/missing.pt", "not found")),
     Case("evaluate-bad-config", "asr_core", ("evaluate", "{d}/badconfig.pt"), ("{d}/badconfig.pt",)),
     Case("heads-text-as-pt", "asr_core", ("heads", "{d}/text.pt"), ("not a checkpoint of this project", "{d}/text.pt")),
@@ -203,6 +206,8 @@ def make_scratch(d: Path) -> Path:
     (d / "empty.pt").write_bytes(b"")
     _acoustic_checkpoints(d)
     (d / "t.txt").write_text("some words\n")
+    (d / "trial").mkdir(exist_ok=True)
+    (d / "trial" / "checkpoint.pt").write_text("a trial folder's checkpoint\n")
     (d / "tiny.yaml").write_text("preset: tiny\n")
     (d / "unknown-key.yaml").write_text("preset: tiny\nmodle: {d_model: 4}\n")
     (d / "noaudio").mkdir()
