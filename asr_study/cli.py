@@ -23,6 +23,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from asr_core.runtime.crash import DEBUG_FLAG
 from asr_core.version import ShowVersion
 
 PROG = "asr-study"
@@ -47,6 +48,8 @@ def parser() -> argparse.ArgumentParser:
                                 "Attention-Based ASR System Need?': one command, three groups.", epilog=EPILOG,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action=ShowVersion)
+    p.add_argument(DEBUG_FLAG, action="store_true", help="let a bug's traceback through instead of one line and a "
+                   "crash log (or set ASR_STUDY_DEBUG=1)")
     sub = p.add_subparsers(dest="group", metavar="GROUP", required=True)
     for name, (_, text) in [*GROUPS.items(), (SERVER, ("", SERVER_HELP))]:
         sp = sub.add_parser(name, help=text, add_help=False)
@@ -82,10 +85,12 @@ def main(argv: list[str] | None = None) -> int:
         from asr_study.complete import complete
 
         complete(top, tuple(GROUPS), SERVER, group_main)
+    debug = argv[:1] == [DEBUG_FLAG]  # `asr-study --debug GROUP ...`, as the crash message says: the group's own
+    argv = argv[1:] if debug else argv
     if not argv or argv[0] not in (*GROUPS, SERVER):
         top.parse_args(argv)  # --help, --version, or exit 2 naming the valid groups
         return 2
     name, rest = argv[0], argv[1:]
     if name == SERVER:
         return run_server(rest)
-    return int(group_main(name)(rest) or 0)
+    return int(group_main(name)([DEBUG_FLAG, *rest] if debug else rest) or 0)

@@ -51,6 +51,22 @@ def test_a_group_is_the_command_it_names(capsys: pytest.CaptureFixture[str]) -> 
     assert main(["core"]) == 2 and "train" in capsys.readouterr().out  # python -m asr_core's own list
 
 
+def test_debug_before_the_group_goes_to_the_group(capsys: pytest.CaptureFixture[str],
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """``asr-study --debug GROUP ...``, as the crash message and the README say: the group runs with tracebacks
+    let through (was: unrecognized arguments, exit 2)."""
+    import orchestrate.cli
+
+    def boom(argv: list[str]) -> int:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(orchestrate.cli, "_main", boom)
+    with pytest.raises(RuntimeError, match="a bug"):  # the traceback goes through
+        main(["--debug", "orchestrate", "plan", "x"])
+    assert main(["orchestrate", "plan", "x"]) == 1  # without it: one line and a crash log
+    assert "a bug" in capsys.readouterr().err
+
+
 def test_the_long_forms_and_the_installed_command_agree() -> None:
     env = {k: v for k, v in os.environ.items() if k != "_ARGCOMPLETE"}
     for args in (["-m", "asr_study", "core", "--help"], ["-m", "asr_core", "--help"]):
