@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from asr_core.contract.trial import EXIT_USAGE
-from orchestrate.backends.base import BackendError
+from orchestrate.backends.base import BackendError, StoppedBySignal
 from orchestrate.backends.profile import load_profile
 from orchestrate.cli_parser import build_parser
 from orchestrate.commands import (SERVER_HINT, UsageError, check_data, check_shared_ledger, execution_overrides,
@@ -345,6 +345,9 @@ def _main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     try:
         return COMMANDS[args.command](args)
+    except StoppedBySignal as e:  # Ctrl-C of a foreground sweep: 130, as every other command (asr_core.runtime.crash)
+        print(f"orchestrate {args.command}: {e}", file=sys.stderr)
+        return 128 + e.signum
     except (GridError, UsageError, BackendError, LedgerError, SweepError, DecodeFileError, WhereError,
             EvaluationError) as e:
         print(f"orchestrate {args.command}: {e}", file=sys.stderr)

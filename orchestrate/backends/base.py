@@ -15,13 +15,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, ClassVar
 
-from orchestrate.backends.profile import BackendError, Profile
+from orchestrate.backends.profile import BackendError, Profile, StoppedBySignal
 from orchestrate.sweep import Submission, SweepDir
 from orchestrate.trial import Trial
 
 # The interface: what backends implement and raise, and what the dispatcher reads of them. BackendError is defined
 # beside the profile, whose loading raises it first (the profile is below this module: it imports nothing here).
-__all__ = ["Backend", "BackendError", "Job", "JobEnd", "OnSubmitted"]
+__all__ = ["Backend", "BackendError", "Job", "JobEnd", "OnSubmitted", "StoppedBySignal"]
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ import signal
 import sys
 from pathlib import Path
 
-from orchestrate.backends.base import Backend, BackendError, Job, OnSubmitted
+from orchestrate.backends.base import Backend, BackendError, Job, OnSubmitted, StoppedBySignal
 from orchestrate.backends.tune_driver import driver_command, ray_auth_env
 from orchestrate.progress import ProgressPrinter
 from orchestrate.runner import TrialProcess, install_forwarding, last_line
@@ -60,9 +60,9 @@ class LocalBackend(Backend):
         rc = child.wait(stop=progress.tick)  # tick prints a progress line now and then; it never stops the driver
         print(progress.line(), file=sys.stderr, flush=True)
         if rc != 0 and child.signalled is not None:
-            raise BackendError(f"stopped by {signal.Signals(child.signalled).name}: the running trainers "
-                               f"checkpointed where they were (driver exit {rc}, log {child.log_path}); "
-                               f"`{self.sweep.command('resume')}` continues the sweep")
+            raise StoppedBySignal(f"stopped by {signal.Signals(child.signalled).name}: the running trainers "
+                                  f"checkpointed where they were (driver exit {rc}, log {child.log_path}); "
+                                  f"`{self.sweep.command('resume')}` continues the sweep", child.signalled)
         if rc != 0:
             raise BackendError(f"the local Tune driver exited with {rc}: {last_line(child.log_path)} "
                                f"(log {child.log_path}); `{self.sweep.command('resume')}` continues the sweep")

@@ -32,6 +32,15 @@ class BackendError(RuntimeError):
     """The backend cannot run the sweep as asked (bad profile, missing scheduler, failed submission)."""
 
 
+class StoppedBySignal(BackendError):
+    """A backend that runs the trials in the foreground was stopped by ``signum`` (Ctrl-C: SIGINT) and its trainers
+    checkpointed; the command exits 128 + ``signum``, as a shell reports a process a signal ended."""
+
+    def __init__(self, message: str, signum: int) -> None:
+        super().__init__(message)
+        self.signum = signum
+
+
 # ---- time limits as SLURM writes them, and the time_limit: estimate rule -------------------------------------
 def parse_minutes(text: str | int | float) -> int:
     """Whole minutes (rounded up) of ``minutes``, ``HH:MM:SS``, ``MM:SS``-less ``HH:MM`` or ``D-HH:MM:SS``; ValueError
