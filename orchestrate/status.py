@@ -96,15 +96,19 @@ def _pace(r: TrialStatus) -> str:
     return f"{r.rate:.3g} {unit}{left}"
 
 
-def _overall(rows: list[TrialStatus], estimate: float | None) -> str:
-    """The share of the work done and the GPU-hours spent (against the recorded ``estimate``), in one line."""
+def _overall(rows: list[TrialStatus], estimate: float | None, backend: str = "slurm") -> str:
+    """The share of the work done and the GPU-hours spent (against the recorded ``estimate``), in one line; a local
+    sweep's hours are its trials' hours on this machine, whatever device they used, not GPU-hours."""
     done = sum(r.progress or 0.0 for r in rows) / len(rows) if rows else 0.0
     hours = sum(r.gpu_hours for r in rows)
+    progress = (f"  progress {100 * done:.1f}% (finished trials whole, the others by their training steps or "
+                "evaluation units); ")
+    if backend == "local":
+        return progress + f"{hours:.1f} trial-hours spent on this machine (local backend: one core or GPU each)"
     against = (f" of {estimate:.1f} estimated ({100 * hours / estimate:.0f}%; the estimate submit recorded)"
                if estimate else " (no estimate recorded: a cluster submit records one; `orchestrate plan GRID "
                "--estimate` gives it)")
-    return (f"  progress {100 * done:.1f}% (finished trials whole, the others by their training steps or "
-            f"evaluation units); {hours:.1f} GPU-hours spent{against} (one GPU per trial)")
+    return progress + f"{hours:.1f} GPU-hours spent{against} (one GPU per trial)"
 
 
 def show_status(args: argparse.Namespace, sweep: SweepDir, manifest: Manifest,
@@ -157,7 +161,7 @@ def _show_once(args: argparse.Namespace, sweep: SweepDir, manifest: Manifest,
         if counts[state]:
             extra = f"  ({gave_up} gave up after {max_failures} failures)" if state == FAILED and gave_up else ""
             print(f"  {state:<9}  {counts[state]:>5}{extra}")
-    print(_overall(rows, estimated_hours(sweep.path, [r.key for r in rows])))
+    print(_overall(rows, estimated_hours(sweep.path, [r.key for r in rows]), manifest.backend))
     if view.note:
         print(f"  scheduler: {view.note}")
     if wanted:

@@ -64,7 +64,8 @@ def test_state_and_where_narrow_status_and_each_trial_names_its_folder_and_log(f
     assert {ln.split()[1] for ln in listed} == running, p.stdout
     assert all(f"    log {fake.trial_dir(k) / 'trial.log'}" in p.stdout for k in running)
     assert "10 steps/s" in p.stdout and " left" in p.stdout
-    assert "progress " in p.stdout and "GPU-hours spent" in p.stdout
+    # a local sweep's hours are not GPU-hours: its trials ran on this machine's cores
+    assert "progress " in p.stdout and "trial-hours spent on this machine" in p.stdout and "GPU-hours" not in p.stdout
     assert "lost" not in p.stdout.split("\n\n", 1)[1].lower().split("ledger:")[0]  # only the state asked for
 
     only = rows_of(status(root, fake.name, "--json", "--no-reconcile", "--state", "RUNNING").stdout)
