@@ -1,10 +1,7 @@
-"""Seconds each test module and each test took in a run of the suite, from its JUnit report, for
-``tests/durations.json``.
+"""Seconds each test took in a run of the suite, from its JUnit report, for ``tests/durations.json``.
 
-The suite uses the file twice (tests/conftest.py): it starts the slowest modules first, so that the workers end
-together instead of one finishing a long test alone at the end, and the fast tier (``./scripts/test.sh fast``)
-leaves out every test that took :data:`FAST_LIMIT_S` or more. Refresh it after a change that makes tests much
-slower or faster:
+The fast tier (``./scripts/test.sh fast``) leaves out every test that took ``FAST_LIMIT_S`` (tests/conftest.py) or
+more there. Refresh it after a change that makes tests much slower or faster:
 
     ./scripts/test.sh --junitxml=artifacts/junit.xml
     .venv/bin/python scripts/test_durations.py artifacts/junit.xml > tests/durations.json
@@ -19,7 +16,7 @@ import xml.etree.ElementTree as ET
 from collections import Counter
 from pathlib import Path
 
-KEEP_S = 1.0  # tests faster than this are left out of the file (every module is kept)
+KEEP_S = 1.0  # tests faster than this are left out of the file
 
 
 def node_id(classname: str, name: str) -> str:
@@ -31,18 +28,13 @@ def node_id(classname: str, name: str) -> str:
     return "::".join(["/".join(module) + ".py", *classes, name.split("@", 1)[0]])
 
 
-def durations(report: Path) -> dict[str, dict[str, float]]:
-    """``{"modules": {path: seconds}, "tests": {node id: seconds}}`` (tests of :data:`KEEP_S` or more), slowest
-    first, from a JUnit XML ``report``."""
-    modules: Counter[str] = Counter()
+def durations(report: Path) -> dict[str, float]:
+    """{test node id: seconds} of the tests that took :data:`KEEP_S` or more, slowest first, from a JUnit XML
+    ``report``."""
     tests: Counter[str] = Counter()
     for case in ET.parse(report).iter("testcase"):
-        nid = node_id(case.get("classname") or "", case.get("name") or "")
-        seconds = float(case.get("time") or 0.0)
-        modules[nid.split("::")[0]] += seconds
-        tests[nid] += seconds
-    return {"modules": {m: round(s, 1) for m, s in modules.most_common()},
-            "tests": {t: round(s, 1) for t, s in tests.most_common() if s >= KEEP_S}}
+        tests[node_id(case.get("classname") or "", case.get("name") or "")] += float(case.get("time") or 0.0)
+    return {t: round(s, 1) for t, s in tests.most_common() if s >= KEEP_S}
 
 
 def main(argv: list[str]) -> int:

@@ -24,32 +24,27 @@ ALLOWED = (".venv/", "artifacts/", "__pycache__/", "long_context_asr_study.egg-i
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups (its worker hook is registered after this file)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    demo, recorded = set(), _durations()
-    modules, tests = recorded.get("modules", {}), recorded.get("tests", {})
+    tests = _test_seconds()
     for item in items:
-        if "quick_demo" in getattr(item, "fixturenames", ()):
+        demo = "quick_demo" in getattr(item, "fixturenames", ())
+        if demo:
             item.add_marker(pytest.mark.xdist_group("demo"))
-            demo.add(item.nodeid.split("::")[0])
         # the fast tier ("not slow") leaves out what needs the quick demo and every test that took FAST_LIMIT_S
         # or more in the recorded run
-        if item.nodeid.split("::")[0] in demo or tests.get(item.nodeid, 0.0) >= FAST_LIMIT_S:
+        if demo or tests.get(item.nodeid, 0.0) >= FAST_LIMIT_S:
             item.add_marker(pytest.mark.slow)
-    # slowest modules first, the quick demo's before all (the longest unit one worker takes), so that the workers
-    # end together; a module keeps its tests' order, so its module fixtures are made once
-    items.sort(key=lambda it: -(float("inf") if it.nodeid.split("::")[0] in demo
-                                else modules.get(it.nodeid.split("::")[0], 0.0)))
 
 
 FAST_LIMIT_S = 4.0
 
 
-def _durations() -> dict[str, dict[str, float]]:
-    """tests/durations.json (scripts/test_durations.py): seconds per module and per test of a recorded run of the
-    suite; empty if it is missing or unreadable."""
+def _test_seconds() -> dict[str, float]:
+    """{test node id: seconds} from tests/durations.json (scripts/test_durations.py), the tests of a recorded run of
+    the suite that took a second or more; empty if it is missing or unreadable."""
     try:
         table = json.loads((REPO / "tests" / "durations.json").read_text())
-        return {part: {str(k): float(v) for k, v in table[part].items()} for part in ("modules", "tests")}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return {str(k): float(v) for k, v in table.items()}
+    except (OSError, ValueError, TypeError, AttributeError):
         return {}
 
 
