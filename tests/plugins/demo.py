@@ -50,7 +50,7 @@ def run_demo(out: Path) -> DemoRun:
     out.parent.mkdir(parents=True, exist_ok=True)
     with log.open("w") as f:  # streamed to a file so a hung demo still leaves its progress behind
         proc = subprocess.run([str(REPO / "scripts" / "demo.sh"), "--quick"], cwd=REPO, env=env, stdout=f,
-                              stderr=subprocess.STDOUT, timeout=1500)
+                              stderr=subprocess.STDOUT, timeout=2700)
     return DemoRun(proc.returncode, log.read_text(), time.monotonic() - start)
 
 
