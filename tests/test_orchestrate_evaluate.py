@@ -36,7 +36,8 @@ from tests.test_backend import smoke_corpus, squeue_states, wait_until, write_pr
 __all__ = ["smoke_corpus"]  # the session fixture, shared with test_backend
 
 # the tests that share the module's finished sweep run on one worker, so it is trained once
-pytestmark = [pytest.mark.timeout(600), pytest.mark.xdist_group("orchestrate_evaluate")]
+# slow: every test reads a sweep trained for the module (about a minute), so the fast tier leaves the module out
+pytestmark = [pytest.mark.timeout(600), pytest.mark.xdist_group("orchestrate_evaluate"), pytest.mark.slow]
 
 GRID = """
 name: %s
