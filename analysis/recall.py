@@ -4,7 +4,8 @@ A synthetic corpus made with ``synth --recall`` says a code word clearly and lat
 masked (:mod:`asr_core.data.corpora.recall`); evaluation scores each slot (:mod:`asr_core.evaluation.recall`) into
 ``eval/<DATASET>.slots.csv`` (:data:`asr_core.contract.metrics.SLOT_COLUMNS`), read into
 :attr:`analysis.collect.Sweep.slots`. A model that uses its context recalls a masked code word when the clear
-mention lies inside it: the near band (1-4 s back in the recall plant) is inside every window, the far band (20-60 s) only inside long ones.
+mention lies inside it: the near band (1-4 s back in the recall plant) is inside every window, the far band
+(20-60 s) only inside long ones.
 
 Two scorings (the table's ``scoring``): the moving-window decoding that evaluation makes, reported under its condition
 (``clean``), and one window per slot ending 1 s after it (:mod:`asr_core.evaluation.recall_window`), reported as the

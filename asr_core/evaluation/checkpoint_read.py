@@ -97,9 +97,9 @@ def trained_steps(model_dir: Path | str) -> int | None:
 
 def verify(read: CheckpointRead, spec: "EvaluationSpec", model_key: str | None = None) -> None:
     """Refuse (:class:`CheckpointRefused`, naming both) a checkpoint that is not the one ``spec``'s model finished
-    training with: its step or hash differs from the ``TRAINED`` record's, its config is another model's (its key is neither
-    ``spec.model`` nor ``model_key``, the key the job's own config gives the model: a model recorded under an older
-    key), or it is another file than ``spec`` records an earlier segment of the job read."""
+    training with: its step or hash differs from the ``TRAINED`` record's, its config is another model's (its key is
+    neither ``spec.model`` nor ``model_key``, the key the job's own config gives the model: a model recorded under an
+    older key), or it is another file than ``spec`` records an earlier segment of the job read."""
     steps = trained_steps(spec.model_dir)
     if steps is not None and steps != read.step:
         raise CheckpointRefused(
