@@ -343,3 +343,31 @@ def test_recall_command_writes_the_table(recall_corpus: Path, tmp_path: Path,
         (plain / f.name).write_bytes(f.read_bytes())
     assert probe.cli([str(ckpt), "--data", f"plain=podcast:{plain}", "--out", str(tmp_path / "p")]) == 2
     assert "datasets ['plain'] have no recall slots" in capsys.readouterr().err
+
+
+def test_recall_window_seconds_other_than_the_models_context(recall_corpus: Path, tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """``--window-s``: each slot decoded from a window of S seconds instead of the model's context (a long-context
+    model asked with short windows, or here a short one with longer); the summary says both, and a window too short
+    to hold a slot's code word and the second after it, or not a number, exits 2."""
+    from asr_core.decoding.decode import window_frames
+    from asr_core.probes import recall as probe
+
+    ckpt = _checkpoint(tmp_path)
+    other = tmp_path / "other"
+    other.mkdir()
+    ckpt2 = _checkpoint(other)
+    assert probe.cli([str(ckpt), str(ckpt2), "--data", f"rec=podcast:{recall_corpus}", "--device", "cpu", "--out",
+                      str(tmp_path / "short"), "--window-s", "5.12"]) == 0
+    captured = capsys.readouterr()
+    frames = window_frames(5.12, 100.0, 4)
+    assert frames != window_frames(2.56, 100.0, 4)
+    assert f"context 2.56 s, windows of 5.12 s = {frames} frames" in captured.err
+    assert "single window, context 2.56 s, windows of 5.12 s)" in captured.out
+    summary = pd.read_csv(tmp_path / "short" / "summary.csv")
+    assert (summary.context_s == 2.56).all() and (summary.window_s == 5.12).all()
+    for bad in ("2.5", "0", "-1", "nan", "inf"):
+        assert probe.cli([str(ckpt), "--data", f"rec=podcast:{recall_corpus}", "--window-s", bad]) == 2, bad
+        err = capsys.readouterr().err
+        assert err.startswith("recall: --window-s ") and "a number of seconds of at least 2.56" in err, err
+    assert not (ckpt.parent / "recall").exists()  # refused before anything was written

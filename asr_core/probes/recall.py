@@ -2,10 +2,12 @@
 or silenced.
 
 ``python -m asr_core recall CKPT [CKPT ...] --data NAME=podcast:PATH [--data ...] [--key as-is,swap,silence]
-[--device auto|cpu|cuda] [--batch-windows N] [--out DIR]``
+[--window-s S] [--device auto|cpu|cuda] [--batch-windows N] [--out DIR]``
 
 Each slot is decoded from the one window of the model's context that ends 1 s after its code word
-(:mod:`asr_core.evaluation.recall_window`, as ``evaluate`` adds to its slot table), on the recording's audio as it is
+(:mod:`asr_core.evaluation.recall_window`, as ``evaluate`` adds to its slot table), or with ``--window-s`` of S
+seconds instead (a model trained on long windows, asked with short ones: does it copy when the window holds one key
+only?), on the recording's audio as it is
 (``as-is``) or re-rendered with every clear mention of the code word said otherwise, all else equal
 (:mod:`asr_core.data.corpora.rerender`): ``swap`` says another code word there, ``silence`` nothing. A model that
 recalls far slots from the key follows the swap (its output at the slot becomes the swap word) and falls to the guess
@@ -13,20 +15,21 @@ rate without the key; a model that guesses from the slot's own audio or the corp
 recordings that say their key are edited.
 
 Writes ``<NAME>.slots.csv`` per dataset to ``--out`` (default ``recall/`` beside the checkpoint; with several
-checkpoints, a folder per checkpoint in it, and ``summary.csv``: per checkpoint, context, seed, dataset, edit and
-group, the accuracy and the share that follows the swap, :data:`SUMMARY_COLUMNS`): one row per slot and key edit, the columns of
-:data:`~asr_core.contract.metrics.SLOT_COLUMNS` (condition ``clean``, scoring ``window``, with the forced choice
-among the slot's candidates), then ``key`` (the edit), ``swap_word``, ``followed`` (1 where the output at the slot
-is the swap word) and ``followed_choice`` (1 where the forced choice is the swap word). The swap word of a slot is
+checkpoints, a folder per checkpoint in it, and ``summary.csv``: per checkpoint, context, window, seed, dataset, edit
+and group, the accuracy and the share that follows the swap, :data:`SUMMARY_COLUMNS`): one row per slot and key edit,
+the columns of :data:`~asr_core.contract.metrics.SLOT_COLUMNS` (condition ``clean``, scoring ``window``, with the forced
+choice among the slot's candidates), then ``key`` (the edit), ``swap_word``, ``followed`` (1 where the output at the
+slot is the swap word) and ``followed_choice`` (1 where the forced choice is the swap word). The swap word of a slot is
 the one the re-rendering says (:func:`~asr_core.data.corpora.rerender.swap_for`), or in a copy corpus (slots with
-``recall_choices``) the slot's token's partner (:func:`asr_core.data.corpora.copy_plant.partner`). Prints each
-dataset's exact-match, forced-choice, posterior-choice and onset-match accuracy per group and edit, with chance
-(1/candidates), and for the swap how often the output and the forced choice follow it. Nothing is logged to MLflow.
+``recall_choices``) the slot's token's partner (:func:`asr_core.data.corpora.copy_plant.partner`). Prints each dataset's
+exact-match, forced-choice, posterior-choice and onset-match accuracy per group and edit, with chance (1/candidates),
+and for the swap how often the output and the forced choice follow it. Nothing is logged to MLflow.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -82,10 +85,10 @@ def follow_rate(rows: Sequence[dict[str, Any]], column: str = "followed") -> dic
     return {g: (a, n) for g, (a, n) in out.items()}
 
 
-SUMMARY_COLUMNS = ("checkpoint", "context_s", "seed", "dataset", "key", "group", "slots", "correct", "accuracy",
-                   "followed", "follow_rate", "chance", "choice_correct", "choice_accuracy", "posterior_slots",
-                   "posterior_correct", "posterior_accuracy", "onset_correct", "onset_accuracy", "followed_choice",
-                   "follow_choice_rate")
+SUMMARY_COLUMNS = ("checkpoint", "context_s", "window_s", "seed", "dataset", "key", "group", "slots", "correct",
+                   "accuracy", "followed", "follow_rate", "chance", "choice_correct", "choice_accuracy",
+                   "posterior_slots", "posterior_correct", "posterior_accuracy", "onset_correct", "onset_accuracy",
+                   "followed_choice", "follow_choice_rate")
 
 
 def _pct(ok: int, n: int) -> float | str:
@@ -109,8 +112,8 @@ def choice_counts(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def summary_rows(checkpoint: Path, context_s: float, seed: int, dataset: str, rows: Sequence[dict[str, Any]]
-                 ) -> list[dict[str, Any]]:
+def summary_rows(checkpoint: Path, context_s: float, seed: int, dataset: str, rows: Sequence[dict[str, Any]],
+                 window_s: float | None = None) -> list[dict[str, Any]]:
     """Per key edit and group of one checkpoint's rows on ``dataset``: slots, correct, accuracy (%), chance (%),
     forced-choice, posterior-choice and onset-match hits and accuracies (%), and for the swap the slots whose output,
     and those whose forced choice, is the swap word and their shares (%) (:data:`SUMMARY_COLUMNS`)."""
@@ -123,7 +126,8 @@ def summary_rows(checkpoint: Path, context_s: float, seed: int, dataset: str, ro
             f = follows.get(group) if key == "swap" else None
             fc = follows_choice.get(group) if key == "swap" else None
             c = counts[group]
-            out.append({"checkpoint": str(checkpoint), "context_s": context_s, "seed": seed, "dataset": dataset,
+            out.append({"checkpoint": str(checkpoint), "context_s": context_s,
+                        "window_s": context_s if window_s is None else window_s, "seed": seed, "dataset": dataset,
                         "key": key, "group": group, "slots": n, "correct": ok, "accuracy": round(100.0 * ok / n, 2),
                         "followed": f[0] if f else "", "follow_rate": round(100.0 * f[0] / f[1], 2) if f else "",
                         "chance": round(sum(c["chance"]) / len(c["chance"]), 2) if c["chance"] else "",
@@ -137,26 +141,45 @@ def summary_rows(checkpoint: Path, context_s: float, seed: int, dataset: str, ro
     return out
 
 
+def _window_note(r: dict[str, Any], context_s: float) -> str:
+    w = r.get("window_s")
+    return "" if w in (None, "") or float(w) == float(context_s) else f", windows of {float(w):g} s"
+
+
+MIN_WINDOW_S = 2.56  # a window holds its slot's code word and RIGHT_S (1 s) after it
+
+
+def check_window(window_s: float | None) -> None:
+    """ValueError unless ``window_s`` is None (the model's context) or a finite number of seconds of at least
+    :data:`MIN_WINDOW_S`."""
+    if window_s is not None and not (math.isfinite(window_s) and window_s >= MIN_WINDOW_S):
+        raise ValueError(f"--window-s {window_s:g}: a number of seconds of at least {MIN_WINDOW_S:g} (the window "
+                         "each slot is decoded from holds the code word and 1 s after it; default the model's "
+                         "context)")
+
+
 def summary_line(dataset: str, r: dict[str, Any], context_s: float) -> str:
-    """How a summary row is printed."""
+    """How a summary row is printed (``context_s``: the model's; the window, where it differs, is the row's)."""
     def pct(v: Any) -> str:
         return "–" if v == "" else f"{float(v):.1f}%"
 
     line = (f"{dataset} {r['key']} {r['group']}: {r['accuracy']:.1f}% ({r['correct']} of {r['slots']} slots; "
-            f"single window, context {context_s:g} s); forced choice {pct(r['choice_accuracy'])}, posterior "
-            f"choice {pct(r['posterior_accuracy'])}, onset {pct(r['onset_accuracy'])} (chance {pct(r['chance'])})")
+            f"single window, context {context_s:g} s{_window_note(r, context_s)}); forced choice "
+            f"{pct(r['choice_accuracy'])}, posterior choice {pct(r['posterior_accuracy'])}, onset "
+            f"{pct(r['onset_accuracy'])} (chance {pct(r['chance'])})")
     if r["key"] == "swap":
         line += (f"; {r['follow_rate']:.1f}% follow the swap, forced choice {pct(r['follow_choice_rate'])}")
     return line
 
 
 def measure(checkpoint: str | Path, datasets: Sequence[str], *, keys: Sequence[str] = (AS_IS,), device: str = "auto",
-            batch_windows: int = 8, out_dir: str | Path | None = None,
+            batch_windows: int = 8, out_dir: str | Path | None = None, window_s: float | None = None,
             renderers: dict[str, Rerenderer] | None = None, summary: list[dict[str, Any]] | None = None
             ) -> dict[str, Path]:
     """Single-window scoring of ``checkpoint`` on each ``NAME=FORMAT:PATH`` dataset with the recall plant, for each
     key edit of ``keys``; writes ``<NAME>.slots.csv`` to ``out_dir`` (default ``recall/`` beside the checkpoint) and
-    returns the tables by dataset. A dataset without slots (or, for an edit, not re-renderable) is refused before
+    returns the tables by dataset. ``window_s``: the window's seconds (default the model's context). A dataset
+    without slots (or, for an edit, not re-renderable) is refused before
     any decoding. ``renderers`` (by dataset name): re-renderers kept from an earlier checkpoint's call, so each
     edited recording is rendered once. ``summary``: a list the checkpoint's :func:`summary_rows` are added to."""
     from asr_core.data.audio import load_audio
@@ -169,6 +192,7 @@ def measure(checkpoint: str | Path, datasets: Sequence[str], *, keys: Sequence[s
         raise FileNotFoundError(f"checkpoint {checkpoint} not found")
     if batch_windows < 1:
         raise ValueError(f"batch_windows must be at least 1, got {batch_windows}")
+    check_window(window_s)
     if not datasets:
         raise ValueError("no datasets: give at least one NAME=podcast:PATH of a corpus made with synth --recall")
     parsed = [parse_dataset_spec(d) for d in datasets]
@@ -188,11 +212,13 @@ def measure(checkpoint: str | Path, datasets: Sequence[str], *, keys: Sequence[s
     if isinstance(model, torch.nn.Module):
         model.eval()
     fps = cfg.data.features.frames_per_second
-    wm = WindowModel(model, window_frames(cfg.data.context_s, fps, cfg.model.subsampling_factor), fps, tokenizer,
-                     dev, batch_windows)
+    seconds = cfg.data.context_s if window_s is None else window_s
+    wm = WindowModel(model, window_frames(seconds, fps, cfg.model.subsampling_factor), fps, tokenizer, dev,
+                     batch_windows)
     extractor = FeatureExtractor(cfg.data.features)
     out = Path(out_dir) if out_dir is not None else checkpoint.parent / RECALL_DIR
-    print(f"[recall] {checkpoint}: context {cfg.data.context_s:g} s = {wm.window} frames, one window per slot; "
+    print(f"[recall] {checkpoint}: context {cfg.data.context_s:g} s, windows of {seconds:g} s = {wm.window} frames, "
+          f"one window per slot; "
           f"key: {', '.join(keys)}", file=sys.stderr, flush=True)
     tables = {}
     for name, recordings in corpora.items():
@@ -218,7 +244,7 @@ def measure(checkpoint: str | Path, datasets: Sequence[str], *, keys: Sequence[s
             print(f"[recall] {name} {n}/{len(recordings)} {rec.id}: {len(ds_slots[rec.id])} slots",
                   file=sys.stderr, flush=True)
         tables[name] = write_slot_table(out / f"{name}.slots.csv", rows, COLUMNS)
-        part = summary_rows(checkpoint, cfg.data.context_s, cfg.train.seed, name, rows)
+        part = summary_rows(checkpoint, cfg.data.context_s, cfg.train.seed, name, rows, seconds)
         for r in part:
             print(summary_line(name, r, cfg.data.context_s))
         if summary is not None:
@@ -235,6 +261,9 @@ def cli(argv: list[str]) -> int:
     ap.add_argument("--key", default=AS_IS, metavar="EDITS",
                     help=f"comma-separated, of {', '.join(KEYS)} (default {AS_IS}): swap re-renders each clear "
                          "mention of the code word as another code word, silence as nothing (the causal check)")
+    ap.add_argument("--window-s", type=float, default=None, metavar="S",
+                    help=f"decode each slot from a window of S seconds, at least {MIN_WINDOW_S:g} (default: the "
+                         "model's context)")
     ap.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     ap.add_argument("--batch-windows", type=int, default=8, help="windows decoded together (default 8)")
     ap.add_argument("--out", type=Path, default=None, help=f"folder for the tables (default: {RECALL_DIR}/ next to "
@@ -242,6 +271,7 @@ def cli(argv: list[str]) -> int:
     a = ap.parse_args(argv)
     try:
         keys = parse_keys(a.key)
+        check_window(a.window_s)
     except ValueError as e:
         print(f"recall: {e}", file=sys.stderr)
         return 2
@@ -255,7 +285,7 @@ def cli(argv: list[str]) -> int:
         for k, ckpt in enumerate(a.checkpoints, 1):
             out = out_for(a.out, a.checkpoints, k)
             for path in measure(ckpt, a.data, keys=keys, device=a.device, batch_windows=a.batch_windows,
-                                out_dir=out, renderers=renderers, summary=summary).values():
+                                out_dir=out, renderers=renderers, summary=summary, window_s=a.window_s).values():
                 print(f"table: {path}")
     except (CorpusError, ValueError, FileNotFoundError, KeyError) as e:
         print(f"recall: {e}", file=sys.stderr)
