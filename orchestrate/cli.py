@@ -256,12 +256,14 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     """``evaluate SWEEP --spec FILE`` (``--decode FILE`` is the same): one evaluation job per trained model
     (``--where``) that lacks the spec's conditions under its name, submitted with the sweep's other jobs
     (:func:`orchestrate.dispatch.run_sweep`: the same backend, ``max_parallel``, ``status``, ``cancel`` and
-    ``retry``); the models' keys, folders and training state are never touched."""
+    ``retry``); the models' keys, folders and training state are never touched. A spec of plain test sets
+    (``datasets`` only) adds them to each model's own evaluation (metrics ``wer/...``), as ``submit`` does when the
+    grid's eval section gains them."""
     from asr_core.contract.evaluation import describe_conditions
     from orchestrate.backends import make_backend
     from orchestrate.decode_file import load_decode_file
     from orchestrate.dispatch import run_sweep
-    from orchestrate.evaluations import EvaluationName, decoded_before, missing_data, plan_named
+    from orchestrate.evaluations import EvaluationName, decoded_before, missing_data, plan_named, plan_plain
     from orchestrate.where import matches, parse_where
 
     spec = load_decode_file(args.spec)
@@ -272,18 +274,23 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         profile = load_profile(manifest.profile or None)
         backend = make_backend(manifest.backend, sweep, manifest.tracking_uri, profile)
         check_shared_ledger(backend, manifest.tracking_uri, manifest.allow_sqlite, "the sweep's, in its sweep.json")
-        setting = spec.setting()
+        setting = {} if spec.plain else spec.setting()
         names = EvaluationName(sweep, spec.name)
-        names.check_setting(spec, setting)
+        if not spec.plain:  # plain test sets: each model's own evaluation, at the setting it ran
+            names.check_setting(spec, setting)
         decoder = {k: v for k, v in spec.to_dict().items() if k not in ("name", "datasets", "snrs", "source")}
         models = [t for t in trials if not t.is_evaluation and matches(t, where)]
-        have = decoded_before(manifest.tracking_uri, manifest.name, spec.decoders, models)
+        have = {} if spec.plain else decoded_before(manifest.tracking_uri, manifest.name, spec.decoders, models)
         workdir = Path(manifest.workdir or Path.cwd())
         planned: dict[str, list[Trial]] = {}
+        waiting = "not trained or evaluated yet (evaluate again once they are)" if spec.plain else "not trained yet"
 
         def expand(ts: list[Trial]) -> list[Trial]:
-            out, planned["added"], planned["untrained"] = plan_named(sweep, ts, models, spec.name, setting,
-                                                                     spec.datasets, spec.snrs, decoder, have)
+            if spec.plain:
+                out, planned["added"], planned["untrained"] = plan_plain(sweep, ts, models, spec.datasets, spec.snrs)
+            else:
+                out, planned["added"], planned["untrained"] = plan_named(sweep, ts, models, spec.name, setting,
+                                                                         spec.datasets, spec.snrs, decoder, have)
             missing = missing_data(planned["added"], workdir)
             if missing:
                 raise UsageError("data not found: " + ", ".join(f"{p} (evaluation job {k})" for p, k in
@@ -295,7 +302,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
             expand(trials)
             print(f"sweep {sweep.name}, evaluation {spec.name} (dry run, nothing submitted): {len(planned['added'])} "
                   f"evaluation jobs, {len(models) - len(planned['added']) - len(planned['untrained'])} models "
-                  f"evaluated already, {len(planned['untrained'])} not trained yet, {len(trials) - len(models)} not "
+                  f"evaluated already, {len(planned['untrained'])} {waiting}, {len(trials) - len(models)} not "
                   "matching --where or evaluation jobs")
             for t in planned["added"]:
                 print(f"  {t.label} ({t.key}): {describe_conditions(t.evaluation['conditions'])}")
@@ -303,7 +310,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
         def claim_and_expand(ts: list[Trial]) -> list[Trial]:
             out = expand(ts)
-            if names.check_setting(spec, setting):  # again under the lock: another command may have claimed it
+            if not spec.plain and names.check_setting(spec, setting):  # again under the lock: another command may have claimed it
                 names.claim(spec, setting)
             return out
 
@@ -311,9 +318,10 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
                          write=True, adopt=True, backend=backend, code=_code(), expand=claim_and_expand,
                          only=lambda t: t.evaluation is not None and t.evaluation["name"] == spec.name)
         print(f"sweep {sweep.name}, evaluation {spec.name}: {len(planned.get('added', []))} new evaluation jobs, "
-              f"{len(planned.get('untrained', []))} models not trained yet; {plan.summary()}")
-        print(f"  results: {', '.join(f'wer_{d}/...' for d in spec.decoders)} in each model's run; status: "
-              f"{sweep.command('status')}")
+              f"{len(planned.get('untrained', []))} models {waiting}; {plan.summary()}")
+        results = "wer/... (the report's main WER table)" if spec.plain else \
+            ", ".join(f"wer_{d}/..." for d in spec.decoders)
+        print(f"  results: {results} in each model's run; status: {sweep.command('status')}")
         return _behind(args, plan, sweep)
 
 

@@ -103,14 +103,17 @@ def build_parser() -> argparse.ArgumentParser:
                             help="skip checking that data paths given with --set exist here")
             sweep_settings(sp)
 
-    sp = sub.add_parser("evaluate", help="decode finished trials by beam search (with an LM or without) as jobs on "
-                        "the sweep's backend; results go into each trial's run as wer_<name>/...")
+    sp = sub.add_parser("evaluate", help="decode finished trials by beam search (with an LM or without), window "
+                        "fusion or other windows as jobs on the sweep's backend; results go into each trial's run as "
+                        "wer_<name>/...; or add plain test sets to each trial's own evaluation (wer/<dataset>)")
     sp.add_argument("sweep")
     what = sp.add_mutually_exclusive_group(required=True)
     renamed(what, "--decode", what.add_argument(
         "--spec", metavar="FILE", help="evaluation spec (YAML, or a packaged one by name, e.g. decode-lm): name, lm, "
-        "alpha, beta, beam_width, lm_context, prompt, datasets, snrs, stride; run as evaluation jobs of the sweep (one "
-        "per trained model lacking it: same backend, max_parallel, status, cancel and retry)"))
+        "alpha, beta, beam_width, lm_context, prompt, datasets, snrs, stride (or name and fusion, or window_s; or only "
+        "datasets and snrs: plain test sets, decoded as each model's own evaluation into the main WER table); run as "
+        "evaluation jobs of the sweep (one per trained model lacking it: same backend, max_parallel, status, cancel "
+        "and retry)"))
     sp.add_argument("--where", action="append", default=[], metavar="KEY=VALUE",
                     help="only trials whose config has this value (e.g. data.context_s=10.24, model.heads=6) or "
                          "sub-grid (subgrid=NAME); repeat a key for alternatives, other keys must all hold")

@@ -30,6 +30,13 @@ window W seconds long, logged as ``wer_window-<W:g>s/<dataset>`` (:func:`asr_cor
     window_s: [5.12, 10.24, 20.48]   # positive numbers of seconds, each once (or one number)
     datasets: [...]        # optional, as above; snrs, stride and tail too
 
+Or a plain test set (another dataset for the models' own evaluation, into the report's main WER table): greedy
+decoding exactly as each trial's own evaluation (its stride, precision and tail), logged as ``wer/<dataset>`` like the
+grid's ``eval:`` datasets; no name (the evaluation is each model's own) and no decoder::
+
+    datasets: [other=podcast:data/other]   # required
+    snrs: [0]              # optional, as above
+
 A fusion or window file gives no ``lm``, ``alpha``, ``beta``, ``beam_width``, ``lm_context`` or ``prompt`` (it decodes
 greedily), and not both ``fusion`` and ``window_s`` (two evaluations: one decode file, and name, each).
 
@@ -79,13 +86,16 @@ class DecodeSpec:
     fusion: tuple[str, ...] = ()  # window fusion methods (greedy decoding; the beam fields unused); (): a beam spec
     tail: str | None = None  # absolute path of a tail set (paper 002); None: each trial's own eval.tail
     windows: tuple[float, ...] = ()  # greedy decoding at these windows (seconds; the beam fields unused)
+    plain: bool = False  # a plain test set: each model's own evaluation (name "greedy", metrics wer/...)
 
     @property
     def decoders(self) -> list[str]:
         """The decoders whose metrics the spec's jobs write: its name for a beam, ``fusion-<METHOD>`` per method,
         ``window-<W:g>s`` per window."""
-        from asr_core.contract.metrics import fusion_decoder, window_decoder
+        from asr_core.contract.metrics import GREEDY, fusion_decoder, window_decoder
 
+        if self.plain:
+            return [GREEDY]
         if self.windows:
             return [window_decoder(w) for w in self.windows]
         return [fusion_decoder(m) for m in self.fusion] if self.fusion else [self.name]
@@ -117,6 +127,8 @@ class DecodeSpec:
             d["windows"] = list(self.windows)
         else:  # as before window specs existed
             d.pop("windows")
+        if not self.plain:
+            d.pop("plain")
         return d
 
     @classmethod
@@ -175,6 +187,8 @@ def parse_decode(raw: Any, path: Path) -> DecodeSpec:
         return _parse_fusion(raw, path)
     if "window_s" in raw:
         return _parse_windows(raw, path)
+    if not any(k in raw for k in BEAM_KEYS):
+        return _parse_plain(raw, path)
     for k in ("name", "lm", "beta"):
         if k not in raw:
             raise DecodeFileError(f"{where}: missing key {k!r}"
@@ -251,6 +265,32 @@ def _greedy_head(raw: Mapping[str, Any], path: Path, key: str, does: str) -> tup
     if base == grids_dir().resolve():  # a packaged spec: its paths read as from ./grids/ of the folder it is run in
         base = Path.cwd() / "grids"
     return _name(where, raw["name"]), base
+
+
+def _parse_plain(raw: Mapping[str, Any], path: Path) -> DecodeSpec:
+    """A plain test set: ``datasets`` (and ``snrs``) decoded as each model's own evaluation; a file with a name but
+    no decoder is refused, saying both ways."""
+    from asr_core.contract.evaluation import DEFAULT_EVALUATION
+    from orchestrate.assets import grids_dir
+
+    where = str(path)
+    plain = ("a file of only 'datasets' (and 'snrs') adds plain test sets, decoded as each model's own evaluation "
+             "(its stride and tail; metrics wer/<dataset>, the report's main WER table)")
+    if "name" in raw:
+        raise DecodeFileError(f"{where}: no decoder: give 'lm' (an LM checkpoint, or null: beam search), 'fusion' or "
+                              f"'window_s' for an evaluation named {raw['name']!r}; or leave out 'name': {plain}")
+    for k in ("stride", "tail"):
+        if k in raw:
+            raise DecodeFileError(f"{where}: {k!r} is given, but {plain}; remove it, or evaluate another {k} under "
+                                  "a name of its own ('name' and 'window_s' or 'fusion')")
+    if not raw.get("datasets"):
+        raise DecodeFileError(f"{where}: missing key 'datasets' (NAME=FORMAT:PATH strings): {plain}; or give a "
+                              "decoder: 'name' and 'lm', 'fusion' or 'window_s'")
+    base = path.resolve().parent
+    if base == grids_dir().resolve():  # a packaged spec: its paths read as from ./grids/ of the folder it is run in
+        base = Path.cwd() / "grids"
+    return DecodeSpec(name=DEFAULT_EVALUATION, lm=None, alpha=0.0, beta=0.0, beam_width=1, lm_context=1,
+                      plain=True, source=str(path.resolve()), **_common(where, raw, base))
 
 
 def _parse_fusion(raw: Mapping[str, Any], path: Path) -> DecodeSpec:

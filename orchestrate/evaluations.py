@@ -13,7 +13,7 @@ lease, outbox, attempts, failure budget, ``max_parallel``, ``cancel`` and ``retr
 more (another test set, another SNR) gets one evaluation job for exactly what it lacks; a grid that changes the
 fixed setting of a finished evaluation (stride, precision, noise) is refused, naming the field.
 :func:`plan_named` does the same for ``orchestrate evaluate SWEEP --spec FILE`` (a beam decoder, paper 004), under
-the spec's name.
+the spec's name; :func:`plan_plain` for a spec of plain test sets, under each model's own name.
 """
 
 from __future__ import annotations
@@ -155,6 +155,37 @@ def plan_named(sweep: SweepDir, trials: list[Trial], models: Iterable[Trial], na
         _add_job(sweep, m, name, setting, conditions_of(specs.values(), snrs), (have_metrics or {}).get(m.key, {}),
                  jobs, specs, decoder, known, added)
     return trials + added, added, untrained
+
+
+def plan_plain(sweep: SweepDir, trials: list[Trial], models: Iterable[Trial], datasets: tuple[str, ...],
+               snrs: tuple[float, ...]) -> tuple[list[Trial], list[Trial], list[Trial]]:
+    """Jobs of each model's own evaluation (:data:`DEFAULT_EVALUATION`, metrics ``wer/...``) for plain test sets
+    (``orchestrate evaluate`` with a file of only ``datasets`` and ``snrs``): what ``submit`` plans when the grid's
+    eval section gains them (:func:`plan_default`), at the setting each model was evaluated with. Returns (every
+    trial, the added jobs, the models left: not trained, or their own evaluation not done yet). Raises
+    :class:`EvaluationError` when a dataset's name is one of a model's own test sets with another path."""
+    known = {t.key for t in trials}
+    jobs = _jobs_by_model(trials)
+    added: list[Trial] = []
+    waiting: list[Trial] = []
+    specs = _dataset_names(datasets)
+    for m in models:
+        own = own_evaluation(sweep, m)
+        if own is None:
+            waiting.append(m)
+            continue
+        mine = _dataset_names(m.config.eval.datasets)
+        for name, spec in specs.items():
+            if name in mine and mine[name] != spec:
+                raise EvaluationError(f"dataset name {name!r} is model {m.label}'s test set {mine[name]!r} already, "
+                                      f"and the file gives it {spec!r}: one name means one test set (its metrics "
+                                      f"wer/{name}/...); give this one another name")
+        ran, setting = own
+        if setting is None:
+            setting = default_evaluation(m.config.eval)[1]
+        _add_job(sweep, m, DEFAULT_EVALUATION, setting, conditions_of(specs.values(), snrs), ran, jobs, specs, None,
+                 known, added)
+    return trials + added, added, waiting
 
 
 def evaluation_config(job: Trial) -> Any:

@@ -127,6 +127,10 @@ BAD = {
     "unknown fusion method": ("name: f\nfusion: [chiu, median]\n", "invalid value in 'fusion': 'median'"),
     "fusion with a beam setting": ("name: f\nfusion: all\nbeta: 1\n", "'beta' is a beam search setting"),
     "missing tail set": ("name: b\nlm: null\nbeta: 1\ntail: none.json\n", "tail 'none.json' not found"),
+    "a name and no decoder": ("name: b\ndatasets: [x=podcast:.]\n", "no decoder: give 'lm'"),
+    "a plain test set with a stride": ("datasets: [x=podcast:.]\nstride: 0.5\n", "'stride' is given, but a file of "
+                                       "only 'datasets'"),
+    "a plain file without datasets": ("snrs: [0]\n", "missing key 'datasets'"),
 }
 
 
@@ -346,3 +350,42 @@ def test_a_packaged_spec_is_found_by_name_and_reads_its_paths_from_the_working_f
         assert "decode-lm.yaml: lm: not a checkpoint" in str(e.value) and str(lm) in str(e.value), (name, e.value)
     with pytest.raises(DecodeFileError, match="packaged ones, by name: decode-fusion, decode-lm"):
         load_decode_file("decode-nope")
+
+
+def test_a_plain_test_set_joins_each_models_own_evaluation_and_the_main_wer_table(
+        finished: tuple[Path, SweepDir], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A file of only ``datasets``: another test set decoded as each model's own evaluation (wer/<NAME>, the report's
+    main WER table, :func:`analysis.werr.wer_table`), once; a name that is a model's own test set with another path is
+    refused before anything is written."""
+    from analysis.collect import collect
+    from analysis.werr import wer_table
+
+    root, sweep = finished
+    uri = sweep.read_manifest().tracking_uri
+    other = tmp_path / "other"
+    dev = Path(next(d for d in next(t for t in sweep.read_trials() if not t.is_evaluation).config.eval.datasets
+                    ).split(":", 1)[1])
+    shutil.copytree(dev, other)
+    greedy_before = {k: {n: v for n, v in ms.items() if n.startswith("wer/dev")} for k, ms in _metrics(sweep).items()}
+    clash = _decode_file(tmp_path, "plain", f"datasets: [dev=podcast:{other}]\n")
+    before = snapshot(sweep.path)
+    assert _evaluate(root, sweep, clash) == 2
+    err = capsys.readouterr().err
+    assert "dataset name 'dev' is model" in err and "give this one another name" in err, err
+    assert snapshot(sweep.path) == before
+    plain = _decode_file(tmp_path, "plain", f"datasets: [other=podcast:{other}]\n")
+    assert _evaluate(root, sweep, plain, "--dry-run") == 0
+    assert "2 evaluation jobs" in capsys.readouterr().out
+    assert snapshot(sweep.path) == before
+    assert _evaluate(root, sweep, plain) == 0
+    out = capsys.readouterr().out
+    assert "2 new evaluation jobs" in out and "wer/... (the report's main WER table)" in out, out
+    m = _metrics(sweep)
+    for k in m:  # the same recording under another name: the same greedy WER, the model's own untouched
+        assert m[k]["wer/other"] == pytest.approx(m[k]["wer/dev"]), m[k]
+        assert {n: v for n, v in m[k].items() if n.startswith("wer/dev")} == greedy_before[k]
+        assert not any(n.startswith("wer_greedy") for n in m[k]), m[k]
+    table = wer_table(collect(sweep.name, uri, progress=False))
+    assert set(table.dataset) >= {"dev", "other"} and (table[table.dataset == "other"].n_seeds == 1).all()
+    assert _evaluate(root, sweep, plain) == 0
+    assert "0 new evaluation jobs" in capsys.readouterr().out
