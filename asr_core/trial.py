@@ -76,7 +76,7 @@ from typing import TYPE_CHECKING
 from asr_core.runtime import signals
 from asr_core.config import Config
 from asr_core.contract.atomic import stale_temps
-from asr_core.contract.checkpoint_file import seal_trained
+from asr_core.contract.trained import mark_trained, seal_trained, trained_checkpoint
 from asr_core.config_parse import ConfigError
 from asr_core.contract.evaluation import (DEFAULT_EVALUATION, OWN_EVALUATION, EvaluationSpec, default_evaluation,
                                           describe_conditions, evaluated_record, evaluation_tag, read_evaluation)
@@ -119,11 +119,9 @@ from asr_core.contract.trial import (
     error_line,
     mark_done,
     mark_evaluated,
-    mark_trained,
     preemptions,
     read_attempts,
     record_attempt,
-    trained_checkpoint,
 )
 from asr_core.contract.segments import Segment, append_segment, code_labels, kernel_levels, read_segments
 

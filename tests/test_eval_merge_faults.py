@@ -25,8 +25,9 @@ from mlflow.tracking import MlflowClient
 from asr_core.config import preset
 from asr_core.contract.evaluation import EvaluationSpec, greedy_setting
 from asr_core.contract.ledger import experiment_id
-from asr_core.contract.trial import (EXIT_OK, TrialFolder, mark_done, mark_evaluated, mark_trained, read_progress,
-                                     trial_command, write_config)
+from asr_core.contract.trained import mark_trained
+from asr_core.contract.trial import (EXIT_OK, TrialFolder, mark_done, mark_evaluated, read_progress, trial_command,
+                                     write_config)
 from asr_core.data.corpora.synth import synthesise
 from asr_core.data.corpora.synth_text import TOPICS, vocabulary
 from asr_core.data.tokenizer import Tokenizer

@@ -137,10 +137,11 @@ _FULL_DISK = """
 import resource, signal, sys
 from pathlib import Path
 from asr_core.contract import trial as c
+from asr_core.contract.trained import mark_trained
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG, as one on a full disk
 resource.setrlimit(resource.RLIMIT_FSIZE, (4, 4))
 d = Path(sys.argv[1])
-for name, write in (("TRAINED", lambda: c.mark_trained(d, d / "checkpoint.pt", 12)),
+for name, write in (("TRAINED", lambda: mark_trained(d, d / "checkpoint.pt", 12)),
                     ("DONE", lambda: c.mark_done(d)),
                     ("EVALUATED", lambda: c.mark_evaluated(d, '{"datasets": ["test"]}')),
                     ("CANCELLED", lambda: c.mark_cancelled(d, "orchestrate cancel"))):

@@ -5,14 +5,14 @@ Every checkpoint this project writes is ``torch.save``'s zip format (:mod:`asr_c
 that is not a zip archive is refused unread. The checkpoint reader (:mod:`asr_core.training.checkpoint`) runs the same check and
 raises its words as a ``CheckpointError`` (``not a checkpoint of this project: …``), so a command says the same
 whichever refuses first. A zip archive passes here and is checked by torch's restricted
-reader as before. The file's hash sealed into a finished model's ``TRAINED`` record is here too
-(:func:`seal_trained`): what every evaluation of the model checks the file it reads against.
+reader as before. :func:`file_sha256` is the hash sealed into a finished model's ``TRAINED`` record
+(:func:`asr_core.contract.trained.seal_trained`): what every evaluation of the model checks the file it reads
+against.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import zipfile
 from pathlib import Path
 
@@ -62,32 +62,3 @@ def file_sha256(path: str | Path) -> str:
         for piece in iter(lambda: f.read(1 << 20), b""):
             h.update(piece)
     return h.hexdigest()
-
-
-def seal_trained(trial_dir: str | Path) -> str:
-    """Record in the trial's ``TRAINED`` the sha256 of the checkpoint it names, as training left it for evaluation
-    (the optimizer state dropped), once; that hash ("" where there is no readable record or checkpoint). Every
-    evaluation job of the model then refuses another file (:func:`trained_sha256`)."""
-    from asr_core.contract.trial import TrialFolder, mark_trained
-
-    try:
-        record = json.loads(TrialFolder(Path(trial_dir)).trained.read_text())
-        checkpoint, steps = Path(record["checkpoint"]), int(record["steps"])
-        if record.get("sha256"):
-            return str(record["sha256"])
-        sha = file_sha256(checkpoint)
-    except (OSError, ValueError, KeyError, TypeError):
-        return ""
-    mark_trained(trial_dir, checkpoint, steps, sha)
-    return sha
-
-
-def trained_sha256(trial_dir: str | Path) -> str:
-    """The checkpoint hash the model's ``TRAINED`` record holds (:func:`seal_trained`); "" for a record without one
-    (a model trained before records held it) or none."""
-    from asr_core.contract.trial import TrialFolder
-
-    try:
-        return str(json.loads(TrialFolder(Path(trial_dir)).trained.read_text()).get("sha256") or "")
-    except (OSError, ValueError, AttributeError, TypeError):
-        return ""

@@ -15,8 +15,9 @@ tags                      ``TAG_*`` below: the ledger writes the ``sweep.*`` and
                           job writes :data:`TAG_ERROR`, :data:`TAG_PREEMPTIONS`, :data:`TAG_CHECKPOINT`,
                           :data:`TAG_CODE`, :data:`TAG_SEGMENTS`, :data:`TAG_DATA_FINGERPRINT` and
                           :func:`eval_fingerprint_tag`
-trial-folder files        :class:`TrialFolder`; the markers' writers :func:`mark_trained`, :func:`mark_done`,
-                          :func:`mark_cancelled`, :func:`mark_evaluated` (atomic: :mod:`asr_core.contract.atomic`)
+trial-folder files        :class:`TrialFolder`; the markers' writers :func:`mark_done`, :func:`mark_cancelled`,
+                          :func:`mark_evaluated` (atomic: :mod:`asr_core.contract.atomic`); the ``TRAINED`` record's
+                          writer and reader: :mod:`asr_core.contract.trained`
 progress                  :class:`ProgressLog` (JSON lines) and :func:`read_progress`; never parsed from log text
 segments and outcomes     :func:`asr_core.contract.segments.read_segments` (one line per start of the job),
                           :func:`record_attempt` / :func:`read_attempts` / :func:`failures` / :func:`preemptions`
@@ -268,28 +269,6 @@ def append_json_lines(path: Path, records: Iterable[dict[str, Any]]) -> None:
 
 
 # ---- markers: each written whole or not at all (a full disk leaves the old marker or none) -------------------------
-def mark_trained(trial_dir: Path | str, checkpoint: Path | str, steps: int, sha256: str = "") -> None:
-    """Write :data:`TRAINED_FILE`: training finished with ``checkpoint`` after ``steps`` steps; ``sha256``: of the
-    checkpoint as evaluations read it (:func:`asr_core.contract.checkpoint_file.seal_trained`)."""
-    record = {"checkpoint": str(checkpoint), "steps": steps, **({"sha256": sha256} if sha256 else {})}
-    write_atomic(TrialFolder(Path(trial_dir)).trained, json.dumps(record))
-
-
-def trained_checkpoint(trial_dir: Path | str) -> Path | None:
-    """The checkpoint :data:`TRAINED_FILE` names; None when there is no such file, or (with a warning on stderr)
-    when it cannot be read: an unreadable marker counts as absent, and the trainer then finds from the checkpoint
-    itself that training finished."""
-    path = TrialFolder(Path(trial_dir)).trained
-    try:
-        return Path(json.loads(path.read_text())["checkpoint"])
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        print(f"[trial] warning: {path} is unreadable ({type(e).__name__}: {e}); treated as absent: the trainer "
-              "finds from the checkpoint whether training finished", file=sys.stderr, flush=True)
-        return None
-
-
 def mark_done(trial_dir: Path | str) -> None:
     """Write :data:`DONE_FILE`: the trial finished; nothing runs again."""
     write_atomic(TrialFolder(Path(trial_dir)).done, "finished\n")

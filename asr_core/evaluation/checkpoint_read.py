@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from asr_core.contract.checkpoint_file import not_ours, trained_sha256
+from asr_core.contract.checkpoint_file import not_ours
+from asr_core.contract.trained import read_trained
 from asr_core.contract.trial import TrialFolder
 
 if TYPE_CHECKING:
@@ -86,27 +87,19 @@ def read_checkpoint(path: Path | str) -> CheckpointRead:
     return CheckpointRead(path, hashlib.sha256(data).hexdigest(), int(state.get("step", 0)), state)
 
 
-def trained_steps(model_dir: Path | str) -> int | None:
-    """The steps the model's ``TRAINED`` record says its training finished after; None when it has none or it is
-    unreadable (the checkpoint itself then says whether training finished)."""
-    try:
-        return int(json.loads(TrialFolder(Path(model_dir)).trained.read_text())["steps"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
 def verify(read: CheckpointRead, spec: "EvaluationSpec", model_key: str | None = None) -> None:
     """Refuse (:class:`CheckpointRefused`, naming both) a checkpoint that is not the one ``spec``'s model finished
     training with: its step or hash differs from the ``TRAINED`` record's, its config is another model's (its key is
     neither ``spec.model`` nor ``model_key``, the key the job's own config gives the model: a model recorded under an
     older key), or it is another file than ``spec`` records an earlier segment of the job read."""
-    steps = trained_steps(spec.model_dir)
+    trained = read_trained(spec.model_dir)
+    steps = trained.steps if trained is not None else None
     if steps is not None and steps != read.step:
         raise CheckpointRefused(
             f"evaluation {spec.key}: checkpoint {read.path} is at step {read.step} (sha256 {read.sha256}), but model "
             f"{spec.model}'s TRAINED record says its training finished at step {steps}: the checkpoint was replaced "
             "after training; nothing is evaluated (restore the model's checkpoint, or train the model again)")
-    sealed = trained_sha256(spec.model_dir)
+    sealed = trained.sha256 if trained is not None else ""
     if sealed and sealed != read.sha256:
         raise CheckpointRefused(
             f"evaluation {spec.key}: checkpoint {read.path} has sha256 {read.sha256} (step {read.step}), but model "

@@ -21,9 +21,10 @@ import time
 from pathlib import Path
 
 from asr_core.contract.segments import Segment, append_segment
+from asr_core.contract.trained import mark_trained
 from asr_core.contract.trial import (OUTCOME_CANCELLED, OUTCOME_FAILED, OUTCOME_FINISHED, OUTCOME_KILLED,
                                      OUTCOME_PREEMPTED, Attempt, Progress, TrialFolder, mark_cancelled, mark_done,
-                                     mark_trained, write_attempts, write_config, write_progress)
+                                     write_attempts, write_config, write_progress)
 from asr_core.runtime.lease import LeaseInfo, write_lease
 from orchestrate.assets import grids_dir
 from orchestrate.sweep import Manifest, SweepDir
