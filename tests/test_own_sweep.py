@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -117,6 +118,7 @@ def test_the_page_runs_from_an_empty_folder(tmp_path: Path) -> None:
         if process.poll() is None:
             process.kill()
             process.communicate()
+        (Path(tempfile.gettempdir()) / f"asr-study-dashboard-mine-{port}.log").unlink(missing_ok=True)
     assert process.returncode == 130, err
     assert "Traceback" not in err and "interrupted" in err, err
     with pytest.raises(requests.ConnectionError):  # the server went with it
