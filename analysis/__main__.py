@@ -41,8 +41,9 @@ from analysis.fetch import CollectError
 from analysis.werr import DEFAULT_BASELINE_CONTEXT_S, SelectionError, compare_configs, format_seconds, resolve_config
 from asr_core.contract.metrics import CLEAN, condition_name
 from asr_core.contract.options import positional, renamed
-from asr_core.contract.tracking import (DEFAULT_SWEEP_ROOT, ENV, SWEEP_ROOT_ENV, bad_uri, bound_mlflow_http,
-                                        default_sweep_root, missing_ledger, mlflow_http, tracking_uri)
+from asr_core.contract.tracking import (DASHBOARD_HOST, DASHBOARD_PORT, DEFAULT_SWEEP_ROOT, ENV, SWEEP_ROOT_ENV,
+                                        bad_uri, bound_mlflow_http, dashboard_command, default_sweep_root,
+                                        missing_ledger, mlflow_http, tracking_uri)
 from asr_core.version import ShowVersion
 
 if TYPE_CHECKING:
@@ -147,6 +148,12 @@ def _log_report(args: argparse.Namespace, rep: Report, sweep: Sweep) -> int:
     except (DashboardError, MlflowException, OSError) as e:  # e.g. a server gone away, no permission to write
         print(f"error: the report is in {rep.out_dir} but could not be logged to MLflow: {e}", file=sys.stderr)
         return EXIT_DATA
+    served = uri.startswith(("http://", "https://"))
+    base = f"http://{DASHBOARD_HOST}:{DASHBOARD_PORT}"  # where `asr-study dashboard` serves a local ledger
+
+    def url(link: str) -> str:
+        return pub.url(link, uri) if served else f"{base}/{link}"
+
     if pub.parent_run_id is None:
         saved = "; only the view of the runs table with the WER columns is saved" if pub.view_link else ""
         print(f"note: experiment {args.sweep!r} has no parent run (tag sweep.role=parent), so the report is "
@@ -155,9 +162,11 @@ def _log_report(args: argparse.Namespace, rep: Report, sweep: Sweep) -> int:
         removed = f"; removed {', '.join(pub.removed)} (not in this report)" if pub.removed else ""
         print(f"mlflow: {len(pub.files)} files logged to {ARTIFACT_DIR}/ of the sweep's parent run "
               f"{pub.parent_run_id}{removed}")
-        print(f"        the report: {pub.url(pub.report_link, uri)}")
+        print(f"        the report: {url(pub.report_link)}")
     if pub.view_link:
-        print(f"        every run with {', '.join(pub.metrics)}: {pub.url(pub.view_link, uri)}")
+        print(f"        every run with {', '.join(pub.metrics)}: {url(pub.view_link)}")
+    if not served and (pub.view_link or pub.parent_run_id is not None):
+        print(f"        (served by: {dashboard_command(args.sweep, args.sweep_root)}; --port P for another port)")
     return 0
 
 

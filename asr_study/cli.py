@@ -6,6 +6,8 @@ and say the same thing:
 * ``asr-study core ...`` is ``python -m asr_core ...`` (the trainer: train, evaluate, score, prepare, ...);
 * ``asr-study orchestrate ...`` is the ``orchestrate`` command (sweeps: plan, submit, status, ...);
 * ``asr-study analysis ...`` is ``python -m analysis ...`` (a sweep's report, pairwise comparisons);
+* ``asr-study dashboard SWEEP`` serves a local sweep's ledger in the MLflow UI on 127.0.0.1 and prints the URL of
+  its saved view, until Ctrl-C (:mod:`asr_study.sweep_dashboard`);
 * ``asr-study mlflow-server ...`` runs the packaged ``mlflow-server.sh`` (``slurm/mlflow-server.sh`` of a checkout)
   with the ``mlflow`` of this environment; ``asr-study mlflow-server --path`` prints where the script is.
 
@@ -34,6 +36,8 @@ GROUPS: dict[str, tuple[str, str]] = {
     "orchestrate": ("orchestrate.cli", "sweeps: plan, submit, status, resume, retry, cancel, evaluate, bench "
                                        "(= orchestrate)"),
     "analysis": ("analysis.__main__", "a sweep's report and pairwise comparisons (= python -m analysis)"),
+    "dashboard": ("asr_study.sweep_dashboard", "a sweep's runs in the MLflow UI: serves a local sweep's ledger on "
+                                               "127.0.0.1 and prints the URL of its saved view"),
 }
 SERVER = "mlflow-server"
 SERVER_HELP = "the MLflow server a cluster sweep logs to (the packaged slurm/mlflow-server.sh; --path prints it)"
@@ -45,7 +49,7 @@ Shell completion: eval "$(register-python-argcomplete asr-study)"."""
 def parser() -> argparse.ArgumentParser:
     """The top level: ``--version`` and one subcommand per group (the groups parse their own arguments)."""
     p = argparse.ArgumentParser(prog=PROG, description="The experiment system of 'How Much Context Does My "
-                                "Attention-Based ASR System Need?': one command, three groups.", epilog=EPILOG,
+                                "Attention-Based ASR System Need?': one command, its groups.", epilog=EPILOG,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action=ShowVersion)
     p.add_argument(DEBUG_FLAG, action="store_true", help="let a bug's traceback through instead of one line and a "

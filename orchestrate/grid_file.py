@@ -17,11 +17,13 @@ A grid file is a base configuration plus named sub-grids::
         seeds: [1]                               # optional, replaces the file's seeds
 
 Every error is a :class:`GridError` naming the file (and sub-grid, key and value where there is one) and what is
-valid.
+valid. The keys and their meanings are the tables :data:`TOP_LEVEL` and :data:`SUBGRID`, which the reader checks
+against and docs/grid-format.md is printed from (``python -m orchestrate.grid_reference``).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -33,8 +35,45 @@ class GridError(ValueError):
     """The grid file is invalid; the message names the file, sub-grid, key and value, and what is valid."""
 
 
-TOP_KEYS = ("name", "description", "extends", "include", "base", "seeds", "subgrids")
-SUBGRID_KEYS = ("section", "description", "set", "axes", "seeds")
+@dataclass(frozen=True)
+class GridKey:
+    """One key of a grid file: its name, the value it takes, and what it means (one line each; the reference page
+    docs/grid-format.md is printed from these tables by :mod:`orchestrate.grid_reference`)."""
+
+    name: str
+    value: str
+    meaning: str
+
+
+# The keys a grid file may have at its top level, in the order the reference lists them; nothing else is accepted.
+TOP_LEVEL: tuple[GridKey, ...] = (
+    GridKey("name", "a sweep name", "the sweep's default name (`submit --sweep NAME` overrides it); else the file's "
+            "stem"),
+    GridKey("description", "text", "what the grid is for; shown to readers of the file only"),
+    GridKey("extends", "a grid file, relative to this one", "take that file's `base` (merged under this file's, "
+            "mapping by mapping) and `seeds`; its sub-grids are not taken"),
+    GridKey("include", "a list of grid files, relative to this one", "add the sub-grids of these files, each with "
+            "its own file's base and seeds"),
+    GridKey("base", "a mapping of config sections (`preset`, `model`, `data`, `train`, `eval`)", "the "
+            "configuration every sub-grid starts from: a preset and the fields it changes"),
+    GridKey("seeds", "a non-empty list of distinct non-negative integers", "every grid point is trained once per "
+            "seed; required here or in each sub-grid"),
+    GridKey("subgrids", "a mapping of sub-grid name to sub-grid", "the experiments: each sub-grid is the product of "
+            "its axes times its seeds (keys below); names are unique across a grid and its includes"),
+)
+# The keys of one sub-grid.
+SUBGRID: tuple[GridKey, ...] = (
+    GridKey("section", "text", "the paper section or question the sub-grid answers; `plan` counts new trials by it"),
+    GridKey("description", "text", "what the sub-grid is for; shown to readers of the file only"),
+    GridKey("set", "a mapping of dotted field name (or `preset`) to one value", "fixed values for every point of "
+            "this sub-grid, over the base"),
+    GridKey("axes", "a mapping of dotted field name (or `preset`) to a non-empty list of values", "every "
+            "combination of the values is a grid point; a field is in `set` or `axes`, not both"),
+    GridKey("seeds", "a non-empty list of distinct non-negative integers", "replaces the file's seeds for this "
+            "sub-grid"),
+)
+TOP_KEYS = tuple(k.name for k in TOP_LEVEL)
+SUBGRID_KEYS = tuple(k.name for k in SUBGRID)
 
 
 def read_grid_yaml(path: Path) -> dict[str, Any]:

@@ -43,6 +43,7 @@ class LedgerProbe:
     deleted: bool = False
     owner: str | None = None  # the experiment's sweep.id tag (None: untagged, made before sweeps had ids)
     owner_root: str = ""
+    experiment_id: str = ""  # the experiment's id where it exists (its routes in the UI: #/experiments/ID/...)
 
 
 def _credentials() -> dict[str, str]:
@@ -71,7 +72,8 @@ def _probe_http(uri: str, name: str, timeout: float) -> LedgerProbe:
         return LedgerProbe(answered=False, error=f"{uri}: {getattr(e, 'reason', e)}")
     tags = {t.get("key"): t.get("value") for t in exp.get("tags") or []}
     return LedgerProbe(answered=True, exists=True, deleted=exp.get("lifecycle_stage") == "deleted",
-                       owner=tags.get(TAG_SWEEP_ID), owner_root=tags.get(TAG_SWEEP_ROOT) or "")
+                       owner=tags.get(TAG_SWEEP_ID), owner_root=tags.get(TAG_SWEEP_ROOT) or "",
+                       experiment_id=str(exp.get("experiment_id") or ""))
 
 
 def _probe_sqlite(uri: str, name: str, timeout: float) -> LedgerProbe:
@@ -91,7 +93,7 @@ def _probe_sqlite(uri: str, name: str, timeout: float) -> LedgerProbe:
     except sqlite3.Error as e:
         return LedgerProbe(answered=False, error=f"{path}: {e}")
     return LedgerProbe(answered=True, exists=True, deleted=row[1] == "deleted", owner=tags.get(TAG_SWEEP_ID),
-                       owner_root=tags.get(TAG_SWEEP_ROOT) or "")
+                       owner_root=tags.get(TAG_SWEEP_ROOT) or "", experiment_id=str(row[0]))
 
 
 def ledger_probe(uri: str, name: str, timeout: float = PROBE_TIMEOUT_S) -> LedgerProbe:

@@ -75,7 +75,7 @@ def _asr_core_entries() -> dict[str, Callable[[list[str]], object]]:
 
 
 GROUPS = {"orchestrate": "orchestrate.cli:main", "analysis": "analysis.__main__:main",
-          "loadtest": "orchestrate.tools.loadtest:main"}
+          "loadtest": "orchestrate.tools.loadtest:main", "dashboard": "asr_study.sweep_dashboard:main"}
 
 
 def _every_parser(monkeypatch: pytest.MonkeyPatch) -> list[argparse.ArgumentParser]:

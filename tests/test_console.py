@@ -31,7 +31,8 @@ def test_version_names_the_package_version_and_the_checkout_commit(capsys: pytes
 
 
 @pytest.mark.parametrize("group, prog", [("core", "python -m asr_core"), ("orchestrate", "orchestrate"),
-                                         ("analysis", "python -m analysis")])
+                                         ("analysis", "python -m analysis"),
+                                         ("dashboard", "asr-study dashboard")])
 def test_every_group_has_version(group: str, prog: str, capsys: pytest.CaptureFixture[str]) -> None:
     try:
         rc = main([group, "--version"])

@@ -84,6 +84,26 @@ def test_commands_page_is_generated_from_help() -> None:
                     f"{diff}")
 
 
+
+def test_grid_format_page_is_generated_from_the_reader() -> None:
+    """docs/grid-format.md is what :mod:`orchestrate.grid_reference` prints from the grid reader's own tables."""
+    from orchestrate.grid_reference import REGENERATE as REGENERATE_GRID, render
+
+    current, generated = (DOCS / "grid-format.md").read_text(), render()
+    if current != generated:
+        diff = "".join(list(difflib.unified_diff(current.splitlines(True), generated.splitlines(True),
+                                                 "docs/grid-format.md", "generated"))[:60])
+        pytest.fail(f"docs/grid-format.md differs from the grid reader's tables; regenerate it:\n    "
+                    f"{REGENERATE_GRID}\n{diff}")
+
+
+def test_grid_format_page_lists_every_key_the_reader_accepts() -> None:
+    from orchestrate.grid_file import SUBGRID_KEYS, TOP_KEYS
+
+    page = (DOCS / "grid-format.md").read_text()
+    top, sub = page.split("## Sub-grid keys")
+    assert all(f"| `{k}` |" in top for k in TOP_KEYS) and all(f"| `{k}` |" in sub for k in SUBGRID_KEYS)
+
 # ---- (c) ARCHITECTURE.md names every module ----------------------------------------------------------------------
 def test_architecture_names_every_module() -> None:
     text = (DOCS / "ARCHITECTURE.md").read_text()

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 from pathlib import Path
 
 ENV = "MLFLOW_TRACKING_URI"
@@ -65,6 +66,17 @@ def tracking_uri(given: str | None, *, sweep_root: str | Path | None = None, swe
     if env:
         return env
     return default_tracking_uri(root) if local_default else None
+
+
+DASHBOARD_HOST = "127.0.0.1"  # `asr-study dashboard` serves a local sweep's ledger here only
+DASHBOARD_PORT = 5000  # its default port
+
+
+def dashboard_command(sweep: str, sweep_root: str | Path | None = None) -> str:
+    """The command that serves a sweep's ledger in the MLflow UI and prints the address of its saved view
+    (``asr-study dashboard``); ``sweep_root`` spelled out (absolute) when given."""
+    root = f" --sweep-root {shlex.quote(str(Path(sweep_root).resolve()))}" if sweep_root is not None else ""
+    return f"asr-study dashboard {sweep}{root}"
 
 
 def mlflow_http(max_retries: int, backoff_factor: float, timeout_s: float) -> dict[str, str]:
