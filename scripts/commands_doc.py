@@ -115,6 +115,7 @@ SCRIPTS = "Scripts"
 def commands() -> list[Command]:
     """Every command of the project, in the order of the page."""
     out = [Command("asr-study --help", _call("asr_study.cli:main", ["--help"]), CONSOLE),
+           Command("asr-study dashboard --help", _call("asr_study.sweep_dashboard:main", ["--help"]), CONSOLE),
            Command("python -m asr_core --help", _call(ASR, ["--help"]), TRAINER)]
     from asr_core.__main__ import COMMANDS as CORE  # every command, in its table's order (bench and lm below)
 
