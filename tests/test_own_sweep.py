@@ -75,7 +75,7 @@ def free_port() -> int:
 def test_the_page_marks_its_blocks() -> None:
     steps = page_steps()
     kinds = [k for k, _, _ in steps]
-    assert kinds.count("file") == 2 and kinds.count("skip") == 1 and kinds.count("run") >= 5, steps
+    assert kinds.count("file") == 3 and kinds.count("skip") == 1 and kinds.count("run") >= 5, steps
     skipped = [body for k, _, body in steps if k == "skip"]
     assert skipped[0].strip().startswith("asr-study dashboard "), skipped
 
@@ -97,10 +97,14 @@ def test_the_page_runs_from_an_empty_folder(tmp_path: Path) -> None:
                                   capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S)
             assert done.returncode == 0, (f"docs/own-sweep.md: the block\n{body}exited {done.returncode}:\n"
                                           f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+            if "--spec dev-set.yaml" in body:  # a plain test set: one job per finished model
+                assert "2 evaluation jobs" in done.stdout and "2 new evaluation jobs" in done.stdout, done.stdout
             if "analysis report" in body:
                 assert "http://127.0.0.1:5000/#/experiments/" in done.stdout, done.stdout
                 assert "asr-study dashboard mine" in done.stdout, done.stdout
     assert (tmp_path / "report" / "index.html").is_file()
+    wer = (tmp_path / "report" / "wer.csv").read_text()
+    assert all(f",{name}," in wer for name in ("test", "shifted", "dev")), wer[:2000]
     print(f"the page's commands took {time.monotonic() - t0:.0f} s")
 
     port = free_port()
