@@ -14,8 +14,10 @@ What MLflow 3.17's UI does, and so what is written here:
   server can hold is a *saved view*: an experiment tag ``mlflow.sharedViewState.<id>`` whose value is
   ``{"name", "createdAt", "updatedAt", "state"}`` (``state``: the page's state as JSON text), listed in the page's
   Views menu and opened by ``#/experiments/<experiment>/runs?viewStateShareKey=<id>``. The view written here selects
-  the clean WERs (``wer/<dataset>``, what ``asr_core.evaluation.evaluate`` logs) rounded to 2 decimals, as the run
-  tags ``WER <dataset>`` that ``evaluate`` writes beside them (the table prints a metric with all its digits; see
+  the trial's label (``trial.label``, the name ``orchestrate status`` prints) and the clean WERs (``wer/<dataset>``,
+  what ``asr_core.evaluation.evaluate`` logs; then ``wer_<decoder>/<dataset>`` of every other decoder the runs hold)
+  rounded to 2 decimals, as the run tags ``WER <dataset>`` (``WER <dataset> <decoder>``) that ``evaluate`` writes
+  beside them (the table prints a metric with all its digits; see
   :mod:`asr_core.contract.ledger`); :func:`publish` writes those tags on every run that lacks them. The view leaves
   the parent run out and sorts by run name: sorted by anything but the start time the table lists child runs flat
   instead of folded under their parent, so every trial's WER shows without a click.
@@ -32,8 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-from asr_core.contract.ledger import (NOTE_TAG, VIEW_ID, VIEW_TAG_PREFIX, headline_metrics, note_line, saved_view_value,
-                                     shown_tags, view_created_ms, view_link, with_note_line)
+from asr_core.contract.ledger import (NOTE_TAG, VIEW_ID, VIEW_TAG_PREFIX, decoder_metrics, headline_metrics, note_line,
+                                     saved_view_value, shown_tags, view_created_ms, view_link, with_note_line)
 from asr_core.contract.tracking import tracking_uri as ledger_uri
 from asr_core.contract.trial import ROLE_PARENT, TAG_ROLE
 
@@ -120,23 +122,25 @@ def upload_report(client: Any, tracking_uri: str, run_id: str, files: Sequence[P
     return uploaded, stale
 
 
-def tag_shown_wers(client: Any, experiment_id: str) -> int:
+def tag_shown_wers(client: Any, experiment_id: str) -> tuple[int, list[str]]:
     """Write the shown-WER tags (:func:`asr_core.contract.ledger.shown_tags`) on every run of the experiment whose
     clean WER metrics lack them or disagree with them (runs logged before ``evaluate`` wrote them, or by other
-    tools); returns how many runs were written. One call per such run."""
+    tools); returns how many runs were written and the other decoders' clean WERs the runs hold
+    (:func:`asr_core.contract.ledger.decoder_metrics`). One call per such run."""
     from mlflow.entities import RunTag
 
-    written, token = 0, None
+    written, token, keys = 0, None, set()
     while True:
         runs = client.search_runs([experiment_id], max_results=1000, page_token=token)
         for r in runs:
+            keys.update(r.data.metrics)
             stale = {k: v for k, v in shown_tags(r.data.metrics).items() if r.data.tags.get(k) != v}
             if stale:
                 client.log_batch(r.info.run_id, tags=[RunTag(k, v) for k, v in sorted(stale.items())])
                 written += 1
         token = runs.token
         if not token:
-            return written
+            return written, decoder_metrics(keys)
 
 
 def save_view(client: Any, experiment_id: str, tags: Mapping[str, str], metrics: Sequence[str]) -> str:
@@ -152,7 +156,8 @@ def save_view(client: Any, experiment_id: str, tags: Mapping[str, str], metrics:
 def publish(experiment: str, files: Sequence[Path], datasets: Iterable[str], tracking_uri: str | None = None,
             *, artifact_dir: str = ARTIFACT_DIR) -> Published:
     """Log a written report to sweep ``experiment`` in MLflow: ``files`` to ``artifact_dir/`` of its parent run,
-    the saved view of the clean WER columns of ``datasets``, and the description line linking to both.
+    the saved view (the trials' labels, the clean WER columns of ``datasets``, then every other decoder's the runs
+    hold), and the description line linking to both.
 
     An experiment without a parent run gets the view and the line but no report (``Published.parent_run_id`` is
     None); the caller says so. Raises :class:`DashboardError` when there is no such experiment."""
@@ -172,7 +177,8 @@ def publish(experiment: str, files: Sequence[Path], datasets: Iterable[str], tra
         log.debug("report logged to run %s: %d files under %s/, %d stale removed", parent, len(uploaded),
                   artifact_dir, len(removed))
     metrics = headline_metrics(datasets)
-    shown = tag_shown_wers(client, eid) if metrics else 0
+    shown, others = tag_shown_wers(client, eid) if metrics else (0, [])
+    metrics += others
     view = save_view(client, eid, exp.tags, metrics) if metrics else None
     report = report_link(eid, parent, artifact_dir) if parent is not None else None
     if view or report:

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from analysis.__main__ import main
-from asr_core.contract.ledger import VIEW_ID, shown_tag, shown_value, tag_column
+from asr_core.contract.ledger import LABEL_COLUMN, VIEW_ID, shown_tag, shown_value, tag_column
 from tests.plugins.browser import mlflow_run_rows, open_link_in_new_page, open_mlflow_run_list, save_screenshot
 from tests.plugins.mlflow_server import MlflowServer
 
@@ -118,7 +118,8 @@ def test_the_runs_list_shows_every_wer_column_and_value(reported: Reported, brow
         view.wait_for_timeout(500)
     # every trial is its own row (not folded under the parent, which the view leaves out) with its WERs
     assert sorted(rows) == sorted(r.info.run_name for r in runs)
-    for r in runs:
+    for r in runs:  # the label column: the name `orchestrate status` prints
+        assert rows[r.info.run_name][LABEL_COLUMN].strip() == r.data.tags["trial.label"], r.info.run_name
         for m in metrics:
             cell = rows[r.info.run_name][columns[m]]
             if m in r.data.metrics:  # rounded to 2 decimals, as the report writes WERs

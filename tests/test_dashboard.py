@@ -36,7 +36,8 @@ def test_the_saved_view_is_the_envelope_the_ui_reads() -> None:
     assert {k: value[k] for k in ("createdAt", "updatedAt")} == {"createdAt": 5, "updatedAt": 9}
     assert isinstance(value["name"], str) and value["name"]
     state = json.loads(value["state"])  # the state travels as JSON text inside the envelope
-    assert state["selectedColumns"] == ["tags.`WER dev`", "tags.`WER test`"]  # the rounded WERs
+    # the trial's label as `orchestrate status` prints it, then the rounded WERs
+    assert state["selectedColumns"] == ["tags.`trial.label`", "tags.`WER dev`", "tags.`WER test`"]
     # sorted by anything but the start time, the UI lists child runs flat; the parent run is left out
     assert state["orderByKey"] != "attributes.start_time"
     assert state["searchFilter"] == "tags.`sweep.role` != 'parent'"
@@ -47,7 +48,12 @@ def test_the_saved_view_is_the_envelope_the_ui_reads() -> None:
 def test_the_view_shows_clean_wers_rounded_to_two_decimals() -> None:
     metrics = {"wer/test": 18.197260273972602, "wer/dev": 9.996, "wer/dev/snr-5": 40.1234, "wer_beam/dev": 8.0,
                "cue/dev": 50.0, "wer/nan": float("nan"), "train/loss": 1.23456}
-    assert sweep_view.shown_tags(metrics) == {"WER test": " 18.20", "WER dev": " 10.00"}  # clean greedy WER only
+    # clean WERs only, of every decoder
+    assert sweep_view.shown_tags(metrics) == {"WER test": " 18.20", "WER dev": " 10.00", "WER dev beam": "  8.00"}
+    assert sweep_view.decoder_metrics([*metrics, "wer_beam/dev", "wer_fusion-chiu/test", "wer_beam/dev/snr-5"]) == \
+        ["wer_beam/dev", "wer_fusion-chiu/test"]
+    assert sweep_view.view_columns(["wer/dev", "wer_beam/dev"]) == [
+        "tags.`trial.label`", "tags.`WER dev`", "tags.`WER dev beam`"]
     assert sweep_view.shown_value(100.0) == "100.00" and sweep_view.shown_value(0.004) == "  0.00"
     wers = [9.5, 100.0, 18.197, 0.0, 35.1, 123.4]
     assert sorted(wers, key=sweep_view.shown_value) == sorted(wers)  # the column sorts as text: numeric order
@@ -127,11 +133,19 @@ def test_the_report_lands_on_the_parent_run_and_a_rerun_replaces_it(store: str, 
     assert [k for k in tags if k.startswith(sweep_view.VIEW_TAG_PREFIX)] == [VIEW_TAG]  # one view, rewritten
     view = json.loads(tags[VIEW_TAG])
     assert view["createdAt"] == created and view["updatedAt"] >= created
-    assert json.loads(view["state"])["selectedColumns"] == ["tags.`WER dev`", "tags.`WER test`"]
+    assert json.loads(view["state"])["selectedColumns"] == ["tags.`trial.label`", "tags.`WER dev`", "tags.`WER test`"]
     # the trial logged wer/dev without its shown tag (as runs before evaluate wrote it): publish wrote it
     assert client.get_run(trial).data.tags["WER dev"] == " 20.33" and pub.shown == 0  # written by the first
     note = tags[sweep_view.NOTE_TAG]
     assert note.count(sweep_view.NOTE_START) == 1 and note.endswith("Written by a person.")
+
+    # a beam decoder's WER logged by an evaluation job: its column joins the view, and its shown tag the run
+    client.log_metric(trial, "wer_beam-lm64/dev", 18.0)
+    pub = dashboard.publish("sweep-a", second, ["dev", "test"], store)
+    assert pub.metrics == ("wer/dev", "wer/test", "wer_beam-lm64/dev") and pub.shown == 1
+    assert json.loads(json.loads(client.get_experiment(exp).tags[VIEW_TAG])["state"])["selectedColumns"][-1] == \
+        "tags.`WER dev beam-lm64`"
+    assert client.get_run(trial).data.tags["WER dev beam-lm64"] == " 18.00"
     assert f"({pub.report_link})" in note and f"({pub.view_link})" in note
     assert pub.report_link == f"#/experiments/{exp}/runs/{parent}/artifacts/report/index.html"
     assert pub.url(pub.view_link, "http://host:5000/") == f"http://host:5000/{pub.view_link}"

@@ -7,8 +7,10 @@ A saved view is an experiment tag ``mlflow.sharedViewState.<id>`` whose value is
 "state"}`` (``state``: the runs page's state as JSON text), opened by
 ``#/experiments/<experiment>/runs?viewStateShareKey=<id>``. All pure.
 
-The view's columns are the *shown WERs*: run tags ``WER <dataset>`` (:func:`shown_tag`) holding the clean greedy WER
-``wer/<dataset>`` rounded to 2 decimals (:func:`shown_value`). MLflow's runs table prints a metric with every digit
+The view's columns are the trial's label (the name ``orchestrate status`` prints; the run name is a short form of it)
+and the *shown WERs*: run tags ``WER <dataset>`` (:func:`shown_tag`) holding the clean greedy WER ``wer/<dataset>``
+rounded to 2 decimals (:func:`shown_value`), and ``WER <dataset> <decoder>`` each other decoder's
+(``wer_<decoder>/<dataset>``: beam search, fusion, other windows). MLflow's runs table prints a metric with every digit
 (``18.197260273972602``, cut to ``18.19726…`` by the column), and no setting of the page or the server formats
 it; a tag is printed as it is. The metric stays the record (and what ``analysis`` reads); the tag is written beside
 it by ``evaluate`` and ``score`` when they log the metric, and by ``python -m analysis report`` for runs that lack
@@ -23,9 +25,9 @@ import math
 import re
 from typing import Any, Iterable, Mapping, Sequence
 
-from asr_core.contract.metrics import CLEAN, metric_key, parse_metric_key
+from asr_core.contract.metrics import CLEAN, GREEDY, metric_key, parse_decoder_metric_key
 from asr_core.contract.tracking import sqlite_file
-from asr_core.contract.trial import ROLE_PARENT, TAG_ROLE
+from asr_core.contract.trial import ROLE_PARENT, TAG_LABEL, TAG_ROLE
 
 log = logging.getLogger(__name__)
 
@@ -59,9 +61,10 @@ def metric_column(metric: str) -> str:
 SHOWN_DIGITS = 2  # decimals of the WERs the view shows
 
 
-def shown_tag(dataset: str) -> str:
-    """The run tag the saved view shows for the clean WER of ``dataset``: ``WER test``."""
-    return f"WER {dataset}"
+def shown_tag(dataset: str, decoder: str = GREEDY) -> str:
+    """The run tag the saved view shows for the clean WER of ``dataset`` by ``decoder``: ``WER test`` (the trial's
+    own greedy decoding), ``WER test beam-lm1024`` (another decoder's, ``wer_beam-lm1024/test``)."""
+    return f"WER {dataset}" if decoder == GREEDY else f"WER {dataset} {decoder}"
 
 
 SHOWN_WIDTH = 6  # "100.00": padded with spaces on the left, so that sorting the column (as text) sorts the WERs
@@ -74,13 +77,25 @@ def shown_value(wer: float) -> str:
 
 
 def shown_tags(metrics: Mapping[str, float]) -> dict[str, str]:
-    """The shown-WER tags of the clean greedy WERs (``wer/<dataset>``) among ``metrics``; NaN is left out."""
+    """The shown-WER tags of the clean WERs of every decoder (``wer/<dataset>``, ``wer_<decoder>/<dataset>``) among
+    ``metrics``; NaN is left out."""
     out = {}
     for key, value in metrics.items():
-        parsed = parse_metric_key(key)
-        if parsed is not None and parsed[1] == CLEAN and "`" not in parsed[0] and math.isfinite(value):
-            out[shown_tag(parsed[0])] = shown_value(value)
+        parsed = parse_decoder_metric_key(key)
+        if parsed is not None and parsed[2] == CLEAN and "`" not in key and math.isfinite(value):
+            out[shown_tag(parsed[1], parsed[0])] = shown_value(value)
     return out
+
+
+def decoder_metrics(keys: Iterable[str]) -> list[str]:
+    """The clean WERs of decoders other than the trials' own among metric ``keys`` (``wer_<decoder>/<dataset>``),
+    sorted by decoder and dataset, each once: the view's columns after the headline ones."""
+    found = set()
+    for key in keys:
+        parsed = parse_decoder_metric_key(key)
+        if parsed is not None and parsed[0] != GREEDY and parsed[2] == CLEAN and "`" not in key:
+            found.add((parsed[0], parsed[1], key))
+    return [key for _, _, key in sorted(found)]
 
 
 def tag_column(tag: str) -> str:
@@ -88,20 +103,25 @@ def tag_column(tag: str) -> str:
     return f"tags.`{tag}`"
 
 
+LABEL_COLUMN = tag_column(TAG_LABEL)  # the trial's label, as `orchestrate status` names it
+
+
 def view_columns(metrics: Sequence[str]) -> list[str]:
-    """The view's column ids for the headline ``metrics`` (``wer/<dataset>``): their shown-WER tags."""
-    out = []
+    """The view's column ids: the trial's label (:data:`LABEL_COLUMN`, the name ``orchestrate status`` prints), then
+    the shown-WER tags of ``metrics`` (clean WERs: ``wer/<dataset>``, ``wer_<decoder>/<dataset>``)."""
+    out = [LABEL_COLUMN]
     for m in metrics:
-        parsed = parse_metric_key(m)
-        if parsed is None or parsed[1] != CLEAN:
-            raise ValueError(f"{m!r} is not a clean WER metric wer/<dataset>; the view shows only those")
-        out.append(tag_column(shown_tag(parsed[0])))
+        parsed = parse_decoder_metric_key(m)
+        if parsed is None or parsed[2] != CLEAN:
+            raise ValueError(f"{m!r} is not a clean WER metric (wer/<dataset> or wer_<decoder>/<dataset>); the view "
+                             "shows only those")
+        out.append(tag_column(shown_tag(parsed[1], parsed[0])))
     return out
 
 
 def view_state(metrics: Sequence[str]) -> dict[str, Any]:
-    """The runs page's state of the saved view: the shown WERs of ``metrics`` as the visible columns, every run but
-    the parent, listed flat by run name. Fields left out keep the UI's defaults."""
+    """The runs page's state of the saved view: the trial's label and the shown WERs of ``metrics`` as the visible
+    columns, every run but the parent, listed flat by run name. Fields left out keep the UI's defaults."""
     return {
         "selectedColumns": view_columns(metrics),
         "searchFilter": NOT_PARENT_FILTER,
