@@ -48,10 +48,16 @@ def test_tailset_of_a_hand_text_is_exactly_this_file(tmp_path: Path, capsys: pyt
     out = tmp_path / "sets" / "tail.json"
     assert main(["tailset", str(text), "--out", str(out), "--share", "0.25"]) == 0
     assert out.read_text() == ('{\n "source": "' + str(text) + '",\n "share": 0.25,\n "total_words": 20,\n'
-                               ' "tail_share": 0.25,\n "words": [\n  "fig",\n  "kiwi",\n  "lime",\n  "plum"\n ]\n}\n')
+                               ' "tail_share": 0.25,\n "words": [\n  "fig",\n  "kiwi",\n  "lime",\n  "plum"\n ],\n'
+                               ' "unseen": "tail",\n "head": [\n  "cat",\n  "the"\n ]\n}\n')
     printed = capsys.readouterr().out
     assert "4 tail word types, 25.00% of the 20 words" in printed and str(out) in printed
-    assert TailSet.read(out) == TailSet(frozenset({"fig", "kiwi", "lime", "plum"}), str(text), 0.25, 20, 0.25)
+    assert TailSet.read(out) == TailSet(frozenset({"fig", "kiwi", "lime", "plum"}), str(text), 0.25, 20, 0.25,
+                                        frozenset({"cat", "the"}), "tail")
+    assert "and every word it never says" in printed
+    assert main(["tailset", str(text), "--out", str(out), "--share", "0.25", "--unseen", "head"]) == 0
+    assert TailSet.read(out).unseen == "head" and "zebra" not in TailSet.read(out)
+    assert "(words it never says are not)" in capsys.readouterr().out
     # the default share is the paper's 5%: one word of 20 at most (fig, alphabetically first of the rarest)
     assert main(["tailset", str(text), "--out", str(out)]) == 0
     assert TailSet.read(out).words == {"fig"} and TailSet.read(out).share == 0.05
@@ -194,7 +200,7 @@ def test_evaluate_with_a_tail_set_adds_columns_metrics_and_tag_and_nothing_else(
     assert {k for k in metrics if m.parse_tail_metric_key(k)} == {"tail/test", "tail/test/snr10"}
     assert json.loads(tags[m.TAIL_TAG]) == {
         "source": "the references", "share": 0.3, "types": len(tail_words), "share_of_text": tail_words.tail_share,
-        "share_of_refs": {"test": pytest.approx(share_of(list(texts.values()), tail_words))}}
+        "unseen": tail_words.unseen, "share_of_refs": {"test": pytest.approx(share_of(list(texts.values()), tail_words))}}
 
     # without a tail set: the tables are what they were, byte for byte, with no tail column, metric or tag
     df0, metrics0, tags0 = run("b", None)

@@ -3,6 +3,7 @@ the tail's share of test references, the JSON file and the pooled corpus rate.""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import random
@@ -11,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from asr_core.evaluation.score import align_counts
-from asr_core.evaluation.tail import (TailCounts, TailSet, corpus_tail_rate, share_of, tail_counts, tail_set,
-                                      total_tail)
+from asr_core.evaluation.tail import (UNSEEN_HEAD, UNSEEN_TAIL, TailCounts, TailSet, corpus_tail_rate, describe,
+                                      share_of, tail_counts, tail_set, total_tail)
 
 # 20 words: the x10, cat x5, plum x2, fig x1, kiwi x1, lime x1 (case and punctuation vary; normalised away).
 TEXT = ["The cat, the cat. THE CAT the cat the cat!", "the the the the the", "Plum plum, Fig. kiwi lime"]
@@ -21,8 +22,37 @@ TAIL = TailSet(frozenset({"fig", "kiwi", "lime", "plum"}), "hand-made", 0.25, 20
 
 def test_the_tail_is_the_rarest_words_up_to_the_share() -> None:
     t = tail_set(TEXT, share=0.25, source="hand-made")
-    assert t == TAIL  # budget 5 words: fig, kiwi, lime (3) then plum (5: exactly at the threshold, taken)
+    # budget 5 words: fig, kiwi, lime (3) then plum (5: exactly at the threshold, taken)
+    assert t == dataclasses.replace(TAIL, head=frozenset({"the", "cat"}), unseen=UNSEEN_TAIL)
     assert t.total_words == 20 and t.tail_share == pytest.approx(0.25)
+
+
+def test_a_word_the_training_text_never_says_is_a_tail_word_by_default_and_not_under_the_option() -> None:
+    """Paper 002: tail tokens are those whose accumulated frequency in the training corpus is below the threshold; a
+    word the corpus never says has frequency 0."""
+    paper, older = tail_set(TEXT, share=0.25), tail_set(TEXT, share=0.25, unseen=UNSEEN_HEAD)
+    assert paper.unseen == UNSEEN_TAIL and older.unseen == UNSEEN_HEAD
+    assert "zebra" in paper and "zebra" not in older  # never said in TEXT
+    assert "plum" in paper and "plum" in older and "cat" not in paper and "cat" not in older  # said: as counted
+    ref, hyp = "the cat the zebra the plum", "the cat the zebu the plum"
+    assert tail_counts(ref, hyp, paper) == TailCounts(words=2, substitutions=1, deletions=0, insertions=0)
+    assert tail_counts(ref, hyp, older) == TailCounts(words=1, substitutions=0, deletions=0, insertions=0)
+    assert share_of(["zebra and plum"], paper) == pytest.approx(1.0) and share_of(["zebra and plum"], older) == \
+        pytest.approx(1 / 3)
+    assert json.loads(describe(paper, {}))["unseen"] == "tail" and json.loads(describe(older, {}))["unseen"] == "head"
+    for t in (paper, older):  # the file keeps which, and the text's other words
+        assert TailSet.from_dict(json.loads(json.dumps(t.to_dict()))) == t
+    with pytest.raises(ValueError, match="unseen 'rare': one of tail, head"):
+        tail_set(TEXT, unseen="rare")
+
+
+def test_a_tail_set_written_before_sets_kept_their_heads_reads_as_it_counted() -> None:
+    old = {k: v for k, v in tail_set(TEXT, share=0.25).to_dict().items() if k not in ("head", "unseen")}
+    t = TailSet.from_dict(old)
+    assert t.unseen == UNSEEN_HEAD and t.head is None and "zebra" not in t and "plum" in t
+    assert t.to_dict() == old  # written back as it was: its hash, and so any evaluation setting naming it, holds
+    with pytest.raises(ValueError, match="recompute it"):
+        TailSet(frozenset({"plum"}), unseen=UNSEEN_TAIL)
 
 
 def test_the_type_that_crosses_the_threshold_is_not_taken() -> None:
@@ -38,7 +68,8 @@ def test_ties_are_broken_alphabetically() -> None:
 
 
 def test_normalisation_makes_one_type_of_a_word_however_written() -> None:
-    t = tail_set(["Hello, world", "hello world", "HELLO! world.", "world world world"], share=0.5)
+    t = tail_set(["Hello, world", "hello world", "HELLO! world.", "world world world"], share=0.5,
+                 unseen=UNSEEN_HEAD)  # the raw "Hello," is no word of the text: with unseen=tail it would be
     assert t.total_words == 9 and t.words == {"hello"}  # hello x3 <= 4.5; world x6 would cross
     assert "Hello," not in t and tail_set("Hello, hello", share=0.99).words == frozenset()  # one type, 2 > 1.98
 

@@ -4,7 +4,10 @@ the overall WER ("Tail-1" in its tables).
 The paper's definition: tail tokens are the tokens "whose accumulated frequency in the training corpus is lower than
 a threshold", set to 5% ("the frequency ratio of head and tail tokens is 95:5"); the tail token error rate is
 computed "by only counting errors on tail tokens and ignoring errors on other tokens within the same testing
-utterances". For English it takes 1-gram word-level tail tokens.
+utterances". For English it takes 1-gram word-level tail tokens. A word the training text never says has frequency
+0, the rarest there is: by that definition it is a tail word ("unseen" words: names, numbers and terms of other
+texts), and so it is here by default (``unseen="tail"``); ``unseen="head"`` is the older count, where only words of
+the training text can be tail words (the set records which, and so does the run's tag).
 
 Here:
 
@@ -41,6 +44,9 @@ import jiwer
 from asr_core.evaluation.score import normalise
 
 DEFAULT_SHARE = 0.05  # the paper's threshold: head and tail tokens in the ratio 95:5
+UNSEEN_TAIL = "tail"  # a word the training text never says is a tail word (frequency 0: the paper's definition)
+UNSEEN_HEAD = "head"  # it is not (only the training text's rare words are): the older count
+UNSEEN = (UNSEEN_TAIL, UNSEEN_HEAD)
 
 
 @dataclass(frozen=True)
@@ -48,16 +54,27 @@ class TailSet:
     """The tail words of a text: ``words`` (normalised word types), ``source`` (the name or path of the text they
     were computed from), ``share`` (the threshold: the most of the text's words the tail may make up),
     ``total_words`` (the number of words of that text) and ``tail_share`` (the share of them that are tail words,
-    at most ``share``)."""
+    at most ``share``); ``head``: the text's other word types (None for a set written before sets kept them), and
+    ``unseen``: whether a word outside the text is a tail word (:data:`UNSEEN_TAIL`, needs ``head``) or not
+    (:data:`UNSEEN_HEAD`). ``word in tail`` answers for any word; ``words`` lists the text's tail types only."""
 
     words: frozenset[str]
     source: str = ""
     share: float = DEFAULT_SHARE
     total_words: int = 0
     tail_share: float = 0.0
+    head: frozenset[str] | None = None
+    unseen: str = UNSEEN_HEAD
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "words", frozenset(self.words))
+        if self.head is not None:
+            object.__setattr__(self, "head", frozenset(self.head))
+        if self.unseen not in UNSEEN:
+            raise ValueError(f"unseen {self.unseen!r}: one of {', '.join(UNSEEN)}")
+        if self.unseen == UNSEEN_TAIL and self.head is None:
+            raise ValueError("unseen words can count as tail words only in a set that knows the text's other words "
+                             "(head); recompute it with python -m asr_core tailset TEXT --out FILE")
         if not 0.0 < self.share < 1.0:
             raise ValueError(f"tail share {self.share!r} must lie strictly between 0 and 1 (the paper uses 0.05)")
         if self.total_words < 0:
@@ -66,15 +83,20 @@ class TailSet:
             raise ValueError(f"tail_share {self.tail_share!r} must lie between 0 and 1")
 
     def __contains__(self, word: object) -> bool:
-        return word in self.words
+        if word in self.words:
+            return True
+        return self.unseen == UNSEEN_TAIL and self.head is not None and word not in self.head
 
     def __len__(self) -> int:
         return len(self.words)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able, the words sorted (the same set gives the same file)."""
-        return {"source": self.source, "share": self.share, "total_words": self.total_words,
-                "tail_share": self.tail_share, "words": sorted(self.words)}
+        out: dict[str, Any] = {"source": self.source, "share": self.share, "total_words": self.total_words,
+                               "tail_share": self.tail_share, "words": sorted(self.words)}
+        if self.head is not None:  # a set of before head words were kept reads and writes as it was
+            out.update(unseen=self.unseen, head=sorted(self.head))
+        return out
 
     @classmethod
     def from_dict(cls, data: Any) -> "TailSet":
@@ -95,7 +117,12 @@ class TailSet:
         source = data.get("source", "")
         if not isinstance(source, str):
             raise ValueError(f"a tail set's 'source' must be a string, not {source!r}")
-        return cls(frozenset(words), source, float(share), total, float(covered))
+        head = data.get("head")
+        if head is not None and (not isinstance(head, list) or not all(isinstance(w, str) for w in head)):
+            raise ValueError("a tail set's 'head' must be a list of strings")
+        unseen = data.get("unseen", UNSEEN_HEAD)
+        return cls(frozenset(words), source, float(share), total, float(covered),
+                   None if head is None else frozenset(head), unseen)
 
     def write(self, path: Path | str) -> Path:
         """Write the set as JSON to ``path`` (folders made); returns the path."""
@@ -123,7 +150,8 @@ def _words(texts: Iterable[str]) -> list[str]:
     return [w for t in texts for w in normalise(t).split()]
 
 
-def tail_set(words: Iterable[str], share: float = DEFAULT_SHARE, source: str = "") -> TailSet:
+def tail_set(words: Iterable[str], share: float = DEFAULT_SHARE, source: str = "", unseen: str = UNSEEN_TAIL
+             ) -> TailSet:
     """The tail of a text: its rarest word types that together make up at most ``share`` of its words.
 
     ``words``: the text, as words, lines or transcripts (one string is one text); each item is normalised with
@@ -136,12 +164,15 @@ def tail_set(words: Iterable[str], share: float = DEFAULT_SHARE, source: str = "
     cumulative count over that is *not* included (nor is any after it): the paper defines tail tokens as those
     whose accumulated frequency is *lower than* the threshold. A cumulative count exactly at the threshold is
     included (the paper's "95:5"). So the tail's share is at most ``share``, and of equally rare types on the
-    threshold only the alphabetically first ones are taken.
+    threshold only the alphabetically first ones are taken. ``unseen``: whether words the text never says are tail
+    words (:data:`UNSEEN_TAIL`, the paper's definition: frequency 0) or not (:data:`UNSEEN_HEAD`).
 
-    An empty text or a share outside (0, 1) raises ValueError.
+    An empty text, a share outside (0, 1) or another ``unseen`` raises ValueError.
     """
     if not 0.0 < share < 1.0:
         raise ValueError(f"tail share {share!r} must lie strictly between 0 and 1 (the paper uses 0.05)")
+    if unseen not in UNSEEN:
+        raise ValueError(f"unseen {unseen!r}: one of {', '.join(UNSEEN)}")
     counts = Counter(_words(words))
     total = sum(counts.values())
     if not total:
@@ -155,7 +186,7 @@ def tail_set(words: Iterable[str], share: float = DEFAULT_SHARE, source: str = "
             break
         cumulative += n
         taken.append(word)
-    return TailSet(frozenset(taken), source, share, total, cumulative / total)
+    return TailSet(frozenset(taken), source, share, total, cumulative / total, frozenset(counts) - set(taken), unseen)
 
 
 @dataclass(frozen=True)
@@ -252,10 +283,11 @@ def load_tail(path: Path | str, option: str = "--tail") -> TailSet:
 
 def describe(tail: TailSet, references: Mapping[str, Iterable[str]]) -> str:
     """The record of a tail set beside its rates (JSON, keys sorted): ``source``, ``share`` (the threshold),
-    ``types`` (tail word types), ``share_of_text`` (of the text it was computed from) and ``share_of_refs``
-    (``{dataset: share}``, :func:`share_of` the dataset's ``references``; null where they have no words)."""
+    ``types`` (tail word types of the text), ``unseen`` (whether words outside the text count as tail words),
+    ``share_of_text`` (of the text it was computed from) and ``share_of_refs`` (``{dataset: share}``,
+    :func:`share_of` the dataset's ``references``; null where they have no words)."""
     refs = {name: share_of(list(texts), tail) for name, texts in references.items()}
-    return json.dumps({"source": tail.source, "share": tail.share, "types": len(tail),
+    return json.dumps({"source": tail.source, "share": tail.share, "types": len(tail), "unseen": tail.unseen,
                        "share_of_text": tail.tail_share,
                        "share_of_refs": {k: None if math.isnan(v) else v for k, v in refs.items()}}, sort_keys=True)
 
@@ -292,6 +324,9 @@ def cli(argv: list[str]) -> int:
     ap.add_argument("--out", type=Path, required=True, metavar="FILE.json", help="where the tail set is written")
     ap.add_argument("--share", type=float, default=DEFAULT_SHARE,
                     help=f"the most of the text's words the tail may make up (default {DEFAULT_SHARE:g}, the paper's)")
+    ap.add_argument("--unseen", choices=UNSEEN, default=UNSEEN_TAIL,
+                    help="a word the text never says is a tail word (tail, the default: frequency 0, the paper's "
+                         "definition) or not (head: only the text's rare words are, the older count)")
     a = ap.parse_args(argv)
     from asr_core.contract.specs import CorpusError
 
@@ -300,7 +335,7 @@ def cli(argv: list[str]) -> int:
             raise ValueError(f"--share {a.share!r}: give a fraction strictly between 0 and 1 (the paper uses 0.05)")
         if a.out.is_dir():
             raise ValueError(f"--out {a.out} is a folder; give the path of a JSON file, e.g. {a.out / 'tail.json'}")
-        tail = tail_set(text_of(a.text), a.share, source=a.text)
+        tail = tail_set(text_of(a.text), a.share, source=a.text, unseen=a.unseen)
     except (CorpusError, ValueError, FileNotFoundError) as e:
         print(f"tailset: {e}", file=sys.stderr)
         return 2
@@ -309,6 +344,7 @@ def cli(argv: list[str]) -> int:
         print(f"tailset: no word type of {a.text} is rare enough to fit in --share {a.share:g} of its "
               f"{tail.total_words} words: the tail is empty and its error rate undefined; give a larger text or "
               "a larger --share", file=sys.stderr)
+    unseen = "and every word it never says" if tail.unseen == UNSEEN_TAIL else "(words it never says are not)"
     print(f"tailset: {len(tail)} tail word types, {tail.tail_share:.2%} of the {tail.total_words} words of "
-          f"{a.text} (share {tail.share:g}); written to {a.out}")
+          f"{a.text} (share {tail.share:g}), {unseen}; written to {a.out}")
     return 0

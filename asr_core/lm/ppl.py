@@ -39,7 +39,7 @@ import csv
 import dataclasses
 import math
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -146,9 +146,10 @@ def tail_flags(tok: Tokenizer, text: str, ids: Sequence[int], is_tail: Callable[
     return [tail[w] for w in of]
 
 
-def tail_test(words: frozenset[str]) -> Callable[[str], bool]:
+def tail_test(words: Container[str]) -> Callable[[str], bool]:
     """Whether a word is a tail word: one of the words Whisper's normaliser makes of it alone is in ``words`` (a
-    tail set's normalised words); each distinct spelling is normalised once."""
+    tail set, :class:`asr_core.evaluation.tail.TailSet`: its rare words, and the words its text never says where it
+    counts those); each distinct spelling is normalised once."""
     from asr_core.evaluation.score import normalise
 
     seen: dict[str, bool] = {}
@@ -306,7 +307,7 @@ def run(a: argparse.Namespace, contexts: list[int]) -> int:
         if not len(tail_set):
             print(f"lm ppl: --tail {a.tail} holds no tail word: the tail-token perplexity is undefined (nan)",
                   file=sys.stderr)
-        is_tail = tail_test(tail_set.words)
+        is_tail = tail_test(tail_set)
     try:
         lm = load_lm(a.checkpoint, device)
         tok = lm.tokenizer
