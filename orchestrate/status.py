@@ -31,7 +31,14 @@ under the sweep's lock, within ``--reconcile-deadline`` seconds) and says so; a 
 ``--where KEY=VALUE`` (:mod:`orchestrate.where`) counts and lists only the matching trials; ``--state S`` lists
 every trial in state S (repeatable) with its folder and log; ``--watch [SECONDS]`` redraws every SECONDS (30) until
 no trial runs or waits in the queue, or Ctrl-C. The GPU-hours spent are set against the estimate a cluster
-``submit`` recorded in the sweep folder (:mod:`orchestrate.budget.recorded`); a local sweep has none.
+``submit`` recorded in the sweep folder (:mod:`orchestrate.budget.recorded`); a local sweep has none. The time left
+comes from the running trials' measured rates and, for the trials still to run, that estimate (else the mean hours
+of the finished trials): :func:`orchestrate.monitor.work_left`.
+
+One screen: a sweep whose rows do not fit 45 lines (``--watch``: the terminal's height) is condensed
+(:mod:`orchestrate.status_screen`): the failed, killed and lost trials grouped by cause with one example each, the
+trials that matter now (running ones, slowest first, and the newest failures) with their latest loss, and the best
+configuration so far (the lowest WER among finished trials); ``--all`` lists every row instead.
 """
 
 from __future__ import annotations
