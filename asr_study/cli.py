@@ -4,7 +4,7 @@ Each group is the command it names, handed every argument after the group's name
 and say the same thing:
 
 * ``asr-study core ...`` is ``python -m asr_core ...`` (the trainer: train, evaluate, score, prepare, ...);
-* ``asr-study orchestrate ...`` is the ``orchestrate`` command (sweeps: plan, submit, status, ...);
+* ``asr-study orchestrate ...`` is the ``orchestrate`` command (sweeps: plan, submit, status, logs, ...);
 * ``asr-study analysis ...`` is ``python -m analysis ...`` (a sweep's report, pairwise comparisons);
 * ``asr-study mlflow-server ...`` runs the packaged ``mlflow-server.sh`` (``slurm/mlflow-server.sh`` of a checkout)
   with the ``mlflow`` of this environment; ``asr-study mlflow-server --path`` prints where the script is.
@@ -31,8 +31,8 @@ PROG = "asr-study"
 GROUPS: dict[str, tuple[str, str]] = {
     "core": ("asr_core.__main__", "the trainer: train, evaluate, heads, reach, score, prepare, synth, bench, lm, "
                                   "... (= python -m asr_core)"),
-    "orchestrate": ("orchestrate.cli", "sweeps: plan, submit, status, resume, retry, cancel, evaluate, bench "
-                                       "(= orchestrate)"),
+    "orchestrate": ("orchestrate.cli", "sweeps: plan, submit, status, resume, retry, cancel, evaluate, show, logs, "
+                                       "bench (= orchestrate)"),
     "analysis": ("analysis.__main__", "a sweep's report and pairwise comparisons (= python -m analysis)"),
 }
 SERVER = "mlflow-server"

@@ -82,7 +82,7 @@ def assert_fits(screen: str, sweep: SweepDir) -> None:
     """The header, every count by state and the time left are on the screen."""
     assert f"sweep {sweep.name} (slurm, 321 models" in screen, screen
     for state in ("FINISHED", "RUNNING", "PREEMPTED", "FAILED", "KILLED", "LOST"):
-        assert any(line.split()[:1] == [state] for line in screen.splitlines()), f"{state} count scrolled off:\n{screen}"
+        assert any(line.split()[:1] == [state] for line in screen.splitlines()), f"{state} scrolled off:\n{screen}"
     assert "time left" in screen, screen
     assert "GPU-hours" in screen and " left" in screen, screen
 
