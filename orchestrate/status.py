@@ -72,6 +72,7 @@ from orchestrate.where import WhereError
 __all__ = ["add_arguments", "show_status", "watch_status"]
 
 DEFAULT_RECONCILE_S = 30.0  # how long `status` may spend bringing a lagging ledger in line
+MIN_SCREEN_LINES = 20  # the fewest lines the condensed view is fitted to, however short the terminal
 DEFAULT_WATCH_S = 30.0  # --watch without a number: a redraw every 30 s (a trainer logs progress every few seconds)
 
 
@@ -139,7 +140,11 @@ def show_status(args: argparse.Namespace, sweep: SweepDir, manifest: Manifest,
     ``no_reconcile``, ``reconcile_deadline`` (seconds), ``where``, ``state`` and ``watch``."""
     if getattr(args, "watch", None) is not None:
         return watch_status(args, sweep, manifest, trials)
-    _show_once(args, sweep, manifest, trials)
+    screen = None
+    if sys.stdout.isatty():  # a smaller terminal than SCREEN_LINES rows: fit it, the prompt and the command too
+        size = shutil.get_terminal_size()
+        screen = (min(SCREEN_LINES, max(MIN_SCREEN_LINES, size.lines - 5)), size.columns)
+    _show_once(args, sweep, manifest, trials, screen=screen)
     return 0
 
 

@@ -63,18 +63,19 @@ def _loss(m: Any) -> str:
     return f"loss {m.loss:.3f} (step {m.step})" if m.loss is not None else ""
 
 
-def _cause_lines(rows: Sequence[TrialStatus]) -> list[str]:
+def _cause_lines(rows: Sequence[TrialStatus], limit: int = MAX_CAUSES) -> list[str]:
+    """A gap, a heading, a line per cause (at most ``limit``), and one for the causes left out."""
     causes = failure_causes(rows)
     if not causes:
         return []
     n = sum(c.count for c in causes)
     out = ["", f"{n} failed, killed or lost, by cause (one example each; --state STATE or --all lists them):"]
-    for c in causes[:MAX_CAUSES]:
+    for c in causes[:limit]:
         cause = _cut(c.cause, CAUSE_CHARS)
         out.append(f"  {c.count:>4}  {c.state:<6}  {cause:<{min(CAUSE_CHARS, max(len(x.cause) for x in causes))}}  "
                    f"e.g. {c.example.label} {c.example.key}")
-    if len(causes) > MAX_CAUSES:
-        rest = causes[MAX_CAUSES:]
+    if len(causes) > limit:
+        rest = causes[limit:]
         out.append(f"  … {len(rest)} more causes of {sum(c.count for c in rest)} trials (--all)")
     return out
 
@@ -153,9 +154,12 @@ def compact_sections(sweep: Any, rows: Sequence[TrialStatus], trials: Sequence[A
     failed_at = {k: max((a.time for a in fs.failures), default=0.0) for k, fs in states.items()
                  if getattr(fs, "failures", None)}
     models = {t.key for t in trials if not getattr(t, "is_evaluation", False)}
-    causes = _cause_lines(rows)
     best = _best_lines(rows, models)
     other = _other_lines(rows, trials)
+    # the causes get what is left beside the rest and the fewest trials that matter (their heading, gap and
+    # "more" line aside), at least one
+    spare = lines - len(best) - len(other) - 2 - MIN_TRIALS
+    causes = _cause_lines(rows, max(1, min(MAX_CAUSES, spare - 3)))
     room = lines - len(causes) - len(best) - len(other) - 2  # the heading of the trials that matter and its gap
     matter = _matter_lines(sweep, rows, max(MIN_TRIALS, room), failed_at, now)
     return causes + matter + best + other
