@@ -4,7 +4,7 @@ Each group is the command it names, handed every argument after the group's name
 and say the same thing:
 
 * ``asr-study core ...`` is ``python -m asr_core ...`` (the trainer: train, evaluate, score, prepare, ...);
-* ``asr-study orchestrate ...`` is the ``orchestrate`` command (sweeps: plan, submit, status, ...);
+* ``asr-study orchestrate ...`` is the ``orchestrate`` command (sweeps: plan, submit, status, logs, ...);
 * ``asr-study analysis ...`` is ``python -m analysis ...`` (a sweep's report, pairwise comparisons);
 * ``asr-study dashboard SWEEP`` serves a local sweep's ledger in the MLflow UI on 127.0.0.1 and prints the URL of
   its saved view, until Ctrl-C (:mod:`asr_study.sweep_dashboard`);
@@ -33,8 +33,8 @@ PROG = "asr-study"
 GROUPS: dict[str, tuple[str, str]] = {
     "core": ("asr_core.__main__", "the trainer: train, evaluate, heads, reach, score, prepare, synth, bench, lm, "
                                   "... (= python -m asr_core)"),
-    "orchestrate": ("orchestrate.cli", "sweeps: plan, submit, status, resume, retry, cancel, evaluate, bench "
-                                       "(= orchestrate)"),
+    "orchestrate": ("orchestrate.cli", "sweeps: plan, submit, status, resume, retry, cancel, evaluate, show, logs, "
+                                       "bench (= orchestrate)"),
     "analysis": ("analysis.__main__", "a sweep's report and pairwise comparisons (= python -m analysis)"),
     "dashboard": ("asr_study.sweep_dashboard", "a sweep's runs in the MLflow UI: serves a local sweep's ledger on "
                                                "127.0.0.1 and prints the URL of its saved view"),

@@ -1,4 +1,5 @@
-"""``orchestrate`` / ``python -m orchestrate``: plan, submit, status, resume, retry, cancel, evaluate, bench.
+"""``orchestrate`` / ``python -m orchestrate``: plan, submit, status, resume, retry, cancel, evaluate, show, logs,
+bench.
 
 A thin layer over the library. Every input is validated before anything is created or submitted; invalid input
 exits with status 2 and a message naming the file, key or value and what is valid; so does an unreadable sweep file
@@ -325,6 +326,13 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         return _behind(args, plan, sweep)
 
 
+def cmd_logs(args: argparse.Namespace) -> int:
+    """``logs SWEEP KEY [-f]``: the trial's log (:mod:`orchestrate.logs`); an unknown sweep or KEY exits 2."""
+    from orchestrate.logs import show_log
+
+    return show_log(args, _read(args)[0])
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from orchestrate.tools.bench import run_bench
 
@@ -333,7 +341,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 COMMANDS = {"plan": cmd_plan, "submit": cmd_submit, "status": cmd_status, "resume": cmd_resume,
             "retry": cmd_resume, "cancel": cmd_cancel, "evaluate": cmd_evaluate,
-            "show": lambda args: show_trial(args, *_read(args)), "bench": cmd_bench}
+            "show": lambda args: show_trial(args, *_read(args)), "logs": cmd_logs, "bench": cmd_bench}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,6 +8,7 @@ import argparse
 from asr_core.contract.options import renamed
 from asr_core.contract.tracking import DEFAULT_SWEEP_ROOT, ENV, SWEEP_ROOT_ENV, default_sweep_root
 from asr_core.version import ShowVersion
+from orchestrate.logs import add_arguments as logs_arguments
 from orchestrate.show import add_arguments as show_arguments
 from orchestrate.sweep import DEFAULT_MAX_FAILURES
 
@@ -123,6 +124,11 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("show", help="one trial whole: status, folder, log, config, segments, attempts, runs, WERs")
     sp.add_argument("sweep")
     show_arguments(sp)
+    common(sp)
+
+    sp = sub.add_parser("logs", help="one trial's log, progress bars shown at their last state; -f follows it")
+    sp.add_argument("sweep")
+    logs_arguments(sp)
     common(sp)
 
     sp = sub.add_parser("bench", help="time plan, submit and status against their goals")

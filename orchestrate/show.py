@@ -51,7 +51,8 @@ def find_trial(trials: list[Trial], text: str, sweep: str) -> Trial:
         raise UsageError(f"KEY {text!r} is the start of {len(hits)} trial keys of sweep {sweep!r} ("
                          + ", ".join(f"{t.key} {t.label}" for t in hits[:5]) + (", ..." if len(hits) > 5 else "")
                          + "); give more of it")
-    raise UsageError(f"KEY {text!r}: no trial of sweep {sweep!r} has that key, key prefix or label; "
+    example = f" (e.g. {trials[0].label} or {trials[0].key})" if trials else ""
+    raise UsageError(f"KEY {text!r}: no trial of sweep {sweep!r} has that key, key prefix or label{example}; "
                      "`orchestrate status SWEEP --json` lists them")
 
 

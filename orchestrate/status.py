@@ -31,7 +31,14 @@ under the sweep's lock, within ``--reconcile-deadline`` seconds) and says so; a 
 ``--where KEY=VALUE`` (:mod:`orchestrate.where`) counts and lists only the matching trials; ``--state S`` lists
 every trial in state S (repeatable) with its folder and log; ``--watch [SECONDS]`` redraws every SECONDS (30) until
 no trial runs or waits in the queue, or Ctrl-C. The GPU-hours spent are set against the estimate a cluster
-``submit`` recorded in the sweep folder (:mod:`orchestrate.budget.recorded`); a local sweep has none.
+``submit`` recorded in the sweep folder (:mod:`orchestrate.budget.recorded`); a local sweep has none. The time left
+comes from the running trials' measured rates and, for the trials still to run, that estimate (else the mean hours
+of the finished trials): :func:`orchestrate.monitor.work_left`.
+
+One screen: a sweep whose rows do not fit 45 lines (``--watch``: the terminal's height) is condensed
+(:mod:`orchestrate.status_screen`): the failed, killed and lost trials grouped by cause with one example each, the
+trials that matter now (running ones, slowest first, and the newest failures) with their latest loss, and the best
+configuration so far (the lowest WER among finished trials); ``--all`` lists every row instead.
 """
 
 from __future__ import annotations
@@ -40,6 +47,7 @@ import argparse
 import contextlib
 import io
 import json
+import shutil
 import signal
 import sys
 import threading
@@ -50,9 +58,11 @@ from typing import Any
 
 from asr_core.contract.trial import FAILED, KILLED, LOG_FILE, RUNNING
 from asr_core.runtime.outbox_folder import REJECTED_FILE, read_kept
-from orchestrate.budget.recorded import estimated_hours
+from orchestrate.budget.recorded import estimated_hours, read_estimate
+from orchestrate.monitor import fit_lines, work_left
 from orchestrate.progress import duration_text
 from orchestrate.status_ledger import ledger_line
+from orchestrate.status_screen import SCREEN_LINES, compact_sections, time_left_line
 from orchestrate.sweep import Manifest, SweepDir
 from orchestrate.trial_state import DEFAULT_MAX_FAILURES, read_folder_states, read_trial_refs
 from orchestrate.trial_status import (LOST, PENDING, PREEMPTED, QUEUED, STATUS_STATES, TrialStatus, scheduler_view,
@@ -62,6 +72,7 @@ from orchestrate.where import WhereError
 __all__ = ["add_arguments", "show_status", "watch_status"]
 
 DEFAULT_RECONCILE_S = 30.0  # how long `status` may spend bringing a lagging ledger in line
+MIN_SCREEN_LINES = 20  # the fewest lines the condensed view is fitted to, however short the terminal
 DEFAULT_WATCH_S = 30.0  # --watch without a number: a redraw every 30 s (a trainer logs progress every few seconds)
 
 
@@ -96,11 +107,19 @@ def _pace(r: TrialStatus) -> str:
     return f"{r.rate:.3g} {unit}{left}"
 
 
-def _overall(rows: list[TrialStatus], estimate: float | None, backend: str = "slurm") -> str:
+def _overall(rows: list[TrialStatus], estimate: float | None, backend: str = "slurm", short: bool = False) -> str:
     """The share of the work done and the GPU-hours spent (against the recorded ``estimate``), in one line; a local
-    sweep's hours are its trials' hours on this machine, whatever device they used, not GPU-hours."""
+    sweep's hours are its trials' hours on this machine, whatever device they used, not GPU-hours. ``short``: in
+    fewer words, with how many trials evaluate now (the condensed view, whose lines fit a terminal's width)."""
     done = sum(r.progress or 0.0 for r in rows) / len(rows) if rows else 0.0
     hours = sum(r.gpu_hours for r in rows)
+    if short:
+        evaluating = sum(r.status == RUNNING and (r.phase or "").startswith("eval") for r in rows)
+        spent = (f"{hours:.1f} trial-hours spent on this machine" if backend == "local" else
+                 f"{hours:.1f} GPU-hours spent" + (f" of {estimate:.1f} estimated ({100 * hours / estimate:.0f}%)"
+                                                   if estimate else " (no estimate recorded)"))
+        return (f"  progress {100 * done:.1f}% (finished whole, others by training steps or evaluation units; "
+                f"{evaluating} evaluating now); {spent}")
     progress = (f"  progress {100 * done:.1f}% (finished trials whole, the others by their training steps or "
                 "evaluation units); ")
     if backend == "local":
@@ -121,13 +140,28 @@ def show_status(args: argparse.Namespace, sweep: SweepDir, manifest: Manifest,
     ``no_reconcile``, ``reconcile_deadline`` (seconds), ``where``, ``state`` and ``watch``."""
     if getattr(args, "watch", None) is not None:
         return watch_status(args, sweep, manifest, trials)
-    _show_once(args, sweep, manifest, trials)
+    screen = None
+    if sys.stdout.isatty():  # a smaller terminal than SCREEN_LINES rows: fit it, the prompt and the command too
+        size = shutil.get_terminal_size()
+        screen = (min(SCREEN_LINES, max(MIN_SCREEN_LINES, size.lines - 5)), size.columns)
+    _show_once(args, sweep, manifest, trials, screen=screen)
     return 0
 
 
+def _capture(draw: Any) -> list[str]:
+    """The lines ``draw()`` prints."""
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        draw()
+    return buf.getvalue().splitlines()
+
+
 def _show_once(args: argparse.Namespace, sweep: SweepDir, manifest: Manifest,
-               trials: Sequence[Any] | None = None) -> list[TrialStatus]:
-    """Print the status once; returns the rows of the selected trials."""
+               trials: Sequence[Any] | None = None, screen: tuple[int, int | None] | None = None) -> list[TrialStatus]:
+    """Print the status once; returns the rows of the selected trials. Unless ``--all`` or ``--state``, a sweep
+    whose rows do not fit ``screen`` (lines, and the width its lines are clipped to; default
+    :data:`~orchestrate.status_screen.SCREEN_LINES` lines, not clipped) is condensed
+    (:func:`~orchestrate.status_screen.compact_sections`)."""
     trials = list(trials) if trials is not None else read_trial_refs(sweep)
     trials = _selected(sweep, trials, list(getattr(args, "where", None) or []))
     wanted = set(getattr(args, "state", None) or [])
@@ -145,15 +179,40 @@ def _show_once(args: argparse.Namespace, sweep: SweepDir, manifest: Manifest,
                            max_failures=max_failures)
         print(line, file=sys.stderr)
         return rows
+    n_eval = sum(bool(getattr(t, "is_evaluation", False)) for t in trials)
+    lines, width = screen or (SCREEN_LINES, None)
+    if wanted:
+        body = _capture(lambda: _print_states(rows, wanted))
+    else:
+        body = _capture(lambda: (_print_sections(rows), n_eval and _print_evaluations(trials, rows)))
+    body += _capture(lambda: _print_kept(sweep, rows))
+    head = _capture(lambda: _print_head(args, sweep, manifest, trials, rows, view.note, max_failures, short=False))
+    compact = not wanted and not getattr(args, "all", False) and len(head) + len(body) + 2 > lines
+    if compact:
+        head = _capture(lambda: _print_head(args, sweep, manifest, trials, rows, view.note, max_failures,
+                                            short=True))
+        body = compact_sections(sweep, rows, trials, states, lines - len(head) - 2)
+    out = head + body
+    print("\n".join(fit_lines(out, len(out), width) if compact and width else out))
+    print()
+    print(ledger_line(sweep, manifest, trials, states, view, reconcile=reconcile, deadline_s=deadline_s,
+                      max_failures=max_failures))
+    return rows
+
+
+def _print_head(args: argparse.Namespace, sweep: SweepDir, manifest: Manifest, trials: Sequence[Any],
+                rows: list[TrialStatus], note: str, max_failures: int, short: bool) -> None:
+    """The lines every view opens with: the sweep, its folders, its code, the counts by state, the progress and
+    hours spent, the time left, the scheduler's note (``short``: its first line, and the hours in fewer words)."""
     counts = {s: 0 for s in STATUS_STATES}
     for r in rows:
         counts[r.status] += 1
-    is_eval = {t.key for t in trials if getattr(t, "is_evaluation", False)}
-    n_eval = len(is_eval)
+    n_eval = sum(bool(getattr(t, "is_evaluation", False)) for t in trials)
     print(f"sweep {sweep.name} ({manifest.backend}, {len(trials) - n_eval} models"
           + (f" and {n_eval} evaluation jobs" if n_eval else "") + f", ledger {manifest.tracking_uri})"
           + (f", where {' '.join(args.where)}" if getattr(args, "where", None) else ""))
-    print(f"  folders {sweep.path / 'trials'}/KEY, each with its log {LOG_FILE} (--state STATE lists them)")
+    print(f"  folders {sweep.path / 'trials'}/KEY, each with its log {LOG_FILE} (--state STATE lists them"
+          + ("; --all every trial)" if short else ")"))
     if len(manifest.code) > 1:
         print(f"  submitted and resumed from code {', '.join(manifest.code)}")
     gave_up = sum(r.gave_up for r in rows)
@@ -161,20 +220,13 @@ def _show_once(args: argparse.Namespace, sweep: SweepDir, manifest: Manifest,
         if counts[state]:
             extra = f"  ({gave_up} gave up after {max_failures} failures)" if state == FAILED and gave_up else ""
             print(f"  {state:<9}  {counts[state]:>5}{extra}")
-    print(_overall(rows, estimated_hours(sweep.path, [r.key for r in rows]), manifest.backend))
-    if view.note:
-        print(f"  scheduler: {view.note}")
-    if wanted:
-        _print_states(rows, wanted)
-    else:
-        _print_sections(rows)
-    if n_eval and not wanted:
-        _print_evaluations(trials, rows)
-    _print_kept(sweep, rows)
-    print()
-    print(ledger_line(sweep, manifest, trials, states, view, reconcile=reconcile, deadline_s=deadline_s,
-                      max_failures=max_failures))
-    return rows
+    keys = [r.key for r in rows]
+    print(_overall(rows, estimated_hours(sweep.path, keys), manifest.backend, short=short))
+    recorded = read_estimate(sweep.path)
+    print(time_left_line(work_left(rows, {k: recorded[k] for k in keys if k in recorded}),
+                         manifest.backend))
+    if note:
+        print(f"  scheduler: {note.splitlines()[0] if short else note}")
 
 
 def _print_states(rows: list[TrialStatus], wanted: set[str]) -> None:
@@ -217,8 +269,10 @@ def _moving(rows: list[TrialStatus]) -> bool:
 
 def watch_status(args: argparse.Namespace, sweep: SweepDir, manifest: Manifest,
                  trials: Sequence[Any] | None = None) -> int:
-    """``--watch [SECONDS]``: the status redrawn every SECONDS (the screen cleared on a terminal) until no trial
-    runs or waits in the queue (then a line says so), or Ctrl-C; exit 0 either way."""
+    """``--watch [SECONDS]``: the status redrawn every SECONDS until no trial runs or waits in the queue (then a line
+    says so), or Ctrl-C; exit 0 either way. On a terminal the screen is cleared and each frame drawn within its
+    height and width (read again at each redraw, :func:`shutil.get_terminal_size`): a sweep too large to list whole
+    is condensed to fit, and what still does not fit ends in a line ``… N more lines (--all)``."""
     every = float(args.watch)
     clear = sys.stdout.isatty() and not getattr(args, "json", False)
     if threading.current_thread() is threading.main_thread():
@@ -227,15 +281,21 @@ def watch_status(args: argparse.Namespace, sweep: SweepDir, manifest: Manifest,
         signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         while True:
+            size = shutil.get_terminal_size() if clear else None
+            # the frame: a stamp line above the status, and the cursor's row below it
+            screen = (max(10, size.lines - 2), size.columns) if size else None
             buf = io.StringIO()
             with contextlib.redirect_stdout(buf):
-                rows = _show_once(args, sweep, manifest, trials)
-            if clear:
-                sys.stdout.write("\x1b[H\x1b[2J")
+                rows = _show_once(args, sweep, manifest, trials, screen=screen)
             stamp = time.strftime("%H:%M:%S")
-            if not getattr(args, "json", False):
-                print(f"{stamp}  every {every:g} s, Ctrl-C ends  (orchestrate status {sweep.name} --watch)")
-            sys.stdout.write(buf.getvalue())
+            frame = ([f"{stamp}  every {every:g} s, Ctrl-C ends  (orchestrate status {sweep.name} --watch)"]
+                     if not getattr(args, "json", False) else []) + buf.getvalue().splitlines()
+            if size is not None:
+                more = ("(a taller terminal, or status --all without --watch)" if getattr(args, "all", False)
+                        else "(--all)")
+                frame = fit_lines(frame, max(2, size.lines - 1), size.columns, more)
+                sys.stdout.write("\x1b[H\x1b[2J")
+            sys.stdout.write("\n".join(frame) + "\n")
             if not _moving(rows):
                 print(f"{stamp}  no trial runs or waits in the queue: watch ends", file=sys.stderr)
                 return 0
@@ -316,6 +376,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--watch", type=_seconds, nargs="?", const=DEFAULT_WATCH_S, default=None, metavar="SECONDS",
                    help=f"redraw every SECONDS (default {DEFAULT_WATCH_S:g}) until no trial runs or waits in the "
                         "queue, or Ctrl-C")
+    p.add_argument("--all", action="store_true",
+                   help="every trial's row (failed, killed, lost, running, mixed code, evaluation jobs), however "
+                        f"many; without it a sweep whose rows do not fit {SCREEN_LINES} lines (--watch: the "
+                        "terminal) is condensed: failures by cause, the trials that matter now, the best so far")
     p.add_argument("--no-reconcile", action="store_true",
                    help="never write to the ledger, even when the trial folders say it is behind")
     p.add_argument("--reconcile-deadline", type=float, default=DEFAULT_RECONCILE_S, metavar="S",
