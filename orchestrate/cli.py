@@ -135,11 +135,37 @@ def _evaluations_of(sweep: SweepDir):  # noqa: ANN202 - a closure for run_sweep'
 
 
 def _sweep(args: argparse.Namespace) -> SweepDir:
-    """The sweep ``args`` name, which must exist (so that taking its lock creates no folder)."""
+    """The sweep ``args`` name, which must exist (so that taking its lock creates no folder). Not under the sweep
+    root but a ``--tracking-uri`` given: the folder the ledger recorded for the sweep (its experiment's
+    ``sweep.root`` tag), when that folder holds it; then ``args.sweep_root`` is that folder's root, so every command
+    printed after carries it."""
     sweep = SweepDir(args.sweep_root, args.sweep)
     if not sweep.exists():
+        found = _recorded_sweep(args)
+        if found is not None:
+            args.sweep_root = found.path.parent
+            return found
         sweep.read_manifest()  # raises SweepError saying there is no such sweep
     return sweep
+
+
+def _recorded_sweep(args: argparse.Namespace) -> SweepDir | None:
+    """The sweep folder the ledger at ``--tracking-uri`` recorded for the sweep (one lookup, no mlflow import), if
+    it holds that sweep's manifest; None without a ``--tracking-uri``, an answer or such a folder."""
+    uri = getattr(args, "tracking_uri", None)
+    if not uri:
+        return None
+    from orchestrate.status_ledger import ledger_probe
+
+    probe = ledger_probe(uri, args.sweep)
+    if not probe.owner_root:
+        return None
+    folder = Path(probe.owner_root)
+    found = SweepDir(folder.parent, args.sweep)
+    if found.path.resolve() != folder.resolve() or not found.exists():
+        return None
+    print(f"[orchestrate] sweep {args.sweep!r} found in {folder} (the folder {uri} recorded for it)", file=sys.stderr)
+    return found
 
 
 def _read(args: argparse.Namespace) -> tuple[SweepDir, Manifest]:

@@ -71,3 +71,34 @@ def test_a_printed_next_command_works_as_printed_from_any_folder(fake: SweepDir,
 def test_a_missing_sweep_names_the_variable(tmp_path: Path) -> None:
     with pytest.raises(SweepError, match=SWEEP_ROOT_ENV):
         SweepDir(tmp_path, "nothing-here").read_manifest()
+
+
+def test_a_tracking_uri_alone_finds_the_sweep_in_the_folder_its_ledger_recorded(tmp_path: Path) -> None:
+    """Issue 48: given the ledger (``--tracking-uri``) and not the root, a command finds the sweep in the folder the
+    experiment's ``sweep.root`` tag names, says so, and its printed next commands carry that root; a ledger naming a
+    folder that does not hold the sweep leaves the usual refusal."""
+    import sqlite3
+
+    from asr_core.contract.trial import TAG_SWEEP_ID, TAG_SWEEP_ROOT
+
+    uri = f"sqlite:///{tmp_path / 'ledger' / 'mlflow.db'}"
+    (tmp_path / "ledger").mkdir()
+    sweep = make_fake_sweep(tmp_path / "far away", 6, name="far", backend="local", tracking_uri=uri)
+    with sqlite3.connect(tmp_path / "ledger" / "mlflow.db") as con:  # the two tables the lookup reads
+        con.execute("CREATE TABLE experiments (experiment_id INTEGER, name TEXT, lifecycle_stage TEXT)")
+        con.execute("CREATE TABLE experiment_tags (key TEXT, value TEXT, experiment_id INTEGER)")
+        con.execute("INSERT INTO experiments VALUES (1, 'far', 'active')")
+        con.executemany("INSERT INTO experiment_tags VALUES (?, ?, 1)",
+                        [(TAG_SWEEP_ROOT, str(sweep.path)), (TAG_SWEEP_ID, sweep.read_manifest().sweep_id)])
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    found = _orchestrate(["status", "far", "--tracking-uri", uri], elsewhere, None)
+    assert found.returncode == 0, found.stderr[-2000:]
+    assert found.stdout.startswith("sweep far") and f"found in {sweep.path}" in found.stderr, found.stderr
+    logs = _orchestrate(["logs", "far", "nothing-like-it", "--tracking-uri", uri], elsewhere, None)
+    assert logs.returncode == 2 and "nothing-like-it" in logs.stderr and "no sweep" not in logs.stderr, logs.stderr
+    with sqlite3.connect(tmp_path / "ledger" / "mlflow.db") as con:
+        con.execute("UPDATE experiment_tags SET value = ? WHERE key = ?", (str(tmp_path / "gone" / "far"),
+                                                                           TAG_SWEEP_ROOT))
+    lost = _orchestrate(["status", "far", "--tracking-uri", uri], elsewhere, None)
+    assert lost.returncode == 2 and "no sweep 'far'" in lost.stderr, lost.stderr
