@@ -27,7 +27,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "evaluate": ("asr_core.evaluation.evaluate", "moving-window WER of a checkpoint: evaluate CKPT --data NAME=FORMAT:PATH ..."),
     "heads": ("asr_core.probes.heads_args", "how alike the attention heads are (paper 003): heads CKPT --data NAME=FORMAT:PATH ..."),
     "reach": ("asr_core.probes.reach", "how far back a model's decoded output reaches: reach CKPT --data NAME=FORMAT:PATH ..."),
-    "recall": ("asr_core.probes.recall", "the recall plant's slots scored from one window each: recall CKPT --data NAME=podcast:PATH ..."),
+    "recall": ("asr_core.probes.recall_args", "the recall plant's slots scored from one window each: recall CKPT --data NAME=podcast:PATH ..."),
     "repeats": ("asr_core.probes.repeats", "key terms' errors, first mentions against repeats by distance: repeats HYPS ... --data NAME=podcast:PATH"),
     "score": ("asr_core.evaluation.external", "WER of another system's transcripts: score --ref NAME=FORMAT:PATH --hyp DIR --system S"),
     "tailset": ("asr_core.evaluation.tail", "the tail words of a text (paper 002), for evaluate/score --tail: tailset TEXT --out FILE.json"),

@@ -44,8 +44,8 @@ def test_bad_input_exits_2_naming_it(case: Case, scratch: Path) -> None:
     # shared machine; ``cpu_s`` is shown on failure
 
 
-def test_at_least_thirty_cases_across_the_three_tools() -> None:
-    assert len(CASES) >= 30 and {c.tool for c in CASES} == {"asr_core", "orchestrate", "analysis"}
+def test_at_least_thirty_cases_across_the_tools() -> None:
+    assert len(CASES) >= 30 and {c.tool for c in CASES} == {"asr_core", "orchestrate", "analysis", "asr_study"}
     assert len({c.id for c in CASES}) == len(CASES)
 
 

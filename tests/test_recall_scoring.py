@@ -300,9 +300,10 @@ def test_each_slot_is_scored_from_its_own_window(recall_corpus: Path) -> None:
 def test_recall_command_writes_the_table(recall_corpus: Path, tmp_path: Path,
                                          capsys: pytest.CaptureFixture[str]) -> None:
     from asr_core.probes import recall as probe
+    from asr_core.probes import recall_args
 
     ckpt = _checkpoint(tmp_path)
-    assert probe.cli([str(ckpt), "--data", f"rec=podcast:{recall_corpus}", "--device", "cpu", "--out",
+    assert recall_args.cli([str(ckpt), "--data", f"rec=podcast:{recall_corpus}", "--device", "cpu", "--out",
                       str(tmp_path / "out"), "--key", "as-is,swap,silence"]) == 0
     table = pd.read_csv(tmp_path / "out" / "rec.slots.csv", dtype={"recording": str, "hyp": str, "swap_word": str},
                         keep_default_na=False)
@@ -321,13 +322,13 @@ def test_recall_command_writes_the_table(recall_corpus: Path, tmp_path: Path,
     assert (table.followed == ((table.key == "swap") & (table.hyp == table.swap_word)).astype(int)).all()
     out = capsys.readouterr().out
     assert "rec as-is near:" in out and "rec silence near:" in out and "follow the swap" in out
-    assert probe.cli([str(ckpt), "--data", f"rec=podcast:{recall_corpus}", "--key", "swap,muffle"]) == 2
+    assert recall_args.cli([str(ckpt), "--data", f"rec=podcast:{recall_corpus}", "--key", "swap,muffle"]) == 2
     assert "--key 'swap,muffle': a comma-separated list of as-is, swap, silence" in capsys.readouterr().err
     # several checkpoints: a folder each and the summary, one row per checkpoint, edit and group
     other = tmp_path / "other"
     other.mkdir()
     ckpt2 = _checkpoint(other)
-    assert probe.cli([str(ckpt), str(ckpt2), "--data", f"rec=podcast:{recall_corpus}", "--device", "cpu", "--out",
+    assert recall_args.cli([str(ckpt), str(ckpt2), "--data", f"rec=podcast:{recall_corpus}", "--device", "cpu", "--out",
                       str(tmp_path / "two"), "--key", "swap,silence"]) == 0
     summary = pd.read_csv(tmp_path / "two" / "summary.csv")
     assert list(summary.columns) == list(probe.SUMMARY_COLUMNS) and set(summary.checkpoint) == {str(ckpt), str(ckpt2)}
@@ -341,7 +342,7 @@ def test_recall_command_writes_the_table(recall_corpus: Path, tmp_path: Path,
     plain.mkdir(parents=True)
     for f in sorted(recall_corpus.iterdir())[:2]:
         (plain / f.name).write_bytes(f.read_bytes())
-    assert probe.cli([str(ckpt), "--data", f"plain=podcast:{plain}", "--out", str(tmp_path / "p")]) == 2
+    assert recall_args.cli([str(ckpt), "--data", f"plain=podcast:{plain}", "--out", str(tmp_path / "p")]) == 2
     assert "datasets ['plain'] have no recall slots" in capsys.readouterr().err
 
 
@@ -352,12 +353,13 @@ def test_recall_window_seconds_other_than_the_models_context(recall_corpus: Path
     to hold a slot's code word and the second after it, or not a number, exits 2."""
     from asr_core.decoding.decode import window_frames
     from asr_core.probes import recall as probe
+    from asr_core.probes import recall_args
 
     ckpt = _checkpoint(tmp_path)
     other = tmp_path / "other"
     other.mkdir()
     ckpt2 = _checkpoint(other)
-    assert probe.cli([str(ckpt), str(ckpt2), "--data", f"rec=podcast:{recall_corpus}", "--device", "cpu", "--out",
+    assert recall_args.cli([str(ckpt), str(ckpt2), "--data", f"rec=podcast:{recall_corpus}", "--device", "cpu", "--out",
                       str(tmp_path / "short"), "--window-s", "5.12"]) == 0
     captured = capsys.readouterr()
     frames = window_frames(5.12, 100.0, 4)
@@ -367,7 +369,7 @@ def test_recall_window_seconds_other_than_the_models_context(recall_corpus: Path
     summary = pd.read_csv(tmp_path / "short" / "summary.csv")
     assert (summary.context_s == 2.56).all() and (summary.window_s == 5.12).all()
     for bad in ("2.5", "0", "-1", "nan", "inf"):
-        assert probe.cli([str(ckpt), "--data", f"rec=podcast:{recall_corpus}", "--window-s", bad]) == 2, bad
+        assert recall_args.cli([str(ckpt), "--data", f"rec=podcast:{recall_corpus}", "--window-s", bad]) == 2, bad
         err = capsys.readouterr().err
         assert err.startswith("recall: --window-s ") and "a number of seconds of at least 2.56" in err, err
     assert not (ckpt.parent / "recall").exists()  # refused before anything was written

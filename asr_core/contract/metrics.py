@@ -194,6 +194,8 @@ def parse_tail_metric_key(key: str) -> tuple[str, str, str, float] | None:
 
 # ---- recall slots (the recall plant, asr_core.data.corpora.recall) -----------------------------------------------
 
+RECALL_KEY_EDITS = ("swap", "silence")  # the causal check's re-renderings of a key (asr_core.data.corpora.recall)
+
 def recall_metric_key(dataset: str, group: str, decoder: str = GREEDY) -> str:
     """``recall/<NAME>/<GROUP>`` (``recall_<DECODER>/...`` for a beam decoder): slot accuracy in percent on clean
     audio, ``group`` one of :data:`RECALL_GROUPS` (``near``/``far``: masked slots with a key sentence by band;

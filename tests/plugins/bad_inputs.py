@@ -93,6 +93,10 @@ CASES: tuple[Case, ...] = (
     Case("reach-negative-targets", "asr_core", ("reach", "{d}/real.pt", "--data", "d=podcast:{d}/noaudio",
                                                 "--targets", "-1"), ("targets (-1)",)),
     # ---- asr_core: configs, corpora, options ---------------------------------------------------------------------
+    Case("recall-window-too-short", "asr_core", ("recall", "{d}/real.pt", "--data", "x=podcast:{d}/noaudio",
+                                                 "--window-s", "1"), ("--window-s 1", "at least 2.56")),
+    Case("tailset-unknown-unseen", "asr_core", ("tailset", "{d}/t.txt", "--out", "{d}/tail.json", "--unseen", "rare"),
+         ("--unseen", "'rare'", "tail", "head")),
     Case("train-missing-config", "asr_core", ("train", "{d}/nope.yaml"), ("{d}/nope.yaml",)),
     Case("train-config-directory", "asr_core", ("train", "{d}"), ("{d}",)),
     Case("train-unknown-key", "asr_core", ("train", "{d}/unknown-key.yaml"), ("modle",)),
@@ -173,12 +177,24 @@ CASES: tuple[Case, ...] = (
                                                                  "{d}/decode-window-negative.yaml", "--sweep-root",
                                                                  "{d}/runs"),
          ("decode-window-negative.yaml", "'window_s'", "-5.12", "positive numbers of seconds")),
+    Case("evaluate-decode-file-name-without-decoder", "orchestrate", ("evaluate", "nosweep", "--spec",
+                                                                      "{d}/decode-no-decoder.yaml", "--sweep-root",
+                                                                      "{d}/runs"),
+         ("decode-no-decoder.yaml", "no decoder", "'lm'", "leave out 'name'")),
+    Case("evaluate-plain-test-set-with-stride", "orchestrate", ("evaluate", "nosweep", "--spec",
+                                                                "{d}/decode-plain-stride.yaml", "--sweep-root",
+                                                                "{d}/runs"),
+         ("decode-plain-stride.yaml", "'stride'", "only 'datasets'")),
+    Case("logs-missing-sweep", "orchestrate", ("logs", "nosuchsweep", "somekey", "--sweep-root", "{d}/runs"),
+         ("nosuchsweep",)),
     Case("evaluate-bad-where", "orchestrate", ("evaluate", "nosweep", "--spec", "{d}/decode-good.yaml", "--where",
                                                "foo", "--sweep-root", "{d}/runs"), ("--where 'foo'", "KEY=VALUE")),
     Case("status-missing-sweep", "orchestrate", ("status", "nosuchsweep", "--sweep-root", "{d}/runs"),
          ("nosuchsweep",)),
     Case("submit-bad-max-failures", "orchestrate", ("submit", "{d}/grids/good.yaml", "--max-failures", "-3"),
          ("--max-failures", "-3")),
+    Case("dashboard-missing-sweep", "asr_study", ("dashboard", "nosuchsweep", "--sweep-root", "{d}/runs"),
+         ("nosuchsweep",)),
     # ---- analysis ----------------------------------------------------------------------------------------------
     Case("report-bad-tracking-uri", "analysis", ("report", "--experiment", "x", "--out", "{d}/rep", "--tracking-uri",
                                                  "bogus://x"), ("bogus://x",)),
@@ -222,6 +238,8 @@ def make_scratch(d: Path) -> Path:
     (d / "decode-text-lm.yaml").write_text("name: x\nlm: text.pt\n" + decoder)
     (d / "decode-good.yaml").write_text("name: x\nlm: real.pt\n" + decoder)
     (d / "decode-window-zero.yaml").write_text("name: w\nwindow_s: [5.12, 0]\n")
+    (d / "decode-no-decoder.yaml").write_text("name: w\ndatasets: [x=podcast:noaudio]\n")
+    (d / "decode-plain-stride.yaml").write_text("datasets: [x=podcast:noaudio]\nstride: 0.5\n")
     (d / "decode-window-negative.yaml").write_text("name: w\nwindow_s: -5.12\n")
     grids = d / "grids"
     grids.mkdir()

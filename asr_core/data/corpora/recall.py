@@ -45,6 +45,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import signal
 
+from asr_core.contract.metrics import RECALL_KEY_EDITS
 from asr_core.data.audio import SAMPLE_RATE
 from asr_core.data.corpora.base import Word
 from asr_core.data.corpora.synth_audio import coloured_noise
@@ -159,7 +160,7 @@ def sentence_rms(parts: Sequence[np.ndarray]) -> float:
 
 # ---- placement ------------------------------------------------------------------------------------------------------
 
-EDITS = ("swap", "silence")
+EDITS = RECALL_KEY_EDITS  # the names shared with the command line (asr_core.probes.recall_args)
 
 
 @dataclass(frozen=True)
