@@ -42,7 +42,7 @@ from asr_core.data.corpora.rerender import Rerenderer
 from asr_core.decoding.decode import prepare_features, window_frames
 from asr_core.evaluation.recall import Slot, group_accuracy, group_of, recall_slots, write_slot_table
 from asr_core.evaluation.recall_window import WindowModel, score_recording
-from asr_core.probes.recall_args import AS_IS, RECALL_DIR, check_window
+from asr_core.probes.recall_options import AS_IS, RECALL_DIR, check_window
 
 COLUMNS = (*SLOT_COLUMNS, "key", "swap_word", "followed", "followed_choice")
 
