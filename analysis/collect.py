@@ -162,76 +162,37 @@ class Sweep:
 
 # ---- building the frames -------------------------------------------------------------------------------------
 
+@dataclass
+class _Parts:
+    """What :func:`build_sweep` gathers run by run, before the tables are made."""
+
+    problems: list[dict[str, Any]] = field(default_factory=list)
+    trial_rows: list[dict[str, Any]] = field(default_factory=list)
+    external_rows: list[dict[str, Any]] = field(default_factory=list)
+    lm_rows: list[dict[str, Any]] = field(default_factory=list)
+    kept: list[RunRecord] = field(default_factory=list)
+    wer_rows: list[dict[str, Any]] = field(default_factory=list)
+    rec_frames: list[pd.DataFrame] = field(default_factory=list)
+    decoder_rows: list[dict[str, Any]] = field(default_factory=list)
+    head_rows: list[dict[str, Any]] = field(default_factory=list)
+    evaluation_rows: list[dict[str, Any]] = field(default_factory=list)
+    slot_frames: list[pd.DataFrame] = field(default_factory=list)
+
+
 def build_sweep(experiment: str, records: Iterable[RunRecord], *, ignore_params: Iterable[str] = ()) -> Sweep:
     """Turn run records into a :class:`Sweep` (pure; :func:`collect` fetches the records from MLflow).
 
     ``ignore_params``: params that may differ between the seeds of one configuration (e.g. a per-trial output
     path) and must not split it.
     """
-    ignored = {SEED_PARAM, *ignore_params}
-    problems: list[dict[str, Any]] = []
-    trial_rows: list[dict[str, Any]] = []
-    external_rows: list[dict[str, Any]] = []
-    lm_rows: list[dict[str, Any]] = []
-    kept: list[RunRecord] = []
+    records = list(records)
+    parts = _Parts()
     seen: set[str] = set()
     for rec in records:
-        if rec.run_id in seen:  # a run given twice counts once
-            continue
-        seen.add(rec.run_id)
-        role = rec.tags.get(TAG_ROLE)
-        if role == ROLE_PARENT:
-            continue
-        if role is None and is_lm_run(rec):
-            lm_rows.extend(_lm_ppl_rows(rec))
-            continue
-        if role == ROLE_EXTERNAL:
-            system = rec.tags.get(TAG_SYSTEM) or rec.run_id[:8]
-            for key, value in sorted(rec.metrics.items()):
-                if (parsed := parse_metric_key(key)) is not None:
-                    external_rows.append({"system": system, "run_id": rec.run_id, "status": rec.status,
-                                          "dataset": parsed[0], "condition": parsed[1], "snr_db": parsed[2],
-                                          "wer": float(value)})
-            continue
-        label = rec.tags.get(TAG_LABEL) or rec.tags.get("mlflow.runName") or rec.run_id[:8]
-        if role != ROLE_TRIAL:
-            problems.append(_problem(rec, label, f"not a trial run (tag {TAG_ROLE}={role!r}); ignored"))
-            continue
-        seed = seed_of(rec.tags, rec.params)
-        config_params = {k: v for k, v in science_params(rec.params).items() if k not in ignored}
-        series_params = {k: v for k, v in config_params.items() if k != CONTEXT_PARAM}
-        # no params logged yet: the label (minus seed) is the best identity available
-        config_id = digest(config_params) if rec.params else "label:" + config_label(label, seed)
-        families = ",".join(sorted(f.strip() for f in rec.tags.get(TAG_SUBGRIDS, "").split(",") if f.strip()))
-        context = number(rec.params.get(CONTEXT_PARAM))
-        trial_rows.append({
-            "run_id": rec.run_id, "label": label, "config": config_label(label, seed), "config_id": config_id,
-            "series": "", "series_id": digest(series_params) if rec.params else config_id,
-            "families": families or NO_FAMILY, "seed": seed, "status": rec.status, "context_s": context,
-            "layers": number(rec.params.get("model.layers"), int),
-            "d_model": number(rec.params.get("model.d_model"), int),
-            "heads": number(rec.params.get("model.heads"), int),
-            "posenc": rec.params.get("model.posenc", ""),
-            "rotary_theta": number(rec.params.get("model.rotary_theta")),
-            "error": rec.tags.get(TAG_ERROR, ""),
-            "kernels": rec.tags.get(TAG_KERNELS, ""),  # the CPU kernel levels that trained it ("" before recorded)
-            "cut": rec.params.get("data.cut", "fixed"),  # runs made before the option cut at fixed multiples
-            "words_lost_pct": float(rec.metrics.get(WORDS_LOST, math.nan)),  # what the training cuts drop
-            "receptive_field_s": number(rec.tags.get(TAG_RECEPTIVE_FIELD)),  # each side; NaN: the whole window
-        })
-        if rec.status != FINISHED:
-            detail = f": {rec.tags[TAG_ERROR]}" if rec.tags.get(TAG_ERROR) else ""
-            problems.append(_problem(rec, label, f"run is {rec.status}{detail}; left out of every table"))
-            continue
-        if seed is None:
-            problems.append(_problem(rec, label, "no seed (tag trial.seed / param train.seed); left out"))
-            continue
-        if math.isnan(context):
-            problems.append(_problem(rec, label, f"no param {CONTEXT_PARAM}; left out"))
-            continue
-        kept.append(rec)
-
-    trials = pd.DataFrame(trial_rows, columns=TRIAL_COLUMNS)
+        if rec.run_id not in seen:  # a run given twice counts once
+            seen.add(rec.run_id)
+            _sort_run(rec, {SEED_PARAM, *ignore_params}, parts)
+    trials = pd.DataFrame(parts.trial_rows, columns=TRIAL_COLUMNS)
     if len(trials) == 0:
         raise CollectError(f"experiment {experiment!r} has no trial runs (tag sweep.role=trial)")
     # one configuration's seeds may come from grids with other sub-grids (a trial a later grid shares): each run
@@ -242,114 +203,177 @@ def build_sweep(experiment: str, records: Iterable[RunRecord], *, ignore_params:
     params = pd.DataFrame([{"run_id": r.run_id, **science_params(r.params, named=True)} for r in records
                            if r.tags.get(TAG_ROLE) == ROLE_TRIAL]).set_index("run_id")
     trials = name_series(trials, params)
-    by_run = trials.set_index("run_id")
+    labels = trials.set_index("run_id")["label"]
+    expected = _expected_conditions(parts.kept)
+    for rec in parts.kept:
+        _read_results(rec, labels.loc[rec.run_id], expected[rec.run_id], parts)
+    return _assemble(experiment, trials, params, parts)
 
-    expected = _expected_conditions(kept)
-    wer_rows: list[dict[str, Any]] = []
-    rec_frames: list[pd.DataFrame] = []
-    decoder_rows: list[dict[str, Any]] = []
-    head_rows: list[dict[str, Any]] = []
-    evaluation_rows: list[dict[str, Any]] = []
-    slot_frames: list[pd.DataFrame] = []
-    for rec in kept:
-        label = by_run.loc[rec.run_id, "label"]
-        head_rows.extend(_head_rows(rec))
-        evaluation_rows.extend(_evaluation_rows(rec))
-        have: dict[tuple[str, str, str], tuple[float, float]] = {}  # (decoder, dataset, condition) -> (wer, snr)
-        for key, value in rec.metrics.items():
-            parsed = parse_decoder_metric_key(key)
-            if parsed:
-                have[parsed[:3]] = (float(value), parsed[3])
-        if not any(dec == GREEDY for dec, _, _ in have):
-            problems.append(_problem(rec, label, "FINISHED but has no wer/ metrics; left out"))
+
+def _sort_run(rec: RunRecord, ignored: set[str], parts: _Parts) -> None:
+    """First pass over one run: parent runs skipped, LM and external runs to their rows, a trial to its row and,
+    when finished with a seed and a context, to the runs whose results are read (``parts.kept``)."""
+    role = rec.tags.get(TAG_ROLE)
+    if role == ROLE_PARENT:
+        return
+    if role is None and is_lm_run(rec):
+        parts.lm_rows.extend(_lm_ppl_rows(rec))
+        return
+    if role == ROLE_EXTERNAL:
+        system = rec.tags.get(TAG_SYSTEM) or rec.run_id[:8]
+        for key, value in sorted(rec.metrics.items()):
+            if (parsed := parse_metric_key(key)) is not None:
+                parts.external_rows.append({"system": system, "run_id": rec.run_id, "status": rec.status,
+                                            "dataset": parsed[0], "condition": parsed[1], "snr_db": parsed[2],
+                                            "wer": float(value)})
+        return
+    label = rec.tags.get(TAG_LABEL) or rec.tags.get("mlflow.runName") or rec.run_id[:8]
+    if role != ROLE_TRIAL:
+        parts.problems.append(_problem(rec, label, f"not a trial run (tag {TAG_ROLE}={role!r}); ignored"))
+        return
+    row = _trial_row(rec, label, ignored)
+    parts.trial_rows.append(row)
+    if rec.status != FINISHED:
+        detail = f": {rec.tags[TAG_ERROR]}" if rec.tags.get(TAG_ERROR) else ""
+        parts.problems.append(_problem(rec, label, f"run is {rec.status}{detail}; left out of every table"))
+    elif row["seed"] is None:
+        parts.problems.append(_problem(rec, label, "no seed (tag trial.seed / param train.seed); left out"))
+    elif math.isnan(row["context_s"]):
+        parts.problems.append(_problem(rec, label, f"no param {CONTEXT_PARAM}; left out"))
+    else:
+        parts.kept.append(rec)
+
+
+def _trial_row(rec: RunRecord, label: str, ignored: set[str]) -> dict[str, Any]:
+    """One :data:`TRIAL_COLUMNS` row of a trial run (its configuration and series named later)."""
+    seed = seed_of(rec.tags, rec.params)
+    config_params = {k: v for k, v in science_params(rec.params).items() if k not in ignored}
+    series_params = {k: v for k, v in config_params.items() if k != CONTEXT_PARAM}
+    # no params logged yet: the label (minus seed) is the best identity available
+    config_id = digest(config_params) if rec.params else "label:" + config_label(label, seed)
+    families = ",".join(sorted(f.strip() for f in rec.tags.get(TAG_SUBGRIDS, "").split(",") if f.strip()))
+    return {
+        "run_id": rec.run_id, "label": label, "config": config_label(label, seed), "config_id": config_id,
+        "series": "", "series_id": digest(series_params) if rec.params else config_id,
+        "families": families or NO_FAMILY, "seed": seed, "status": rec.status,
+        "context_s": number(rec.params.get(CONTEXT_PARAM)),
+        "layers": number(rec.params.get("model.layers"), int),
+        "d_model": number(rec.params.get("model.d_model"), int),
+        "heads": number(rec.params.get("model.heads"), int),
+        "posenc": rec.params.get("model.posenc", ""),
+        "rotary_theta": number(rec.params.get("model.rotary_theta")),
+        "error": rec.tags.get(TAG_ERROR, ""),
+        "kernels": rec.tags.get(TAG_KERNELS, ""),  # the CPU kernel levels that trained it ("" before recorded)
+        "cut": rec.params.get("data.cut", "fixed"),  # runs made before the option cut at fixed multiples
+        "words_lost_pct": float(rec.metrics.get(WORDS_LOST, math.nan)),  # what the training cuts drop
+        "receptive_field_s": number(rec.tags.get(TAG_RECEPTIVE_FIELD)),  # each side; NaN: the whole window
+    }
+
+
+def _read_results(rec: RunRecord, label: str, expected: set[tuple[str, str]], parts: _Parts) -> None:
+    """Second pass over a kept run: its WER metrics of every decoder, checked against its per-recording tables
+    (``expected``: the (dataset, condition) pairs runs with its eval settings have), its head, evaluation and slot
+    rows, and what is wrong, into ``parts``."""
+    parts.head_rows.extend(_head_rows(rec))
+    parts.evaluation_rows.extend(_evaluation_rows(rec))
+    have: dict[tuple[str, str, str], tuple[float, float]] = {}  # (decoder, dataset, condition) -> (wer, snr)
+    for key, value in rec.metrics.items():
+        parsed = parse_decoder_metric_key(key)
+        if parsed:
+            have[parsed[:3]] = (float(value), parsed[3])
+    if not any(dec == GREEDY for dec, _, _ in have):
+        parts.problems.append(_problem(rec, label, "FINISHED but has no wer/ metrics; left out"))
+        return
+    clean = {d: w for (dec, d, c), (w, _) in have.items() if dec == GREEDY and c == CLEAN}
+    if clean and min(clean.values()) >= NOTHING_LEARNED_WER:
+        parts.problems.append(_problem(rec, label, "clean WER " + ", ".join(f"{d} {w:.1f}%" for d, w in sorted(
+              clean.items())) + ": the model has not learned to transcribe (as one that never left the CTC blank "
+              "plateau, writing almost nothing); kept in the tables, but retrain it (another seed, a longer warmup) "
+              "before reading anything into its context length"))
+    for ds, cond in sorted(expected - {(d, c) for dec, d, c in have if dec == GREEDY}):
+        parts.problems.append(_problem(rec, label, f"lacks metric {metric_name(ds, cond)} that runs with the same "
+                                               f"eval settings have"))
+    decoders = sorted({dec for dec, _, _ in have} - {GREEDY})
+    for dec in decoders:
+        row, why = _decoder_settings(rec, dec)
+        parts.decoder_rows.append(row)
+        if why:
+            parts.problems.append(_problem(rec, label, why))
+    tables: dict[tuple[str, str], pd.DataFrame] = {}
+    for dec, ds in sorted({(dec, d) for dec, d, _ in have}):
+        name = table_name(ds, dec)
+        if name not in rec.tables:
+            what = ds if dec == GREEDY else f"{ds} decoded by {dec}"
+            parts.problems.append(_problem(rec, label, f"no artifact eval/{name}.csv: no per-recording counts, so "
+                                                   f"{what} is left out of the significance tests for this run"))
             continue
-        clean = {d: w for (dec, d, c), (w, _) in have.items() if dec == GREEDY and c == CLEAN}
-        if clean and min(clean.values()) >= NOTHING_LEARNED_WER:
-            problems.append(_problem(rec, label, "clean WER " + ", ".join(f"{d} {w:.1f}%" for d, w in sorted(
-                clean.items())) + ": the model has not learned to transcribe (as one that never left the CTC blank "
-                "plateau, writing almost nothing); kept in the tables, but retrain it (another seed, a longer warmup) "
-                "before reading anything into its context length"))
-        for ds, cond in sorted(expected[rec.run_id] - {(d, c) for dec, d, c in have if dec == GREEDY}):
-            problems.append(_problem(rec, label, f"lacks metric {metric_name(ds, cond)} that runs with the same "
-                                                 f"eval settings have"))
-        decoders = sorted({dec for dec, _, _ in have} - {GREEDY})
-        for dec in decoders:
-            row, why = _decoder_settings(rec, dec)
-            decoder_rows.append(row)
+        table, why = read_table(rec.tables[name], ds)
+        if why:
+            parts.problems.append(_problem(rec, label, f"eval/{name}.csv {why}; left out of the significance tests"))
+            continue
+        tables[(dec, ds)] = table
+        slot_name = slot_table_name(ds, dec)
+        if slot_name in rec.tables:
+            slot_table, why = read_slot_table(rec.tables[slot_name])
             if why:
-                problems.append(_problem(rec, label, why))
-        tables: dict[tuple[str, str], pd.DataFrame] = {}
-        for dec, ds in sorted({(dec, d) for dec, d, _ in have}):
-            name = table_name(ds, dec)
-            if name not in rec.tables:
-                what = ds if dec == GREEDY else f"{ds} decoded by {dec}"
-                problems.append(_problem(rec, label, f"no artifact eval/{name}.csv: no per-recording counts, so "
-                                                     f"{what} is left out of the significance tests for this run"))
-                continue
-            table, why = read_table(rec.tables[name], ds)
-            if why:
-                problems.append(_problem(rec, label, f"eval/{name}.csv {why}; left out of the significance tests"))
-                continue
-            tables[(dec, ds)] = table
-            slot_name = slot_table_name(ds, dec)
-            if slot_name in rec.tables:
-                slot_table, why = read_slot_table(rec.tables[slot_name])
-                if why:
-                    problems.append(_problem(rec, label, f"eval/{slot_name}.csv {why}; left out of the recall "
-                                                         "control"))
-                else:
-                    slot_frames.append(slot_table.assign(run_id=rec.run_id, dataset=ds, decoder=dec))
-        # per table, one pass: sums and duplicate checks per condition, then the usable rows in one slice
-        summary = {key: condition_summary(t) for key, t in tables.items()}
-        usable: dict[tuple[str, str], dict[str, float]] = {}
-        for (dec, ds, cond), (value, snr) in sorted(have.items()):
-            row = {"run_id": rec.run_id, "dataset": ds, "condition": cond, "snr_db": snr, "decoder": dec,
-                   "wer": value, "wer_table": math.nan, "n_recordings": 0}
-            name, metric = table_name(ds, dec), metric_name(ds, cond, dec)
-            if (dec, ds) in summary:
-                info = summary[(dec, ds)].get(cond)
-                if info is None:
-                    problems.append(_problem(rec, label, f"eval/{name}.csv has no rows for condition {cond}; left "
-                                                         f"out of the significance tests for {ds}/{cond}"
-                                                         + ("" if dec == GREEDY else f" decoded by {dec}")))
-                elif info["dup"]:
-                    problems.append(_problem(rec, label, f"eval/{name}.csv lists recordings {info['dup'][:5]} "
-                                                         f"twice under {cond}; left out of the significance tests"))
-                else:
-                    row["wer_table"], row["n_recordings"] = info["wer"], info["n"]
-                    if not abs(info["wer"] - value) <= METRIC_TOLERANCE_PTS:
-                        problems.append(_problem(
-                            rec, label, f"metric {metric} = {value:.3f} but eval/{name}.csv gives "
-                                        f"{info['wer']:.3f}; the table is used for tests"))
-                    usable.setdefault((dec, ds), {})[cond] = snr
-            wer_rows.append(row)
-        for (dec, ds), conds in usable.items():
-            t = tables[(dec, ds)]
-            part = t[t["condition"].isin(list(conds))]
-            rec_frames.append(part.assign(run_id=rec.run_id, snr_db=part["condition"].map(conds).astype(float),
-                                          decoder=dec))
+                parts.problems.append(_problem(rec, label, f"eval/{slot_name}.csv {why}; left out of the recall "
+                                                       "control"))
+            else:
+                parts.slot_frames.append(slot_table.assign(run_id=rec.run_id, dataset=ds, decoder=dec))
+    # per table, one pass: sums and duplicate checks per condition, then the usable rows in one slice
+    summary = {key: condition_summary(t) for key, t in tables.items()}
+    usable: dict[tuple[str, str], dict[str, float]] = {}
+    for (dec, ds, cond), (value, snr) in sorted(have.items()):
+        row = {"run_id": rec.run_id, "dataset": ds, "condition": cond, "snr_db": snr, "decoder": dec,
+               "wer": value, "wer_table": math.nan, "n_recordings": 0}
+        name, metric = table_name(ds, dec), metric_name(ds, cond, dec)
+        if (dec, ds) in summary:
+            info = summary[(dec, ds)].get(cond)
+            if info is None:
+                parts.problems.append(_problem(rec, label, f"eval/{name}.csv has no rows for condition {cond}; left "
+                                                       f"out of the significance tests for {ds}/{cond}"
+                                                       + ("" if dec == GREEDY else f" decoded by {dec}")))
+            elif info["dup"]:
+                parts.problems.append(_problem(rec, label, f"eval/{name}.csv lists recordings {info['dup'][:5]} "
+                                                       f"twice under {cond}; left out of the significance tests"))
+            else:
+                row["wer_table"], row["n_recordings"] = info["wer"], info["n"]
+                if not abs(info["wer"] - value) <= METRIC_TOLERANCE_PTS:
+                    parts.problems.append(_problem(
+                          rec, label, f"metric {metric} = {value:.3f} but eval/{name}.csv gives "
+                                      f"{info['wer']:.3f}; the table is used for tests"))
+                usable.setdefault((dec, ds), {})[cond] = snr
+        parts.wer_rows.append(row)
+    for (dec, ds), conds in usable.items():
+        t = tables[(dec, ds)]
+        part = t[t["condition"].isin(list(conds))]
+        parts.rec_frames.append(part.assign(run_id=rec.run_id, snr_db=part["condition"].map(conds).astype(float),
+                                      decoder=dec))
 
+
+def _assemble(experiment: str, trials: pd.DataFrame, params: pd.DataFrame, parts: _Parts) -> Sweep:
+    """The :class:`Sweep` of the gathered ``parts``."""
     info_cols = [c for c in TRIAL_COLUMNS
                  if c not in ("status", "error", "kernels", "cut", "words_lost_pct", "receptive_field_s")]
-    wer = trials[info_cols].merge(pd.DataFrame(wer_rows, columns=WER_COLUMNS), on="run_id", how="inner")
-    if rec_frames:
-        recs = pd.concat(rec_frames, ignore_index=True)
+    wer = trials[info_cols].merge(pd.DataFrame(parts.wer_rows, columns=WER_COLUMNS), on="run_id", how="inner")
+    if parts.rec_frames:
+        recs = pd.concat(parts.rec_frames, ignore_index=True)
         recs = trials[info_cols].merge(recs, on="run_id", how="inner")
     else:
         recs = pd.DataFrame(columns=info_cols + list(TABLE_COLUMNS) + list(CUE_COLUMNS) + list(TAIL_COLUMNS)
                             + ["errors", "decoder"])
-    prob = pd.DataFrame(problems, columns=["run_id", "label", "status", "problem"])
+    prob = pd.DataFrame(parts.problems, columns=["run_id", "label", "status", "problem"])
     prob = prob.sort_values(["label", "problem"], kind="stable").reset_index(drop=True)
-    external = pd.DataFrame(external_rows, columns=EXTERNAL_COLUMNS)
-    heads = trials[info_cols].merge(pd.DataFrame(head_rows, columns=HEAD_COLUMNS), on="run_id", how="inner")
-    lm_ppl = pd.DataFrame(lm_rows, columns=LM_PPL_COLUMNS).sort_values(["lm_name", "lm_run", "dataset",
+    external = pd.DataFrame(parts.external_rows, columns=EXTERNAL_COLUMNS)
+    heads = trials[info_cols].merge(pd.DataFrame(parts.head_rows, columns=HEAD_COLUMNS), on="run_id", how="inner")
+    lm_ppl = pd.DataFrame(parts.lm_rows, columns=LM_PPL_COLUMNS).sort_values(["lm_name", "lm_run", "dataset",
                                                                         "lm_context"]).reset_index(drop=True)
-    slots = pd.concat(slot_frames, ignore_index=True)[SLOT_FRAME_COLUMNS] if slot_frames else \
+    slots = pd.concat(parts.slot_frames, ignore_index=True)[SLOT_FRAME_COLUMNS] if parts.slot_frames else \
         pd.DataFrame(columns=SLOT_FRAME_COLUMNS)
     slots = trials[info_cols].merge(slots, on="run_id", how="inner")
     return Sweep(experiment, trials, wer, recs, prob, params, external,
-                 pd.DataFrame(decoder_rows, columns=DECODER_COLUMNS), heads, lm_ppl,
-                 pd.DataFrame(evaluation_rows, columns=EVALUATION_COLUMNS), slots)
+                 pd.DataFrame(parts.decoder_rows, columns=DECODER_COLUMNS), heads, lm_ppl,
+                 pd.DataFrame(parts.evaluation_rows, columns=EVALUATION_COLUMNS), slots)
 
 
 def _decoder_settings(rec: RunRecord, decoder: str) -> tuple[dict[str, Any], str]:
