@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from asr_core.decoding.fusion import WindowHyp, chiu_merge, gap_confidence, position_confidence
+from asr_core.decoding.fusion import (LCS_MIN_RUN, WindowHyp, chiu_merge, gap_confidence, lcs_merge,
+                                      position_confidence)
 
 
 def hyp(start: float, end: float, *words: tuple[str, float]) -> WindowHyp:
@@ -65,3 +66,15 @@ def test_the_gap_rule_weighs_a_lone_word_against_the_spot_it_would_hold_in_the_o
 def test_an_unknown_confidence_is_refused_naming_the_valid_ones():
     with pytest.raises(ValueError, match="valid are position, seconds"):
         chiu_merge(ODD, EVEN, confidence="centre")
+
+
+# ---- the LCS merge's shortest run ----------------------------------------------------------------------------
+
+def test_lcs_merge_joins_on_a_single_shared_word_only_at_a_shortest_run_of_one():
+    # the two windows share only "the", said at 2.5 s in one and 3.6 s in the other: joined there (the default, 1
+    # word) "four five" go; with runs of 2 words at least, the join goes by times and keeps them
+    a = hyp(0, 4, ("one", 0.5), ("two", 1.2), ("three", 2.1), ("the", 2.5), ("four", 3.0), ("five", 3.8))
+    b = hyp(2, 6, ("a", 2.2), ("the", 3.6), ("fine", 3.9), ("six", 4.5))
+    assert LCS_MIN_RUN == 1
+    assert lcs_merge([a, b]) == "one two three the fine six".split()
+    assert lcs_merge([a, b], min_run=2) == "one two three the four five fine six".split()

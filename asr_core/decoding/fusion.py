@@ -1,4 +1,4 @@
-"""Joining the outputs of overlapping windows into one output per recording: four methods, all pure and
+"""Joining the outputs of overlapping windows into one output per recording: five methods, all pure and
 deterministic (the same input always gives the same output).
 
 * (a) averaging, for reference, is :func:`asr_core.decoding.decode.posteriors`: every output frame the mean of the
@@ -17,8 +17,10 @@ deterministic (the same input always gives the same output).
   is strictly more confident (a fragment cut at a window's edge that the other sequence heard whole goes; a word
   no window of the other sequence covers stays).
 * (d) :func:`lcs_merge`: consecutive windows joined at their longest common run of words in the overlap, as
-  NeMo's buffered (LCS) merge joins buffers; without a common run, by times.
-* :func:`blockwise`: the windows' words concatenated (block-wise inference, right for windows that do not overlap).
+  NeMo's buffered (LCS) merge joins buffers, when the run has at least :data:`LCS_MIN_RUN` words; without one, by
+  times. Each join drops words: those of either window beyond the cut (see :func:`lcs_merge`).
+* :func:`blockwise`: the windows' words concatenated (paper 001 §4.1's block-wise inference, right for windows that
+  do not overlap; a word cut at a window's edge stays two words).
 
 Word-level methods take :class:`WindowHyp` (a window's words with their times); :func:`window_hyp` makes one from
 a window's greedy CTC output (:func:`~asr_core.decoding.decode.greedy_frames`) and the tokenizer's pieces (:func:`tokenizer_pieces`).
@@ -164,7 +166,8 @@ def window_hyp(tokens: Sequence[tuple[int, int]], pieces: Sequence[str] | Callab
 
 
 def blockwise(hyps: Sequence[WindowHyp]) -> list[str]:
-    """Block-wise joining: the windows' words one window after the other."""
+    """Block-wise joining (paper 001 §4.1): the windows' words one window after the other, nothing merged across
+    a window's edge."""
     return [w for h in hyps for w in h.words]
 
 
@@ -330,14 +333,24 @@ def _cover_confidence(hyps: Sequence[WindowHyp], t: float, confidence: str) -> f
 
 # ---- (d) longest common run ---------------------------------------------------------------------------------
 
-def lcs_merge(hyps: Sequence[WindowHyp], *, min_run: int = 1) -> list[str]:
+# lcs_merge's shortest common run that joins two windows, in words. 1: the run searched for is the longest one in the
+# overlap, so a single word anchors a join only where the two windows share no two consecutive words there; such a
+# word is often a function word ("the", "a") said at two different times, and the join then drops or repeats the
+# words between them, which the join by times would not. 1 is kept as the default because it is the decoding every
+# logged fusion-lcs result has (NeMo's merge sets no minimum either); 2 is the setting to try against it.
+LCS_MIN_RUN = 1
+
+
+def lcs_merge(hyps: Sequence[WindowHyp], *, min_run: int = LCS_MIN_RUN) -> list[str]:
     """Consecutive windows joined at their longest common run of words, NeMo-style (buffered LCS merge).
 
     hyps: the windows in time order. The words joined so far whose time lies in the next window, and that next
     window's words whose time lies in the previous window (the overlap, by time), are searched for their longest
-    common contiguous run of words (the earliest such run on ties). At least ``min_run`` words long, the words
-    joined so far are kept up to the run's end and the next window's words after it follow. Without one, the
-    joining goes by times: the next window's words later than the last word joined so far follow.
+    common contiguous run of words (the earliest such run on ties). If it is at least ``min_run`` words long
+    (:data:`LCS_MIN_RUN`), the join is *cut at the run*: the words joined so far are kept up to the run's end, the
+    next window's words after it follow, and the words of either side beyond the cut (the joined words after the
+    run, the next window's words before it) are dropped. Without one, the join goes *by times*: the next window's
+    words later than the last word joined so far follow, its others are dropped.
     """
     if min_run < 1:
         raise ValueError(f"min_run must be at least 1 word, got {min_run}")
