@@ -170,3 +170,15 @@ def test_the_word_level_methods_join_with_their_settings():
     with pytest.raises(ValueError, match="not a word-level"):
         join_words("select", hyps)
 
+
+def test_evaluate_refuses_an_unknown_fusion_method_naming_it_and_the_valid_ones(tmp_path, capsys):
+    """``python -m asr_core evaluate --fusion``: exit 2 before the checkpoint is read, the new names valid."""
+    from asr_core.evaluation.evaluate import cli
+    from asr_core.evaluation.evaluate_cli import parse_fusion
+
+    assert parse_fusion("blockwise-frames, chiu-seconds") == ("blockwise-frames", "chiu-seconds")
+    assert parse_fusion("all") == FUSION_METHODS
+    assert cli([str(tmp_path / "none.pt"), "--data", f"t=podcast:{tmp_path}", "--fusion", "chiu,median"]) == 2
+    err = capsys.readouterr().err
+    assert "'median' is not a window fusion method" in err
+    assert "valid are select, blockwise, blockwise-frames, chiu, chiu-seconds, lcs, rover" in err

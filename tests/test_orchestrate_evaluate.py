@@ -124,7 +124,8 @@ BAD = {
     "alpha without an LM": ("name: b\nlm: null\nalpha: 0.4\nbeta: 1\n", "'alpha' is 0.4 but lm is null"),
     "bad name": ("name: greedy\nlm: null\nbeta: 1\n", "invalid value for 'name': 'greedy'"),
     "missing dataset": ("name: b\nlm: null\nbeta: 1\ndatasets: [x=podcast:nowhere]\n", "dataset 'x=podcast:nowhere'"),
-    "unknown fusion method": ("name: f\nfusion: [chiu, median]\n", "invalid value in 'fusion': 'median'"),
+    "unknown fusion method": ("name: f\nfusion: [chiu, median]\n", "invalid value in 'fusion': 'median'; valid: a "
+                              "list of select, blockwise, blockwise-frames, chiu, chiu-seconds, lcs, rover"),
     "fusion with a beam setting": ("name: f\nfusion: all\nbeta: 1\n", "'beta' is a beam search setting"),
     "missing tail set": ("name: b\nlm: null\nbeta: 1\ntail: none.json\n", "tail 'none.json' not found"),
     "a name and no decoder": ("name: b\ndatasets: [x=podcast:.]\n", "no decoder: give 'lm'"),

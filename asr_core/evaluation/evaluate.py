@@ -414,8 +414,8 @@ def _auto_batch(cfg, window: int, dev: torch.device, bf16: bool, corpora: dict[s
 def cli(argv: list[str]) -> int:
     """``python -m asr_core evaluate`` (the module's docstring; options: :mod:`asr_core.evaluation.evaluate_cli`)."""
     a = parser(__doc__.split("\n\n")[0]).parse_args(argv)
-    try:
-        windows = parse_windows(a.window_s)
+    try:  # bad values are refused before the checkpoint is read
+        windows, fusion = parse_windows(a.window_s), parse_fusion(a.fusion)
     except ValueError as e:
         print(f"evaluate: {e}", file=sys.stderr)
         return 2
@@ -441,7 +441,7 @@ def cli(argv: list[str]) -> int:
                  if v is not None}
         job = EvaluationRun.of(a.checkpoint, ev, datasets=a.data or list(ev.datasets), snrs=snrs, noisy=noisy,
                                noise=a.noise or ev.noise, precision=a.precision or ev.precision, device=a.device,
-                               strict=a.strict, beam=beam, fusion=parse_fusion(a.fusion), windows=windows,
+                               strict=a.strict, beam=beam, fusion=fusion, windows=windows,
                                **given)
         df = evaluate(job, Destination(out_dir=a.out or a.checkpoint.parent / EVAL_DIR, log=not a.no_log,
                                        run_id=a.run_id, tracking_uri=a.tracking_uri))
