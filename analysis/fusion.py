@@ -36,8 +36,8 @@ from asr_core.contract.metrics import AVERAGING, CLEAN, FUSION_METHODS, fusion_d
 
 TITLE = "Decoding method: window fusion (paper 001)"
 METHODS = (AVERAGING, *FUSION_METHODS)
-LABELS = {AVERAGING: "average", "select": "select", "blockwise": "block-wise", "chiu": "Chiu 50%",
-          "lcs": "LCS 50%", "rover": "ROVER ×8"}
+LABELS = {AVERAGING: "average", "select": "select", "blockwise": "block-wise", "blockwise-frames": "block-wise frames",
+          "chiu": "Chiu 50%", "chiu-seconds": "Chiu 50% seconds", "lcs": "LCS 50%", "rover": "ROVER ×8"}
 # method pairs tested at each context besides each fusion method against averaging: (reference, method)
 EXTRA_PAIRS = (("blockwise", "chiu"),)
 GROUP = ["family", "series_id", "dataset", "condition"]

@@ -20,6 +20,7 @@ joined each way named, beside the trial's own averaging, logged as ``wer_fusion-
 
     name: fusion           # the evaluation's name (its folder, and the one setting it stands for)
     fusion: [select, blockwise, chiu, lcs, rover]   # or "all"; asr_core.contract.metrics.FUSION_METHODS
+                                                    # (also blockwise-frames, chiu-seconds)
     datasets: [...]        # optional, as above; snrs and stride too
 
 Or decoding at other windows than the model's context (the context-or-fragmentation control; example:

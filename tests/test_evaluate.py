@@ -302,18 +302,19 @@ def test_beam_decoding_logs_its_own_metrics_and_table_beside_greedy(setup: dict,
 
 def test_window_fusion_methods_log_as_decoders_of_their_own(setup: dict, tmp_path: Path) -> None:
     """Paper 001's fusion methods beside the greedy averaging: metrics, tables and tags of their own; where windows
-    do not overlap (stride 1) selection and block-wise are exactly the averaging."""
+    do not overlap (stride 1) selection and block-wise by frames are exactly the averaging."""
     from asr_core.contract.metrics import FUSION_METHODS
 
     data = [f"fused=podcast:{setup['corpus'] / 'test'}"]
     client = mlflow.MlflowClient(setup["uri"])
     run = client.create_run(client.get_experiment_by_name("eval-test").experiment_id).info.run_id
-    side_by_side = evaluate(EvaluationRun(setup["ckpt"], data, [], stride=1.0, fusion=("select", "blockwise")),
+    side_by_side = evaluate(EvaluationRun(setup["ckpt"], data, [], stride=1.0,
+                                          fusion=("select", "blockwise-frames")),
                             Destination(out_dir=tmp_path / "s", log=False))
     by = {d: rows.drop(columns="decoder").reset_index(drop=True) for d, rows in side_by_side.groupby("decoder")}
-    assert set(by) == {"greedy", "fusion-select", "fusion-blockwise"}
+    assert set(by) == {"greedy", "fusion-select", "fusion-blockwise-frames"}
     pd.testing.assert_frame_equal(by["fusion-select"], by["greedy"])
-    pd.testing.assert_frame_equal(by["fusion-blockwise"], by["greedy"])
+    pd.testing.assert_frame_equal(by["fusion-blockwise-frames"], by["greedy"])
 
     every = evaluate(EvaluationRun(setup["ckpt"], data, [], stride=0.125, fusion=FUSION_METHODS),
                      Destination(out_dir=tmp_path / "a", run_id=run, tracking_uri=setup["uri"]))
@@ -322,7 +323,10 @@ def test_window_fusion_methods_log_as_decoders_of_their_own(setup: dict, tmp_pat
     assert {a.path for a in client.list_artifacts(run, EVAL_DIR)} == {
         f"{EVAL_DIR}/fused.fusion-{m}.csv" for m in FUSION_METHODS}
     assert json.loads(got.tags["eval.decoder.fusion-chiu"]) == {"method": "chiu", "stride": "0.5",
-                                                                "decoding": "greedy"}
+                                                                "decoding": "greedy", "confidence": "position"}
+    assert json.loads(got.tags["eval.decoder.fusion-chiu-seconds"])["confidence"] == "seconds"
+    assert json.loads(got.tags["eval.decoder.fusion-blockwise"])["join"] == "words"
+    assert json.loads(got.tags["eval.decoder.fusion-blockwise-frames"])["join"] == "frames"
     assert json.loads(got.tags["eval.decoder.fusion-rover"])["phases"] == "8"
     again = evaluate(EvaluationRun(setup["ckpt"], data, [], stride=0.125, fusion=FUSION_METHODS),
                      Destination(out_dir=tmp_path / "b", log=False))

@@ -9,7 +9,7 @@ import torch
 
 from asr_core.contract.metrics import FUSION_METHODS, fusion_decoder, fusion_method
 from asr_core.data.tokenizer import Tokenizer
-from asr_core.decoding.decode import WindowBatch, greedy_ids, plan_windows, posteriors
+from asr_core.decoding.decode import WindowBatch, collapse_frames, greedy_ids, plan_windows, posteriors
 from asr_core.decoding.fused import ROVER_PHASES, WindowIds, fused_texts, phase_spans, rover_step
 from asr_core.decoding.fusion import tokenizer_pieces
 
@@ -57,22 +57,32 @@ def run(tok: Tokenizer, feats: torch.Tensor, window: int, methods=FUSION_METHODS
 
 
 def test_every_method_transcribes_a_recording_every_window_reads_right(tok):
-    """Frame-level methods are exact at any window; the word-level ones once words are short against the window
-    (a word cut at a window's edge leaves fragments that a hypothesis-level join cannot always mend: the price of
-    joining words rather than frames, measured by the decoding-method experiment)."""
+    """Frame-level methods are exact at any window; the word-level ones that join overlapping windows once words
+    are short against the window (a word cut at a window's edge leaves fragments that a hypothesis-level join
+    cannot always mend: the price of joining words rather than frames, measured by the decoding-method experiment);
+    block-wise words only with one window for it all (paper 001 §4.1: each window's words, nothing mended)."""
     feats = script(tok)
     for window in (64, 96, 256, 512, 10_000):  # windows of 8, 12, 32 and 64 output frames, and one for it all
-        texts, _, _ = run(tok, feats, window)
-        exact = FUSION_METHODS if window >= 512 else ("select", "blockwise")
+        texts, cache, _ = run(tok, feats, window)
+        exact = ("select", "blockwise-frames")
+        if window >= 512:
+            exact += ("chiu", "chiu-seconds", "lcs", "rover")
+        if window == 10_000:
+            exact += ("blockwise",)
         assert {m: texts[m] for m in exact} == {m: TEXT for m in exact}, window
+        spans = plan_windows(feats.shape[0], window, 1.0, SUB).spans
+        each = [tok.decode([t for t, _ in collapse_frames(ids, tok.blank_id)]) for ids in cache.ids(spans)]
+        assert texts["blockwise"] == " ".join(w for text in each for w in text.split()), window
 
 
 def test_select_equals_averaging_where_windows_do_not_overlap(tok):
     feats = script(tok)
     model = FrameReader(tok.vocab_size)
     averaged = tok.decode(greedy_ids(posteriors(model, feats, 64, stride=1.0, subsampling=SUB), tok.blank_id))
-    texts, _, _ = run(tok, feats, 64, ("select", "blockwise"), stride=1.0)
-    assert texts["select"] == texts["blockwise"] == averaged
+    texts, _, _ = run(tok, feats, 64, ("select", "blockwise-frames", "blockwise"), stride=1.0)
+    assert texts["select"] == texts["blockwise-frames"] == averaged
+    assert texts["blockwise"] != averaged  # words cut at the windows' edges stay cut: "w hi le" for "while"
+    assert texts["blockwise"].replace(" ", "") == averaged.replace(" ", "")
 
 
 def test_windows_handed_over_by_the_averaging_pass_are_not_run_again(tok):
@@ -128,7 +138,7 @@ def test_every_method_is_deterministic_and_an_empty_recording_gives_nothing(tok)
 
 
 def test_an_unknown_method_is_refused_naming_the_valid_ones(tok):
-    with pytest.raises(ValueError, match="valid are select, blockwise, chiu, lcs, rover"):
+    with pytest.raises(ValueError, match="valid are select, blockwise, blockwise-frames, chiu, chiu-seconds, lcs, rover"):
         run(tok, script(tok), 96, ("median",))
 
 
@@ -139,3 +149,36 @@ def test_decoder_names_of_the_methods_round_trip():
     assert fusion_method("beam-lm256") is None and fusion_method("fusion-median") is None
     with pytest.raises(ValueError, match="valid are average"):
         fusion_decoder("median")
+
+
+def test_the_word_level_methods_join_with_their_settings():
+    """``chiu`` takes paper 001's word-position confidence, ``chiu-seconds`` the seconds from the window's centre
+    (the same windows: tests/test_fusion_ties.py works the example by hand); ``blockwise`` concatenates."""
+    from asr_core.decoding.fused import join_words
+    from asr_core.decoding.fusion import WindowHyp
+
+    def hyp(start, end, *words):
+        return WindowHyp(tuple(w for w, _ in words), tuple(t for _, t in words), start, end)
+
+    hyps = [hyp(0, 4, ("the", 0.5), ("cat", 1.2), ("sat", 2.0), ("on", 2.8), ("tha", 3.7)),
+            hyp(2, 6, ("sad", 2.1), ("on", 2.8), ("the", 3.7), ("mat", 4.3), ("and", 5.2)),
+            hyp(4, 8, ("mad", 4.3), ("and", 5.2), ("purred", 6.0), ("loudly", 7.0)),
+            hyp(6, 10, ("purred", 6.1), ("loudly", 7.0))]
+    assert join_words("chiu", hyps) == "the cat sat on the mad and purred loudly".split()
+    assert join_words("chiu-seconds", hyps) == "the cat sat on the mat and purred loudly".split()
+    assert join_words("blockwise", hyps[:1]) == "the cat sat on tha".split()
+    with pytest.raises(ValueError, match="not a word-level"):
+        join_words("select", hyps)
+
+
+def test_evaluate_refuses_an_unknown_fusion_method_naming_it_and_the_valid_ones(tmp_path, capsys):
+    """``python -m asr_core evaluate --fusion``: exit 2 before the checkpoint is read, the new names valid."""
+    from asr_core.evaluation.evaluate import cli
+    from asr_core.evaluation.evaluate_cli import parse_fusion
+
+    assert parse_fusion("blockwise-frames, chiu-seconds") == ("blockwise-frames", "chiu-seconds")
+    assert parse_fusion("all") == FUSION_METHODS
+    assert cli([str(tmp_path / "none.pt"), "--data", f"t=podcast:{tmp_path}", "--fusion", "chiu,median"]) == 2
+    err = capsys.readouterr().err
+    assert "'median' is not a window fusion method" in err
+    assert "valid are select, blockwise, blockwise-frames, chiu, chiu-seconds, lcs, rover" in err

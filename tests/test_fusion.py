@@ -113,14 +113,17 @@ EVEN = [hyp(2, 6, ("sad", 2.1), ("on", 2.8), ("the", 3.7), ("mat", 4.3), ("and",
 def test_chiu_merge_keeps_of_each_aligned_pair_the_word_nearer_its_window_centre():
     # by hand: the/-, cat/-, sat/sad (2.0 s is 0 s from its centre, 2.1 s is 1.9 s from its), on/on, tha/the
     # (1.7 s vs 0.3 s), mad/mat (1.7 s vs 0.3 s), and/and, purred/purred, loudly/loudly
-    assert chiu_merge(ODD, EVEN) == "the cat sat on the mat and purred loudly".split()
+    assert chiu_merge(ODD, EVEN, confidence="seconds") == "the cat sat on the mat and purred loudly".split()
 
 
 def test_chiu_merge_never_pairs_words_of_windows_that_do_not_overlap():
     odd = [hyp(0, 4, ("x", 1.0), ("y", 2.0)), hyp(4, 8)]
     even = [hyp(2, 6), hyp(6, 10, ("x", 7.0), ("y", 8.0))]
     assert Levenshtein.distance(blockwise(odd), blockwise(even)) == 0  # unconstrained, pairing them costs nothing
-    assert chiu_merge(odd, even) == ["x", "y", "x", "y"]
+    assert chiu_merge(odd, even, confidence="seconds") == ["x", "y", "x", "y"]
+    # by word position "y" is the last of its window's two words (-1), less confident than the gap the empty even
+    # window 2-6 leaves at 2 s (-0.5): the gap rule drops it; the even "y" at 8 s no odd window covers
+    assert chiu_merge(odd, even) == ["x", "x", "y"]
 
 
 def test_chiu_merge_prefers_pairing_equal_words_and_keeps_unpaired_words_in_time_order():
@@ -138,7 +141,7 @@ def test_chiu_merge_drops_an_unpaired_fragment_the_other_sequence_heard_nearer_i
     # from it, nearer than its own (1.8 s), so it goes; "d" pairs with "dog" and loses to it
     odd = [hyp(0, 4, ("a", 1.0), ("d", 3.9)), hyp(4, 8, ("og", 4.2), ("ran", 6.0))]
     even = [hyp(2, 6, ("dog", 4.0), ("ran", 5.9))]
-    assert chiu_merge(odd, even) == ["a", "dog", "ran"]
+    assert chiu_merge(odd, even, confidence="seconds") == ["a", "dog", "ran"]
 
 
 def test_chiu_merge_is_blockwise_when_the_other_sequence_is_empty():

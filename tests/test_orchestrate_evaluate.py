@@ -124,7 +124,8 @@ BAD = {
     "alpha without an LM": ("name: b\nlm: null\nalpha: 0.4\nbeta: 1\n", "'alpha' is 0.4 but lm is null"),
     "bad name": ("name: greedy\nlm: null\nbeta: 1\n", "invalid value for 'name': 'greedy'"),
     "missing dataset": ("name: b\nlm: null\nbeta: 1\ndatasets: [x=podcast:nowhere]\n", "dataset 'x=podcast:nowhere'"),
-    "unknown fusion method": ("name: f\nfusion: [chiu, median]\n", "invalid value in 'fusion': 'median'"),
+    "unknown fusion method": ("name: f\nfusion: [chiu, median]\n", "invalid value in 'fusion': 'median'; valid: a "
+                              "list of select, blockwise, blockwise-frames, chiu, chiu-seconds, lcs, rover"),
     "fusion with a beam setting": ("name: f\nfusion: all\nbeta: 1\n", "'beta' is a beam search setting"),
     "missing tail set": ("name: b\nlm: null\nbeta: 1\ntail: none.json\n", "tail 'none.json' not found"),
     "a name and no decoder": ("name: b\ndatasets: [x=podcast:.]\n", "no decoder: give 'lm'"),
@@ -227,15 +228,15 @@ def test_a_fusion_spec_decodes_every_model_each_way_under_its_own_metrics(
     decoded once; the greedy figures untouched."""
     root, sweep = finished
     greedy_before = {k: {n: v for n, v in ms.items() if n.startswith("wer/")} for k, ms in _metrics(sweep).items()}
-    decode = _decode_file(tmp_path, "fused", "name: fused\nfusion: [blockwise, chiu, rover]\n")
+    decode = _decode_file(tmp_path, "fused", "name: fused\nfusion: [blockwise-frames, chiu, rover]\n")
     assert _evaluate(root, sweep, decode) == 0
     out = capsys.readouterr().out
     assert "2 new evaluation jobs" in out and "wer_fusion-chiu/..." in out, out
     m = _metrics(sweep)
     for k in m:
-        assert {f"wer_fusion-{x}/dev" for x in ("blockwise", "chiu", "rover")} <= set(m[k]), m[k]
-        # the trials evaluate at stride 1.0, where block-wise is the averaging itself
-        assert m[k]["wer_fusion-blockwise/dev"] == pytest.approx(m[k]["wer/dev"])
+        assert {f"wer_fusion-{x}/dev" for x in ("blockwise-frames", "chiu", "rover")} <= set(m[k]), m[k]
+        # the trials evaluate at stride 1.0, where block-wise by frames is the averaging itself
+        assert m[k]["wer_fusion-blockwise-frames/dev"] == pytest.approx(m[k]["wer/dev"])
     assert _evaluate(root, sweep, decode) == 0
     assert "0 new evaluation jobs" in capsys.readouterr().out
     assert {k: {n: v for n, v in ms.items() if n.startswith("wer/")} for k, ms in _metrics(sweep).items()} == \

@@ -45,10 +45,12 @@ from asr_core.contract.trial import HEADS_DIR
 
 GREEDY = "greedy"  # the decoder of the trial's own evaluation: metrics wer/..., tables eval/<DATASET>.csv
 # window fusion methods other than the greedy decoder's averaging (paper 001; asr_core.decoding.fused): ``select``
-# each frame from the window whose centre is nearest, ``blockwise`` windows side by side (stride 1), ``chiu`` Chiu et
-# al.'s overlapping inference (50%), ``lcs`` longest-common-run merge (50%), ``rover`` SCTK's rover over the 8
-# phase-shifted block-wise decodings
-FUSION_METHODS = ("select", "blockwise", "chiu", "lcs", "rover")
+# each frame from the window whose centre is nearest, ``blockwise`` the words of windows side by side (stride 1)
+# concatenated (paper 001 §4.1), ``blockwise-frames`` their frames concatenated then collapsed (averaging at stride
+# 1), ``chiu`` Chiu et al.'s overlapping inference (50%) with the paper's word-position confidence,
+# ``chiu-seconds`` the same with a word's seconds from its window's centre, ``lcs`` longest-common-run merge (50%),
+# ``rover`` SCTK's rover over the 8 phase-shifted block-wise decodings
+FUSION_METHODS = ("select", "blockwise", "blockwise-frames", "chiu", "chiu-seconds", "lcs", "rover")
 AVERAGING = "average"  # the greedy decoder's method: each frame the mean of the windows covering it
 FUSION_PREFIX = "fusion-"
 WINDOW_PREFIX = "window-"  # greedy decoding at another window than the model's context: window-<W:g>s

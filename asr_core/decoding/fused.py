@@ -6,9 +6,13 @@ outputs are joined (paper 001; the joining itself is :mod:`asr_core.decoding.fus
   at the evaluation's stride (each output frame the mean of the windows covering it).
 * ``select``: the windows at the evaluation's stride; each output frame's best class taken from the window whose
   centre is nearest (:func:`~asr_core.decoding.fusion.select_frames`), then CTC's collapse.
-* ``blockwise``: windows side by side (stride 1), each frame from its only window: averaging at stride 1.
+* ``blockwise``: windows side by side (stride 1), their words concatenated (:func:`~asr_core.decoding.fusion.
+  blockwise`): paper 001 §4.1's block-wise inference; a word cut at a window's edge stays two words.
+* ``blockwise-frames``: windows side by side, their frames concatenated, then CTC's collapse: averaging at stride 1
+  (a repeated token or a word cut at the edge is joined across it).
 * ``chiu``: windows at 50% overlap (:data:`OVERLAP`); the odd and the even windows' words joined by Chiu et al.'s
-  alignment (:func:`~asr_core.decoding.fusion.chiu_merge`).
+  alignment (:func:`~asr_core.decoding.fusion.chiu_merge`), each pair's word chosen by paper 001 §2.2's
+  word-position confidence; ``chiu-seconds``: the same, chosen by the seconds from its window's centre.
 * ``lcs``: windows at 50% overlap, consecutive windows joined at their longest common run of words
   (:func:`~asr_core.decoding.fusion.lcs_merge`).
 * ``rover``: the :data:`ROVER_PHASES` phase-shifted block-wise decodings (phase p: a short window over the first p/8
@@ -33,13 +37,15 @@ import torch
 
 from asr_core.contract.metrics import FUSION_METHODS
 from asr_core.decoding.decode import WindowBatch, collapse_frames, forward_windows, plan_windows
-from asr_core.decoding.fusion import WindowHyp, chiu_merge, lcs_merge, select_frames, window_hyp
+from asr_core.decoding.fusion import (LCS_MIN_RUN, WindowHyp, blockwise, chiu_merge, lcs_merge, select_frames,
+                                      window_hyp)
 from asr_core.decoding.rover import TimedWord, rover
 
 if TYPE_CHECKING:
     from asr_core.model import Model
 
 OVERLAP = 0.5  # the stride of chiu and lcs, a fraction of the window: paper 001's 50% overlap
+CHIU_CONFIDENCE = {"chiu": "position", "chiu-seconds": "seconds"}  # chiu_merge's confidence per method
 ROVER_PHASES = 8  # rover's block-wise decodings, each shifted by 1/8 of a window: as many as averaging at 0.125
 
 Span = tuple[int, int]  # a window's first and end input frame
@@ -104,7 +110,8 @@ def phase_spans(frames: int, window: int, step: int, phase: int) -> list[Span]:
 def window_stride(method: str, stride: float) -> float:
     """The stride, as a fraction of the window, of the windows ``method`` joins; ``stride``: the evaluation's
     (``select``'s). ``rover``'s phases shift by an eighth of a window (:func:`rover_step`)."""
-    return {"select": stride, "blockwise": 1.0, "chiu": OVERLAP, "lcs": OVERLAP, "rover": 1.0 / ROVER_PHASES}[method]
+    return {"select": stride, "blockwise": 1.0, "blockwise-frames": 1.0, "chiu": OVERLAP, "chiu-seconds": OVERLAP,
+            "lcs": OVERLAP, "rover": 1.0 / ROVER_PHASES}[method]
 
 
 def rover_step(window: int, subsampling: int) -> int:
@@ -136,6 +143,19 @@ def _rover(cache: WindowIds, window: int, pieces: Sequence[str], blank: int, fps
     return [w.word for w in rover(phases, "recording", "meth1")]
 
 
+def join_words(method: str, hyps: Sequence[WindowHyp]) -> list[str]:
+    """The words of a word-level method (``blockwise``, ``chiu``, ``chiu-seconds``, ``lcs``) from its windows'
+    hypotheses in time order (``chiu``'s: every window at 50% overlap, the odd ones 0, 2, 4, ...)."""
+    if method == "blockwise":
+        return blockwise(hyps)
+    if method in ("chiu", "chiu-seconds"):
+        return chiu_merge(hyps[0::2], hyps[1::2], confidence=CHIU_CONFIDENCE[method])
+    if method == "lcs":
+        return lcs_merge(hyps, min_run=LCS_MIN_RUN)
+    raise ValueError(f"{method!r} is not a word-level window fusion method: valid are blockwise, chiu, "
+                     "chiu-seconds, lcs")
+
+
 def fused_texts(cache: WindowIds, methods: Sequence[str], *, window: int, stride: float, tokenizer,
                 pieces: Sequence[str], fps: float) -> dict[str, str]:
     """The text of the recording in ``cache`` by each of ``methods`` (names of
@@ -151,14 +171,13 @@ def fused_texts(cache: WindowIds, methods: Sequence[str], *, window: int, stride
     for m in methods:
         if cache.frames == 0:
             out[m] = ""
-        elif m in ("select", "blockwise"):
+        elif m in ("select", "blockwise-frames"):
             plan = plan_windows(cache.frames, window, window_stride(m, stride), sub)
             out[m] = tokenizer.decode(_select(cache, plan.spans, blank))
-        elif m in ("chiu", "lcs"):
+        elif m in ("blockwise", "chiu", "chiu-seconds", "lcs"):
             hyps = _hyps(cache, plan_windows(cache.frames, window, window_stride(m, stride), sub).spans, pieces,
                          blank, fps)
-            words = chiu_merge(hyps[0::2], hyps[1::2]) if m == "chiu" else lcs_merge(hyps)
-            out[m] = " ".join(words)
+            out[m] = " ".join(join_words(m, hyps))
         else:
             out[m] = " ".join(_rover(cache, window, pieces, blank, fps))
     return out

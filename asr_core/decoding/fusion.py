@@ -1,4 +1,4 @@
-"""Joining the outputs of overlapping windows into one output per recording: four methods, all pure and
+"""Joining the outputs of overlapping windows into one output per recording: five methods, all pure and
 deterministic (the same input always gives the same output).
 
 * (a) averaging, for reference, is :func:`asr_core.decoding.decode.posteriors`: every output frame the mean of the
@@ -9,18 +9,26 @@ deterministic (the same input always gives the same output).
 * (c) :func:`chiu_merge`: Chiu et al.'s overlapping inference as paper 001 §2.2 describes it. Windows overlap by
   50%; the odd windows' word hypotheses are concatenated into one sequence, the even windows' into another, and
   the two are aligned by edit distance in which words of windows that do not overlap in time are never paired
-  (infinite cost). Of each aligned pair the word nearer its window's centre is kept (the paper's confidence
-  heuristic, here measured in seconds), unpaired words are kept.
+  (infinite cost); among alignments of equal edit distance, the one whose paired words are nearest in time. Of
+  each aligned pair the more confident word is kept: by the paper's word-position confidence ``-|i - C_k / 2|``
+  for the i-th of the C_k words of window k (``confidence="position"``), or by nearness in seconds to the window's
+  centre (``confidence="seconds"``). A word left unpaired is not always kept: by the *gap rule* it is weighed
+  against the "no word" the other sequence's window covering its time has at that spot, and dropped when that gap
+  is strictly more confident (a fragment cut at a window's edge that the other sequence heard whole goes; a word
+  no window of the other sequence covers stays).
 * (d) :func:`lcs_merge`: consecutive windows joined at their longest common run of words in the overlap, as
-  NeMo's buffered (LCS) merge joins buffers; without a common run, by times.
-* :func:`blockwise`: the windows' words concatenated (block-wise inference, right for windows that do not overlap).
+  NeMo's buffered (LCS) merge joins buffers, when the run has at least :data:`LCS_MIN_RUN` words; without one, by
+  times. Each join drops words: those of either window beyond the cut (see :func:`lcs_merge`).
+* :func:`blockwise`: the windows' words concatenated (paper 001 §4.1's block-wise inference, right for windows that
+  do not overlap; a word cut at a window's edge stays two words).
 
 Word-level methods take :class:`WindowHyp` (a window's words with their times); :func:`window_hyp` makes one from
 a window's greedy CTC output (:func:`~asr_core.decoding.decode.greedy_frames`) and the tokenizer's pieces (:func:`tokenizer_pieces`).
 
 Libraries: the longest common run of (d) is the standard library's ``difflib.SequenceMatcher.find_longest_match``.
-The alignment of (c) is its own small dynamic program (numpy, one row at a time, within a band of times): the
-infinite cost between words of non-overlapping windows is what no edit-distance library (rapidfuzz, jiwer) takes.
+The alignment of (c) is its own small dynamic program (numpy, one row at a time, within a band of times, exact
+int64 costs): the infinite cost between words of non-overlapping windows, and the ties broken by time, are what no
+edit-distance library (rapidfuzz, jiwer) takes.
 """
 
 from __future__ import annotations
@@ -158,24 +166,44 @@ def window_hyp(tokens: Sequence[tuple[int, int]], pieces: Sequence[str] | Callab
 
 
 def blockwise(hyps: Sequence[WindowHyp]) -> list[str]:
-    """Block-wise joining: the windows' words one window after the other."""
+    """Block-wise joining (paper 001 §4.1): the windows' words one window after the other, nothing merged across
+    a window's edge."""
     return [w for h in hyps for w in h.words]
 
 
 # ---- (c) Chiu et al.'s overlapping inference ----------------------------------------------------------------
 
+CONFIDENCES = ("position", "seconds")  # chiu_merge's confidence of a word: paper 001 §2.2's, or seconds off centre
+
+
+def position_confidence(count: int) -> np.ndarray:
+    """Paper 001 §2.2's confidence of each word of a window of ``count`` words: ``-|i - count / 2|`` for its i-th
+    word, i = 1 .. count (highest mid-window, lowest at the edges). Returns (count,) float64."""
+    return -np.abs(np.arange(1, count + 1, dtype=np.float64) - count / 2)
+
+
+def gap_confidence(hyp: WindowHyp, t: float, confidence: str) -> float:
+    """The confidence of "no word" at time ``t`` in window ``hyp`` (which covers ``t``): ``"position"``: of the spot
+    between its n-th and (n+1)-th word, n its words before ``t``: ``-|n + 0.5 - C / 2|`` (C its words; an empty
+    window gives -0.5); ``"seconds"``: ``-|t - centre|``, as a word said at ``t`` would have."""
+    if confidence == "seconds":
+        return -abs(t - hyp.centre)
+    before = bisect_left(hyp.times, t)
+    return -abs(before + 0.5 - len(hyp.words) / 2)
+
+
 @dataclass(frozen=True)
 class FlatWords:
-    """A sequence of windows flattened: per word its text, time, window span and distance to the window centre."""
+    """A sequence of windows flattened: per word its text, time, window span and confidence (higher: kept)."""
 
     words: tuple[str, ...]
     times: np.ndarray  # (N,) float64 seconds
     starts: np.ndarray  # (N,) the word's window start
     ends: np.ndarray  # (N,) the word's window end
-    off_centre: np.ndarray  # (N,) |time - window centre|
+    confidence: np.ndarray  # (N,) position: -|i - C_k / 2|; seconds: -|time - window centre|
 
     @classmethod
-    def of(cls, hyps: Sequence[WindowHyp], name: str) -> "FlatWords":
+    def of(cls, hyps: Sequence[WindowHyp], name: str, confidence: str) -> "FlatWords":
         for k in range(1, len(hyps)):
             if hyps[k].start < hyps[k - 1].start:
                 raise ValueError(f"the {name} windows must be in time order: window {k} starts at "
@@ -184,37 +212,49 @@ class FlatWords:
         times = np.array([t for h in hyps for t in h.times], dtype=np.float64)
         starts = np.array([h.start for h in hyps for _ in h.words], dtype=np.float64)
         ends = np.array([h.end for h in hyps for _ in h.words], dtype=np.float64)
-        centres = (starts + ends) / 2
-        return cls(words, times, starts, ends, np.abs(times - centres))
+        if confidence == "seconds":
+            conf = -np.abs(times - (starts + ends) / 2)
+        else:
+            conf = np.concatenate([position_confidence(len(h.words)) for h in hyps] or [np.zeros(0)])
+        return cls(words, times, starts, ends, conf)
 
 
 DIAG, UP, LEFT = 0, 1, 2  # backpointers: pair odd i-1 with even j-1; odd i-1 alone; even j-1 alone
+COST_LIMIT = 2 ** 61  # alignment costs stay below this (int64); "unreachable" is this
 
 
-def chiu_merge(odd: Sequence[WindowHyp], even: Sequence[WindowHyp]) -> list[str]:
+def chiu_merge(odd: Sequence[WindowHyp], even: Sequence[WindowHyp], *, confidence: str = "position") -> list[str]:
     """Chiu et al.'s overlapping inference: one word sequence from the odd windows' and the even windows'
     hypotheses (windows overlapping by 50%: the even windows are the odd ones shifted by half a window).
 
-    Each sequence is flattened into one word sequence, every word with its window and its distance (seconds) to
-    that window's centre; the two are aligned by edit distance: pairing two words costs 0 when they are equal and 1
-    when not, but is impossible (infinite cost) when their windows do not overlap in time; leaving a word unpaired
-    costs 1. Of each aligned pair the word nearer its window's centre is kept (ties: the odd window's). A word left
-    unpaired is paired with nothing from the other sequence, and that nothing is as confident as the other
-    sequence's window covering the word's time: the word is kept unless such a window has its centre strictly
-    nearer (a fragment of a word cut at a window's edge, which the other sequence heard whole mid-window, goes; a
-    word no other window covers stays). Among alignments of equal edit distance the one with the fewest substitutions (most equal
-    words paired) wins, then pairing over leaving words unpaired; unpaired words come out in time order. With no
-    even windows this is :func:`blockwise` of the odd ones (and the other way round).
+    Each sequence is flattened into one word sequence, every word with its window and its confidence; the two are
+    aligned by edit distance: pairing two words costs 0 when they are equal and 1 when not, but is impossible
+    (infinite cost) when their windows do not overlap in time; leaving a word unpaired costs 1. Among alignments of
+    equal edit distance the one whose paired words are nearest in time wins (the sum over pairs of the distance
+    between their times, in milliseconds), then the one with the fewest substitutions, then pairing over leaving
+    words unpaired; unpaired words come out in time order.
+
+    ``confidence`` (:data:`CONFIDENCES`): ``"position"``, paper 001 §2.2's: the i-th of the C_k words of window k
+    has ``-|i - C_k / 2|`` (:func:`position_confidence`); ``"seconds"``: minus the seconds from the word's time to its
+    window's centre. Of each aligned pair the more confident word is kept (ties: the odd window's). A word left
+    unpaired is paired with "no word" of the other sequence (the *gap rule*): that gap is as confident as the
+    other sequence's window covering the word's time makes it at that spot (:func:`gap_confidence`; the most
+    confident such window), and the word is dropped when the gap is strictly more confident, kept otherwise (a
+    fragment of a word cut at a window's edge, which the other sequence heard whole mid-window, goes; a word no
+    window of the other sequence covers stays). With no even windows this is :func:`blockwise` of the odd ones
+    (and the other way round).
 
     The alignment runs within a band: the words emitted so far from either sequence are never more than two
     window lengths later than the next word of the other, which holds for every pair a window overlap allows.
     """
-    a, b = FlatWords.of(odd, "odd"), FlatWords.of(even, "even")
+    if confidence not in CONFIDENCES:
+        raise ValueError(f"confidence {confidence!r}: valid are {', '.join(CONFIDENCES)}")
+    a, b = FlatWords.of(odd, "odd", confidence), FlatWords.of(even, "even", confidence)
     n, m = len(a.words), len(b.words)
     if n == 0 or m == 0:
         return list(a.words) + list(b.words)
     slack = 2 * max(h.end - h.start for h in [*odd, *even])
-    gap = float(n + m + 1)  # an unpaired word; a substitution costs gap + 1: more substitutions never buy fewer gaps
+    sub_w, time_w, gap, ms = _cost_weights(n, m, slack)
     ta, tb = np.maximum.accumulate(a.times).tolist(), np.maximum.accumulate(b.times).tolist()
     # row i (odd[:i] emitted): columns j with even[:j] emitted, none later than odd[i] + slack, and the next even
     # word not earlier than odd[i - 1] - slack
@@ -223,23 +263,25 @@ def chiu_merge(odd: Sequence[WindowHyp], even: Sequence[WindowHyp]) -> list[str]
     for i in range(1, n + 1):  # rows must connect: a path goes down within a column both rows hold
         lo[i] = min(lo[i], hi[i - 1])
     b_words = np.array(b.words, dtype=object)
-    prev = np.arange(lo[0], hi[0] + 1, dtype=np.float64) * gap  # row 0: even words alone
+    prev = np.arange(lo[0], hi[0] + 1, dtype=np.int64) * gap  # row 0: even words alone
     pointers: list[np.ndarray] = [np.full(hi[0] - lo[0] + 1, LEFT, dtype=np.int8)]
     for i in range(1, n + 1):
         cols = np.arange(lo[i], hi[i] + 1)
-        up = np.full(cols.shape, math.inf)
+        up = np.full(cols.shape, COST_LIMIT, dtype=np.int64)
         inside = (cols >= lo[i - 1]) & (cols <= hi[i - 1])
         up[inside] = prev[cols[inside] - lo[i - 1]] + gap
-        diag = np.full(cols.shape, math.inf)
+        diag = np.full(cols.shape, COST_LIMIT, dtype=np.int64)
         jd = cols - 1  # the even word paired with odd i - 1
         ok = (jd >= lo[i - 1]) & (jd <= hi[i - 1]) & (jd >= 0)
         ok[ok] &= (b.starts[jd[ok]] < a.ends[i - 1]) & (a.starts[i - 1] < b.ends[jd[ok]])  # windows overlap
-        diag[ok] = prev[jd[ok] - lo[i - 1]] + (b_words[jd[ok]] != a.words[i - 1]) * (gap + 1)
-        base = np.minimum(up, diag)
+        apart = np.minimum(np.rint(np.abs(b.times[jd[ok]] - a.times[i - 1]) * 1000 / ms), slack * 1000 / ms)
+        diag[ok] = (prev[jd[ok] - lo[i - 1]] + (b_words[jd[ok]] != a.words[i - 1]).astype(np.int64) * (gap + sub_w)
+                    + apart.astype(np.int64) * time_w)
+        base = np.minimum(np.minimum(up, diag), COST_LIMIT)
         # leaving even words alone along the row: D[j] = min_k<=j (base[k] + (j - k) * gap)
-        k = np.arange(len(cols), dtype=np.float64) * gap
-        row = np.minimum.accumulate(base - k) + k
-        left = np.full(cols.shape, math.inf)
+        k = np.arange(len(cols), dtype=np.int64) * gap
+        row = np.minimum(np.minimum.accumulate(base - k) + k, COST_LIMIT)
+        left = np.full(cols.shape, COST_LIMIT, dtype=np.int64)
         left[1:] = row[:-1] + gap
         ptr = np.where(diag == row, DIAG, np.where(up == row, UP, LEFT)).astype(np.int8)
         # a tie between an odd word alone and an even word alone: the later word is the one emitted last
@@ -248,42 +290,67 @@ def chiu_merge(odd: Sequence[WindowHyp], even: Sequence[WindowHyp]) -> list[str]
         ptr[(ptr == UP) & (left == row) & later_even] = LEFT
         pointers.append(ptr)
         prev = row
-    if not math.isfinite(prev[-1]):  # pragma: no cover - the last column of the last row is always reachable
+    if prev[-1] >= COST_LIMIT:  # pragma: no cover - the last column of the last row is always reachable
         raise RuntimeError("the alignment found no path; report the windows that caused it")
     out: list[str] = []
     i, j = n, m
     while i > 0 or j > 0:
         step = pointers[i][j - lo[i]] if i > 0 else LEFT
         if step == DIAG:
-            keep_even = b.off_centre[j - 1] < a.off_centre[i - 1]
+            keep_even = b.confidence[j - 1] > a.confidence[i - 1]
             out.append(b.words[j - 1] if keep_even else a.words[i - 1])
             i, j = i - 1, j - 1
         elif step == UP:
-            if a.off_centre[i - 1] <= _nearest_cover(even, a.times[i - 1]):
+            if a.confidence[i - 1] >= _cover_confidence(even, a.times[i - 1], confidence):
                 out.append(a.words[i - 1])
             i -= 1
         else:
-            if b.off_centre[j - 1] <= _nearest_cover(odd, b.times[j - 1]):
+            if b.confidence[j - 1] >= _cover_confidence(odd, b.times[j - 1], confidence):
                 out.append(b.words[j - 1])
             j -= 1
     return out[::-1]
 
 
-def _nearest_cover(hyps: Sequence[WindowHyp], t: float) -> float:
-    """The distance from ``t`` to the centre of the nearest-centred window of ``hyps`` that covers it (inf: none)."""
-    return min((abs(t - h.centre) for h in hyps if h.start <= t < h.end), default=math.inf)
+def _cost_weights(n: int, m: int, slack: float) -> tuple[int, int, int, int]:
+    """The integer weights of :func:`chiu_merge`'s alignment cost, ``edit distance * gap + time apart * time_w +
+    substitutions * sub_w``, each term outweighing every sum of the later ones: (sub_w, time_w, gap, ms), ``ms``
+    the milliseconds of one unit of time apart (1, coarser only where the costs would not fit in int64)."""
+    pairs = min(n, m)
+    ms = 1
+    while True:
+        sub_w, time_w = 1, pairs + 1
+        gap = time_w * (pairs * math.ceil(slack * 1000 / ms) + 1)
+        if (n + m + 2) * (gap + sub_w + time_w * math.ceil(slack * 1000 / ms)) < COST_LIMIT:
+            return sub_w, time_w, gap, ms
+        ms *= 10
+
+
+def _cover_confidence(hyps: Sequence[WindowHyp], t: float, confidence: str) -> float:
+    """The gap rule: the confidence of "no word" at ``t`` in the most confident window of ``hyps`` covering it
+    (-inf: none covers it)."""
+    return max((gap_confidence(h, t, confidence) for h in hyps if h.start <= t < h.end), default=-math.inf)
 
 
 # ---- (d) longest common run ---------------------------------------------------------------------------------
 
-def lcs_merge(hyps: Sequence[WindowHyp], *, min_run: int = 1) -> list[str]:
+# lcs_merge's shortest common run that joins two windows, in words. 1: the run searched for is the longest one in the
+# overlap, so a single word anchors a join only where the two windows share no two consecutive words there; such a
+# word is often a function word ("the", "a") said at two different times, and the join then drops or repeats the
+# words between them, which the join by times would not. 1 is kept as the default because it is the decoding every
+# logged fusion-lcs result has (NeMo's merge sets no minimum either); 2 is the setting to try against it.
+LCS_MIN_RUN = 1
+
+
+def lcs_merge(hyps: Sequence[WindowHyp], *, min_run: int = LCS_MIN_RUN) -> list[str]:
     """Consecutive windows joined at their longest common run of words, NeMo-style (buffered LCS merge).
 
     hyps: the windows in time order. The words joined so far whose time lies in the next window, and that next
     window's words whose time lies in the previous window (the overlap, by time), are searched for their longest
-    common contiguous run of words (the earliest such run on ties). At least ``min_run`` words long, the words
-    joined so far are kept up to the run's end and the next window's words after it follow. Without one, the
-    joining goes by times: the next window's words later than the last word joined so far follow.
+    common contiguous run of words (the earliest such run on ties). If it is at least ``min_run`` words long
+    (:data:`LCS_MIN_RUN`), the join is *cut at the run*: the words joined so far are kept up to the run's end, the
+    next window's words after it follow, and the words of either side beyond the cut (the joined words after the
+    run, the next window's words before it) are dropped. Without one, the join goes *by times*: the next window's
+    words later than the last word joined so far follow, its others are dropped.
     """
     if min_run < 1:
         raise ValueError(f"min_run must be at least 1 word, got {min_run}")

@@ -38,9 +38,11 @@ slots with a key sentence), ``.../unmasked`` and ``.../no-key`` (the controls). 
 log nothing more.
 
 With ``--fusion`` (paper 001), each window fusion method named (:mod:`asr_core.decoding.fused`: ``select``,
-``blockwise``, ``chiu``, ``lcs``, ``rover``) is decoded beside the greedy averaging and logged as a beam decoder is,
-under ``fusion-<METHOD>`` (``wer_fusion-chiu/<NAME>``, ``eval/<NAME>.fusion-chiu.csv``, tag
-``eval.decoder.fusion-chiu``).
+``blockwise``, ``blockwise-frames``, ``chiu``, ``chiu-seconds``, ``lcs``, ``rover``) is decoded beside the greedy
+averaging and logged as a beam decoder is, under ``fusion-<METHOD>`` (``wer_fusion-chiu/<NAME>``,
+``eval/<NAME>.fusion-chiu.csv``, tag ``eval.decoder.fusion-chiu``: JSON of ``method``, ``stride``, ``decoding``, and
+``join`` for the block-wise methods, ``confidence`` for Chiu's; results logged before those two existed are
+``blockwise`` by frames and ``chiu`` by seconds).
 
 With ``--window-s`` (comma-separated seconds, each positive and given once), the same greedy decoding, windows
 averaged at the same stride, is run again at each window W instead of the model's context (the
@@ -387,10 +389,13 @@ def evaluate(job: EvaluationRun, to: Destination = Destination()) -> pd.DataFram
 
 def fusion_setting(method: str, stride: float) -> dict[str, str]:
     """The tag ``eval.decoder.fusion-<METHOD>`` describing how the method ran (strings, as a beam decoder's)."""
-    from asr_core.decoding.fused import ROVER_PHASES, window_stride
+    from asr_core.decoding.fused import CHIU_CONFIDENCE, ROVER_PHASES, window_stride
 
+    how = {"blockwise": {"join": "words"}, "blockwise-frames": {"join": "frames"},
+           **{m: {"confidence": c} for m, c in CHIU_CONFIDENCE.items()},
+           "rover": {"phases": str(ROVER_PHASES), "vote": "meth1"}}
     return {"method": method, "stride": f"{window_stride(method, stride):g}", "decoding": "greedy",
-            **({"phases": str(ROVER_PHASES), "vote": "meth1"} if method == "rover" else {})}
+            **how.get(method, {})}
 
 
 def _auto_batch(cfg, window: int, dev: torch.device, bf16: bool, corpora: dict[str, list[Recording]]) -> int:
@@ -409,8 +414,8 @@ def _auto_batch(cfg, window: int, dev: torch.device, bf16: bool, corpora: dict[s
 def cli(argv: list[str]) -> int:
     """``python -m asr_core evaluate`` (the module's docstring; options: :mod:`asr_core.evaluation.evaluate_cli`)."""
     a = parser(__doc__.split("\n\n")[0]).parse_args(argv)
-    try:
-        windows = parse_windows(a.window_s)
+    try:  # bad values are refused before the checkpoint is read
+        windows, fusion = parse_windows(a.window_s), parse_fusion(a.fusion)
     except ValueError as e:
         print(f"evaluate: {e}", file=sys.stderr)
         return 2
@@ -436,7 +441,7 @@ def cli(argv: list[str]) -> int:
                  if v is not None}
         job = EvaluationRun.of(a.checkpoint, ev, datasets=a.data or list(ev.datasets), snrs=snrs, noisy=noisy,
                                noise=a.noise or ev.noise, precision=a.precision or ev.precision, device=a.device,
-                               strict=a.strict, beam=beam, fusion=parse_fusion(a.fusion), windows=windows,
+                               strict=a.strict, beam=beam, fusion=fusion, windows=windows,
                                **given)
         df = evaluate(job, Destination(out_dir=a.out or a.checkpoint.parent / EVAL_DIR, log=not a.no_log,
                                        run_id=a.run_id, tracking_uri=a.tracking_uri))

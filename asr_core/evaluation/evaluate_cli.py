@@ -83,8 +83,9 @@ def parse_fusion(text: str | None) -> tuple[str, ...]:
     methods = tuple(m.strip() for m in text.split(",") if m.strip())
     bad = [m for m in methods if m not in FUSION_METHODS]
     if bad or not methods:
-        raise ValueError(f"--fusion {text!r}: valid are {', '.join(FUSION_METHODS)} (comma-separated), or 'all'"
-                         + (" ('average' is the greedy decoder itself)" if "average" in bad else ""))
+        what = f"{', '.join(map(repr, bad))} is not a window fusion method; " if bad else ""
+        raise ValueError(f"--fusion {text!r}: {what}valid are {', '.join(FUSION_METHODS)} (comma-separated), or "
+                         "'all'" + (" ('average' is the greedy decoder itself)" if "average" in bad else ""))
     return methods
 
 
