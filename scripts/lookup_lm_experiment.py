@@ -10,7 +10,8 @@ command a user would run (the shared steps as in ``scripts/lm_experiment.py``):
    that the test holds enough tail words), the demo's voices and conditions;
 2. generates LM text (``lm text``) and takes its tail set (``tailset``: its rarest words, 5% of its words);
 3. trains four LMs on that text with one seed and step count (``lm train``): a tied baseline without memory and
-   three lookup memories (M = 32): the paper's sum hash N = 4, U = 512; the ordered hash N = 4, U = 4096; the
+   three lookup memories (M = 32): the sum hash of Eq. 2 at N = 4, U = 512 (a setting of ours, not the paper's
+   §3.2 N = 2, U about the vocabulary size, M = 64); the ordered hash N = 4, U = 4096; the
    ordered hash N = 8, U = 4096, all with tied embeddings and the memory's warmup at ``--warmup-share`` of the steps
    (the paper's 1000 steps, of a run whose length it does not give);
 4. per LM: overall and tail-token perplexity on the test transcripts (``lm ppl --tail``), alpha and beta on dev

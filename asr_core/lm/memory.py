@@ -23,11 +23,17 @@ on one slot in one step apply in token order, batch row first then position (``b
 reference loop :meth:`LookupMemory.update_loop` up to float rounding. No update in eval mode (§2.4: "disabled to
 avoid any information leakage") nor before ``warmup_steps`` training calls (§2.4: 1000 steps).
 
-Reading (§2.3). ``c~ = softmax(c D_i^T / sqrt(d)) D_i`` (Eq. 5-6) for the last layer's output ``c``; ``combine=
-"replace"`` returns ``c~`` (the paper: ``c~`` "will then be used to calculate the output token distribution"),
-``combine="add"`` returns ``c + c~``. With ``trainable=False`` (default, the paper's reading: ``D`` is only written by
-Eq. 3) ``D`` is a buffer without gradient; ``trainable=True`` makes it a parameter that also receives gradients (and
-is still overwritten by Eq. 3 in place).
+Reading (§2.3). ``c~ = softmax(c D_i^T / sqrt(d)) D_i`` (Eq. 5-6) for the last layer's output ``c``. The paper
+can be read two ways, and both are named readings here, neither "the paper's":
+
+* ``combine="replace"`` returns ``c~`` (Eq. 6 taken literally: ``c~`` "will then be used to calculate the output
+  token distribution"); ``combine="add"`` returns ``c + c~``: the LM keeps its own path, as §2.4's 1000 steps to
+  "warmup the newly initialized embedding", §3.3's larger LM that "would take over part of the functionalities the
+  memory block provides" and the method it is "inspired by" (Taking Notes on the Fly, which adds notes) suggest.
+  The default is ``replace``, the literal one, so a setting made before the readings were named means what it did.
+* ``trainable=False`` (default): ``D`` is written only by Eq. 3, a buffer without gradient; ``trainable=True`` makes
+  it a parameter that also receives gradients (and is still overwritten by Eq. 3 in place), as §4's "a larger
+  memory would receive more gradients" and "a well-trained one" suggest. A choice the paper does not state.
 
 Turning it off: there is no ``enabled`` flag. A model holds ``LookupMemory | None`` (its config ``MemoryConfig |
 None``); ``None`` is the plain LM.
@@ -74,8 +80,8 @@ class MemoryConfig:
     slots: int = 64  # M, vectors per bucket (§3.2, §4)
     order: int = 2  # N, ids hashed per position (Eq. 2)
     hash: str = "sum"  # "sum": Eq. 2; "ordered": polynomial rolling hash (deviation, see the module docstring)
-    combine: str = "replace"  # "replace": c~ replaces c (Eq. 6); "add": c + c~ (deviation)
-    trainable: bool = False  # False: D is written only by Eq. 3, no gradient (the paper's reading)
+    combine: str = "replace"  # a reading: "replace": c~ replaces c (Eq. 6 literally); "add": c + c~ (the LM's own path)
+    trainable: bool = False  # a reading: False: D written only by Eq. 3, no gradient; True: D also learns
     draw: str = "vector"  # "vector": one Bernoulli draw per slot; "bucket": one per position for all M slots
     warmup_steps: int = 1000  # training calls before the first update (§2.4)
     alpha: float = 0.5  # Eq. 3 smoothing: new = alpha * old + (1 - alpha) * e (§2.2: 0.5)
