@@ -22,10 +22,10 @@ import pandas as pd
 
 from analysis import stats
 from analysis.collect import Sweep, greedy_rows
+from analysis.defaults import DEFAULT_BASELINE_CONTEXT_S  # (re-exported: analysis.werr.DEFAULT_BASELINE_CONTEXT_S)
 from asr_core.contract.metrics import CLEAN, GREEDY
 from asr_core.contract.trial import FINISHED
 
-DEFAULT_BASELINE_CONTEXT_S = 10.24
 CONTEXT_REL_TOL = 0.01  # contexts within 1% are the same length (10 s vs 10.24 s is not; 10.24 vs 10.3 is)
 
 

@@ -45,6 +45,9 @@ def tab(module: str, line: str, cwd: Path) -> tuple[set[str], set[str]]:
     ("asr_study", "asr-study core bench ", {"train", "decode"}),
     ("asr_study", "asr-study core evaluate --str", {"--stride"}),
     ("asr_study", "asr-study dashboard --p", {"--port"}),
+    ("asr_study", "asr-study analysis ", {"report", "compare"}),
+    ("asr_study", "asr-study analysis report --heads-repr ", {"A", "Q", "K", "V", "Y"}),
+    ("asr_study", "asr-study analysis compare x --boot", {"--bootstrap"}),
 ])
 def test_a_tab_completes_names_without_importing_torch(module: str, line: str, expected: set[str],
                                                        tmp_path: Path) -> None:
