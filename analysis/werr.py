@@ -350,13 +350,14 @@ def holm_once(table: pd.DataFrame, columns: Sequence[str]) -> pd.Series:
 
 
 def format_seconds(seconds: float) -> str:
-    """10.24 -> '10 s', 81.92 -> '82 s', 655.36 -> '10.9 min', 3600 -> '1 h'; what the axes and tables print."""
+    """5.12 -> '5.12 s', 10.24 -> '10.24 s', 81.92 -> '81.92 s', 10 -> '10 s', 655.36 -> '10.9 min', 3600 -> '1 h';
+    what the axes, tables and sentences print. Under ten minutes every length is written alike, to the hundredth
+    (trailing zeros dropped): the grids' context lengths (multiples of 1.28 s) print exactly, so 5.12 s never stands
+    beside a rounded '10 s'."""
     if math.isnan(seconds):
         return "?"
-    if seconds < 10:
-        return f"{seconds:.3g} s"
     if seconds < 600:
-        return f"{seconds:.0f} s"
+        return f"{seconds:.2f}".rstrip("0").rstrip(".") + " s"
     if seconds < 3600:
         return f"{seconds / 60:.3g} min"
     return f"{seconds / 3600:.3g} h"
