@@ -44,6 +44,8 @@ def tab(module: str, line: str, cwd: Path) -> tuple[set[str], set[str]]:
     ("asr_study", "asr-study core lm ", set(LM_SUBCOMMANDS)),
     ("asr_study", "asr-study core bench ", {"train", "decode"}),
     ("asr_study", "asr-study core evaluate --str", {"--stride"}),
+    ("asr_study", "asr-study core train --ru", {"--run-id"}),
+    ("asr_study", "asr-study core params --s", {"--set"}),
     ("asr_study", "asr-study dashboard --p", {"--port"}),
     ("asr_study", "asr-study analysis ", {"report", "compare"}),
     ("asr_study", "asr-study analysis report --heads-repr ", {"A", "Q", "K", "V", "Y"}),
