@@ -42,6 +42,7 @@ def tab(module: str, line: str, cwd: Path) -> tuple[set[str], set[str]]:
     ("asr_study", "asr-study orchestrate pl", {"plan"}),
     ("asr_study", "asr-study core ", {"train", "evaluate", "lm", "bench"}),
     ("asr_study", "asr-study core lm ", set(LM_SUBCOMMANDS)),
+    ("asr_study", "asr-study core lm ppl --lm-c", {"--lm-contexts"}),
     ("asr_study", "asr-study core bench ", {"train", "decode"}),
     ("asr_study", "asr-study core evaluate --str", {"--stride"}),
     ("asr_study", "asr-study core train --ru", {"--run-id"}),
