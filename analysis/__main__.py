@@ -35,10 +35,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from analysis import stats
-from analysis.collect import Sweep, collect, greedy_rows
+from analysis.defaults import BOOTSTRAP_RESAMPLES, DEFAULT_BASELINE_CONTEXT_S
 from analysis.fetch import CollectError
-from analysis.werr import DEFAULT_BASELINE_CONTEXT_S, SelectionError, compare_configs, format_seconds, resolve_config
 from asr_core.contract.metrics import CLEAN, condition_name
 from asr_core.contract.options import positional, renamed
 from asr_core.contract.tracking import (DASHBOARD_HOST, DASHBOARD_PORT, DEFAULT_SWEEP_ROOT, ENV, SWEEP_ROOT_ENV,
@@ -46,7 +44,8 @@ from asr_core.contract.tracking import (DASHBOARD_HOST, DASHBOARD_PORT, DEFAULT_
                                         missing_ledger, mlflow_http, tracking_uri)
 from asr_core.version import ShowVersion
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the tables (pandas, scipy) are imported where a command runs: --help and a Tab need none
+    from analysis.collect import Sweep
     from analysis.report import Report
 
 EXIT_USAGE = 2
@@ -74,7 +73,7 @@ def _parser() -> argparse.ArgumentParser:
     renamed(r, "--alpha", r.add_argument("--significance", type=float, default=0.05,
                                          help="significance level after Holm correction (default 0.05)"))
     r.add_argument("--level", type=float, default=0.95, help="confidence level of the bootstrap intervals")
-    r.add_argument("--bootstrap", type=int, default=stats.BOOTSTRAP_RESAMPLES, help="bootstrap resamples")
+    r.add_argument("--bootstrap", type=int, default=BOOTSTRAP_RESAMPLES, help="bootstrap resamples")
     r.add_argument("--main-family", default=None,
                    help="family drawn in figures 1 and 2 (default: 'context' if present)")
     r.add_argument("--ignore-param", action="append", default=[], metavar="KEY",
@@ -100,7 +99,7 @@ def _parser() -> argparse.ArgumentParser:
     renamed(c, "--alpha", c.add_argument("--significance", type=float, default=0.05,
                                          help="significance level of the verdict line (default 0.05)"))
     c.add_argument("--level", type=float, default=0.95, help="confidence level of the bootstrap intervals")
-    c.add_argument("--bootstrap", type=int, default=stats.BOOTSTRAP_RESAMPLES)
+    c.add_argument("--bootstrap", type=int, default=BOOTSTRAP_RESAMPLES)
     c.add_argument("--ignore-param", action="append", default=[], metavar="KEY")
     return p
 
@@ -114,6 +113,7 @@ def ledger_options(p: argparse.ArgumentParser) -> None:
 
 
 def _report(args: argparse.Namespace) -> int:
+    from analysis.collect import collect
     from analysis.report import build_report
 
     sweep = collect(args.sweep, args.tracking_uri, ignore_params=args.ignore_param,
@@ -138,6 +138,7 @@ def _log_report(args: argparse.Namespace, rep: Report, sweep: Sweep) -> int:
     from mlflow.exceptions import MlflowException
 
     from analysis.dashboard import ARTIFACT_DIR, DashboardError, publish
+    from analysis.collect import greedy_rows
 
     uri = args.tracking_uri
     files = [rep.html, rep.markdown, *(f.path for f in rep.figures), *rep.csvs.values()]
@@ -171,6 +172,10 @@ def _log_report(args: argparse.Namespace, rep: Report, sweep: Sweep) -> int:
 
 
 def _compare(args: argparse.Namespace) -> int:
+    from analysis import stats
+    from analysis.collect import collect, greedy_rows
+    from analysis.werr import SelectionError, compare_configs, format_seconds, resolve_config
+
     sweep = collect(args.sweep, args.tracking_uri, ignore_params=args.ignore_param, progress=False)
     series = sweep.trials.drop_duplicates("config_id").set_index("config_id")["series_id"]
     try:

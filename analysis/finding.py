@@ -43,6 +43,11 @@ class Check:
     def verdict(self) -> str:
         return {True: "holds", False: "does not hold", None: "cannot be checked"}[self.holds]
 
+    def line(self) -> str:
+        """The claim's bullet: its verdict, the claim, then why, joined by a dash rather than a full stop (the detail
+        opens in lower case or with a test set's name) and ending with one full stop."""
+        return f"**{self.verdict.capitalize()}**: {self.claim} — {self.detail.rstrip('. ')}."
+
 
 @dataclass(frozen=True)
 class Gain:
@@ -162,7 +167,7 @@ def summary_sentence(checks: list[Check]) -> str:
     """One line for the top of a report."""
     decided = [c for c in checks if c.holds is not None]
     if not decided:
-        return "The paper's finding cannot be checked in this sweep: " + checks[0].detail + "."
+        return "The paper's finding cannot be checked in this sweep: " + checks[0].detail.rstrip(". ") + "."
     held = sum(bool(c.holds) for c in decided)
     if held == len(checks):
         return f"The paper's qualitative finding holds here: all {len(checks)} of its claims (below)."

@@ -418,7 +418,7 @@ def _finding_frame(checks: list[Check], gains: list[Gain]) -> pd.DataFrame:
 
 def _finding_section(checks: list[Check]) -> Section:
     return Section("The paper's finding in this sweep", [summary_sentence(checks)], [], [],
-                    [("", [f"**{c.verdict.capitalize()}**: {c.claim}. {c.detail}." for c in checks])])
+                    [("", [c.line() for c in checks])])
 
 
 RUNS_LEFT_OUT = "Runs left out"

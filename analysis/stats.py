@@ -26,6 +26,8 @@ from typing import Mapping, Sequence
 import numpy as np
 from scipy import special
 
+from analysis.defaults import BOOTSTRAP_RESAMPLES
+
 
 def seed_sd(values: Sequence[float] | np.ndarray) -> float:
     """The sample standard deviation (ddof 1) of one figure over seeds, missing values (NaN) left out; NaN with fewer
@@ -37,7 +39,6 @@ def seed_sd(values: Sequence[float] | np.ndarray) -> float:
 
 EXACT_PERMUTATION_MAX_N = 16  # enumerate all 2^n sign flips up to 65,536 of them
 PERMUTATION_RESAMPLES = 20_000  # Monte Carlo sign flips otherwise; p is then no smaller than 1/20,001
-BOOTSTRAP_RESAMPLES = 2_000
 WILCOXON_EXACT_MAX_N = 400  # the exact null distribution by dynamic programming costs O(n^3) additions
 
 

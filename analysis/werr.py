@@ -22,10 +22,10 @@ import pandas as pd
 
 from analysis import stats
 from analysis.collect import Sweep, greedy_rows
+from analysis.defaults import DEFAULT_BASELINE_CONTEXT_S  # (re-exported: analysis.werr.DEFAULT_BASELINE_CONTEXT_S)
 from asr_core.contract.metrics import CLEAN, GREEDY
 from asr_core.contract.trial import FINISHED
 
-DEFAULT_BASELINE_CONTEXT_S = 10.24
 CONTEXT_REL_TOL = 0.01  # contexts within 1% are the same length (10 s vs 10.24 s is not; 10.24 vs 10.3 is)
 
 
@@ -350,13 +350,14 @@ def holm_once(table: pd.DataFrame, columns: Sequence[str]) -> pd.Series:
 
 
 def format_seconds(seconds: float) -> str:
-    """10.24 -> '10 s', 81.92 -> '82 s', 655.36 -> '10.9 min', 3600 -> '1 h'; what the axes and tables print."""
+    """5.12 -> '5.12 s', 10.24 -> '10.24 s', 81.92 -> '81.92 s', 10 -> '10 s', 655.36 -> '10.9 min', 3600 -> '1 h';
+    what the axes, tables and sentences print. Under ten minutes every length is written alike, to the hundredth
+    (trailing zeros dropped): the grids' context lengths (multiples of 1.28 s) print exactly, so 5.12 s never stands
+    beside a rounded '10 s'."""
     if math.isnan(seconds):
         return "?"
-    if seconds < 10:
-        return f"{seconds:.3g} s"
     if seconds < 600:
-        return f"{seconds:.0f} s"
+        return f"{seconds:.2f}".rstrip("0").rstrip(".") + " s"
     if seconds < 3600:
         return f"{seconds / 60:.3g} min"
     return f"{seconds / 3600:.3g} h"

@@ -22,8 +22,8 @@ if __name__ == "__main__" and (sys.argv[1:2] in (["trial"], ["train"]) or sys.ar
 import importlib  # noqa: E402 - after the handlers, on purpose
 
 COMMANDS: dict[str, tuple[str, str]] = {
-    "train": ("asr_core.training.train", "train a model from a config: train CONFIG.yaml [--set k=v ...] [--out DIR]"),
-    "params": ("asr_core.model.size", "parameter counts per module and in total: params CONFIG.yaml [--set k=v ...]"),
+    "train": ("asr_core.training.train_args", "train a model from a config: train CONFIG.yaml [--set k=v ...] [--out DIR]"),
+    "params": ("asr_core.model.params_args", "parameter counts per module and in total: params CONFIG.yaml [--set k=v ...]"),
     "evaluate": ("asr_core.evaluation.evaluate", "moving-window WER of a checkpoint: evaluate CKPT --data NAME=FORMAT:PATH ..."),
     "heads": ("asr_core.probes.heads_args", "how alike the attention heads are (paper 003): heads CKPT --data NAME=FORMAT:PATH ..."),
     "reach": ("asr_core.probes.reach", "how far back a model's decoded output reaches: reach CKPT --data NAME=FORMAT:PATH ..."),

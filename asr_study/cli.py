@@ -13,7 +13,7 @@ and say the same thing:
 
 ``asr-study --version`` (and each group's ``--version``) prints the package version and, from a checkout, the
 commit. Shell completion (argcomplete) is delegated to each group's own parser (:mod:`asr_study.complete`); enable
-it with ``eval "$(register-python-argcomplete asr-study)"``.
+it with ``eval "$(register-python-argcomplete asr-study orchestrate)"``.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ SERVER = "mlflow-server"
 SERVER_HELP = "the MLflow server a cluster sweep logs to (the packaged slurm/mlflow-server.sh; --path prints it)"
 EPILOG = """\
 Each group takes the arguments of the command it names; `asr-study GROUP --help` lists them.
-Shell completion: eval "$(register-python-argcomplete asr-study)"."""
+Shell completion: eval "$(register-python-argcomplete asr-study orchestrate)"."""
 
 
 def parser() -> argparse.ArgumentParser:

@@ -7,7 +7,9 @@ the parser's program word) and completes its options, choices and subcommands. T
 (``core``, ``core lm``, ``core bench``) complete from their tables of commands. A group completes nothing before
 its parser would parse (they only import and dispatch), and argcomplete ends the process once it has answered.
 
-Enable it in bash or zsh with ``eval "$(register-python-argcomplete asr-study)"``.
+Enable it in bash or zsh with ``eval "$(register-python-argcomplete asr-study orchestrate)"`` (both scripts: a name
+not registered completes file names, as `orchestrate pl<Tab>` did). Completion imports nothing heavy (no torch):
+the levels that dispatch by hand are read from tables that import none.
 """
 
 from __future__ import annotations
@@ -15,23 +17,32 @@ from __future__ import annotations
 import argparse
 import os
 import re
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection
 from typing import Any
 
 ARGCOMPLETE = "_ARGCOMPLETE"  # set by the shell hook: 1 + the index of the program's word in the command line
 OPTION = re.compile(r"^ {2}(--[a-z][a-z-]*)( [A-Z]+)?", re.M)  # an option line of mlflow-server.sh --help
 
 
-def hand_dispatched() -> dict[tuple[str, ...], Mapping[str, Any]]:
-    """The words that lead to a level dispatching by hand, and its table of commands."""
-    from asr_core.__main__ import COMMANDS
-    from asr_core.bench import BENCHES
-    from asr_core.lm.cli import SUBCOMMANDS
-
-    return {("core",): COMMANDS, ("core", "lm"): SUBCOMMANDS, ("core", "bench"): BENCHES}
+# the subcommands of ``core lm`` (asr_core.lm.cli.SUBCOMMANDS, whose package imports torch; a test keeps them equal)
+LM_SUBCOMMANDS = ("text", "train", "prompt", "ppl", "tune")
 
 
-def names_parser(prog: str, names: Mapping[str, Any], *, version: bool) -> argparse.ArgumentParser:
+def hand_dispatched(words: tuple[str, ...]) -> Collection[str] | None:
+    """The command names of the level that dispatches by hand after ``words`` (``core``, ``core lm``, ``core
+    bench``), or None; each table is imported only for its own level, and none imports torch."""
+    if words == ("core",):
+        from asr_core.__main__ import COMMANDS
+
+        return tuple(COMMANDS)
+    if words == ("core", "bench"):
+        from asr_core.bench import BENCHES
+
+        return tuple(BENCHES)
+    return LM_SUBCOMMANDS if words == ("core", "lm") else None
+
+
+def names_parser(prog: str, names: Collection[str], *, version: bool) -> argparse.ArgumentParser:
     """A parser that only knows the subcommand names of a hand-dispatching level (and ``--version``)."""
     p = argparse.ArgumentParser(prog=prog)
     if version:
@@ -78,7 +89,7 @@ def complete(top: argparse.ArgumentParser, groups: Collection[str], server: str,
         answer(server_parser(), len(words) - 2)
     elif group not in groups:
         answer(top, len(words) - 1)  # the group's name (or --version) is being typed
-    level = hand_dispatched().get(tuple(words[1:]))
+    level = hand_dispatched(tuple(words[1:]))
     if level is not None:
         answer(names_parser(words[-1], level, version=len(words) == 2), 0)
     original = argparse.ArgumentParser.parse_args

@@ -224,6 +224,10 @@ def cmd_resume(args: argparse.Namespace) -> int:
         if not retry:
             raise UsageError("retry what? pass --failed (failed trials, their failure count reset), --cancelled "
                              "(cancelled trials, from their checkpoints), or both")
+    if args.dry_run:  # no lock, no ledger, nothing written (orchestrate.resubmit_preview)
+        from orchestrate.resubmit_preview import preview
+
+        return preview(args, *_read(args), retry, _selected(args.where))
     _refuse_other_uri(args)
     with _sweep(args).lock(args.command):  # before the sweep's files are read: no stale copy is written back
         sweep, manifest, trials = _open(args)

@@ -103,6 +103,10 @@ def build_parser() -> argparse.ArgumentParser:
             sp.add_argument("--no-check-data", action="store_true",
                             help="skip checking that data paths given with --set exist here")
             sweep_settings(sp)
+            sp.add_argument("--dry-run", action="store_true",
+                            help="print which trials would be resubmitted and why (lost, preempted, failed, "
+                                 "cancelled), from the sweep's folders; submit and write nothing (no lock, no "
+                                 "ledger)")
 
     sp = sub.add_parser("evaluate", help="decode finished trials by beam search (with an LM or without), window "
                         "fusion or other windows as jobs on the sweep's backend; results go into each trial's run as "

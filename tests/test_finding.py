@@ -103,3 +103,16 @@ def test_models_that_have_not_learned_cannot_be_judged() -> None:
     checks, _ = finding_checks(build_sweep("s", _records(worst, CONTEXTS)))  # 3 x ~34% error rate: WER > 99%
     assert [c.verdict for c in checks] == ["cannot be checked"]
     assert "none has learned enough" in checks[0].detail and "cannot be checked" in summary_sentence(checks)
+
+
+def test_a_claims_bullet_joins_the_claim_and_its_detail_into_one_sentence() -> None:
+    """The detail opens in lower case ("every model ..."): it follows the claim after a dash, not after a full stop,
+    and the bullet ends with one full stop whether or not the detail has one."""
+    from analysis.finding import Check
+
+    line = Check("WER falls as context grows", None, "every model is at 95% WER or more on clean audio").line()
+    assert line == ("**Cannot be checked**: WER falls as context grows — every model is at 95% WER or more on "
+                    "clean audio.")
+    assert "grows. every" not in line
+    assert Check("a claim", True, "test: WERR +5.0%.").line() == "**Holds**: a claim — test: WERR +5.0%."
+    assert summary_sentence([Check("c", None, "no clean results.")]).endswith("sweep: no clean results.")

@@ -281,7 +281,7 @@ def test_the_report_s_rates_hold_the_forced_choice_with_chance_and_a_binomial_te
     assert rc.far_tests(sweep, rates).iloc[0]["far"] == 0  # exact match, as before
     (title, table), = [(t, d) for t, d in rc.display(rates, rc.far_tests(sweep, rates)) if "forced choice" in t]
     assert list(table["measure"][:4]) == ["exact match", "forced choice", "onset match", "exact match"]
-    assert "55.0 ± 7.1 (p=" in " ".join(table["82 s"]) and set(table["chance %"]) == {"", "6.2"}
+    assert "55.0 ± 7.1 (p=" in " ".join(table["81.92 s"]) and set(table["chance %"]) == {"", "6.2"}
     shown, lines, csvs = rc.choice_part(sweep, rates, 0.05)
     assert "far-band forced-choice accuracy" in shown[0][0] and list(csvs) == ["recall_choice_tests"]
     assert any("N1 (" in x and "**met**" in x for x in lines)

@@ -66,7 +66,7 @@ def test_no_recall_is_said_to_be_not_learned() -> None:
     clean = next(x for x in lines if ", test, " in x)
     window = next(x for x in lines if ", test (clean, one window per slot)" in x)
     for line in (clean, window):
-        assert "5.12 s → 10 s: no far-band slots" in line
+        assert "5.12 s → 10.24 s: no far-band slots" in line
         assert "near band (2 s) 0.0% → 0.0% (chance 12.5%): **the control is not learned" in line
         assert "ceiling (unmasked) 100.0% → 100.0%; guess rate (no key) 0.0% → 0.0%." in line
 

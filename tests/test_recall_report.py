@@ -153,7 +153,7 @@ def test_verdict_lines(sweep) -> None:
     assert len(lines) == 2
     rec = next(x for x in lines if ", rec, " in x)
     flat = next(x for x in lines if ", flat, " in x)
-    assert "10 s → 82 s: **yes: the longer context recalls far slots significantly better**" in rec
+    assert "10.24 s → 81.92 s: **yes: the longer context recalls far slots significantly better**" in rec
     assert f"far-band accuracy 10.0% → 95.0% (Holm p = {4 / 512:.3f}, 10 recordings, α = 0.05)" in rec
     assert "near band (2-3.5 s) 97.5% → 97.5%; ceiling (unmasked) 100.0% → 100.0%; guess rate (no key) 25.0% → 0.0%" \
         in rec

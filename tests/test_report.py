@@ -86,18 +86,18 @@ def test_report_states_significance_plainly_and_honestly(report_dir: Path) -> No
     lines = md.splitlines()
 
     def line(context: str, dataset: str) -> str:
-        hits = [ln for ln in lines if ln.startswith(f"- {context} against 10 s on {dataset}:")]
+        hits = [ln for ln in lines if ln.startswith(f"- {context} against 10.24 s on {dataset}:")]
         assert hits, (context, dataset)
         return hits[0]  # family context's, the first
 
     # one plain sentence per finding: the verdict and the two WERs, no more numbers than that
-    planted = line("41 s", "test-shifted")
-    assert re.fullmatch(r"- 41 s against 10 s on test-shifted: \*\*significantly better\*\*, "
+    planted = line("40.96 s", "test-shifted")
+    assert re.fullmatch(r"- 40\.96 s against 10\.24 s on test-shifted: \*\*significantly better\*\*, "
                         r"WER \d+\.\d\d% → \d+\.\d\d%\.", planted), planted
-    null = line("20 s", "test-shifted")
+    null = line("20.48 s", "test-shifted")
     assert "**no significant difference**" in null
     for ln in lines:  # no sentence of the findings strings statistics together
-        if ln.startswith("- ") and " against 10 s on " in ln:
+        if ln.startswith("- ") and " against 10.24 s on " in ln:
             assert "p = " not in ln and "CI" not in ln and len(ln) < 160, ln
     # ... and its numbers are in the table after the sentences
     numbers = md[md.index("## Findings in numbers"):]
@@ -120,7 +120,7 @@ def test_compare_prints_one_comparison(mlflow_uri: str, capsys: pytest.CaptureFi
                "--dataset", "dev", "--bootstrap", "500"])
     out = capsys.readouterr().out
     assert rc == 0
-    assert "A = ctx10s-rope1.5M-2L96d4h (10 s), B = ctx41s-rope1.5M-2L96d4h (41 s)" in out
+    assert "A = ctx10s-rope1.5M-2L96d4h (10.24 s), B = ctx41s-rope1.5M-2L96d4h (40.96 s)" in out
     assert "permutation p=0.001953 (exact, 10 recordings)" in out  # all 10 better: 2 / 2^10
     assert "95% CI" in out and "Wilcoxon p=" in out and "Welch" in out
     rc = main(["compare", synth.EXPERIMENT, "10.24", "20s", "--tracking-uri", mlflow_uri])
@@ -180,7 +180,7 @@ def test_an_unlearned_configuration_is_left_out_of_figures_and_comparisons(tmp_p
     md = (tmp_path / "report.md").read_text()
     assert "**Left out**: 4 of 12 configurations" in md
     findings = md[md.index("## Findings: each"):md.index("## WER and WERR")]
-    assert "20 s against" not in findings and "41 s against 10 s" in findings
+    assert "20.48 s against" not in findings and "40.96 s against 10.24 s" in findings
     werr = pd.read_csv(tmp_path / "werr.csv")  # the CSVs keep every configuration
     assert (werr["context_s"] == 20.48).any()
 
@@ -237,5 +237,5 @@ def test_the_report_says_what_the_training_cuts_dropped_per_context(tmp_path: Pa
     assert set(sweep.trials["cut"]) == {"fixed", "pauses"}
     build_report(sweep, tmp_path, bootstrap_resamples=100)
     md = (tmp_path / "report.md").read_text()
-    assert ("Words dropped by the training cuts (lying wholly in no window; `data.cut`): 10 s fixed cuts 3.91%, "
-            "20 s fixed cuts 1.95%, 41 s fixed cuts 0.98%, 10 s pauses cuts 0.00%") in md
+    assert ("Words dropped by the training cuts (lying wholly in no window; `data.cut`): 10.24 s fixed cuts 3.91%, "
+            "20.48 s fixed cuts 1.95%, 40.96 s fixed cuts 0.98%, 10.24 s pauses cuts 0.00%") in md

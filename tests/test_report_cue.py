@@ -148,7 +148,7 @@ def test_report_section_verdicts_and_csv(tmp_path: Path) -> None:
              for ds in CUE_ERRORS}
     p = stats.holm([_expected_p(*q)["cue"] for q in [(ds, a, b) for ds in CUE_ERRORS for a, b in
                                                       ((5.12, 10.24), (5.12, 81.92), (10.24, 81.92))]])
-    assert "5.12 s → 82 s: **longer context lowered the cue-word error rate significantly**" in lines["cued"]
+    assert "5.12 s → 81.92 s: **longer context lowered the cue-word error rate significantly**" in lines["cued"]
     assert f"Cue-word error rate {65.5 / 1.1:.1f}% → {21.5 / 1.1:.1f}% (fell; Holm p = {p[1]:.3f}, significant)" \
         in lines["cued"]
     other = 100.0 * np.mean(list(OTHER_ERRORS.values())) * N_REC / (WORDS * N_REC - 110)

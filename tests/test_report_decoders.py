@@ -193,11 +193,11 @@ def test_table6_numbers_are_the_hand_worked_ones(decoder_report: tuple[Path, Pat
     section = md[md.index("## Beam search and LM decoding against greedy"):md.index("## LM perplexity")]
     # Table 6's layout: rows the acoustic contexts, columns greedy then the LM contexts, shortest first
     assert "| context | config | greedy | LM 64 tok | LM 1024 tok |" in section
-    assert f"| 82 s | {long} | 11.00 | 9.69 (+11.9%, sig.) | 8.50 (+22.7%, sig.) |" in section
+    assert f"| 81.92 s | {long} | 11.00 | 9.69 (+11.9%, sig.) | 8.50 (+22.7%, sig.) |" in section
     assert f"| 5.12 s | {short} | 15.00 | 15.00 (+0.0%, n.s.) | 15.00 (+0.0%, n.s.) |" in section
     assert "4 comparisons with greedy decoding, 4 tested: 2 significant after Holm correction (2 of them " \
            "better" in section
-    assert "+0.0% with 5.12 s of acoustic context" in section and "+22.7% with 82 s" in section
+    assert "+0.0% with 5.12 s of acoustic context" in section and "+22.7% with 81.92 s" in section
     assert "gains more from the LM" in section
 
 
@@ -331,9 +331,9 @@ def test_head_similarity_section(tmp_path: Path) -> None:
     assert "similarity tracks WER here" in section
     assert "6L-4H on test (5 context lengths): summed A similarity falls as WER rises: Spearman ρ = -0.80" in section
     assert "not significant: no evidence that it tracks WER" in section
-    assert "WER degrades at long context, 10.60% at 41 s → 13.10% at 164 s" in section
+    assert "WER degrades at long context, 10.60% at 40.96 s → 13.10% at 163.84 s" in section
     assert "too few context lengths for a rank correlation (needs 4); no claim" in section  # the sizes family
-    assert ("| 6L-8H | 164 s | ctx164s-rope1.5M-6L96d8h | 13.10 | 2 | 1.410 | 2.410 | 3.410 | 4.410 | 5.410 "
+    assert ("| 6L-8H | 163.84 s | ctx164s-rope1.5M-6L96d8h | 13.10 | 2 | 1.410 | 2.410 | 3.410 | 4.410 | 5.410 "
             "| 0.500 |") in section
 
 

@@ -184,7 +184,7 @@ def test_methods_against_averaging_and_chiu_against_blockwise(m_tests: pd.DataFr
     assert cb["delta_wer"] == pytest.approx(-1.0) and cb["verdict"] == "significantly better"
     assert cb["seeds_reference"] == cb["seeds"] == "1,2"
     lines = fu.pair_lines(m_tests, 0.05)
-    assert any(", agree:" in line and "Chiu 50% against block-wise" in line and "at 10 s 12.06% → 11.06% "
+    assert any(", agree:" in line and "Chiu 50% against block-wise" in line and "at 10.24 s 12.06% → 11.06% "
                "(significantly better" in line for line in lines)
 
 

@@ -161,10 +161,10 @@ def test_verdicts(rates: pd.DataFrame, tests: pd.DataFrame) -> None:
     lines = {ds: next(x for x in tl.verdicts(rates, tests, 0.05, BASELINE) if f", {ds}, " in x) for ds in TAIL_ERRORS}
     base, long = 100.0 * 33.5 / 55, 100.0 * 11.5 / 55
     p = 4 * 2 / 2 ** 11
-    assert "10 s → 82 s: **longer context lowered the tail-word error rate significantly** (11 recordings with " \
+    assert "10.24 s → 81.92 s: **longer context lowered the tail-word error rate significantly** (11 recordings with " \
         "tail words, α = 0.05)" in lines["books"]
     assert f"Tail-WER {base:.1f}% → {long:.1f}% (fell; Holm p = {p:.3f}, significant)" in lines["books"]
-    assert f"Other contexts against 10 s: 5.12 s {base:.1f}% (Holm p = 1.000, not significant)." in lines["books"]
+    assert f"Other contexts against 10.24 s: 5.12 s {base:.1f}% (Holm p = 1.000, not significant)." in lines["books"]
     assert "**no significant change in the tail-word error rate from longer context**" in lines["flat"]
     assert f"Tail-WER {base:.1f}% → {base:.1f}% (did not change; Holm p = 1.000, not significant)" in lines["flat"]
 
@@ -173,8 +173,8 @@ def test_no_baseline_in_the_series_is_said(sweep: Sweep) -> None:
     rates = tl.rate_table(sweep)
     tests = tl.tail_tests(sweep, rates, 20.48)
     assert len(tests) == 6 and tests["p"].isna().all()
-    assert tests["note"].str.contains("no model at the baseline context 20 s").all()
-    assert all("**not tested** — no model at the baseline context 20 s" in x
+    assert tests["note"].str.contains("no model at the baseline context 20.48 s").all()
+    assert all("**not tested** — no model at the baseline context 20.48 s" in x
                for x in tl.verdicts(rates, tests, 0.05, 20.48))
 
 

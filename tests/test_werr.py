@@ -58,7 +58,7 @@ def test_baseline_within_one_percent_and_a_missing_baseline_is_said() -> None:
     sw = build_sweep("t", recs)
     assert werr.werr_table(sw).empty
     notes = werr.baseline_notes(sw)
-    assert len(notes) == 1 and "no finished model at the baseline context 10 s" in notes[0]
+    assert len(notes) == 1 and "no finished model at the baseline context 10.24 s" in notes[0]
     assert werr.werr_table(sw, baseline_context=10.0)["werr"].max() == pytest.approx(10.0)
 
 
@@ -106,7 +106,10 @@ def test_snr_table_has_every_condition_of_noisy_datasets(sweep: Sweep) -> None:
 
 def test_format_and_parse_durations() -> None:
     assert [werr.format_seconds(s) for s in (1.28, 10.24, 81.92, 655.36, 1310.72, 3600.0)] == \
-        ["1.28 s", "10 s", "82 s", "10.9 min", "21.8 min", "1 h"]
+        ["1.28 s", "10.24 s", "81.92 s", "10.9 min", "21.8 min", "1 h"]
+    # context lengths print alike: never "5.12 s" beside a rounded "10 s"
+    assert [werr.format_seconds(s) for s in (5.12, 10.24, 20.48, 40.96, 163.84, 10.0, 0.5, 599.999)] == \
+        ["5.12 s", "10.24 s", "20.48 s", "40.96 s", "163.84 s", "10 s", "0.5 s", "600 s"]
     assert werr.parse_duration("20.48") == 20.48 and werr.parse_duration("5.5min") == 330.0
     assert werr.parse_duration("1h") == 3600.0 and werr.parse_duration("ctx20") is None
 
@@ -123,5 +126,5 @@ def test_resolve_config_forms(sweep: Sweep) -> None:
                                                                                           "ctx20s-sin-2L96d4h")
     with pytest.raises(werr.SelectionError, match="matches 2 configurations"):
         werr.resolve_config(sweep, "20s")
-    with pytest.raises(werr.SelectionError, match="names no configuration.*ctx10s-sin-2L96d4h \\(10 s\\)"):
+    with pytest.raises(werr.SelectionError, match="names no configuration.*ctx10s-sin-2L96d4h \\(10.24 s\\)"):
         werr.resolve_config(sweep, "ctx99s")

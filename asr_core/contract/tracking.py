@@ -21,6 +21,7 @@ from pathlib import Path
 
 ENV = "MLFLOW_TRACKING_URI"
 DEFAULT_SWEEP_ROOT = "runs"
+DEFAULT_EXPERIMENT = "asr_core"  # the MLflow experiment of a model trained alone (python -m asr_core train, no --sweep)
 SWEEP_ROOT_ENV = "ASR_STUDY_SWEEP_ROOT"  # the folder sweeps live in, for every command run from anywhere
 LEDGER_FILE = "mlflow.db"
 SWEEP_MANIFEST = "sweep.json"  # the sweep folder's manifest (written by orchestrate.sweep); its "tracking_uri"

@@ -33,11 +33,9 @@ def parameter_table(cfg: Config) -> dict[str, int]:
     return count_parameters(model)
 
 
-def cli(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(prog="python -m asr_core params", description=__doc__.splitlines()[0])
-    ap.add_argument("config", help="YAML config file or preset name")
-    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
-    args = ap.parse_args(argv)
+def run_cli(args: argparse.Namespace) -> int:
+    """``python -m asr_core params ...`` as parsed by :func:`asr_core.model.params_args.parser`: the counts printed
+    (exit 2 and one line for a bad config)."""
     try:
         cfg = load_config(args.config, args.overrides)
     except ConfigError as e:

@@ -85,11 +85,10 @@ from asr_core.training.checkpoint import CheckpointError, load_checkpoint, set_r
 from asr_core.training.loop import Cursor, Diverged, Preempted, Reporting, Segment, TrainResult, run_loop
 from asr_core.training.compile import prepare_model
 from asr_core.training.step import LRSchedule, build_optimizer
-from asr_core.contract.options import renamed
+from asr_core.contract.tracking import DEFAULT_EXPERIMENT
 from asr_core.contract.tracking import tracking_uri as ledger_uri
 
 CHECKPOINT_NAME = CHECKPOINT_FILE  # the trial contract's name for it
-DEFAULT_EXPERIMENT = "asr_core"
 
 
 class TrainError(RuntimeError):
@@ -366,17 +365,9 @@ def _train(cfg: Config, out_dir: Path, tracking_uri: str | None, run_id: str | N
 
 
 # ---- command line --------------------------------------------------------------------------------------------
-def cli(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(prog="python -m asr_core train", description="Train (or resume) one model.")
-    ap.add_argument("config", help="YAML config (may start from 'preset: NAME') or a preset name")
-    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
-    ap.add_argument("--out", default=None, help="run folder (default runs/<trial key>)")
-    ap.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default $MLFLOW_TRACKING_URI; "
-                    "neither: nothing is logged to MLflow)")
-    ap.add_argument("--run-id", default=None, help="continue this MLflow run")
-    renamed(ap, "--experiment", ap.add_argument("--sweep", dest="experiment", default=None, help=f"the sweep (MLflow "
-                                                f"experiment) of a new run (default {DEFAULT_EXPERIMENT})"))
-    args = ap.parse_args(argv)
+def run_cli(args: argparse.Namespace) -> int:
+    """``python -m asr_core train ...`` as parsed by :func:`asr_core.training.train_args.parser`: the checkpoint's
+    path printed, or one line and its exit status."""
     fail_fast_http()  # one MLflow call fails fast; the outbox retries
     from asr_core.model.size import load_config
 

@@ -63,7 +63,6 @@ import json
 import random
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -73,6 +72,7 @@ import numpy as np
 from asr_core.data.corpora import podcast
 from asr_core.data.corpora.base import Word
 from asr_core.data.corpora.cues import CueConfig, CuePlanter, cue_sites, cue_topics, sound_of
+from asr_core.data.corpora.synth_pool import Interrupted, render_all
 from asr_core.data.corpora.synth_text import TOPICS, SentenceMaker
 
 # the audio side (torch, torchaudio, scipy, soundfile) is imported where a recording is drawn or rendered: a
@@ -436,13 +436,14 @@ def synthesise(out: Path, hours: float, seed: int, *, eval_hours: float | None =
     print(f"synth: {len(plans)} recordings ({len(plans) - len(todo)} already done) -> {out}", file=sys.stderr)
     t0 = time.perf_counter()
     done = 0
-    with ProcessPoolExecutor(max_workers=max(1, jobs)) as pool:
-        futures = {pool.submit(write_recording, p, out, recall, copy): p for p in todo}
-        for fut in as_completed(futures):
-            meta = fut.result()
+    try:
+        for meta in render_all(write_recording, [(p, out, recall, copy) for p in todo], jobs, out,
+                               lambda job: job[1] / job[0].split / f"{job[0].id}.json"):
             done += 1
             print(f"synth: [{done}/{len(todo)}] {meta['id']} {meta['kind']} {meta['duration']:.0f} s, "
                   f"{meta['words']} words ({time.perf_counter() - t0:.0f} s elapsed)", file=sys.stderr)
+    except Interrupted:  # Ctrl-C: the workers are stopped; counted over the whole corpus
+        raise Interrupted(out, sum((out / p.split / f"{p.id}.json").exists() for p in plans), len(plans)) from None
     metas = [json.loads((out / "meta" / f"{p.id}.json").read_text()) for p in plans]
     with (out / "recordings.jsonl").open("w") as fh:
         for m in metas:

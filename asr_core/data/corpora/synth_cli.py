@@ -4,6 +4,7 @@ does not go together (one line naming the option, exit 2), makes the corpus and 
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from asr_core.contract.options import take_positional
@@ -11,6 +12,8 @@ from asr_core.data.corpora import synth
 from asr_core.data.corpora.cues import WINDOWS_S, CueConfig, containment, corpus_sites, format_containment
 from asr_core.data.corpora.synth import DOMAINS, SHIFTS, SPLITS, domain_voices, synthesise
 from asr_core.data.corpora.synth_args import parser
+from asr_core.data.corpora.synth_pool import Interrupted
+from asr_core.runtime.crash import EXIT_INTERRUPTED
 
 
 def cli(argv: list[str]) -> int:
@@ -59,10 +62,14 @@ def cli(argv: list[str]) -> int:
             ap.error(f"--copy: not with {'--recall' if recall.active else '--cue'} (the copy plant fills the "
                      "recording's cells itself); give --copy alone, or --recall/--cue without --copy")
     slotted = recall.active or copy is not None
-    summary = synthesise(a.out, a.hours, a.seed, eval_hours=a.eval_hours, min_minutes=a.min_minutes,
-                         max_minutes=a.max_minutes, meeting_fraction=a.meeting_fraction, jobs=a.jobs, splits=splits,
-                         voices=a.voices, shift=a.shift, eval_max_minutes=a.eval_max_minutes, cue=cue,
-                         recall=recall, eval_min_minutes=a.eval_min_minutes, copy=copy)
+    try:
+        summary = synthesise(a.out, a.hours, a.seed, eval_hours=a.eval_hours, min_minutes=a.min_minutes,
+                             max_minutes=a.max_minutes, meeting_fraction=a.meeting_fraction, jobs=a.jobs,
+                             splits=splits, voices=a.voices, shift=a.shift, eval_max_minutes=a.eval_max_minutes,
+                             cue=cue, recall=recall, eval_min_minutes=a.eval_min_minutes, copy=copy)
+    except Interrupted as e:  # Ctrl-C while rendering: one line on what is left, 130
+        print(e.line(), file=sys.stderr)
+        return EXIT_INTERRUPTED
     cued = cue.active
     print(f"{'split':14s} {'recordings':>10s} {'hours':>7s} {'words':>7s}{' cue words  a minute' if cued else ''}"
           f"{'     slots  a minute' if slotted else ''}  spec")
