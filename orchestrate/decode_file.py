@@ -172,9 +172,8 @@ def load_decode_file(path: str | Path) -> DecodeSpec:
 
 
 def parse_decode(raw: Any, path: Path) -> DecodeSpec:
-    """Validate the mapping ``raw`` read from ``path`` (relative paths resolve against ``path``'s folder)."""
-    from asr_core.decoding.beam import BeamConfig
-
+    """Validate the mapping ``raw`` read from ``path`` (relative paths resolve against ``path``'s folder). The beam
+    search's defaults (and torch with them) are imported only once the file's keys are known good."""
     where = str(path)
     if not isinstance(raw, dict):
         raise DecodeFileError(f"{where}: a decode file is a mapping of {', '.join(KEYS)}; got {raw!r}")
@@ -211,6 +210,8 @@ def parse_decode(raw: Any, path: Path) -> DecodeSpec:
     elif "alpha" in raw:
         raise DecodeFileError(f"{where}: 'alpha' is {raw['alpha']!r} but lm is null: alpha weighs the LM's score "
                               "and without an LM it weighs nothing; remove it, or give an LM")
+    from asr_core.decoding.beam import BeamConfig
+
     defaults = BeamConfig()
     alpha = _number(where, "alpha", raw.get("alpha", 0.0))
     beta = _number(where, "beta", raw["beta"])
@@ -338,16 +339,9 @@ def _parse_windows(raw: Mapping[str, Any], path: Path) -> DecodeSpec:
 
 
 def _name(where: str, v: Any) -> str:
-    from asr_core.decoding.beam import BeamConfig
-    from asr_core.evaluation.decoders import BeamDecoding
+    from asr_core.contract.metrics import is_decoder_name
 
-    ok = isinstance(v, str) and v[:1].isalnum()
-    if ok:
-        try:
-            BeamDecoding(BeamConfig(), name=v)  # the evaluation's own rule for decoder names
-        except ValueError:
-            ok = False
-    if not ok:
+    if not (isinstance(v, str) and v[:1].isalnum() and is_decoder_name(v)):  # the evaluation's own rule
         raise DecodeFileError(f"{where}: invalid value for 'name': {v!r}; valid: letters, digits, '-', '_' and '.', "
                               "starting with a letter or digit, not 'greedy' (it names the metrics wer_<name>/... "
                               "and a folder of the sweep)")

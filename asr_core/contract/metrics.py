@@ -128,6 +128,12 @@ def _rate_key(kind: str, dataset: str, condition: str, decoder: str) -> str:
     return f"{prefix}/{dataset}" + ("" if condition == CLEAN else f"/{condition}")
 
 
+def is_decoder_name(name: str) -> bool:
+    """Whether ``name`` may name a decoder (its metrics ``wer_<name>/...``, its tables, a sweep's folder): letters,
+    digits, '-', '_' and '.', and not ``greedy`` (the trial's own decoding)."""
+    return bool(name) and all(c.isalnum() or c in "-_." for c in name) and name != GREEDY
+
+
 def metric_key(dataset: str, snr_db: float | None = None, decoder: str = GREEDY) -> str:
     """A WER metric: ``("test", -5.0)`` -> ``"wer/test/snr-5"``, ``("dev", None, "beam")`` -> ``"wer_beam/dev"``."""
     return _rate_key(WER, dataset, condition_name(snr_db), decoder)

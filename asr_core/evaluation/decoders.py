@@ -20,7 +20,8 @@ from typing import Any, Mapping
 
 import torch
 
-from asr_core.contract.metrics import GREEDY, condition_name, cue_metric_key, fusion_decoder, metric_key
+from asr_core.contract.metrics import (GREEDY, condition_name, cue_metric_key, fusion_decoder, is_decoder_name,
+                                      metric_key)
 from asr_core.contract.trial import ProgressLog
 from asr_core.data.corpora import Recording
 from asr_core.data.noise import add_music
@@ -48,7 +49,7 @@ class BeamDecoding:
     describe: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
-        if not self.name or not all(c.isalnum() or c in "-_." for c in self.name) or self.name == GREEDY:
+        if not is_decoder_name(self.name):
             raise ValueError(f"decoder name {self.name!r}: letters, digits, '-', '_' and '.' only, not 'greedy'")
 
     def metric_key(self, dataset: str, snr_db: float | None = None) -> str:
