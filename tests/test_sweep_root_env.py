@@ -102,3 +102,15 @@ def test_a_tracking_uri_alone_finds_the_sweep_in_the_folder_its_ledger_recorded(
                                                                            TAG_SWEEP_ROOT))
     lost = _orchestrate(["status", "far", "--tracking-uri", uri], elsewhere, None)
     assert lost.returncode == 2 and "no sweep 'far'" in lost.stderr, lost.stderr
+
+
+def test_resume_dry_run_from_another_folder_with_the_variable_alone(fake: SweepDir, tmp_path: Path) -> None:
+    """Issue 48's must-hold: with only ``ASR_STUDY_SWEEP_ROOT`` set, from a folder that is not the sweep's,
+    ``resume --dry-run`` finds the sweep, names what it would resubmit, and writes nothing there or here."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    before = sorted(p.name for p in fake.path.rglob("*"))
+    done = _orchestrate(["resume", fake.name, "--dry-run"], elsewhere, str(fake.path.parent))
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert fake.name in done.stdout and "would" in done.stdout.lower(), done.stdout[:2000]
+    assert sorted(p.name for p in fake.path.rglob("*")) == before and not any(elsewhere.iterdir())
