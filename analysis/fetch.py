@@ -139,12 +139,11 @@ def _fetch(experiment: str, uri: str, progress: bool, lm_experiments: Iterable[s
     lm_ids = [_experiment_id(client, uri, name, "LM experiment (--lm-experiment)") for name in lm_experiments]
     runs = _search_all(client, exp_id)
     log.info("experiment %r: %d runs at %s", experiment, len(runs), uri)
-    bar = _progress(runs, progress, "reading runs")
     # one progress bar for the runs, not one per downloaded folder
     quiet = os.environ.get("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR")
     os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = "false"
     try:
-        records = _read_runs(client, uri, bar)
+        records = _read_runs(uri, runs, progress)
     finally:
         if quiet is None:
             os.environ.pop("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", None)
@@ -167,26 +166,43 @@ def _fetch(experiment: str, uri: str, progress: bool, lm_experiments: Iterable[s
     return records
 
 
-def _read_runs(client: Any, uri: str, runs: Iterable[Any]) -> list[RunRecord]:
-    import mlflow
+FETCH_WORKERS = 8  # runs whose tables are read at once: requests in flight to the server, not CPU
 
-    records = []
-    with tempfile.TemporaryDirectory(prefix="analysis-") as tmp:
-        for run in runs:
-            tags, rid = dict(run.data.tags), run.info.run_id
-            tables: dict[str, str] = {}
-            if tags.get(TAG_ROLE) == ROLE_TRIAL and run.info.status == FINISHED:
-                names = [f.path for f in client.list_artifacts(rid, EVAL_DIR) if f.path.endswith(".csv")]
-                if names:
-                    local = Path(mlflow.artifacts.download_artifacts(run_id=rid, artifact_path=EVAL_DIR,
-                                                                     dst_path=str(Path(tmp) / rid),
-                                                                     tracking_uri=uri))
-                    for name in names:
-                        path = local / Path(name).name
-                        tables[Path(name).stem] = path.read_text(encoding="utf-8", errors="replace")
-            records.append(RunRecord(rid, run.info.status, tags, dict(run.data.params), dict(run.data.metrics),
-                                     tables))
-    return records
+
+def _read_runs(uri: str, runs: list[Any], progress: bool) -> list[RunRecord]:
+    """The records of ``runs`` (a search's results), in their order, each finished trial with its eval CSVs. Each
+    run's artifacts are read from the artifact store its ``artifact_uri`` names, opened once for the run (no lookup of
+    the run behind each call, as ``MlflowClient.list_artifacts`` and ``mlflow.artifacts.download_artifacts`` make),
+    and up to :data:`FETCH_WORKERS` runs are read at once. The first error of any run is raised."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with tempfile.TemporaryDirectory(prefix="analysis-") as tmp, ThreadPoolExecutor(FETCH_WORKERS) as pool:
+        futures = [pool.submit(_read_run, uri, run, Path(tmp)) for run in runs]
+        try:
+            for future in _progress(futures, progress, "reading runs"):
+                future.result()  # as they finish in order; an error stops the rest
+        finally:
+            for future in futures:
+                future.cancel()
+        return [f.result() for f in futures]
+
+
+def _read_run(uri: str, run: Any, tmp: Path) -> RunRecord:
+    """One run's record; a finished trial's ``eval/*.csv`` read from its artifact store."""
+    from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
+
+    tags, rid = dict(run.data.tags), run.info.run_id
+    tables: dict[str, str] = {}
+    if tags.get(TAG_ROLE) == ROLE_TRIAL and run.info.status == FINISHED:
+        repo = get_artifact_repository(run.info.artifact_uri, tracking_uri=uri)
+        names = [f.path for f in repo.list_artifacts(EVAL_DIR) if not f.is_dir and f.path.endswith(".csv")]
+        if names:
+            (tmp / rid).mkdir()
+            local = Path(repo.download_artifacts(EVAL_DIR, dst_path=str(tmp / rid)))
+            for name in names:
+                path = local / Path(name).name
+                tables[Path(name).stem] = path.read_text(encoding="utf-8", errors="replace")
+    return RunRecord(rid, run.info.status, tags, dict(run.data.params), dict(run.data.metrics), tables)
 
 
 def _progress(items: list[Any], enabled: bool, desc: str) -> Iterable[Any]:
