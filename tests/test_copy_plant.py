@@ -92,9 +92,35 @@ def test_partners_are_a_derangement_of_close_lengths() -> None:
 def test_copy_spec_parsing() -> None:
     assert CopyConfig.parse("near") == CopyConfig(("near",)) and CopyConfig.parse("near, far").spec() == "near,far"
     assert NEAR_FAR.far and not CopyConfig(("near",)).far and not CopyConfig().active
-    for bad in ("far", "", "near,near", "far,near", "x"):
-        with pytest.raises(ValueError, match="valid: near or near,far"):
+    for bad in ("far", "", "near,near", "far,near", "x", "near,far:0-3", "near,far:9", "near,far:x", "near:3-4",
+                "near,far:5-3", "far:2-3"):
+        with pytest.raises(ValueError, match="valid: near or near,far, or near,far:LO-HI"):
             CopyConfig.parse(bad)
+    dense = CopyConfig.parse("near,far:6-8")
+    assert dense.far_slots == (6, 8) and dense.spec() == "near,far:6-8" and CopyConfig.parse(dense.spec()) == dense
+    assert CopyConfig.parse("near,far:4").far_slots == (4, 4)
+    assert CopyConfig.parse("near,far:2-3") == NEAR_FAR and NEAR_FAR.spec() == "near,far"  # the default, as before
+
+
+def test_more_far_slots_keep_every_invariant() -> None:
+    """near,far:6-8: the far episodes ask more slots (as many as their block's cells allow), each in its own cell
+    and the band, with no other identity token in the block; the near band is drawn as before."""
+    dense = _render("train", 0.3, 11, 3.0, 4.0, CopyConfig.parse("near,far:6-8"))
+    plain = _render("train", 0.3, 11, 3.0, 4.0)
+    counts: Counter = Counter()
+    per_episode = Counter()
+    for _, (_, words, _, meta) in dense:
+        counts += check_recording(words, meta)
+        assert meta["recall"] == "copy:near,far:6-8"
+        for s in meta["recall_slots"]:
+            if s["band"] == "far":
+                per_episode[(meta["id"], s["key_index"])] += 1
+    base: Counter = Counter()
+    for _, (_, words, _, meta) in plain:
+        base += check_recording(words, meta)
+    far = sum(v for (band, _), v in counts.items() if band == "far")
+    assert far >= 2 * sum(v for (band, _), v in base.items() if band == "far") > 0
+    assert max(per_episode.values()) >= 6
 
 
 # ---- rendered recordings, dry, with the stand-in synthesiser -------------------------------------------------------
@@ -374,6 +400,7 @@ def test_key_edits_change_only_the_key_tokens(corpus: Path, monkeypatch: pytest.
 # ---- the command line ----------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("extra,says", [(["--copy", "far"], "--copy: copy spec 'far'; valid: near or near,far"),
+                                        (["--copy", "near,far:0-9"], "--copy: copy spec 'near,far:0-9'; valid"),
                                         (["--copy", "near,x"], "valid: near or near,far"),
                                         (["--copy", "near", "--recall", "5"], "--copy: not with --recall"),
                                         (["--copy", "near,far", "--cue", "2"], "--copy: not with --cue")])

@@ -22,7 +22,8 @@ window of every aligned context holds the whole episode or none of it.
   uniformly; where the cell leaves less (the slowest voices, the longest tokens), uniformly up to what it leaves.
   The same speaker says both (a meeting holds the turn).
 * ``far`` (``--copy near,far``): the recording's :data:`BLOCK_S` = 81.92 s blocks alternate: even blocks are near
-  blocks as above, odd blocks far blocks: one key in the block's second cell, then :data:`FAR_SLOTS` (2 or 3) slots
+  blocks as above, odd blocks far blocks: one key in the block's second cell, then :data:`FAR_SLOTS` (2 or 3;
+  ``near,far:LO-HI``: LO to HI, for a training split that asks more far slots) slots
   whose tokens start :data:`FAR_S` (20-60 s) after the end of the key's token, each slot inside its own cell of the
   block (with the margin; uniformly over the positions that allows), and no other identity token in the block. A far
   slot is said by whoever holds the turn. A block is far only when the recording reaches past its last slot cell
@@ -81,6 +82,7 @@ MARGIN = 1600
 NEAR_S = (1.0, 3.0)
 FAR_S = (20.0, 60.0)
 FAR_SLOTS = (2, 3)
+FAR_SLOTS_MAX = 8  # a far block's cells 5-12 hold one slot each (20-60 s after a key that ends by 7 s)
 FAR_KEY_CELL = 1  # of its block
 FAR_LAST_CELL = 13  # of its block: the last a far slot may use (the key's token ends 7 s into the block at most)
 UNMASKED_SHARE = 0.10
@@ -143,13 +145,21 @@ def one_piece_words(split_dir: Path) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class CopyConfig:
-    """The copy plant: ``bands``, ``("near",)`` or ``("near", "far")``; () for none (the corpus as without it)."""
+    """The copy plant: ``bands``, ``("near",)`` or ``("near", "far")``; () for none (the corpus as without it).
+    ``far_slots``: how many slots a far episode draws, uniformly from ``lo..hi`` (:data:`FAR_SLOTS` unless the spec
+    says ``near,far:LO-HI``; a far block's cells leave room for at most :data:`FAR_SLOTS_MAX`)."""
 
     bands: tuple[str, ...] = ()
+    far_slots: tuple[int, int] = FAR_SLOTS
 
     def __post_init__(self) -> None:
         if self.bands and ",".join(self.bands) not in SPECS:
             raise ValueError(f"copy bands {self.bands!r}: one of {' or '.join(SPECS)}")
+        lo, hi = self.far_slots
+        if not (1 <= lo <= hi <= FAR_SLOTS_MAX):
+            raise ValueError(f"far slots {lo}-{hi}: LO-HI with 1 <= LO <= HI <= {FAR_SLOTS_MAX}")
+        if self.far_slots != FAR_SLOTS and not self.far:
+            raise ValueError(f"far slots {lo}-{hi} without the far band: give near,far:{lo}-{hi}")
 
     @property
     def active(self) -> bool:
@@ -160,16 +170,27 @@ class CopyConfig:
         return "far" in self.bands
 
     def spec(self) -> str:
-        """``"near,far"``: what :meth:`parse` reads back (``synth.json``'s ``copy``)."""
-        return ",".join(self.bands)
+        """``"near,far"`` (``"near,far:LO-HI"`` for other far slot counts): what :meth:`parse` reads back
+        (``synth.json``'s ``copy``)."""
+        tail = "" if self.far_slots == FAR_SLOTS else f":{self.far_slots[0]}-{self.far_slots[1]}"
+        return ",".join(self.bands) + tail
 
     @classmethod
     def parse(cls, text: str) -> "CopyConfig":
-        """``"near"`` or ``"near,far"``."""
-        bands = tuple(b.strip() for b in text.split(","))
+        """``"near"``, ``"near,far"`` or ``"near,far:LO-HI"`` (LO to HI slots per far episode)."""
+        valid = f"valid: {' or '.join(SPECS)}, or near,far:LO-HI with 1 <= LO <= HI <= {FAR_SLOTS_MAX}"
+        head, colon, count = text.partition(":")
+        bands = tuple(b.strip() for b in head.split(","))
         if ",".join(bands) not in SPECS:
-            raise ValueError(f"copy spec {text!r}; valid: {' or '.join(SPECS)}")
-        return cls(bands)
+            raise ValueError(f"copy spec {text!r}; {valid}")
+        if not colon:
+            return cls(bands)
+        lo, dash, hi = count.strip().partition("-")
+        try:
+            slots = (int(lo), int(hi if dash else lo))
+            return cls(bands, slots)
+        except ValueError:
+            raise ValueError(f"copy spec {text!r}; {valid}") from None
 
 
 @dataclass(frozen=True)
@@ -277,7 +298,7 @@ class CopyPlanter:
                 ep.slots.append(_Slot("near", ep.cell, at, at - lead, kind))
         else:
             tok = max(_s(MASKER_S), _s(clear_s))  # the kinds are drawn once the cells are
-            n = self.rng.choice(FAR_SLOTS)
+            n = self.rng.choice(tuple(range(self.cfg.far_slots[0], self.cfg.far_slots[1] + 1)))
             block = ep.cell // BLOCK_CELLS * BLOCK_CELLS
             free = []  # (cell, first, last) token starts that keep the slot in the cell and the band
             for c in range(block + FAR_KEY_CELL + 1, block + FAR_LAST_CELL + 1):

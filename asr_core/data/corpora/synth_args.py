@@ -50,7 +50,8 @@ def parser(description: str, splits: Sequence[str], shifts: Sequence[str]) -> ar
                     help="plant the copy control instead (not with --recall or --cue): near = a one-piece identity "
                          "token said clearly, then masked 1-3 s later inside one 5.12 s cell, in every other cell; "
                          "near,far = also, in every other 81.92 s block, a key asked for 20-60 s later in the same "
-                         "block (see asr_core.data.corpora.copy_plant); absent (default) = none")
+                         "block, 2-3 slots each (near,far:LO-HI: LO to HI slots, at most 8; see "
+                         "asr_core.data.corpora.copy_plant); absent (default) = none")
     ap.add_argument("--cue-report", action="store_true",
                     help="print, per split, how often a window of 5/10/20/40/80 s holds a disambiguating word with "
                          "each cue word")
