@@ -144,10 +144,17 @@ def test_a_hypothesis_without_a_reference_with_strict_or_twice_is_an_error(pair:
     assert "two hypotheses for recording 'r1'" in capsys.readouterr().err
 
 
-def test_score_is_recorded_where_analysis_lists_it(pair: dict, mlflow_server, capsys, tmp_path: Path) -> None:
+def test_score_is_recorded_where_analysis_lists_it(pair: dict, mlflow_server, capsys, tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """A sweep with one finished trial on dataset ``test``; the scored system lands in the same experiment and the
-    report lists its WER in a table of its own, not among the trials or the problems."""
+    report lists its WER in a table of its own, not among the trials or the problems. Without --out the tables go
+    to MLflow through a temporary folder that is removed afterwards."""
     import sys
+    import tempfile
+
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
 
     from mlflow.entities import Metric, Param
 
@@ -181,6 +188,7 @@ def test_score_is_recorded_where_analysis_lists_it(pair: dict, mlflow_server, ca
     assert ext.data.tags["external.missing.test"] == "0" and ext.data.tags["external.extra.test"] == "0"
     assert ext.data.tags["WER test"].strip() == f"{new_wer:.2f}"  # the saved view's column, rounded
     assert [f.path for f in client.list_artifacts(ext.info.run_id, "eval")] == ["eval/test.csv"]
+    assert not list(scratch.iterdir())  # no asr-score-* folder left behind
 
     sweep = collect(experiment, mlflow_server.uri, progress=False)
     assert list(sweep.trials["run_id"]) == [run]

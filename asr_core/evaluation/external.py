@@ -323,16 +323,25 @@ def cli(argv: list[str]) -> int:
         print(f"score: {e}", file=sys.stderr)
         return EXIT_USAGE
     print(_summary(results, system, a.verbose))
-    out = a.out if a.out is not None else (Path(tempfile.mkdtemp(prefix="asr-score-")) if tracking_uri else None)
+    if a.out is None and tracking_uri:  # the tables go to MLflow only: written to a folder removed afterwards
+        with tempfile.TemporaryDirectory(prefix="asr-score-") as tmp:
+            return _write_and_record(results, Path(tmp), system, tracking_uri, experiment or "", tail, kept=False)
+    return _write_and_record(results, a.out, system, tracking_uri, experiment or "", tail, kept=True)
+
+
+def _write_and_record(results: list, out: Path | None, system: str, tracking_uri: str | None, experiment: str,
+                      tail: Any, *, kept: bool) -> int:
+    """Write each dataset's table to ``out`` (None: nowhere; ``kept``: the user's folder, named on stderr) and record
+    the scores in MLflow when ``tracking_uri`` is given; the exit status."""
     tables = {s.name: write_table(s, out) for s in results} if out is not None else {}
-    if a.out is not None:
-        print(f"score: tables in {a.out}", file=sys.stderr)
+    if out is not None and kept:
+        print(f"score: tables in {out}", file=sys.stderr)
     if tracking_uri:
         from asr_core.runtime.outbox import fail_fast_http
 
         fail_fast_http()
         try:
-            run_id = record(results, tables, system, tracking_uri, experiment or "", tail)
+            run_id = record(results, tables, system, tracking_uri, experiment, tail)
         except Exception as e:  # any MLflow or network failure: the scores are printed already
             print(f"score: MLflow at {tracking_uri} did not take the result: {type(e).__name__}: {e}",
                   file=sys.stderr)
