@@ -14,7 +14,6 @@ import sys
 import types
 from dataclasses import asdict
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
@@ -411,8 +410,8 @@ def test_planted_reads_the_metadata_and_refuses_metadata_of_other_words(cued_cor
 def test_evaluate_counts_exactly_the_planted_words(cued_corpus: dict, monkeypatch: pytest.MonkeyPatch) -> None:
     """evaluate's own scoring, fed hypotheses: the reference with one planted word swapped for its homophone and
     one other word changed counts one cue error; with a planted word deleted, one; unchanged, none."""
-    import asr_core.data.audio
-    from asr_core.evaluation import decoders
+    from asr_core.evaluation.scorers import CueScorer, WerScorer
+    from tests.plugins.fake_decoding import fake_decode
 
     recs = list(load_corpus(f"podcast:{cued_corpus['out'] / 'test'}", audio=False))
     marks = planted(recs)
@@ -427,16 +426,8 @@ def test_evaluate_counts_exactly_the_planted_words(cued_corpus: dict, monkeypatc
         elif k % 3 == 1:
             del words[i]
         hyps[rec.id] = " ".join(words)
-    monkeypatch.setattr(asr_core.data.audio, "load_audio", lambda path: Path(path).stem)
-    monkeypatch.setattr(decoders, "prepare_features", lambda extractor, wave, ignore, fps: SimpleNamespace(
-        shape=(1,), id=wave))
-    monkeypatch.setattr(decoders, "plan_windows", lambda *a, **k: SimpleNamespace(starts=[0]))
-    monkeypatch.setattr(decoders, "posteriors", lambda model, feats, *a, **k: feats.id)
-    monkeypatch.setattr(decoders, "greedy_ids", lambda probs, blank: probs)
     fed = [Recording(r.id, Path(f"{r.id}.wav"), 1.0, r.words, meta=r.meta) for r in recs]
-    tokenizer = SimpleNamespace(blank_id=0, decode=lambda stem: hyps[stem])
-    rows, _ = decoders.evaluate_dataset("t", fed, [], None, None, tokenizer, 1, 1.0, 1, 1, 100.0, None, "synthetic",
-                                        0, cues=marks)
+    rows, _ = fake_decode(monkeypatch, fed, hyps.__getitem__, [WerScorer(), CueScorer()])
     for k, row in enumerate(rows["greedy"]):
         assert row["cue_words"] == len(marks[row["recording"]])
         assert row["cue_errors"] == (0 if k % 3 == 2 else 1), row

@@ -148,8 +148,8 @@ def recall_corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_evaluate_scores_exactly_the_planted_slots(recall_corpus: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """evaluate's own decoding loop, fed hypotheses: the reference with every other slot's code word swapped for
     another code word scores exactly those slots wrong and the rest right."""
-    import asr_core.data.audio
-    from asr_core.evaluation import decoders
+    from asr_core.evaluation.scorers import WerScorer
+    from tests.plugins.fake_decoding import fake_decode
 
     recs = list(load_corpus(f"podcast:{recall_corpus}", audio=False))
     slots = recall_slots(recs)
@@ -162,16 +162,8 @@ def test_evaluate_scores_exactly_the_planted_slots(recall_corpus: Path, monkeypa
                 words[s.index] = "walrus" if s.word != "walrus" else "zebra"
                 wrong.add(s.slot)
         hyps[rec.id] = " ".join(words)
-    monkeypatch.setattr(asr_core.data.audio, "load_audio", lambda path: Path(path).stem)
-    monkeypatch.setattr(decoders, "prepare_features", lambda extractor, wave, ignore, fps: SimpleNamespace(
-        shape=(1,), id=wave))
-    monkeypatch.setattr(decoders, "plan_windows", lambda *a, **k: SimpleNamespace(starts=[0]))
-    monkeypatch.setattr(decoders, "posteriors", lambda model, feats, *a, **k: feats.id)
-    monkeypatch.setattr(decoders, "greedy_ids", lambda probs, blank: probs)
     fed = [Recording(r.id, Path(f"{r.id}.wav"), 1.0, r.words, meta=r.meta) for r in recs]
-    tokenizer = SimpleNamespace(blank_id=0, decode=lambda stem: hyps[stem])
-    _, decoded = decoders.evaluate_dataset("t", fed, [], None, None, tokenizer, 1, 1.0, 1, 1, 100.0, None,
-                                           "synthetic", 0)
+    _, decoded = fake_decode(monkeypatch, fed, hyps.__getitem__, [WerScorer()])
     rows = slot_table(fed, decoded, slots)
     assert sorted(r["slot"] for r in rows) == sorted(s.slot for ss in slots.values() for s in ss)
     assert {r["slot"] for r in rows if not r["correct"]} == wrong
@@ -207,7 +199,6 @@ def test_evaluate_writes_the_slot_table_and_metrics_and_nothing_new_without_the_
     import shutil
 
     from asr_core.evaluation import evaluate as ev
-    from asr_core.evaluation import recall as recall_module
     from asr_core.runtime.outbox import Outbox
 
     ckpt = _checkpoint(tmp_path)
@@ -241,7 +232,9 @@ def test_evaluate_writes_the_slot_table_and_metrics_and_nothing_new_without_the_
     assert not (tmp_path / "a" / "eval" / "plain.slots.csv").exists()
     assert not any("plain" in k for k in logged if k.startswith("recall"))
     # without the slot scoring (the code before it), every per-recording table is the same, byte for byte
-    monkeypatch.setattr(recall_module, "recall_slots", lambda recs: None)  # evaluate() imports it when it runs
+    from asr_core.evaluation import recall_scorer
+
+    monkeypatch.setattr(recall_scorer, "recall_slots", lambda recs: None)  # the scorer binds to no dataset
     df0, logged0 = run("b")
     for name in ("rec.csv", "plain.csv"):
         assert (tmp_path / "a" / "eval" / name).read_bytes() == (tmp_path / "b" / "eval" / name).read_bytes()

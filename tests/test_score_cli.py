@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from types import SimpleNamespace
 
 import pandas as pd
 import pytest
@@ -54,22 +53,14 @@ def _no_ambient_tracking_uri(monkeypatch: pytest.MonkeyPatch) -> None:
 def _evaluate_rows(spec: str, hyps: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> list[dict]:
     """The rows ``asr_core.evaluation.decoders`` computes for recordings whose decoded text is ``hyps`` (its own scoring code,
     with audio, features and the model replaced by the hypotheses)."""
-    import asr_core.data.audio
-    from asr_core.evaluation import decoders
+    from asr_core.evaluation.scorers import CueScorer, WerScorer
+    from tests.plugins.fake_decoding import fake_decode
 
     recordings = load_corpus(spec, audio=False)
-    monkeypatch.setattr(asr_core.data.audio, "load_audio", lambda path: Path(path).stem)
-    monkeypatch.setattr(decoders, "prepare_features", lambda extractor, wave, ignore, fps: SimpleNamespace(
-        shape=(1,), id=wave))
-    monkeypatch.setattr(decoders, "plan_windows", lambda *a, **k: SimpleNamespace(starts=[0]))
     by_stem = {Path(i).name: h for i, h in hyps.items()}
-    # the posteriors stand for the recording, greedy decoding passes them through, the tokenizer gives its text
-    monkeypatch.setattr(decoders, "posteriors", lambda model, feats, *a, **k: feats.id)
-    monkeypatch.setattr(decoders, "greedy_ids", lambda probs, blank: probs)
     recordings = [type(r)(r.id, Path(f"{r.id.split('/')[-1]}.wav"), 1.0, r.words) for r in recordings]
-    tokenizer = SimpleNamespace(blank_id=0, decode=lambda stem: by_stem.get(stem, ""))
-    rows, _ = decoders.evaluate_dataset("test", recordings, [], None, None, tokenizer, 1, 1.0, 1, 1, 100.0, None,
-                                        "synthetic", 0)
+    rows, _ = fake_decode(monkeypatch, recordings, lambda stem: by_stem.get(stem, ""), [WerScorer(), CueScorer()],
+                          name="test")
     return rows["greedy"]
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from types import SimpleNamespace
 
 import pandas as pd
 import pytest
@@ -131,8 +130,8 @@ def test_evaluate_counts_exactly_the_tail_words_of_its_hypotheses(corpus: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """evaluate's own decoding loop, fed hypotheses: the reference with some tail words swapped, some head words
     dropped and a tail word inserted is counted as tail_counts counts it, and only with a tail set."""
-    import asr_core.data.audio
-    from asr_core.evaluation import decoders
+    from asr_core.evaluation.scorers import CueScorer, TailScorer, WerScorer
+    from tests.plugins.fake_decoding import fake_decode
 
     recs = list(load_corpus(f"podcast:{corpus}", audio=False))
     tail = tail_set([r.text for r in recs], 0.2, source="refs")
@@ -146,17 +145,9 @@ def test_evaluate_counts_exactly_the_tail_words_of_its_hypotheses(corpus: Path,
         for i in reversed(heads[1::5]):
             del words[i]
         hyps[rec.id] = " ".join([sorted(tail.words)[0], *words])
-    monkeypatch.setattr(asr_core.data.audio, "load_audio", lambda path: Path(path).stem)
-    monkeypatch.setattr(decoders, "prepare_features", lambda extractor, wave, ignore, fps: SimpleNamespace(
-        shape=(1,), id=wave))
-    monkeypatch.setattr(decoders, "plan_windows", lambda *a, **k: SimpleNamespace(starts=[0]))
-    monkeypatch.setattr(decoders, "posteriors", lambda model, feats, *a, **k: feats.id)
-    monkeypatch.setattr(decoders, "greedy_ids", lambda probs, blank: probs)
     fed = [type(r)(r.id, Path(f"{r.id}.wav"), 1.0, r.words, meta=r.meta) for r in recs]
-    tokenizer = SimpleNamespace(blank_id=0, decode=lambda stem: hyps[stem])
-    args = ("t", fed, [], None, None, tokenizer, 1, 1.0, 1, 1, 100.0, None, "synthetic", 0)
-    rows = decoders.evaluate_dataset(*args, tail=tail)[0][m.GREEDY]
-    plain = decoders.evaluate_dataset(*args)[0][m.GREEDY]
+    rows = fake_decode(monkeypatch, fed, hyps.__getitem__, [WerScorer(), CueScorer(), TailScorer(tail)])[0][m.GREEDY]
+    plain = fake_decode(monkeypatch, fed, hyps.__getitem__, [WerScorer(), CueScorer()])[0][m.GREEDY]
     counted = []
     for rec, row, before in zip(recs, rows, plain, strict=True):
         expected = tail_counts(rec.text, hyps[rec.id], tail)

@@ -1,38 +1,80 @@
-"""The decoders of an evaluation, and one dataset decoded by them.
+"""The decoders of an evaluation, as plug-ins.
 
 Each recording and condition (clean, or music at an SNR) is decoded once into posteriors by the moving-window
-model (:func:`asr_core.decoding.decode.posteriors`), then by each decoder: greedy CTC, and with a
-:class:`BeamDecoding` beam search from the same posteriors (with an LM or without, paper 004; built from the
-command line's options by :func:`beam_decoding`); a greedy decoder at another window than the model's context
-(``window-<W:g>s``) decodes posteriors of its own, made the same way with its window. :func:`evaluate_dataset`
-scores each decoder's hypothesis against the normalised reference, the planted cue words where the dataset has
-them, and the tail words when given a tail set (:mod:`asr_core.evaluation.tail`), into the rows of
-:func:`asr_core.evaluation.evaluate.evaluate`'s tables.
+model (:func:`asr_core.decoding.decode.posteriors`; :func:`asr_core.evaluation.dataset.evaluate_dataset`), and what
+that pass heard (:class:`Heard`) goes to each decoder of the evaluation, an object with
+
+* ``name``: the decoder's name in metric keys, table names and tags (:mod:`asr_core.contract.metrics`);
+* ``keeps_windows``: whether it needs each window's own output, kept during the averaging pass (window fusion);
+* ``text(heard)`` → the hypothesis and what the log line adds (``""``, or ``", 12 windows"``);
+* ``setting(stride, context_s)`` → the run's tag ``eval.decoder.<name>`` as a dict (None: no tag).
+
+The decoders: greedy CTC (:class:`GreedyDecoder`, always first, the trial's own); beam search from the same
+posteriors, with an LM or without (:class:`BeamDecoding`, paper 004; built from the command line's options by
+:func:`beam_decoding`); the window fusion methods (:class:`FusionDecoder`, paper 001); a greedy decoder at another
+window than the model's context (:class:`WindowDecoder`, ``window-<W:g>s``), which decodes posteriors of its own
+made the same way with its window. :data:`asr_core.evaluation.registry.DECODERS` makes an evaluation's list.
 """
 
 from __future__ import annotations
 
-import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 
-from asr_core.contract.metrics import (GREEDY, condition_name, cue_metric_key, fusion_decoder, is_decoder_name,
-                                      metric_key)
-from asr_core.contract.trial import ProgressLog
-from asr_core.data.corpora import Recording
-from asr_core.data.noise import add_music
+from asr_core.contract.metrics import GREEDY, cue_metric_key, fusion_decoder, is_decoder_name, metric_key
 from asr_core.decoding.beam import BeamConfig, beam_search
-from asr_core.decoding.decode import WindowBatch, greedy_ids, plan_windows, posteriors, prepare_features
+from asr_core.decoding.decode import WindowBatch, greedy_ids, plan_windows, posteriors
 from asr_core.decoding.fused import WindowIds, fused_texts
 from asr_core.decoding.fusion import tokenizer_pieces
 from asr_core.device import resolve_device
-from asr_core.evaluation.score import marked_counts, normalise, normalise_marked, score
-from asr_core.evaluation.tail import TailSet, tail_counts
 from asr_core.training.checkpoint import read_header
+
+
+@dataclass(frozen=True)
+class Setup:
+    """How the model decodes: the model, its feature extractor and tokenizer, its window (input frames) and the
+    stride (a fraction of it), the window batch, the subsampling factor, the feature frame rate, the device and the
+    precision (``fp32`` or ``bf16``)."""
+
+    model: Any
+    extractor: Any
+    tokenizer: Any
+    window: int
+    stride: float
+    batch: WindowBatch
+    subsampling: int
+    fps: float
+    device: Any
+    precision: str = "fp32"
+    context_s: float = 0.0
+
+
+@dataclass
+class Heard:
+    """What the averaging pass made of one recording and condition: its features ``(T, n_mels)``, the averaged
+    posteriors ``(T', vocab)`` and, when a decoder keeps them, each window's own output (``windows``)."""
+
+    feats: torch.Tensor
+    probs: torch.Tensor
+    setup: Setup
+    windows: WindowIds | None = None
+
+
+class GreedyDecoder:
+    """Greedy CTC of the averaged posteriors: the trial's own decoder, first in every evaluation."""
+
+    name = GREEDY
+    keeps_windows = False
+
+    def text(self, heard: Heard) -> tuple[str, str]:
+        tok = heard.setup.tokenizer
+        return tok.decode(greedy_ids(heard.probs, tok.blank_id)), ""
+
+    def setting(self, stride: float, context_s: float) -> dict[str, str] | None:
+        return None
 
 
 @dataclass(frozen=True)
@@ -60,6 +102,15 @@ class BeamDecoding:
 
     def decode(self, probs: torch.Tensor, blank: int) -> Any:
         return beam_search(probs, blank=blank, lm=self.lm, config=self.config, prompt=self.prompt)
+
+    keeps_windows = False
+
+    def text(self, heard: Heard) -> tuple[str, str]:
+        tok = heard.setup.tokenizer
+        return tok.decode(list(self.decode(heard.probs, tok.blank_id).ids)), ""
+
+    def setting(self, stride: float, context_s: float) -> dict[str, str] | None:
+        return dict(self.describe)
 
 
 def beam_decoding(decoder: str, *, lm_path: Path | None = None, alpha: float | None = None,
@@ -119,100 +170,57 @@ def check_lm_vocabulary(beam: BeamDecoding, tokenizer: Any) -> None:
                          f"{tokenizer.vocab_size}: train the LM with this model's tokenizer (lm train --tokenizer CKPT)")
 
 
-def evaluate_dataset(name: str, recordings: list[Recording], snrs: list[float], model, extractor, tokenizer,
-                     window: int, stride: float, batch: WindowBatch | int, sub: int, fps: float, dev: torch.device,
-                     noise: str, noise_seed: int, progress: ProgressLog | None = None, precision: str = "fp32",
-                     beam: BeamDecoding | None = None, cues: dict[str, tuple[int, ...]] | None = None,
-                     clean: bool = True, tail: TailSet | None = None, fusion: tuple[str, ...] = (),
-                     other_windows: Mapping[str, int] | None = None
-                     ) -> tuple[dict[str, list[dict[str, Any]]], list[dict[str, Any]]]:
-    """Rows per decoder (``greedy``, ``beam.name`` with a beam, ``fusion-<METHOD>`` for each window fusion method
-    of ``fusion``: :mod:`asr_core.decoding.fused`) and the hypotheses, of one dataset: each recording and condition
-    decoded once into posteriors, then by each decoder (the fusion methods reuse the averaging pass's windows).
-    ``other_windows``: decoder name (``window-<W:g>s``) → its window in input frames
-    (:func:`~asr_core.decoding.decode.window_frames`): each decodes posteriors made again with that window, greedily.
-    ``cues``: the planted words' indices per recording id (:func:`asr_core.data.corpora.cues.planted`), counted in
-    ``cue_words``/``cue_errors``; None: the dataset has none (the columns stay empty). ``tail``: a tail set whose words' errors are counted in
-    ``tail_words``/``tail_errors`` (:func:`asr_core.evaluation.tail.tail_counts`); None: the rows have no such keys."""
-    from tqdm import tqdm
+class FusionDecoder:
+    """A window fusion method of paper 001 (:mod:`asr_core.decoding.fused`) over the averaging pass's windows, as
+    the decoder ``fusion-<METHOD>``; its tag: :func:`fusion_setting`."""
 
-    from asr_core.data.audio import load_audio
+    keeps_windows = True
 
-    rows: dict[str, list[dict[str, Any]]] = {GREEDY: [], **({beam.name: []} if beam is not None else {}),
-                                             **{fusion_decoder(m): [] for m in fusion},
-                                             **{d: [] for d in other_windows or {}}}
-    pieces = tokenizer_pieces(tokenizer) if fusion else []
-    hyps = []
-    batch = batch if isinstance(batch, WindowBatch) else WindowBatch(batch)  # an int: this dataset's own
-    blank = tokenizer.blank_id
-    todo: list[float | None] = ([None] if clean else []) + list(snrs)
-    total = len(recordings) * len(todo)
-    if progress is not None:  # the dataset's name shows before its first (possibly long) recording is done
-        progress.write("eval", 0, total, name)
-    for i, rec in enumerate(recordings, 1):
-        clean = load_audio(rec.audio)
-        ref = normalise(rec.text)
-        # the reference normalised word by word, so that the planted words' indices follow
-        cue_ref, cue_marks = (normalise_marked([w.text for w in rec.words], cues.get(rec.id, ()))
-                             if cues is not None else ([], []))
-        for snr in todo:
-            t0 = time.perf_counter()
-            wave = clean if snr is None else add_music(clean, rec.id, snr, noise, noise_seed)
-            feats = prepare_features(extractor, wave, rec.ignore, fps)
-            n_windows = len(plan_windows(feats.shape[0], window, stride, sub).starts)
-            windows = (WindowIds(model, feats, subsampling=sub, batch=batch, device=dev, bf16=precision == "bf16")
-                       if fusion else None)
-            with tqdm(total=n_windows, desc=f"{name} {rec.id} {condition_name(snr)}", unit="win", leave=False,
-                     file=sys.stderr, disable=n_windows <= batch.size) as bar:
-                probs = posteriors(model, feats, window, stride=stride, batch_windows=batch, subsampling=sub,
-                                  device=dev, precision=precision,
-                                  progress=lambda done, _total: bar.update(done - bar.n),
-                                  on_window=windows.keep if windows is not None else None)
-            texts = {GREEDY: tokenizer.decode(greedy_ids(probs, blank))}
-            took = {GREEDY: time.perf_counter() - t0}
-            if beam is not None:
-                t1 = time.perf_counter()
-                texts[beam.name] = tokenizer.decode(list(beam.decode(probs, blank).ids))
-                took[beam.name] = time.perf_counter() - t1
-            for method in fusion:
-                t1 = time.perf_counter()
-                texts[fusion_decoder(method)] = fused_texts(windows, (method,), window=window, stride=stride,
-                                                            tokenizer=tokenizer, pieces=pieces, fps=fps)[method]
-                took[fusion_decoder(method)] = time.perf_counter() - t1
-            ran: dict[str, int] = {}  # the windows each window decoder ran
-            for decoder, frames in (other_windows or {}).items():
-                t1 = time.perf_counter()
-                texts[decoder], ran[decoder] = greedy_at(model, feats, frames, stride, batch, sub, dev, precision,
-                                                         tokenizer)
-                took[decoder] = time.perf_counter() - t1
-            hyp: dict[str, Any] = {"recording": rec.id, "condition": condition_name(snr), "ref": ref}
-            line = []
-            for decoder, text in texts.items():
-                hyp_norm = normalise(text)
-                c = score(ref, hyp_norm, normalised=True)
-                m = marked_counts(cue_ref, hyp_norm.split(), cue_marks) if cues is not None else None
-                rows[decoder].append({"dataset": name, "condition": condition_name(snr), "snr_db": snr,
-                                     "recording": rec.id, "ref_words": c.ref_words,
-                                     "substitutions": c.substitutions, "deletions": c.deletions,
-                                     "insertions": c.insertions, "hyp_words": c.hyp_words, "wer": c.wer,
-                                     "cue_words": None if m is None else m.words,
-                                     "cue_errors": None if m is None else m.errors})
-                if tail is not None:
-                    t = tail_counts(ref, hyp_norm, tail, normalised=True)
-                    rows[decoder][-1].update(tail_words=t.words, tail_errors=t.errors)
-                hyp["hyp" if decoder == GREEDY else f"hyp_{decoder}"] = text
-                cue_note = f", cue {m.errors}/{m.words}" if m is not None and m.words else ""
-                if tail is not None:
-                    cue_note += f", tail {t.errors}/{t.words}"
-                line.append(f"{'' if decoder == GREEDY else decoder + ' '}WER {c.wer:.1f}%{cue_note} "
-                           f"(RTF {took[decoder] / max(rec.duration, 1e-9):.3f}"
-                           + (f", {ran[decoder]} windows)" if decoder in ran else ")"))
-            hyps.append(hyp)
-            if progress is not None:
-                progress.write("eval", len(rows[GREEDY]), total, name)
-            print(f"[eval] {name} {i}/{len(recordings)} {rec.id} {condition_name(snr)}: {'; '.join(line)} "
-                  f"({c.ref_words} words, {n_windows} windows)", file=sys.stderr, flush=True)
-    return rows, hyps
+    def __init__(self, method: str) -> None:
+        self.method = method
+        self.name = fusion_decoder(method)  # raises naming the valid methods
+        self._pieces: tuple[Any, list] | None = None
+
+    def text(self, heard: Heard) -> tuple[str, str]:
+        s = heard.setup
+        if self._pieces is None or self._pieces[0] is not s.tokenizer:
+            self._pieces = (s.tokenizer, tokenizer_pieces(s.tokenizer))
+        return fused_texts(heard.windows, (self.method,), window=s.window, stride=s.stride, tokenizer=s.tokenizer,
+                           pieces=self._pieces[1], fps=s.fps)[self.method], ""
+
+    def setting(self, stride: float, context_s: float) -> dict[str, str] | None:
+        return fusion_setting(self.method, stride)
+
+
+def fusion_setting(method: str, stride: float) -> dict[str, str]:
+    """The tag ``eval.decoder.fusion-<METHOD>`` describing how the method ran (strings, as a beam decoder's)."""
+    from asr_core.decoding.fused import CHIU_CONFIDENCE, ROVER_PHASES, window_stride
+
+    how = {"blockwise": {"join": "words"}, "blockwise-frames": {"join": "frames"},
+           **{m: {"confidence": c} for m, c in CHIU_CONFIDENCE.items()},
+           "rover": {"phases": str(ROVER_PHASES), "vote": "meth1"}}
+    return {"method": method, "stride": f"{window_stride(method, stride):g}", "decoding": "greedy",
+            **how.get(method, {})}
+
+
+class WindowDecoder:
+    """Greedy CTC at another window than the model's context, ``seconds`` long (``frames`` input frames), averaged at
+    the same stride, as the decoder ``window-<W:g>s`` (the context-or-fragmentation control)."""
+
+    keeps_windows = False
+
+    def __init__(self, name: str, seconds: float, frames: int) -> None:
+        self.name, self.seconds, self.frames = name, seconds, frames
+
+    def text(self, heard: Heard) -> tuple[str, str]:
+        s = heard.setup
+        text, ran = greedy_at(s.model, heard.feats, self.frames, s.stride, s.batch, s.subsampling, s.device,
+                              s.precision, s.tokenizer)
+        return text, f", {ran} windows"
+
+    def setting(self, stride: float, context_s: float) -> dict[str, str] | None:
+        return {"window_s": f"{self.seconds:g}", "stride": f"{stride:g}", "decoding": "greedy",
+                "trained_context_s": f"{context_s:g}"}
 
 
 def greedy_at(model, feats: torch.Tensor, window: int, stride: float, batch: WindowBatch, sub: int,

@@ -80,17 +80,13 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 from asr_core.contract.checkpoint_file import command_refusal
 from asr_core.contract.specs import parse_dataset_spec
 from asr_core.data.corpora import CorpusError, Recording, load_corpus
-from asr_core.data.corpora.cues import planted
 from asr_core.data.corpora.fingerprint import fingerprint
 from asr_core.contract.evaluation import merge_tables
 from asr_core.contract.ledger import shown_tags
-from asr_core.contract.metrics import (CUE_COLUMNS, GREEDY, TABLE_COLUMNS, TAIL_COLUMNS, TAIL_TAG, condition_name,
-                                       cue_metric_key, decoder_tag, fusion_decoder, metric_key, slot_table_file,
-                                       table_file, tail_metric_key, window_decoder)
+from asr_core.contract.metrics import (CUE_COLUMNS, GREEDY, TABLE_COLUMNS, condition_name, decoder_tag, fusion_decoder,
+                                       table_file, window_decoder)
 from asr_core.evaluation.evaluate_cli import parse_fusion, parse_windows, parser, print_summary
 from asr_core.runtime.outbox import Outbox, fail_fast_http
-from asr_core.evaluation.score import Counts, corpus_wer
-from asr_core.evaluation.tail import describe, load_tail
 from asr_core.contract.trial import EVAL_DIR, ProgressLog
 
 # torch, pandas, scipy (the recall plant's tables) and what imports them are imported where they are used: a
@@ -206,6 +202,27 @@ class Destination:
     progress: ProgressLog | None = None
 
 
+@dataclass
+class _Plan:
+    """What an evaluation decodes, checked before any work: the datasets' recordings, each dataset's conditions
+    (None: clean, a number: that SNR), the word scorers, the device and precision."""
+
+    corpora: dict[str, list[Recording]]
+    conditions: dict[str, list[float | None]]
+    scorers: list[Any]
+    device: Any
+    bf16: bool
+
+
+@dataclass
+class _Results:
+    """What the datasets' decoding gathered for the table returned and the run: rows, metrics, tables to log."""
+
+    rows: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    metrics: dict[str, float] = dataclasses.field(default_factory=dict)
+    logged: list[Path] = dataclasses.field(default_factory=list)
+
+
 def evaluate(job: EvaluationRun, to: Destination = Destination()) -> pd.DataFrame:
     """WER of ``job.checkpoint`` on each of ``job.datasets`` in the conditions ``job`` names
     (:class:`EvaluationRun`), written and logged where ``to`` says (:class:`Destination`).
@@ -213,189 +230,186 @@ def evaluate(job: EvaluationRun, to: Destination = Destination()) -> pd.DataFram
     Returns the per-recording table (columns :data:`CSV_COLUMNS`, and ``decoder`` with a beam decoder). Everything
     is checked before any work; before any decoding, each dataset's fingerprint is checked against and recorded in
     the run's :func:`~asr_core.contract.trial.eval_fingerprint_tag` (raises
-    :class:`~asr_core.evaluation.stage_run.EvalDataChanged` on a mismatch).
+    :class:`~asr_core.evaluation.stage_run.EvalDataChanged` on a mismatch). The decoders and word scorers are the
+    plug-ins :mod:`asr_core.evaluation.registry` makes of ``job``; this function names none.
     """
-    checkpoint, datasets, snrs, stride, batch_windows = (job.checkpoint, job.datasets, job.snrs, job.stride,
-                                                         job.batch_windows)
-    noise, beam, conditions, outbox, progress = job.noise, job.beam, job.conditions, to.outbox, to.progress
-    # ---- validate everything before any work ----
-    if not checkpoint.is_file():
-        raise FileNotFoundError(f"checkpoint {checkpoint} not found")
-    if not 0 < stride <= 1:
-        raise ValueError(f"stride must be a fraction in (0, 1] of the window, got {stride}")
-    if batch_windows < 0:
+    plan = _checked(job)
+    run, new_tags = _staged(job, to, plan)
+
+    import pandas as pd
+
+    from asr_core.evaluation.decoders import check_lm_vocabulary
+    from asr_core.evaluation.registry import decoders_for
+
+    setup = _setup(job, plan)
+    out = Path(to.out_dir) if to.out_dir is not None else Path(tempfile.mkdtemp(prefix="asr-eval-"))
+    out.mkdir(parents=True, exist_ok=True)
+    if job.beam is not None:
+        check_lm_vocabulary(job.beam, setup.tokenizer)
+    decoders = decoders_for(job, setup)
+    columns = [*TABLE_COLUMNS[:4], *(c for scorer in plan.scorers for c in scorer.columns)]
+    results = _Results()
+    for name, recordings in plan.corpora.items():
+        _dataset(name, recordings, job, plan, setup, decoders, columns, out, to.progress, results)
+    df = pd.DataFrame(results.rows, columns=columns + ["decoder"])
+    for col in ("cue_words", "cue_errors"):  # counts where planted words exist, NaN elsewhere (not None)
+        df[col] = pd.to_numeric(df[col])
+    if len(decoders) == 1:
+        df = df[columns]
+    if run is not None:
+        for decoder in decoders:
+            setting = decoder.setting(job.stride, setup.context_s)
+            if setting is not None:
+                new_tags[decoder_tag(decoder.name)] = json.dumps(setting, sort_keys=True)
+        for scorer in plan.scorers:
+            new_tags.update(scorer.tags(plan.corpora))
+        from asr_core.evaluation.stage_run import log_stage
+
+        # the saved view's rounded WERs (asr_core.contract.ledger), beside the metrics
+        log_stage(to.outbox, out, run, {**new_tags, **shown_tags(results.metrics)}, results.metrics,
+                  results.logged, EVAL_DIR, "eval")
+    return df
+
+
+def _checked(job: EvaluationRun) -> _Plan:
+    """Every check of ``job`` before any work (raises ValueError, FileNotFoundError or CorpusError naming what is
+    wrong), then its datasets read and its word scorers made."""
+    if not job.checkpoint.is_file():
+        raise FileNotFoundError(f"checkpoint {job.checkpoint} not found")
+    if not 0 < job.stride <= 1:
+        raise ValueError(f"stride must be a fraction in (0, 1] of the window, got {job.stride}")
+    if job.batch_windows < 0:
         raise ValueError(f"batch_windows must be 0 (sized from free GPU memory) or a positive integer, "
-                         f"got {batch_windows}")
+                         f"got {job.batch_windows}")
     from asr_core.device import resolve_device, use_bf16
 
     dev = resolve_device(job.device)
     bf16 = use_bf16(job.precision, dev, setting="eval.precision")  # raises for bf16 without CUDA, or an unknown one
-    if not datasets:
+    if not job.datasets:
         raise ValueError("no datasets to evaluate: give at least one NAME=FORMAT:PATH")
-    parsed = [parse_dataset_spec(d) for d in datasets]
+    parsed = [parse_dataset_spec(d) for d in job.datasets]
     names = [n for n, _ in parsed]
     if len(set(names)) != len(names):
         raise ValueError(f"dataset names must be unique, got {names}")
-    snr_list = [float(s) for s in snrs]
+    snr_list = [float(s) for s in job.snrs]
     if any(not math.isfinite(s) for s in snr_list):
-        raise ValueError(f"SNRs must be finite numbers of dB, got {list(snrs)}")
-    noisy = tuple(job.noisy)
-    unknown = [n for n in noisy if n not in names]
+        raise ValueError(f"SNRs must be finite numbers of dB, got {list(job.snrs)}")
+    unknown = [n for n in job.noisy if n not in names]
     if unknown:
         raise ValueError(f"noisy names {unknown} are not among the datasets ({', '.join(names)}); name datasets "
                          "given with NAME=FORMAT:PATH, or none for every dataset")
-    if conditions is not None:
-        lacking = [n for n in names if not conditions.get(n)]
+    if job.conditions is not None:
+        lacking = [n for n in names if not job.conditions.get(n)]
         if lacking:
             raise ValueError(f"conditions name nothing to decode for datasets {lacking}")
-        conditions = {n: list(conditions[n]) for n in names}
+        conditions = {n: list(job.conditions[n]) for n in names}
     else:
-        conditions = {n: [None, *snr_list] if not noisy or n in noisy else [None] for n in names}
-    if noise != "synthetic" and not Path(noise).is_file():
-        raise FileNotFoundError(f"noise file {noise} not found; use 'synthetic' or the path of an audio file")
-    tail = load_tail(job.tail, "tail set (--tail, eval.tail)") if job.tail is not None else None
-    columns = CSV_COLUMNS + (list(TAIL_COLUMNS) if tail is not None else [])
+        conditions = {n: [None, *snr_list] if not job.noisy or n in job.noisy else [None] for n in names}
+    if job.noise != "synthetic" and not Path(job.noise).is_file():
+        raise FileNotFoundError(f"noise file {job.noise} not found; use 'synthetic' or the path of an audio file")
+    from asr_core.evaluation.registry import scorers_for
+
+    scorers = scorers_for(job)  # a tail set is read here: a bad one is refused before any work
     corpora = {name: load_corpus(spec, strict=job.strict) for name, spec in parsed}
-    cues = {name: planted(recs) for name, recs in corpora.items()}  # None: no planted words in the dataset
-    from asr_core.evaluation.recall import (merge_slot_tables, recall_metrics, recall_slots, slot_table,
-                                            write_slot_table)
+    return _Plan(corpora, conditions, scorers, dev, bf16)
 
-    slots = {name: recall_slots(recs) for name, recs in corpora.items()}  # None: no recall plant in the dataset
-    run: tuple[str, str | None] | None = None
-    new_tags: dict[str, str] = {}
-    from asr_core.evaluation.stage_run import check_fingerprints, known_tags, log_stage, stage_run
 
-    if to.log:
-        run = stage_run(checkpoint, to.run_id, to.tracking_uri, outbox, "eval")
-        if run is not None:
-            new_tags = check_fingerprints(run[0], known_tags(run, outbox),
-                                          {name: fingerprint(recs) for name, recs in corpora.items()})
-            if outbox is not None and new_tags:  # recorded before any decoding (the standalone command: at the end)
-                outbox.tags(new_tags)
-                new_tags = {}
+def _staged(job: EvaluationRun, to: Destination, plan: _Plan) -> tuple[tuple[str, str | None] | None, dict]:
+    """The run the results go to (None: nothing is logged) and the tags still to record, the datasets'
+    fingerprints checked against the run's (recorded at once through the trial job's outbox)."""
+    from asr_core.evaluation.stage_run import check_fingerprints, known_tags, stage_run
 
-    import pandas as pd
+    if not to.log:
+        return None, {}
+    run = stage_run(job.checkpoint, to.run_id, to.tracking_uri, to.outbox, "eval")
+    if run is None:
+        return None, {}
+    new_tags = check_fingerprints(run[0], known_tags(run, to.outbox),
+                                  {name: fingerprint(recs) for name, recs in plan.corpora.items()})
+    if to.outbox is not None and new_tags:  # recorded before any decoding (the standalone command: at the end)
+        to.outbox.tags(new_tags)
+        new_tags = {}
+    return run, new_tags
+
+
+def _setup(job: EvaluationRun, plan: _Plan) -> Any:
+    """The model read (the job's reader, else its checkpoint) and how it decodes
+    (:class:`asr_core.evaluation.decoders.Setup`); one line on stderr says so."""
     import torch
 
-    from asr_core.training.checkpoint import load_for_eval
     from asr_core.data.features import FeatureExtractor
     from asr_core.decoding.decode import WindowBatch, window_frames
-    from asr_core.evaluation.decoders import check_lm_vocabulary, evaluate_dataset
-    from asr_core.evaluation.recall_window import WindowModel, window_rows
+    from asr_core.evaluation.decoders import Setup
+    from asr_core.training.checkpoint import load_for_eval
 
-    model, cfg, tokenizer = job.reader.for_eval(dev) if job.reader is not None else load_for_eval(checkpoint, dev)
+    dev, bf16 = plan.device, plan.bf16
+    model, cfg, tokenizer = (job.reader.for_eval(dev) if job.reader is not None
+                             else load_for_eval(job.checkpoint, dev))
     if isinstance(model, torch.nn.Module):
         model.eval()
-    extractor = FeatureExtractor(cfg.data.features)
-    fps = cfg.data.features.frames_per_second
-    sub = cfg.model.subsampling_factor
+    fps, sub = cfg.data.features.frames_per_second, cfg.model.subsampling_factor
     window = window_frames(cfg.data.context_s, fps, sub)
-    at = {window_decoder(w): window_frames(w, fps, sub) for w in job.windows}  # decoded again at other windows
-    batch = WindowBatch(batch_windows or _auto_batch(cfg, window, dev, bf16, corpora))
-    print(f"[eval] {checkpoint}: context {cfg.data.context_s:g} s = {window} frames, stride {stride:g}, "
+    batch = WindowBatch(job.batch_windows or _auto_batch(cfg, window, dev, bf16, plan.corpora))
+    others = {window_decoder(w): window_frames(w, fps, sub) for w in job.windows}  # decoded again at other windows
+    print(f"[eval] {job.checkpoint}: context {cfg.data.context_s:g} s = {window} frames, stride {job.stride:g}, "
           f"{'bf16' if bf16 else 'fp32'}, {batch.size} windows at a time"
-          f"{' (sized from free memory)' if not batch_windows else ''}"
-          + "".join(f", {d} = {n} frames" for d, n in at.items()) + f", {len(corpora)} datasets, conditions: "
-          + "; ".join(f"{n}: {', '.join(condition_name(s) for s in conditions[n])}" for n in names),
+          f"{' (sized from free memory)' if not job.batch_windows else ''}"
+          + "".join(f", {d} = {n} frames" for d, n in others.items()) + f", {len(plan.corpora)} datasets, "
+          "conditions: " + "; ".join(f"{n}: {', '.join(condition_name(s) for s in c)}"
+                                     for n, c in plan.conditions.items()),
           file=sys.stderr, flush=True)
-
-    out = Path(to.out_dir) if to.out_dir is not None else Path(tempfile.mkdtemp(prefix="asr-eval-"))
-    out.mkdir(parents=True, exist_ok=True)
-    if beam is not None:
-        check_lm_vocabulary(beam, tokenizer)
-    fused = [fusion_decoder(m) for m in job.fusion]
-    decoders = [GREEDY] + ([beam.name] if beam is not None else []) + fused + list(at)
-    extra = len(decoders) > 1  # then only the extra decoders are logged (greedy is the trial's own)
-    rows: list[dict[str, Any]] = []
-    metrics: dict[str, float] = {}
-    logged: list[Path] = []
-    for name, recordings in corpora.items():
-        ds_snrs = [s for s in conditions[name] if s is not None]
-        by_decoder, hyps = evaluate_dataset(name, recordings, ds_snrs, model, extractor, tokenizer, window, stride,
-                                            batch, sub, fps, dev, noise, job.noise_seed, progress,
-                                            "bf16" if bf16 else "fp32", beam, cues[name],
-                                            clean=None in conditions[name], tail=tail, fusion=job.fusion,
-                                            other_windows=at)
-        for decoder in decoders:
-            ds_rows = by_decoder[decoder]
-            rows.extend({**r, "decoder": decoder} for r in ds_rows)
-            csv = out / table_file(name, decoder)
-            pd.DataFrame(ds_rows, columns=columns).to_csv(csv, index=False)
-            if job.tables_from:
-                merge_tables(csv, [Path(d) / csv.name for d in job.tables_from])
-            if not extra or decoder != GREEDY:
-                logged.append(csv)
-            for snr in conditions[name]:
-                part = [r for r in ds_rows if r["condition"] == condition_name(snr)]
-                wer = corpus_wer(Counts(r["ref_words"], r["substitutions"], r["deletions"], r["insertions"],
-                                        r["hyp_words"]) for r in part)
-                key = metric_key(name, snr, decoder)
-                if not math.isnan(wer) and (not extra or decoder != GREEDY):
-                    metrics[key] = wer
-                print(f"[eval] {key} = {wer:.2f}%", file=sys.stderr, flush=True)
-                if tail is not None:
-                    n_tail, n_wrong = sum(r["tail_words"] for r in part), sum(r["tail_errors"] for r in part)
-                    key = tail_metric_key(name, snr, decoder)
-                    if n_tail and (not extra or decoder != GREEDY):
-                        metrics[key] = 100.0 * n_wrong / n_tail
-                    print(f"[eval] {key} = " + (f"{100.0 * n_wrong / n_tail:.2f}%" if n_tail else "n/a")
-                          + f" ({n_wrong} errors on {n_tail} tail words)", file=sys.stderr, flush=True)
-                if cues[name] is None:
-                    continue
-                n_cue, n_wrong = sum(r["cue_words"] for r in part), sum(r["cue_errors"] for r in part)
-                key = cue_metric_key(name, snr, decoder)
-                if n_cue and (not extra or decoder != GREEDY):
-                    metrics[key] = 100.0 * n_wrong / n_cue
-                print(f"[eval] {key} = " + (f"{100.0 * n_wrong / n_cue:.2f}%" if n_cue else "n/a")
-                      + f" ({n_wrong} of {n_cue} planted words wrong)", file=sys.stderr, flush=True)
-            ds_slots = slots[name]
-            if ds_slots is not None:
-                slot_rows = slot_table(recordings, hyps, ds_slots, decoder)
-                if decoder == GREEDY and None in conditions[name]:  # and one window per slot, clean audio
-                    slot_rows += window_rows(WindowModel(model, window, fps, tokenizer, dev, batch.size), recordings,
-                                             ds_slots, extractor)
-                table = write_slot_table(out / slot_table_file(name, decoder), slot_rows)
-                if job.tables_from:
-                    merge_slot_tables(table, [Path(d) / table.name for d in job.tables_from])
-                found = recall_metrics(name, slot_rows, decoder)
-                if not extra or decoder != GREEDY:
-                    logged.append(table)
-                    metrics.update(found)
-                for key, value in found.items():
-                    print(f"[eval] {key} = {value:.2f}% (slot accuracy, clean)", file=sys.stderr, flush=True)
-        with (out / f"{name}.hyp.jsonl").open("w", encoding="utf-8") as fh:
-            for h in hyps:
-                fh.write(json.dumps(h, ensure_ascii=False) + "\n")
-    df = pd.DataFrame(rows, columns=columns + ["decoder"])
-    for col in ("cue_words", "cue_errors"):  # counts where planted words exist, NaN elsewhere (not None)
-        df[col] = pd.to_numeric(df[col])
-    if not extra:
-        df = df[columns]
-    if run is not None:
-        if beam is not None:
-            new_tags = {**new_tags, decoder_tag(beam.name): json.dumps(dict(beam.describe), sort_keys=True)}
-        for method in job.fusion:
-            new_tags[decoder_tag(fusion_decoder(method))] = json.dumps(fusion_setting(method, stride), sort_keys=True)
-        for w in job.windows:
-            new_tags[decoder_tag(window_decoder(w))] = json.dumps(
-                {"window_s": f"{w:g}", "stride": f"{stride:g}", "decoding": "greedy",
-                 "trained_context_s": f"{cfg.data.context_s:g}"}, sort_keys=True)
-        if tail is not None:
-            new_tags[TAIL_TAG] = describe(tail, {n: [r.text for r in recs] for n, recs in corpora.items()})
-        # the saved view's rounded WERs (asr_core.contract.ledger), beside the metrics
-        log_stage(outbox, out, run, {**new_tags, **shown_tags(metrics)}, metrics, logged, EVAL_DIR, "eval")
-    return df
+    return Setup(model, FeatureExtractor(cfg.data.features), tokenizer, window, job.stride, batch, sub, fps, dev,
+                 "bf16" if bf16 else "fp32", cfg.data.context_s)
 
 
-def fusion_setting(method: str, stride: float) -> dict[str, str]:
-    """The tag ``eval.decoder.fusion-<METHOD>`` describing how the method ran (strings, as a beam decoder's)."""
-    from asr_core.decoding.fused import CHIU_CONFIDENCE, ROVER_PHASES, window_stride
+def _dataset(name: str, recordings: list[Recording], job: EvaluationRun, plan: _Plan, setup: Any,
+             decoders: list[Any], columns: list[str], out: Path, progress: ProgressLog | None,
+             results: _Results) -> None:
+    """Decode and score one dataset; write its tables (merged with ``job.tables_from``'s) and its hypotheses to
+    ``out`` and gather its rows, metrics and tables to log into ``results``. With more than one decoder only the
+    extra ones are logged (greedy is the trial's own), but every one is written and printed."""
+    import pandas as pd
 
-    how = {"blockwise": {"join": "words"}, "blockwise-frames": {"join": "frames"},
-           **{m: {"confidence": c} for m, c in CHIU_CONFIDENCE.items()},
-           "rover": {"phases": str(ROVER_PHASES), "vote": "meth1"}}
-    return {"method": method, "stride": f"{window_stride(method, stride):g}", "decoding": "greedy",
-            **how.get(method, {})}
+    from asr_core.evaluation.dataset import Conditions, evaluate_dataset
+    from asr_core.evaluation.scorers import DatasetDone, condition_rows
+
+    bound = [b for scorer in plan.scorers if (b := scorer.bind(name, recordings)) is not None]
+    conditions = plan.conditions[name]
+    asked = Conditions(None in conditions, tuple(s for s in conditions if s is not None), job.noise, job.noise_seed)
+    by_decoder, hyps = evaluate_dataset(name, recordings, asked, setup, decoders, bound, progress)
+    for decoder in decoders:
+        logs = len(decoders) == 1 or decoder.name != GREEDY
+        rows = by_decoder[decoder.name]
+        results.rows.extend({**r, "decoder": decoder.name} for r in rows)
+        csv = out / table_file(name, decoder.name)
+        pd.DataFrame(rows, columns=columns).to_csv(csv, index=False)
+        if job.tables_from:
+            merge_tables(csv, [Path(d) / csv.name for d in job.tables_from])
+        if logs:
+            results.logged.append(csv)
+        found: dict[str, float] = {}
+        lines = []
+        for snr in conditions:
+            part = condition_rows(rows, snr)
+            for b in bound:
+                for key, value, line in b.metrics(snr, decoder.name, part):
+                    if value is not None:
+                        found[key] = value
+                    lines.append(line)
+        done = DatasetDone(name, decoder.name, recordings, hyps, setup, None in conditions, out, job.tables_from)
+        for b in bound:
+            tables, metrics, said = b.tables(done)
+            found.update(metrics)
+            lines += said
+            if logs:
+                results.logged += tables
+        if logs:
+            results.metrics.update(found)
+        for line in lines:
+            print(f"[eval] {line}", file=sys.stderr, flush=True)
+    with (out / f"{name}.hyp.jsonl").open("w", encoding="utf-8") as fh:
+        for h in hyps:
+            fh.write(json.dumps(h, ensure_ascii=False) + "\n")
 
 
 def _auto_batch(cfg, window: int, dev: torch.device, bf16: bool, corpora: dict[str, list[Recording]]) -> int:
