@@ -16,7 +16,8 @@ from typing import Any
 
 from asr_core.contract.metrics import window_decoder
 from asr_core.evaluation.recall_scorer import RecallScorer
-from asr_core.evaluation.scorers import CueScorer, TailScorer, WerScorer, WordScorer
+from asr_core.evaluation.scorers import CueScorer, WerScorer, WordScorer
+from asr_core.evaluation.tail_scorer import tail_scorer
 
 # the decoders import torch, the scorers do not: a request's scorers (its tail set read) are made before any work
 Setup = Any  # asr_core.evaluation.decoders.Setup
@@ -46,17 +47,9 @@ def _windows(job: Any, setup: Setup) -> list[Any]:
     return [WindowDecoder(window_decoder(w), w, window_frames(w, fps, sub)) for w in job.windows]
 
 
-def _tail(job: Any) -> WordScorer | None:
-    if job.tail is None:
-        return None
-    from asr_core.evaluation.tail import load_tail
-
-    return TailScorer(load_tail(job.tail, "tail set (--tail, eval.tail)"))
-
-
 # greedy first: the trial's own decoder; the others are "extra" (with any, only they are logged)
 DECODERS: list[Callable[[Any, Setup], list[Any]]] = [_greedy, _beam, _fusion, _windows]
-SCORERS: list[Callable[[Any], WordScorer | None]] = [lambda job: WerScorer(), lambda job: CueScorer(), _tail,
+SCORERS: list[Callable[[Any], WordScorer | None]] = [lambda job: WerScorer(), lambda job: CueScorer(), tail_scorer,
                                                      lambda job: RecallScorer()]
 
 

@@ -18,8 +18,8 @@ The protocol, every hook but :meth:`WordScorer.bind` optional (:class:`WordScore
 * ``tags(corpora)`` → the run's tags it records.
 
 The WER itself is a scorer (:class:`WerScorer`), the first of every evaluation; the planted cue words
-(:class:`CueScorer`, ``synth --cue``) and the tail words (:class:`TailScorer`, paper 002) follow it; the recall
-plant's slots are registered from their own module (:mod:`asr_core.evaluation.recall_scorer`).
+(:class:`CueScorer`, ``synth --cue``) follow it. The tail words (paper 002) and the recall plant's slots are plug-ins
+of their own modules (:mod:`asr_core.evaluation.tail_scorer`, :mod:`asr_core.evaluation.recall_scorer`).
 """
 
 from __future__ import annotations
@@ -160,45 +160,3 @@ def condition_rows(rows: Sequence[Mapping[str, Any]], snr_db: float | None) -> l
     name = condition_name(snr_db)
     return [r for r in rows if r["condition"] == name]
 
-
-class _BoundTail(Bound):
-    def __init__(self, dataset: str, tail: Any) -> None:
-        self.dataset, self.tail = dataset, tail
-
-    def count(self, rec: Recording, ref: str, hyp: str) -> dict[str, Any]:
-        from asr_core.evaluation.tail import tail_counts
-
-        t = tail_counts(ref, hyp, self.tail, normalised=True)
-        return {"tail_words": t.words, "tail_errors": t.errors}
-
-    def note(self, values: Mapping[str, Any]) -> str:
-        return f", tail {values['tail_errors']}/{values['tail_words']}"
-
-    def metrics(self, snr_db: float | None, decoder: str, rows: Sequence[Mapping[str, Any]]) -> list[Metric]:
-        from asr_core.contract.metrics import tail_metric_key
-
-        n, wrong = sum(r["tail_words"] for r in rows), sum(r["tail_errors"] for r in rows)
-        key = tail_metric_key(self.dataset, snr_db, decoder)
-        shown = f"{100.0 * wrong / n:.2f}%" if n else "n/a"
-        return [(key, 100.0 * wrong / n if n else None, f"{key} = {shown} ({wrong} errors on {n} tail words)")]
-
-
-class TailScorer(WordScorer):
-    """The tail-word error rate of paper 002 against a tail set (:mod:`asr_core.evaluation.tail`): columns
-    :data:`~asr_core.contract.metrics.TAIL_COLUMNS`, metrics ``tail[_<decoder>]/<NAME>[/snr<DB>]``, the run's tag
-    ``eval.tail``."""
-
-    def __init__(self, tail: Any) -> None:
-        from asr_core.contract.metrics import TAIL_COLUMNS
-
-        self.tail = tail
-        self.columns = TAIL_COLUMNS
-
-    def bind(self, dataset: str, recordings: Sequence[Recording]) -> Bound:
-        return _BoundTail(dataset, self.tail)
-
-    def tags(self, corpora: Mapping[str, Sequence[Recording]]) -> dict[str, str]:
-        from asr_core.contract.metrics import TAIL_TAG
-        from asr_core.evaluation.tail import describe
-
-        return {TAIL_TAG: describe(self.tail, {n: [r.text for r in recs] for n, recs in corpora.items()})}
