@@ -1,6 +1,6 @@
 """Tail words (paper 002): the tail-word error rate against context, beside WER, tested against the baseline.
 
-An evaluation given a tail set (``evaluate --tail FILE.json``, ``eval.tail``; :mod:`asr_core.evaluation.tail`)
+An evaluation given a tail set (``evaluate --tail FILE.json``, ``eval.tail``; :mod:`asr_core.scoring.tail`)
 counts, per recording, the reference's tail words (``tail_words``) and the errors on them (``tail_errors``: tail
 words substituted or deleted, and inserted words that are tail words) in ``eval/<DATASET>.csv``
 (:data:`asr_core.contract.metrics.TAIL_COLUMNS`). Tail words are the rarest word types of a text, those whose counts

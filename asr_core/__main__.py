@@ -30,7 +30,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "recall": ("asr_core.probes.recall_args", "the recall plant's slots scored from one window each: recall CKPT --data NAME=podcast:PATH ..."),
     "repeats": ("asr_core.probes.repeats", "key terms' errors, first mentions against repeats by distance: repeats HYPS ... --data NAME=podcast:PATH"),
     "score": ("asr_core.evaluation.external", "WER of another system's transcripts: score --ref NAME=FORMAT:PATH --hyp DIR --system S"),
-    "tailset": ("asr_core.evaluation.tail", "the tail words of a text (paper 002), for evaluate/score --tail: tailset TEXT --out FILE.json"),
+    "tailset": ("asr_core.scoring.tail", "the tail words of a text (paper 002), for evaluate/score --tail: tailset TEXT --out FILE.json"),
     "prepare": ("asr_core.data.prepare", "store a corpus once, memory-mapped, for every trial: prepare [NAME=]FORMAT:PATH --out OUT"),
     "synth": ("asr_core.data.corpora.synth_cli", "generate the synthetic long-form corpus: synth --out OUT --hours H --seed S"),
     "trial": ("asr_core.trial", "one grid trial (train, then evaluate) inside an MLflow run; used by orchestrate"),

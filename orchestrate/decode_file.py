@@ -241,7 +241,7 @@ def _common(where: str, raw: Mapping[str, Any], base: Path) -> dict[str, Any]:
     datasets = _datasets(where, _list(where, "datasets", raw.get("datasets"), "NAME=FORMAT:PATH strings"), base)
     tail = raw.get("tail")
     if tail is not None:
-        from asr_core.evaluation.tail import load_tail
+        from asr_core.scoring.tail import load_tail
 
         tail = _file(where, "tail", tail, base, "a tail set (python -m asr_core tailset TEXT --out FILE)")
         try:

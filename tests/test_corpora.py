@@ -16,7 +16,7 @@ import soundfile as sf
 from asr_core.contract.specs import parse_dataset_spec
 from asr_core.data.corpora import CorpusError, load_corpus, read_corpus
 from asr_core.data.corpora.tedlium import rejoin_clitics
-from asr_core.evaluation.score import normalise
+from asr_core.scoring.score import normalise
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

@@ -30,7 +30,7 @@ from asr_core.data.corpora.cues import (CueConfig, CueSite, containment, cue_top
 from asr_core.data.corpora.synth import DOMAINS, make_plans, render
 from asr_core.data.corpora.synth_audio import Speaker, espeak
 from asr_core.data.corpora.synth_text import CUE_GROUPS, TOPICS, SentenceMaker, vocabulary
-from asr_core.evaluation.score import align_counts, marked_counts, normalise, normalise_marked
+from asr_core.scoring.score import align_counts, marked_counts, normalise, normalise_marked
 
 ROOT = Path(__file__).resolve().parents[1]
 # the newest commit that changed the synthetic corpus before the cue existed: its code is the reference for --cue 0

@@ -13,7 +13,7 @@ from asr_core.contract.specs import CORPUS_FORMATS, split_spec
 from asr_core.data.corpora import load_corpus, read_corpus
 from asr_core.data.corpora.earnings22 import authors_text
 from asr_core.data.corpora.fingerprint import fingerprint
-from asr_core.evaluation.score import normalise
+from asr_core.scoring.score import normalise
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from asr_core.contract.metrics import lm_ppl_tail_key
 from asr_core.data.tokenizer import Tokenizer
-from asr_core.evaluation.tail import TailSet
+from asr_core.scoring.tail import TailSet
 from asr_core.lm.checkpoint import load_lm
 from asr_core.lm.cli import cli
 from asr_core.lm.config import LMConfig, resolve_config

@@ -11,7 +11,7 @@ from asr_core.decoding.beam import BeamConfig
 from asr_core.bench.decode import peaked_posteriors
 from asr_core.decoding.decode import greedy_ids
 from asr_core.lm import TransformerLM, preset
-from asr_core.evaluation.score import normalise
+from asr_core.scoring.score import normalise
 from asr_core.lm.tune import DevPosteriors, best, grid_search, parse_floats, wer_of
 
 V = 12

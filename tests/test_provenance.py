@@ -92,12 +92,12 @@ def test_a_clean_checkout_is_labelled_by_its_commit(tmp_path: Path) -> None:
 def test_tracked_changes_and_new_package_files_make_it_dirty_with_a_diff_that_rebuilds_them(tmp_path: Path) -> None:
     repo = _repo(tmp_path)
     head = _git(repo, "rev-parse", "HEAD")
-    with (repo / "asr_core" / "evaluation" / "score.py").open("a") as f:
+    with (repo / "asr_core" / "scoring" / "score.py").open("a") as f:
         f.write("# tuned by hand\n")
     v = code_version(repo)
     digest = hashlib.sha256(v.diff.encode()).hexdigest()[:DIFF_DIGITS]
     assert v.dirty and v.label == f"{head[:12]}{DIRTY_SUFFIX}.{digest}" and len(digest) == 8
-    assert "+# tuned by hand" in v.diff and "a/asr_core/evaluation/score.py" in v.diff
+    assert "+# tuned by hand" in v.diff and "a/asr_core/scoring/score.py" in v.diff
     assert code_version(repo).label == v.label  # the same uncommitted state, the same label
 
     (repo / "asr_core" / "extra").mkdir()
@@ -111,10 +111,10 @@ def test_tracked_changes_and_new_package_files_make_it_dirty_with_a_diff_that_re
     _git(tmp_path, "clone", "-q", str(repo), str(clone))
     (tmp_path / "code.diff").write_text(v.diff)
     _git(clone, "apply", str(tmp_path / "code.diff"))
-    for rel in ("asr_core/evaluation/score.py", "asr_core/extra/helper.py"):
+    for rel in ("asr_core/scoring/score.py", "asr_core/extra/helper.py"):
         assert (clone / rel).read_text() == (repo / rel).read_text()
 
-    _git(repo, "checkout", "-q", "--", "asr_core/evaluation/score.py")
+    _git(repo, "checkout", "-q", "--", "asr_core/scoring/score.py")
     shutil.rmtree(repo / "asr_core" / "extra")
     assert code_version(repo).label == head[:12]
 
@@ -127,7 +127,7 @@ def test_two_dirty_work_trees_of_one_commit_get_different_labels(tmp_path: Path)
     for clone in (b, c):  # checkouts of a's commit elsewhere
         _git(tmp_path, "clone", "-q", str(a), str(clone))
     for repo, text in ((a, "# one experiment\n"), (b, "# another experiment\n"), (c, "# one experiment\n")):
-        with (repo / "asr_core" / "evaluation" / "score.py").open("a") as f:
+        with (repo / "asr_core" / "scoring" / "score.py").open("a") as f:
             f.write(text)
     va, vb, vc = code_version(a), code_version(b), code_version(c)
     assert va.commit == vb.commit == vc.commit and va.dirty and vb.dirty
@@ -261,7 +261,7 @@ def test_a_dirty_segment_keeps_its_diff_in_the_folder_and_the_run(tmp_path: Path
     from asr_core import trial
 
     repo = _repo(tmp_path)
-    with (repo / "asr_core" / "evaluation" / "score.py").open("a") as f:
+    with (repo / "asr_core" / "scoring" / "score.py").open("a") as f:
         f.write("# an uncommitted experiment\n")
     dirty = code_version(repo)
     monkeypatch.setattr(trial, "code_version", lambda: dirty)

@@ -23,7 +23,7 @@ from asr_core.data.corpora.recall import (CODE_WORDS, FAR_S, KEY_WORDS, MASKER_S
 from asr_core.data.corpora.synth import make_plans, render
 from asr_core.data.corpora.synth_audio import Speaker
 from asr_core.data.corpora.synth_text import CUE_GROUPS, vocabulary
-from asr_core.evaluation.score import normalise
+from asr_core.scoring.score import normalise
 
 
 def fake_espeak(text: str, speaker: Speaker) -> np.ndarray:

@@ -24,7 +24,7 @@ from asr_core.data.corpora.synth_text import vocabulary
 from asr_core.evaluation.recall import group_of as rc_group
 from asr_core.evaluation.recall import (Slot, aligned_words, group_accuracy, marked_reference, merge_slot_tables,
                                         recall_metrics, recall_slots, slot_rows, slot_table, write_slot_table)
-from asr_core.evaluation.score import marked_counts
+from asr_core.scoring.score import marked_counts
 
 torch.set_num_threads(1)
 

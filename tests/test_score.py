@@ -7,7 +7,7 @@ import random
 import pytest
 from whisper.normalizers import EnglishTextNormalizer
 
-from asr_core.evaluation.score import Counts, align_counts, corpus_wer, normalise, score, total
+from asr_core.scoring.score import Counts, align_counts, corpus_wer, normalise, score, total
 
 TRICKY = ["Hello, Mr. Smith! It's twenty-five dollars.", "I'd say uh 3 o'clock, colour vs color", "<laugh> [noise] "
           "(inaudible) well... OK", "The 1st of March, 2021: 10% off", "Ünïcödé café naïve", ""]

@@ -14,7 +14,7 @@ from asr_core.__main__ import main
 from asr_core.data.corpora import load_corpus
 from asr_core.contract.metrics import metric_key
 from asr_core.evaluation.evaluate import CSV_COLUMNS
-from asr_core.evaluation.score import Counts, corpus_wer, normalise, score
+from asr_core.scoring.score import Counts, corpus_wer, normalise, score
 from asr_core.contract.trial import ROLE_EXTERNAL, TAG_SYSTEM
 
 # reference, hypothesis, and the hand count (substitutions, deletions, insertions, reference words)

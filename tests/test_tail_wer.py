@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from asr_core.evaluation.score import align_counts
-from asr_core.evaluation.tail import (UNSEEN_HEAD, UNSEEN_TAIL, TailCounts, TailSet, corpus_tail_rate, describe,
+from asr_core.scoring.score import align_counts
+from asr_core.scoring.tail import (UNSEEN_HEAD, UNSEEN_TAIL, TailCounts, TailSet, corpus_tail_rate, describe,
                                       share_of, tail_counts, tail_set, total_tail)
 
 # 20 words: the x10, cat x5, plum x2, fig x1, kiwi x1, lime x1 (case and punctuation vary; normalised away).

@@ -147,7 +147,7 @@ def cue_metric_key(dataset: str, snr_db: float | None = None, decoder: str = GRE
 
 def tail_metric_key(dataset: str, snr_db: float | None = None, decoder: str = GREEDY) -> str:
     """``tail/<NAME>[/snr<DB>]`` (``tail_<DECODER>/...`` for a beam decoder): the tail-word error rate of a dataset,
-    given a tail set (paper 002; :mod:`asr_core.evaluation.tail`)."""
+    given a tail set (paper 002; :mod:`asr_core.scoring.tail`)."""
     return _rate_key(TAIL, dataset, condition_name(snr_db), decoder)
 
 

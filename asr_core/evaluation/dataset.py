@@ -22,7 +22,7 @@ from asr_core.data.noise import add_music
 from asr_core.decoding.decode import plan_windows, posteriors, prepare_features
 from asr_core.decoding.fused import WindowIds
 from asr_core.evaluation.decoders import Heard, Setup
-from asr_core.evaluation.score import normalise
+from asr_core.scoring.score import normalise
 from asr_core.evaluation.scorers import Bound
 
 Rows = dict[str, list[dict[str, Any]]]  # decoder name -> one row per recording and condition

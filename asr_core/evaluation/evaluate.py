@@ -22,7 +22,7 @@ datasets without a plant), and as metrics ``cue/<NAME>`` and ``cue/<NAME>/snr<DB
 ``cue_<decoder>/...``). Datasets without planted words log no ``cue/`` metric.
 
 Given a tail set (``--tail FILE.json``, ``eval.tail``; made by ``python -m asr_core tailset``), every dataset also
-gets the tail-word error rate of paper 002 (:mod:`asr_core.evaluation.tail`): errors on the tail words only, per
+gets the tail-word error rate of paper 002 (:mod:`asr_core.scoring.tail`): errors on the tail words only, per
 recording in the columns ``tail_words`` and ``tail_errors`` (after the others; without a tail set the tables have
 no such columns), as metrics ``tail/<NAME>`` and ``tail/<NAME>/snr<DB:g>`` in percent (beam decoders:
 ``tail_<decoder>/...``), and the run's tag ``eval.tail`` (JSON: the set's source, threshold, word types, share of its

@@ -9,7 +9,7 @@ or ``<id>.nlp`` (Rev's token format: the ``token`` column, ``<...>`` tags stripp
 a ``/`` (podcast episodes) is a sub-folder. ``--hyp NAME=FOLDER`` pairs a folder with the ``--ref`` of that name;
 unnamed ``--hyp`` folders pair with the ``--ref`` options in order.
 
-Scoring is ``evaluate``'s (:mod:`asr_core.evaluation.score`): Whisper's English normaliser on both sides, per-recording S/D/I
+Scoring is ``evaluate``'s (:mod:`asr_core.scoring.score`): Whisper's English normaliser on both sides, per-recording S/D/I
 counts, corpus WER = all errors / all reference words, in percent. Every hypothesis that has a reference recording
 is scored. A recording without a hypothesis file (*missing*) counts as empty output (all its words deleted); a
 hypothesis file without a reference recording (*extra*: a release's output folder may hold a call its references
@@ -26,7 +26,7 @@ form ``python -m analysis report`` lists beside the sweep's models: one run per 
 are the ones shown).
 
 With ``--tail FILE.json`` (a tail set, ``python -m asr_core tailset``) the tail-word error rate of paper 002 is
-scored too, as ``evaluate --tail`` scores it (:mod:`asr_core.evaluation.tail`): the tables gain the columns
+scored too, as ``evaluate --tail`` scores it (:mod:`asr_core.scoring.tail`): the tables gain the columns
 ``tail_words`` and ``tail_errors``, the summary a ``tail`` rate per system and dataset, and the MLflow run the
 metrics ``tail/<NAME>`` and the tag ``eval.tail``.
 
@@ -51,7 +51,7 @@ from asr_core.data.corpora import CorpusError, read_corpus
 from asr_core.contract.trial import EVAL_DIR, ROLE_EXTERNAL, TAG_ROLE, TAG_SYSTEM
 from asr_core.contract.options import renamed
 from asr_core.contract.tracking import tracking_uri as ledger_uri
-from asr_core.evaluation.tail import TailSet, corpus_tail_rate, describe, load_tail, tail_counts
+from asr_core.scoring.tail import TailSet, corpus_tail_rate, describe, load_tail, tail_counts
 
 TAG_REF = "external.ref.{}"  # the reference spec a dataset name stood for
 TAG_HYP = "external.hyp.{}"  # the hypothesis folder
@@ -121,7 +121,7 @@ def score_dataset(name: str, spec: str, hyp_dir: Path, *, strict: bool = False, 
     model (and the errors on the words of ``tail``, when given). The others (extra) and the recordings without a
     hypothesis (missing) are named on stderr; with ``strict`` either raises :class:`ScoreError`."""
     from asr_core.contract.metrics import condition_name
-    from asr_core.evaluation.score import Counts, corpus_wer, normalise, score
+    from asr_core.scoring.score import Counts, corpus_wer, normalise, score
 
     hyps = read_hypotheses(hyp_dir)
     report = read_corpus(spec, strict=strict, audio=False)

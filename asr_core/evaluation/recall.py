@@ -1,11 +1,11 @@
 """Scoring the recall plant's slots (``synth --recall``, :mod:`asr_core.data.corpora.recall`): per slot, whether the
 decoded output has the code word where the transcript has it.
 
-A slot's code word is a *marked* word, as the planted cue words are (:func:`asr_core.evaluation.score.marked_counts`):
-the reference is normalised word by word (:func:`~asr_core.evaluation.score.normalise_marked`), aligned with the
+A slot's code word is a *marked* word, as the planted cue words are (:func:`asr_core.scoring.score.marked_counts`):
+the reference is normalised word by word (:func:`~asr_core.scoring.score.normalise_marked`), aligned with the
 normalised hypothesis by the same Levenshtein alignment (jiwer's), and the slot is correct when the hypothesis word
 aligned with its code word (:func:`aligned_words`; none where the alignment deletes it) equals the code word. So a
-slot is wrong exactly when :func:`~asr_core.evaluation.score.marked_counts` counts its word as an error.
+slot is wrong exactly when :func:`~asr_core.scoring.score.marked_counts` counts its word as an error.
 
 Two scorings share this (the table's ``scoring`` column): ``average``, the moving-window decoding of whole recordings
 that ``evaluate`` makes (:func:`slot_rows`, the table ``eval/<DATASET>[.<DECODER>].slots.csv`` and the metrics
@@ -40,7 +40,7 @@ from asr_core.contract.specs import CorpusError
 from asr_core.data.corpora.base import Recording
 from asr_core.data.corpora.cues import meta_file, read_meta
 from asr_core.data.corpora.recall import BANDS, CODE_WORDS, KINDS, onset
-from asr_core.evaluation.score import normalise, normalise_marked
+from asr_core.scoring.score import normalise, normalise_marked
 
 
 @dataclass(frozen=True)
@@ -132,7 +132,7 @@ def recall_slots(recordings: Sequence[Recording]) -> dict[str, tuple[Slot, ...]]
 
 def aligned_words(ref: Sequence[str], hyp: Sequence[str], indices: Iterable[int]) -> dict[int, str]:
     """The hypothesis word the alignment of ``hyp`` against ``ref`` (jiwer's, as
-    :func:`~asr_core.evaluation.score.marked_counts` counts) puts at each of ``indices`` of ``ref``: the word it
+    :func:`~asr_core.scoring.score.marked_counts` counts) puts at each of ``indices`` of ``ref``: the word it
     equals or substitutes; "" where it deletes the reference word. ``ref``, ``hyp``: normalised words."""
     wanted = list(indices)
     bad = sorted(i for i in wanted if not 0 <= i < len(ref))

@@ -32,7 +32,7 @@ from typing import Any
 from asr_core.contract.metrics import CUE_COLUMNS, condition_name, cue_metric_key, metric_key
 from asr_core.data.corpora import Recording
 from asr_core.data.corpora.cues import planted
-from asr_core.evaluation.score import Counts, corpus_wer, marked_counts, normalise_marked, score
+from asr_core.scoring.score import Counts, corpus_wer, marked_counts, normalise_marked, score
 
 WER_COLUMNS = ("ref_words", "substitutions", "deletions", "insertions", "hyp_words", "wer")
 
@@ -109,7 +109,7 @@ class _BoundWer(Bound):
 
 
 class WerScorer(WordScorer):
-    """The word error rate (:func:`asr_core.evaluation.score.score`): columns :data:`WER_COLUMNS`, metrics
+    """The word error rate (:func:`asr_core.scoring.score.score`): columns :data:`WER_COLUMNS`, metrics
     ``wer[_<decoder>]/<NAME>[/snr<DB>]``."""
 
     columns = WER_COLUMNS

@@ -13,7 +13,7 @@ every target of every document of a dataset, the first piece after the beginning
 is no end-of-document token). Per-word perplexity would be ``exp(summed NLL / words)``; the table reports tokens,
 as paper 004's does for its own vocabulary.
 
-Tail tokens (paper 002). With ``--tail FILE`` (a tail set, :mod:`asr_core.evaluation.tail`) the table also gives
+Tail tokens (paper 002). With ``--tail FILE`` (a tail set, :mod:`asr_core.scoring.tail`) the table also gives
 the perplexity over the *tail tokens* alone: ``exp(summed NLL / tail targets)`` over the pieces of the words whose
 normalised form is a tail word, every piece of such a word counted (its first, with the word-start marker, and the
 ones after it), each predicted with the same context as in the overall perplexity (the overall numbers do not
@@ -148,9 +148,9 @@ def tail_flags(tok: Tokenizer, text: str, ids: Sequence[int], is_tail: Callable[
 
 def tail_test(words: Container[str]) -> Callable[[str], bool]:
     """Whether a word is a tail word: one of the words Whisper's normaliser makes of it alone is in ``words`` (a
-    tail set, :class:`asr_core.evaluation.tail.TailSet`: its rare words, and the words its text never says where it
+    tail set, :class:`asr_core.scoring.tail.TailSet`: its rare words, and the words its text never says where it
     counts those); each distinct spelling is normalised once."""
-    from asr_core.evaluation.score import normalise
+    from asr_core.scoring.score import normalise
 
     seen: dict[str, bool] = {}
 
@@ -297,7 +297,7 @@ def run(a: argparse.Namespace, contexts: list[int]) -> int:
         return 2
     is_tail = None
     if a.tail is not None:
-        from asr_core.evaluation.tail import load_tail
+        from asr_core.scoring.tail import load_tail
 
         try:
             tail_set = load_tail(a.tail, "--tail")

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from asr_core.decoding.beam import BeamConfig, beam_search
-from asr_core.evaluation.score import Counts, corpus_wer, normalise, score
+from asr_core.scoring.score import Counts, corpus_wer, normalise, score
 from asr_core.contract.options import renamed
 
 DEFAULT_ALPHAS = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)

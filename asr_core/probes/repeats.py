@@ -36,7 +36,7 @@ from asr_core.data.corpora import load_corpus
 from asr_core.data.corpora.base import Recording
 from asr_core.data.corpora.cues import meta_file, read_meta
 from asr_core.evaluation.recall import aligned_words
-from asr_core.evaluation.score import normalise, normalise_marked
+from asr_core.scoring.score import normalise, normalise_marked
 
 FIRST = "first"
 REPEAT = "repeat"

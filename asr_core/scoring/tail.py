@@ -12,9 +12,9 @@ the training text can be tail words (the set records which, and so does the run'
 Here:
 
 * :func:`tail_set` takes the rarest word types of a text (normalised with Whisper's normaliser,
-  :func:`asr_core.evaluation.score.normalise`, as the WER is) whose counts add up to at most ``share`` of its words:
+  :func:`asr_core.scoring.score.normalise`, as the WER is) whose counts add up to at most ``share`` of its words:
   a :class:`TailSet`, kept as JSON next to the results (:meth:`TailSet.write`, :meth:`TailSet.read`).
-* :func:`tail_counts` aligns a hypothesis with its reference as :func:`asr_core.evaluation.score.align_counts` does
+* :func:`tail_counts` aligns a hypothesis with its reference as :func:`asr_core.scoring.score.align_counts` does
   (jiwer's Levenshtein alignment of the normalised words) and counts the errors on tail words only
   (:class:`TailCounts`); :func:`corpus_tail_rate` pools them over recordings.
 * :func:`share_of` is the share of the test references' words that are tail words, recorded with the rates (the
@@ -41,7 +41,7 @@ from typing import Any
 
 import jiwer
 
-from asr_core.evaluation.score import normalise
+from asr_core.scoring.score import normalise
 
 DEFAULT_SHARE = 0.05  # the paper's threshold: head and tail tokens in the ratio 95:5
 UNSEEN_TAIL = "tail"  # a word the training text never says is a tail word (frequency 0: the paper's definition)
@@ -139,7 +139,7 @@ class TailSet:
             return cls.from_dict(json.loads(path.read_text()))
         except (ValueError, UnicodeDecodeError) as e:  # json.JSONDecodeError is a ValueError
             raise ValueError(f"{path} is not a tail set ({e}); recompute it from the training text with "
-                             f"python -m asr_core tailset TEXT --out {path} (or asr_core.evaluation.tail."
+                             f"python -m asr_core tailset TEXT --out {path} (or asr_core.scoring.tail."
                              "tail_set(...).write(path))") from e
 
 
@@ -155,7 +155,7 @@ def tail_set(words: Iterable[str], share: float = DEFAULT_SHARE, source: str = "
     """The tail of a text: its rarest word types that together make up at most ``share`` of its words.
 
     ``words``: the text, as words, lines or transcripts (one string is one text); each item is normalised with
-    Whisper's normaliser (:func:`~asr_core.evaluation.score.normalise`, so "Hello," and "hello" are one type) and
+    Whisper's normaliser (:func:`~asr_core.scoring.score.normalise`, so "Hello," and "hello" are one type) and
     split into words. Pass lines or transcripts rather than single words where it matters: the normaliser reads
     numbers and spellings across words. ``source`` names the text (kept in the set).
 
@@ -219,7 +219,7 @@ TAIL_ZERO = TailCounts(0, 0, 0, 0)
 def tail_counts(ref: str, hyp: str, tail: TailSet, *, normalised: bool = False) -> TailCounts:
     """Errors on tail words of ``hyp`` against ``ref`` (both normalised here unless ``normalised``).
 
-    The alignment is the one :func:`~asr_core.evaluation.score.align_counts` counts (jiwer's, of the normalised
+    The alignment is the one :func:`~asr_core.scoring.score.align_counts` counts (jiwer's, of the normalised
     words). Counted, as the paper counts "only errors on tail tokens":
 
     * a reference tail word the alignment substitutes (a substitution) or deletes (a deletion);
