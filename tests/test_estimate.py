@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from asr_core.bench.calibrate import cli as calibrate_cli, model_macs, model_params
+from asr_core.bench.calibrate import cli as calibrate_cli
+from asr_core.model.cost import model_macs, model_params
 from asr_core.bench.measure import synth_recording
 from asr_core.contract.calibration import FORMAT
 from asr_core.data.chunking import WindowStream

@@ -1,6 +1,6 @@
 """Model FLOP utilisation: how much of the device's arithmetic a training step uses (the benchmarks print it).
 
-* **Model FLOPs** come from the model's own arithmetic, :func:`asr_core.bench.calibrate.model_macs` (checked against
+* **Model FLOPs** come from the model's own arithmetic, :func:`asr_core.model.cost.model_macs` (checked against
   ``torch.utils.flop_counter`` in the tests): a forward pass is ``2 x (linear x audio + attention x audio x window)``
   FLOPs for ``audio`` seconds in windows of ``window`` seconds, and forward + backward three times that
   (:data:`FORWARD_BACKWARD`). Padding, recomputation and the optimiser are not model FLOPs: they lower the figure.
@@ -74,7 +74,7 @@ def device_peak(device: torch.device | str, precision: str) -> tuple[float | Non
 
 def step_flops(linear_macs_per_s: float, attention_macs_per_s2: float, audio_s: float, window_s: float) -> float:
     """Model FLOPs of one forward + backward over ``audio_s`` seconds of audio in windows of ``window_s`` seconds,
-    from :func:`~asr_core.bench.calibrate.model_macs`'s two terms."""
+    from :func:`~asr_core.model.cost.model_macs`'s two terms."""
     forward_macs = linear_macs_per_s * audio_s + attention_macs_per_s2 * audio_s * window_s
     return FORWARD_BACKWARD * 2.0 * forward_macs
 
@@ -82,7 +82,7 @@ def step_flops(linear_macs_per_s: float, attention_macs_per_s2: float, audio_s: 
 def stack_flops(d_model: int, layers: int, ff_expansion: int, conv_kernel: int, frames: int, window: int) -> float:
     """Model FLOPs of one forward + backward of a Conformer layer stack over ``frames`` frames (already subsampled)
     in windows of ``window`` frames: per frame and layer the feed-forwards, projections and convolution module
-    (as :func:`~asr_core.bench.calibrate.model_macs` counts a layer) and ``2 x window x d_model`` for attention."""
+    (as :func:`~asr_core.model.cost.model_macs` counts a layer) and ``2 x window x d_model`` for attention."""
     per_frame = layers * ((4 * ff_expansion + 4 + 3) * d_model * d_model + conv_kernel * d_model
                           + 2 * window * d_model)
     return FORWARD_BACKWARD * 2.0 * per_frame * frames

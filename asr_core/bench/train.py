@@ -181,7 +181,7 @@ def gpu_rows(max_minutes: int, preset_name: str = "main") -> dict[str, float]:
 
     t = _timed(lambda: step(32, 1024), repeats=3)
     fps = 32 * 1024 / t
-    from asr_core.bench.calibrate import model_macs
+    from asr_core.model.cost import model_macs
     from asr_core.bench.mfu import device_peak, mfu, step_flops
 
     peak, _ = device_peak("cuda", "bf16")

@@ -82,7 +82,7 @@ class _Section:
 
 @dataclass(frozen=True, kw_only=True)
 class ModelSummary(_Section):
-    """The calibrated model: shape, parameters and arithmetic (:func:`asr_core.bench.calibrate.model_macs`)."""
+    """The calibrated model: shape, parameters and arithmetic (:func:`asr_core.model.cost.model_macs`)."""
 
     layers: int | None = None
     d_model: int | None = None

@@ -12,7 +12,7 @@ time of a trial on one device is then
   (squared window lengths summed: without padding when the calibration's attention is flash-attn's variable-length
   kernel, with it otherwise), and ``resid`` a measured calibration's departure from its own line, interpolated
   between its contexts. A model other than the calibration's is scaled by its arithmetic
-  (:func:`asr_core.bench.calibrate.model_macs`): the linear part by the ratio of per-frame multiply-accumulates,
+  (:func:`asr_core.model.cost.model_macs`): the linear part by the ratio of per-frame multiply-accumulates,
   the attention part by that of ``layers x d_model``. With no loader threads (``data.num_workers`` 0, after the
   profile's :meth:`~orchestrate.backends.profile.Profile.fit`) the loader's once-per-recording statistics are
   added (a measured calibration's rate x the corpus's audio);
@@ -115,7 +115,7 @@ def estimate_trial(trial: Any, cal: Calibration, profile: Any = None,
                    ) -> TrialEstimate:
     """The hours of one trial (see the module docstring); ``profile`` (a
     :class:`~orchestrate.backends.profile.Profile`) adds its loader threads, time limit and segments."""
-    from asr_core.bench.calibrate import model_macs
+    from asr_core.model.cost import model_macs
 
     if profile is not None:
         trial = profile.fit(trial)
@@ -153,7 +153,7 @@ def estimate_trial(trial: Any, cal: Calibration, profile: Any = None,
 
 
 def _params(cfg: Config) -> int:
-    from asr_core.bench.calibrate import model_params
+    from asr_core.model.cost import model_params
 
     return model_params(cfg.model, cfg.data.features.n_mels)
 

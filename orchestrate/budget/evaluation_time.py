@@ -82,7 +82,7 @@ def _eval_seconds(cfg: Config, cal: Calibration, hours_of: Callable[[str], float
     :func:`decoded_hours_of` counts them) at the calibration's decoding speed for this context and model, plus
     reading + features per audio-second and condition, and music per noisy condition (per audio-second and per
     recording). None when a test set's size is unknown."""
-    from asr_core.bench.calibrate import model_macs
+    from asr_core.model.cost import model_macs
 
     work = eval_work(cfg, hours_of)
     if work is None:

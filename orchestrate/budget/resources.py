@@ -97,7 +97,7 @@ def trial_resources(trials: Sequence["Trial"], profile: Profile, cap_min: int | 
         r = Resources(fixed_time or 0, start if start and start < (fixed_time or 0) else 0, fixed_mem,
                       "the profile's fixed values")
         return {t.key: r for t in trials}
-    from asr_core.bench.calibrate import model_params
+    from asr_core.model.cost import model_params
     from orchestrate.budget.calibration import load_calibration
     from orchestrate.budget.corpus import training_corpus
     from orchestrate.budget.estimate import estimate_trial
