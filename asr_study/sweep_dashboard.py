@@ -82,7 +82,7 @@ def parser() -> argparse.ArgumentParser:
 def sweep_ledger(root: Path, name: str) -> tuple[str, str]:
     """(tracking URI, experiment name) the sweep ``root/name`` recorded, or :class:`DashboardError` naming the
     sweep and the root."""
-    from orchestrate.sweep import SweepDir, SweepError
+    from orchestrate.sweep.folder import SweepDir, SweepError
 
     try:
         sweep = SweepDir(root, name)

@@ -13,7 +13,7 @@ into every unfinished trial folder first (a job that starts meanwhile exits at o
 * **While a local sweep runs.** The command running a local sweep holds its lock: ``cancel`` then writes the markers
   without the lock and sends SIGTERM to the trainers whose leases name this machine (they end ``cancelled``; the
   Tune driver skips trials not yet started), and that command ends by itself.
-* **An unreadable sweep file** (:class:`~orchestrate.sweep.SweepFileError`): what can be found without it is still
+* **An unreadable sweep file** (:class:`~orchestrate.sweep.folder.SweepFileError`): what can be found without it is still
   stopped: every trial folder under ``trials/`` is marked, the SLURM jobs named after the sweep's submissions
   (``orch.<sweep>.<submission id>``, from the file names in ``submissions/``) are cancelled, trainers leased on this
   machine are told to stop. The command then exits 2 naming the file and how to restore it; the runs are marked
@@ -35,9 +35,9 @@ from orchestrate.backends.base import Backend, BackendError
 from orchestrate.backends.profile import load_profile
 from orchestrate.ledger import Ledger, LedgerError, SweepOwnershipError
 from orchestrate.ledger_store import check_tracking_uri
-from orchestrate.sweep import Manifest, SweepBusy, SweepDir, SweepError, SweepFileError
-from orchestrate.trial import Trial
-from orchestrate.trial_state import FolderState, read_folder_states
+from orchestrate.sweep.folder import Manifest, SweepBusy, SweepDir, SweepError, SweepFileError
+from orchestrate.sweep.trial import Trial
+from orchestrate.sweep.trial_state import FolderState, read_folder_states
 
 CANCELLED_ERROR = "cancelled"  # trial.error of a run that `cancel` ended KILLED (as reconciliation writes it)
 CATCH_UP = "the next command that reaches it (status, resume) marks the runs KILLED from the trial folders"

@@ -4,7 +4,7 @@ bench.
 A thin layer over the library. Every input is validated before anything is created or submitted; invalid input
 exits with status 2 and a message naming the file, key or value and what is valid; so does an unreadable sweep file
 (naming it and how to restore it; ``cancel`` still stops what it can find first). Every command that changes a sweep
-takes its lock before it reads the sweep's files (:meth:`orchestrate.sweep.SweepDir.lock`), so none writes back a
+takes its lock before it reads the sweep's files (:meth:`orchestrate.sweep.folder.SweepDir.lock`), so none writes back a
 copy read before another command changed them: a busy sweep exits 2 having changed no file. Exit 3
 (:data:`EXIT_TRACKER`): a blocking (local) sweep's trials ran, but MLflow did not answer at the end; their results
 wait in their folders and the message names the command that ships them.
@@ -35,14 +35,14 @@ from orchestrate.commands import (SERVER_HINT, UsageError, check_data, check_sha
                                   same_uri, submit_input)
 from orchestrate.decode_file import DecodeFileError
 from orchestrate.evaluations import EvaluationError
-from orchestrate.where import WhereError
+from orchestrate.sweep.where import WhereError
 from orchestrate.grid import Grid, GridError, load_grid, plan_table
 from orchestrate.ledger import Ledger, LedgerError
 from orchestrate.ledger_store import check_tracking_uri
 from orchestrate.show import show_trial
-from orchestrate.sweep import (DEFAULT_MAX_FAILURES, Manifest, SweepDir, SweepError, SweepFileError,
+from orchestrate.sweep.folder import (DEFAULT_MAX_FAILURES, Manifest, SweepDir, SweepError, SweepFileError,
                                new_sweep_id)
-from orchestrate.trial import Trial
+from orchestrate.sweep.trial import Trial
 
 if TYPE_CHECKING:
     from asr_core.runtime.provenance import CodeVersion
@@ -277,7 +277,7 @@ def _selected(where: list[str]) -> "Callable[[Trial], bool] | None":
     """What ``--where`` selects, as a test of a trial (None without it: everything)."""
     if not where:
         return None
-    from orchestrate.where import matches, parse_where
+    from orchestrate.sweep.where import matches, parse_where
 
     w = parse_where(where)
     return lambda t: matches(t, w)
@@ -295,7 +295,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from orchestrate.decode_file import load_decode_file
     from orchestrate.dispatch import run_sweep
     from orchestrate.evaluations import EvaluationName, decoded_before, missing_data, plan_named, plan_plain
-    from orchestrate.where import matches, parse_where
+    from orchestrate.sweep.where import matches, parse_where
 
     spec = load_decode_file(args.spec)
     where = parse_where(args.where)

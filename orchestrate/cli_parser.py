@@ -10,7 +10,7 @@ from asr_core.contract.tracking import DEFAULT_SWEEP_ROOT, ENV, SWEEP_ROOT_ENV, 
 from asr_core.version import ShowVersion
 from orchestrate.logs import add_arguments as logs_arguments
 from orchestrate.show import add_arguments as show_arguments
-from orchestrate.sweep import DEFAULT_MAX_FAILURES
+from orchestrate.sweep.folder import DEFAULT_MAX_FAILURES
 
 def build_parser() -> argparse.ArgumentParser:
     """The parser of every ``orchestrate`` subcommand, each with its one-line description."""

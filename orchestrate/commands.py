@@ -10,11 +10,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchestrate.backends.base import Backend
-from orchestrate.trial import Trial
+from orchestrate.sweep.trial import Trial
 
 if TYPE_CHECKING:
     from orchestrate.backends.profile import Profile
-    from orchestrate.sweep import Manifest, SweepDir
+    from orchestrate.sweep.folder import Manifest, SweepDir
 
 SERVER_HINT = ("`asr-study mlflow-server --dir /shared/mlflow --host 0.0.0.0 --detach`, or slurm/mlflow-server.sh with "
                "the same options in a checkout")
@@ -111,7 +111,7 @@ def submit_input(args: Any, grid_trials: list[Trial], profile: "Profile", sweep:
     :class:`UsageError` for bad input. Reads the sweep's files: ``submit`` calls it under the sweep's lock."""
     from asr_core.contract.tracking import ENV, tracking_uri
     from orchestrate.backends import make_backend
-    from orchestrate.sweep import merge_trials
+    from orchestrate.sweep.folder import merge_trials
 
     old = sweep.read_manifest() if sweep.exists() else None
     uri = args.tracking_uri or (old.tracking_uri if old else tracking_uri(None, sweep_root=args.sweep_root))

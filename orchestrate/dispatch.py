@@ -48,10 +48,10 @@ from orchestrate.backends.base import Backend, Job
 from orchestrate.backends.profile import Profile
 from orchestrate.cancel import CANCELLED_ERROR
 from orchestrate.ledger import Ledger, LedgerError, TrialRun
-from orchestrate.sweep import DEFAULT_MAX_FAILURES, Manifest, SweepDir, new_sweep_id
-from orchestrate.trial import Trial
+from orchestrate.sweep.folder import DEFAULT_MAX_FAILURES, Manifest, SweepDir, new_sweep_id
+from orchestrate.sweep.trial import Trial
 from orchestrate.reconcile import reconcile_ledger
-from orchestrate.trial_state import FolderState, failure_reason, read_folder_state, read_folder_states
+from orchestrate.sweep.trial_state import FolderState, failure_reason, read_folder_state, read_folder_states
 
 if TYPE_CHECKING:
     import argparse

@@ -5,7 +5,7 @@ lease, outbox, attempts, failure budget, ``max_parallel``, ``cancel`` and ``retr
 
 * a **model** (a training trial, keyed by its model key): trained once; at the end of training its own job runs
   the sweep's default evaluation, the grid's ``eval:`` section as it stands then;
-* an **evaluation job** (:class:`~orchestrate.trial.Trial` with ``evaluation`` set, keyed by
+* an **evaluation job** (:class:`~orchestrate.sweep.trial.Trial` with ``evaluation`` set, keyed by
   :func:`asr_core.identity.evaluation_key`): one evaluation of a trained model, into the model's run, never
   training it (:mod:`asr_core.contract.evaluation`).
 
@@ -30,8 +30,8 @@ from asr_core.contract.evaluation import (DEFAULT_EVALUATION, Conditions, Evalua
 from asr_core.identity import evaluation_key
 from asr_core.contract.atomic import write_atomic
 from asr_core.contract.trial import TrialFolder
-from orchestrate.sweep import SweepDir
-from orchestrate.trial import Trial
+from orchestrate.sweep.folder import SweepDir
+from orchestrate.sweep.trial import Trial
 
 if TYPE_CHECKING:
     from orchestrate.decode_file import DecodeSpec

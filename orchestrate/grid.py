@@ -37,7 +37,7 @@ from asr_core.contract.specs import dataset_name
 from orchestrate.grid_file import (SUBGRID_KEYS, GridError, where_in, parse_seeds, read_grid_yaml,
                                    subgrid_sources)
 from orchestrate.assets import grid_path
-from orchestrate.trial import Trial
+from orchestrate.sweep.trial import Trial
 
 AXIS_NAMES: tuple[str, ...] = ("preset", *FIELD_TYPES)
 

@@ -33,7 +33,7 @@ from asr_core.contract.trial import (ENDED, FINISHED, ROLE_PARENT, ROLE_TRIAL, R
                                      TAG_SWEEP_BACKEND, TAG_SWEEP_GRID, TAG_SWEEP_ID, TAG_SWEEP_ROOT)
 from orchestrate.ledger_store import ClientStore, enable_wal, sqlite_sync_normal
 from orchestrate.mlflow_rest import Experiment, LedgerError, MlflowRest, UncertainWrite
-from orchestrate.trial import POSENC_SHORT, Trial
+from orchestrate.sweep.trial import POSENC_SHORT, Trial
 
 __all__ = ["STATES", "Ledger", "LedgerError", "SweepOwnershipError", "TrialRun", "counts", "run_names", "wait_for"]
 
@@ -354,7 +354,7 @@ class Ledger:
 
     def join_subgrids(self, trials: Iterable[Trial], runs: Mapping[str, TrialRun]) -> int:
         """Tag each run of ``runs`` (by key) with its trial's sub-grids where they differ: a trial the sweep had that
-        a later grid shares has joined that grid's sub-grids (:func:`orchestrate.sweep.merge_trials`), and the report
+        a later grid shares has joined that grid's sub-grids (:func:`orchestrate.sweep.folder.merge_trials`), and the report
         reads a configuration's seeds by sub-grid. Returns how many runs were tagged."""
         stale = {runs[t.key].run_id: {TAG_SUBGRIDS: ",".join(t.subgrids)} for t in trials
                  if t.key in runs and runs[t.key].subgrids != ",".join(t.subgrids)}

@@ -18,8 +18,8 @@ from typing import TextIO
 
 from asr_core.contract.trial import TrialFolder
 from orchestrate.show import find_trial
-from orchestrate.sweep import SweepDir
-from orchestrate.trial_state import read_trial_refs
+from orchestrate.sweep.folder import SweepDir
+from orchestrate.sweep.trial_state import read_trial_refs
 
 __all__ = ["EXIT_INTERRUPTED", "FOLLOW_EVERY_S", "LogFollower", "add_arguments", "collapse", "collapse_line",
            "show_log"]

@@ -1,4 +1,4 @@
-"""The ledger brought in line with the trial folders (:mod:`orchestrate.trial_state` reads them).
+"""The ledger brought in line with the trial folders (:mod:`orchestrate.sweep.trial_state` reads them).
 
 MLflow is a mirror of the trial folders that may lag (the job ships its outbox in the background; a job killed by
 the system, or a ``cancel`` while MLflow was down, leaves facts that only the orchestrator mirrors).
@@ -27,12 +27,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from asr_core.contract.trial import FAILED, FINISHED, KILLED, RUNNING, SCHEDULED, TAG_ERROR
-from orchestrate.sweep import DEFAULT_MAX_FAILURES
-from orchestrate.trial_state import FolderState, failure_reason
+from orchestrate.sweep.folder import DEFAULT_MAX_FAILURES
+from orchestrate.sweep.trial_state import FolderState, failure_reason
 
 if TYPE_CHECKING:
     from orchestrate.ledger import Ledger, TrialRun
-    from orchestrate.sweep import SweepDir
+    from orchestrate.sweep.folder import SweepDir
 
 __all__ = ["ReconcileResult", "SYNC_FILE", "Target", "behind", "ledger_target", "ledger_targets", "read_sync",
            "reconcile_ledger", "record_mirrored", "write_sync"]

@@ -14,12 +14,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from orchestrate.sweep import Manifest, SweepDir
-from orchestrate.trial import Trial
+from orchestrate.sweep.folder import Manifest, SweepDir
+from orchestrate.sweep.trial import Trial
 
 if TYPE_CHECKING:
     from orchestrate.dispatch import Plan
-    from orchestrate.trial_state import FolderState
+    from orchestrate.sweep.trial_state import FolderState
 
 
 def preview(args: argparse.Namespace, sweep: SweepDir, manifest: Manifest, retry: tuple[str, ...],
@@ -30,7 +30,7 @@ def preview(args: argparse.Namespace, sweep: SweepDir, manifest: Manifest, retry
     from orchestrate.commands import check_data, execution_overrides
     from orchestrate.dispatch import classify
     from orchestrate.evaluations import plan_default
-    from orchestrate.trial_state import failure_reason, read_folder_states
+    from orchestrate.sweep.trial_state import failure_reason, read_folder_states
     from orchestrate.trial_status import scheduler_view
 
     trials = sweep.read_trials()

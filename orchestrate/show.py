@@ -21,9 +21,9 @@ from asr_core.contract.tracking import bound_mlflow_http, mlflow_http
 from asr_core.contract.trial import read_attempts
 from orchestrate.commands import UsageError
 from orchestrate.status_ledger import ledger_probe
-from orchestrate.sweep import Manifest, SweepDir
-from orchestrate.trial import Trial
-from orchestrate.trial_state import read_folder_states
+from orchestrate.sweep.folder import Manifest, SweepDir
+from orchestrate.sweep.trial import Trial
+from orchestrate.sweep.trial_state import read_folder_states
 from orchestrate.trial_status import scheduler_view, trial_statuses
 
 __all__ = ["add_arguments", "find_trial", "show_trial", "trial_record"]

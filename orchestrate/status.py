@@ -1,6 +1,6 @@
 """``orchestrate status``: where every trial of a sweep stands, from its trial folders, in well under a second.
 
-The trial folders hold the truth (:mod:`orchestrate.trial_state`); the scheduler says which trials it still holds
+The trial folders hold the truth (:mod:`orchestrate.sweep.trial_state`); the scheduler says which trials it still holds
 (one plain ``squeue`` for the sweep's job names, skipped for the local backend); MLflow is a mirror that may lag, so
 ``status`` works the same while it is down and imports no mlflow unless it reconciles. States:
 
@@ -28,7 +28,7 @@ the ledger is behind and MLflow answers, ``status`` reconciles it (:func:`orches
 under the sweep's lock, within ``--reconcile-deadline`` seconds) and says so; a lookup of the sweep's experiment
 (sqlite3 or one HTTP request, no mlflow import) first tells whether MLflow answers and whether this folder owns it.
 
-``--where KEY=VALUE`` (:mod:`orchestrate.where`) counts and lists only the matching trials; ``--state S`` lists
+``--where KEY=VALUE`` (:mod:`orchestrate.sweep.where`) counts and lists only the matching trials; ``--state S`` lists
 every trial in state S (repeatable) with its folder and log; ``--watch [SECONDS]`` redraws every SECONDS (30) until
 no trial runs or waits in the queue, or Ctrl-C. The GPU-hours spent are set against the estimate a cluster
 ``submit`` recorded in the sweep folder (:mod:`orchestrate.budget.recorded`); a local sweep has none. The time left
@@ -60,14 +60,14 @@ from asr_core.contract.trial import FAILED, KILLED, LOG_FILE, RUNNING
 from asr_core.runtime.outbox_folder import REJECTED_FILE, read_kept
 from orchestrate.budget.recorded import estimated_hours, read_estimate
 from orchestrate.monitor import fit_lines, work_left
-from orchestrate.progress import duration_text
+from orchestrate.sweep.progress import duration_text
 from orchestrate.status_ledger import ledger_line
 from orchestrate.status_screen import SCREEN_LINES, compact_sections, time_left_line
-from orchestrate.sweep import Manifest, SweepDir
-from orchestrate.trial_state import DEFAULT_MAX_FAILURES, read_folder_states, read_trial_refs
+from orchestrate.sweep.folder import Manifest, SweepDir
+from orchestrate.sweep.trial_state import DEFAULT_MAX_FAILURES, read_folder_states, read_trial_refs
 from orchestrate.trial_status import (LOST, PENDING, PREEMPTED, QUEUED, STATUS_STATES, TrialStatus, scheduler_view,
                                       trial_statuses)
-from orchestrate.where import WhereError
+from orchestrate.sweep.where import WhereError
 
 __all__ = ["add_arguments", "show_status", "watch_status"]
 
@@ -85,10 +85,10 @@ def _print_table(rows: list[TrialStatus], fmt: Any) -> None:
 
 def _selected(sweep: SweepDir, trials: list[Any], where: list[str]) -> list[Any]:
     """The trials ``--where`` selects (their configs read from ``trials.json`` only then); raises
-    :class:`~orchestrate.where.WhereError` when none matches."""
+    :class:`~orchestrate.sweep.where.WhereError` when none matches."""
     if not where:
         return trials
-    from orchestrate.where import matches, parse_where
+    from orchestrate.sweep.where import matches, parse_where
 
     w = parse_where(where)
     keep = {t.key for t in sweep.read_trials() if matches(t, w)}

@@ -20,8 +20,8 @@ from asr_core.contract.tracking import bound_mlflow_http, mlflow_http, sqlite_fi
 from asr_core.contract.trial import TAG_SWEEP_ID, TAG_SWEEP_ROOT
 from orchestrate.mlflow_rest import LedgerError, auth_header
 from orchestrate.reconcile import behind, read_sync, reconcile_ledger
-from orchestrate.sweep import Manifest, SweepDir, SweepError
-from orchestrate.trial_state import FolderState
+from orchestrate.sweep.folder import Manifest, SweepDir, SweepError
+from orchestrate.sweep.trial_state import FolderState
 from orchestrate.trial_status import SchedulerView
 
 __all__ = ["LedgerProbe", "check_owner", "ledger_line", "ledger_probe"]

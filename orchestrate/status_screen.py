@@ -16,7 +16,7 @@ from typing import Any
 
 from asr_core.contract.trial import FAILED, FINISHED, RUNNING
 from orchestrate.monitor import WorkLeft, best_trial, cause_of, failure_causes, trials_that_matter
-from orchestrate.progress import duration_text
+from orchestrate.sweep.progress import duration_text
 from orchestrate.trial_metrics import trial_metrics
 from orchestrate.trial_status import TrialStatus
 
@@ -149,7 +149,7 @@ def compact_sections(sweep: Any, rows: Sequence[TrialStatus], trials: Sequence[A
     """The lines below the counts of a sweep too large to list whole, at most ``lines`` of them when the trials
     that matter can be cut to fit (at least :data:`MIN_TRIALS` are shown): failures by cause, the trials that
     matter now, the best configuration so far, one line each for evaluation jobs, mixed code and refused records.
-    ``states``: {key: :class:`~orchestrate.trial_state.FolderState`} (the times of the failures)."""
+    ``states``: {key: :class:`~orchestrate.sweep.trial_state.FolderState`} (the times of the failures)."""
     now = time.time() if now is None else now
     failed_at = {k: max((a.time for a in fs.failures), default=0.0) for k, fs in states.items()
                  if getattr(fs, "failures", None)}

@@ -1,5 +1,5 @@
 """Where each trial of a sweep stands, for ``status`` (the states: :mod:`orchestrate.status`): its folder
-(:mod:`orchestrate.trial_state`) and the scheduler's view, one plain ``squeue`` for the sweep's job names (skipped
+(:mod:`orchestrate.sweep.trial_state`) and the scheduler's view, one plain ``squeue`` for the sweep's job names (skipped
 for the local backend, whose trials are held by the process holding the sweep's lock), and one ``sacct`` for the
 trials whose last segment ended without a word.
 """
@@ -17,9 +17,9 @@ from typing import Any
 from asr_core.contract.trial import (FAILED, FINISHED, KILLED, OUTCOME_CANCELLED, OUTCOME_FENCED, OUTCOME_FINISHED,
                                      OUTCOME_PREEMPTED, OUTCOME_RESET, RUNNING, TrialFolder)
 from asr_core.runtime.outbox_folder import kept
-from orchestrate.progress import phase_text, trial_pace
-from orchestrate.sweep import Manifest, SweepDir
-from orchestrate.trial_state import DEFAULT_MAX_FAILURES, FolderState, failure_reason
+from orchestrate.sweep.progress import phase_text, trial_pace
+from orchestrate.sweep.folder import Manifest, SweepDir
+from orchestrate.sweep.trial_state import DEFAULT_MAX_FAILURES, FolderState, failure_reason
 
 __all__ = ["LOST", "PENDING", "PREEMPTED", "QUEUED", "STATUS_STATES", "SchedulerView", "TrialStatus", "classify",
            "scheduler_view", "trial_statuses"]

@@ -26,7 +26,7 @@ from asr_core.contract.trial import progress_records
 from orchestrate.cli import main
 from orchestrate.grid import load_grid
 from orchestrate.ledger import Ledger, wait_for
-from orchestrate.sweep import SweepDir
+from orchestrate.sweep.folder import SweepDir
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = ROOT / "grids" / "smoke.yaml"

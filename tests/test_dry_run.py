@@ -18,7 +18,7 @@ from pathlib import Path
 from asr_core.contract.trial import TrialFolder
 from orchestrate.grid import load_grid
 from orchestrate.ledger import Ledger
-from orchestrate.sweep import Manifest, SweepDir, new_sweep_id
+from orchestrate.sweep.folder import Manifest, SweepDir, new_sweep_id
 from tests.folder_snapshot import snapshot
 
 REPO = Path(__file__).resolve().parents[1]

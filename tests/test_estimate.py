@@ -30,7 +30,7 @@ from orchestrate.budget.corpus import training_corpus, trial_steps
 from orchestrate.budget.estimate import estimate_grid, estimate_trial, segments_needed, train_seconds, wall_hours
 from orchestrate.budget.paper_fit import paper_fit
 from orchestrate.grid import load_grid
-from orchestrate.trial import Trial
+from orchestrate.sweep.trial import Trial
 
 ROOT = Path(__file__).resolve().parents[1]
 GRIDS = ROOT / "grids"

@@ -18,7 +18,7 @@ import pytest
 
 from asr_core.contract.trial import TrialFolder
 from orchestrate.logs import LogFollower, collapse, collapse_line
-from orchestrate.sweep import SweepDir
+from orchestrate.sweep.folder import SweepDir
 from orchestrate.tools.fake_sweep import make_fake_sweep
 
 REPO = Path(__file__).resolve().parents[1]

@@ -29,7 +29,7 @@ from asr_core.contract.trial import FINISHED
 from orchestrate.backends import slurm_commands
 from orchestrate.cli import main
 from orchestrate.ledger import Ledger, wait_for
-from orchestrate.sweep import SweepDir
+from orchestrate.sweep.folder import SweepDir
 from tests.folder_snapshot import snapshot
 from tests.test_backend import smoke_corpus, squeue_states, wait_until, write_profile
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from orchestrate.backends.profile import Profile, load_profile
 from orchestrate.grid import load_grid
-from orchestrate.sweep import SweepDir
+from orchestrate.sweep.folder import SweepDir
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -24,10 +24,10 @@ from asr_core.contract.trial import (FAILED, FINISHED, KILLED, OUTCOME_FAILED, O
                                      OUTCOME_KILLED, RUNNING, SCHEDULED, TAG_ERROR, TrialFolder, record_attempt)
 from orchestrate.tools.fake_sweep import fake_trials
 from orchestrate.ledger import Ledger
-from orchestrate.sweep import Manifest, SweepDir
-from orchestrate.trial import Trial
+from orchestrate.sweep.folder import Manifest, SweepDir
+from orchestrate.sweep.trial import Trial
 from orchestrate.reconcile import behind, read_sync, reconcile_ledger, record_mirrored
-from orchestrate.trial_state import read_folder_states
+from orchestrate.sweep.trial_state import read_folder_states
 from tests.plugins.mlflow_server import free_port
 from tests.test_trial import corpus, trial_cmd, trial_env
 

@@ -17,7 +17,7 @@ from orchestrate.backends.profile import (BackendError, Profile, format_minutes,
                                           time_limit_minutes)
 from orchestrate.budget.resources import Resources, group_by_resources, memory_gb, trial_resources
 from orchestrate.grid import load_grid
-from orchestrate.sweep import SweepDir
+from orchestrate.sweep.folder import SweepDir
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -36,7 +36,7 @@ from asr_core.contract.trial import EXIT_OK
 from orchestrate.backends.base import Job
 from orchestrate.backends.profile import Profile
 from orchestrate.backends.slurm import SlurmBackend, TrialTask
-from orchestrate.sweep import SweepDir
+from orchestrate.sweep.folder import SweepDir
 from tests.plugins.slurm_cluster import SlurmCluster, own_cluster
 
 REPO = Path(__file__).resolve().parents[1]

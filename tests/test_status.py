@@ -24,9 +24,9 @@ from asr_core.runtime.lease import Lease
 from asr_core.contract.trial import (OUTCOME_CANCELLED, OUTCOME_FAILED, OUTCOME_FINISHED, OUTCOME_KILLED,
                                      OUTCOME_PREEMPTED, RUNNING, ProgressLog, TrialFolder, record_attempt)
 from orchestrate.tools.fake_sweep import MIX, fake_trials, make_fake_sweep
-from orchestrate.sweep import Manifest, SweepDir
-from orchestrate.trial import Trial
-from orchestrate.trial_state import read_folder_state
+from orchestrate.sweep.folder import Manifest, SweepDir
+from orchestrate.sweep.trial import Trial
+from orchestrate.sweep.trial_state import read_folder_state
 from tests.plugins.mlflow_server import free_port
 
 REPO = Path(__file__).resolve().parents[1]

@@ -27,7 +27,7 @@ import pytest
 
 from orchestrate.cli import main
 from orchestrate.ledger import Ledger
-from orchestrate.sweep import SweepDir
+from orchestrate.sweep.folder import SweepDir
 from tests.plugins.mlflow_server import MlflowServer
 
 pytestmark = pytest.mark.timeout(300)

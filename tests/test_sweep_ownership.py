@@ -25,7 +25,7 @@ import pytest
 
 from asr_core.contract import trial as tc
 from orchestrate.ledger import Ledger
-from orchestrate.sweep import SweepDir
+from orchestrate.sweep.folder import SweepDir
 from tests.folder_snapshot import snapshot
 from tests.plugins.mlflow_server import MlflowServer
 

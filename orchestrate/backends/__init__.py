@@ -18,7 +18,7 @@ import importlib
 from typing import TYPE_CHECKING
 
 from orchestrate.backends.base import Backend, BackendError
-from orchestrate.sweep import SweepDir
+from orchestrate.sweep.folder import SweepDir
 
 if TYPE_CHECKING:
     from orchestrate.backends.profile import Profile

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Callable, ClassVar
 
 from orchestrate.backends.profile import BackendError, Profile, StoppedBySignal
-from orchestrate.sweep import Submission, SweepDir
-from orchestrate.trial import Trial
+from orchestrate.sweep.folder import Submission, SweepDir
+from orchestrate.sweep.trial import Trial
 
 # The interface: what backends implement and raise, and what the dispatcher reads of them. BackendError is defined
 # beside the profile, whose loading raises it first (the profile is below this module: it imports nothing here).

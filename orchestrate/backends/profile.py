@@ -23,7 +23,7 @@ from asr_core.yaml_input import YamlInputError, load_yaml_file
 from orchestrate import assets
 
 if TYPE_CHECKING:
-    from orchestrate.trial import Trial
+    from orchestrate.sweep.trial import Trial
 
 ESTIMATE = "estimate"  # the rule value of time_limit and mem_gb (orchestrate.budget.resources applies the rules)
 

@@ -46,7 +46,7 @@ from orchestrate.backends.profile import Profile
 from orchestrate.backends.slurm_throttle import BACKEND, SweepThrottle, hand_on_slot
 from orchestrate.budget.resources import Resources, group_by_resources, trial_resources
 from orchestrate.runner import TrialProcess, install_forwarding, trainer_ended
-from orchestrate.sweep import Submission, SweepDir
+from orchestrate.sweep.folder import Submission, SweepDir
 
 
 class TrialTask:

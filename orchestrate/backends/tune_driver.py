@@ -40,7 +40,7 @@ from asr_core.contract.segments import read_segments
 from asr_core.contract.trial import (ENV_JOB_ID, EXIT_PREEMPTED, TrialFolder, failures, read_attempts,
                                      trial_command)
 from orchestrate.runner import TrialProcess, trainer_ended
-from orchestrate.sweep import SweepDir, SweepError
+from orchestrate.sweep.folder import SweepDir, SweepError
 
 RAY_AUTH_TOKEN_FILE = "ray_auth_token"  # in the sweep folder
 

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Sequence
 from orchestrate.backends.profile import ESTIMATE, Profile, format_minutes, parse_minutes, time_limit_minutes
 
 if TYPE_CHECKING:
-    from orchestrate.trial import Trial
+    from orchestrate.sweep.trial import Trial
 
 # Host memory of a trial (mem_gb: estimate). Bytes per second of audio, from the shapes the loader holds:
 STEP_BYTES_PER_AUDIO_S = 16_000 * 4 + 100 * 80 * 4  # a window's 16 kHz float32 samples and its 80 float32 mels

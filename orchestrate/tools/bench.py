@@ -41,7 +41,7 @@ from orchestrate.grid import load_grid
 
 if TYPE_CHECKING:
     from orchestrate.mlflow_rest import MlflowRest
-    from orchestrate.sweep import SweepDir
+    from orchestrate.sweep.folder import SweepDir
 
 REPO = Path(__file__).resolve().parents[2]
 GRIDS = grids_dir()
@@ -152,7 +152,7 @@ class _Server:
 def _bench_submit(work: Path, uri: str | None) -> list[Row]:
     from orchestrate.ledger import Ledger
     from orchestrate.mlflow_rest import MlflowRest
-    from orchestrate.sweep import SweepDir
+    from orchestrate.sweep.folder import SweepDir
 
     server = None
     if not uri or urlparse(uri).scheme not in ("http", "https"):
@@ -276,7 +276,7 @@ def bench_new_test_set(work: Path, new: str = NEW_TEST_SET) -> NewTestSet:
     appended to ``eval.datasets`` (as ``--set`` does), merged into the sweep's trials as ``submit`` merges them,
     then :func:`orchestrate.evaluations.plan_default` timed. Every model lacks the new set only: one evaluation job
     each, no training."""
-    from orchestrate.sweep import merge_trials
+    from orchestrate.sweep.folder import merge_trials
     from orchestrate.evaluations import EvaluationError, plan_default
 
     what = "add 1 test set, 321-model sweep (plan)"

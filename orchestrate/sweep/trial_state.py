@@ -28,11 +28,11 @@ from asr_core.contract.trial import (ATTEMPTS_FILE, CANCELLED_FILE, DONE_FILE, F
                                      TrialFolder, attempt_recorded, failures, read_attempts, read_progress)
 from asr_core.contract.segments import Segment, code_labels, read_segments
 
-from orchestrate.sweep import DEFAULT_MAX_FAILURES
+from orchestrate.sweep.folder import DEFAULT_MAX_FAILURES
 
 if TYPE_CHECKING:
     from asr_core.runtime.lease import LeaseInfo
-    from orchestrate.sweep import SweepDir
+    from orchestrate.sweep.folder import SweepDir
 
 __all__ = ["DEFAULT_MAX_FAILURES", "FolderState", "TrialRef", "failure_reason", "read_folder_state",
            "read_folder_states", "read_trial_refs"]
@@ -194,8 +194,8 @@ def _ref(d: dict[str, Any]) -> TrialRef:
 def read_trial_refs(sweep: "SweepDir") -> list[TrialRef]:
     """Key and label of every trial in ``trials.json``, in order (none when the file does not exist).
 
-    Raises :class:`orchestrate.sweep.SweepError` naming the file when it cannot be read as a list of trials."""
-    from orchestrate.sweep import SweepFileError, read_json
+    Raises :class:`orchestrate.sweep.folder.SweepError` naming the file when it cannot be read as a list of trials."""
+    from orchestrate.sweep.folder import SweepFileError, read_json
 
     path = sweep.trials_path
     try:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-from orchestrate.trial import Trial
+from orchestrate.sweep.trial import Trial
 
 SELECTORS = ("subgrid", "key", "evaluation")  # --where keys that are not config fields
 

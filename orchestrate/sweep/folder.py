@@ -41,8 +41,8 @@ from asr_core.contract.atomic import backup_of, write_atomic
 from asr_core.contract.evaluation import EvaluationSpec, is_evaluation
 from asr_core.contract.trial import TrialFolder, mark_cancelled, write_config
 from asr_core.contract.tracking import SWEEP_ROOT_ENV
-from orchestrate.mounts import flock_problem
-from orchestrate.trial import Trial
+from orchestrate.sweep.mounts import flock_problem
+from orchestrate.sweep.trial import Trial
 
 
 class SweepError(RuntimeError):
