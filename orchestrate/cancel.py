@@ -32,7 +32,7 @@ from collections.abc import Callable, Collection
 from asr_core.contract.trial import FINISHED, KILLED, TAG_ERROR, TrialFolder
 from orchestrate.backends import make_backend
 from orchestrate.backends.base import Backend, BackendError
-from orchestrate.backends.profile import load_profile
+from orchestrate.plan.profile import load_profile
 from orchestrate.ledger import Ledger, LedgerError, SweepOwnershipError
 from orchestrate.ledger_store import check_tracking_uri
 from orchestrate.sweep.folder import Manifest, SweepBusy, SweepDir, SweepError, SweepFileError

@@ -29,14 +29,14 @@ from typing import TYPE_CHECKING, Callable
 
 from asr_core.contract.trial import EXIT_USAGE
 from orchestrate.backends.base import BackendError, StoppedBySignal
-from orchestrate.backends.profile import load_profile
+from orchestrate.plan.profile import load_profile
 from orchestrate.cli_parser import build_parser
 from orchestrate.commands import (SERVER_HINT, UsageError, check_data, check_shared_ledger, execution_overrides,
                                   same_uri, submit_input)
-from orchestrate.decode_file import DecodeFileError
-from orchestrate.evaluations import EvaluationError
+from orchestrate.plan.decode_file import DecodeFileError
+from orchestrate.plan.evaluations import EvaluationError
 from orchestrate.sweep.where import WhereError
-from orchestrate.grid import Grid, GridError, load_grid, plan_table
+from orchestrate.plan.grid import Grid, GridError, load_grid, plan_table
 from orchestrate.ledger import Ledger, LedgerError
 from orchestrate.ledger_store import check_tracking_uri
 from orchestrate.show import show_trial
@@ -128,8 +128,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
 def _evaluations_of(sweep: SweepDir):  # noqa: ANN202 - a closure for run_sweep's expand
     """What ``run_sweep`` calls under the lock: the sweep's trials with the evaluation jobs their trained models
-    need for the grid's eval section (:func:`orchestrate.evaluations.plan_default`)."""
-    from orchestrate.evaluations import plan_default
+    need for the grid's eval section (:func:`orchestrate.plan.evaluations.plan_default`)."""
+    from orchestrate.plan.evaluations import plan_default
 
     return lambda trials: plan_default(sweep, trials)
 
@@ -292,9 +292,9 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     grid's eval section gains them."""
     from asr_core.contract.evaluation import describe_conditions
     from orchestrate.backends import make_backend
-    from orchestrate.decode_file import load_decode_file
+    from orchestrate.plan.decode_file import load_decode_file
     from orchestrate.dispatch import run_sweep
-    from orchestrate.evaluations import EvaluationName, decoded_before, missing_data, plan_named, plan_plain
+    from orchestrate.plan.evaluations import EvaluationName, decoded_before, missing_data, plan_named, plan_plain
     from orchestrate.sweep.where import matches, parse_where
 
     spec = load_decode_file(args.spec)

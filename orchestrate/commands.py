@@ -13,7 +13,7 @@ from orchestrate.backends.base import Backend
 from orchestrate.sweep.trial import Trial
 
 if TYPE_CHECKING:
-    from orchestrate.backends.profile import Profile
+    from orchestrate.plan.profile import Profile
     from orchestrate.sweep.folder import Manifest, SweepDir
 
 SERVER_HINT = ("`asr-study mlflow-server --dir /shared/mlflow --host 0.0.0.0 --detach`, or slurm/mlflow-server.sh with "

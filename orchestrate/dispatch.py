@@ -45,7 +45,7 @@ from asr_core.contract.trial import (FAILED, FINISHED, KILLED, OUTCOME_DIVERGED,
                                      TAG_JOB_ID, record_attempt)
 from orchestrate.backends import make_backend
 from orchestrate.backends.base import Backend, Job
-from orchestrate.backends.profile import Profile
+from orchestrate.plan.profile import Profile
 from orchestrate.cancel import CANCELLED_ERROR
 from orchestrate.ledger import Ledger, LedgerError, TrialRun
 from orchestrate.sweep.folder import DEFAULT_MAX_FAILURES, Manifest, SweepDir, new_sweep_id
@@ -57,7 +57,7 @@ if TYPE_CHECKING:
     import argparse
 
     from asr_core.runtime.provenance import CodeVersion
-    from orchestrate.grid import Grid
+    from orchestrate.plan.grid import Grid
 
 RETRY_WHAT = ("failed", "cancelled")  # what `retry` may start again
 
@@ -252,8 +252,8 @@ def run_sweep(sweep: SweepDir, manifest: Manifest, trials: list[Trial], profile:
     running code version, appended to the manifest (a dirty tree's diff kept in ``code/``). ``adopt``: the folder
     existed before this command, so it may claim an experiment made before sweeps had ids. ``include_failed`` and
     ``retry``: see :func:`classify`. ``expand``: called under the lock with ``trials`` before anything is written,
-    returns them with the evaluation jobs they need (:func:`orchestrate.evaluations.plan_default`); its
-    :class:`~orchestrate.evaluations.EvaluationError` leaves everything unchanged. ``only``: which trials may be
+    returns them with the evaluation jobs they need (:func:`orchestrate.plan.evaluations.plan_default`); its
+    :class:`~orchestrate.plan.evaluations.EvaluationError` leaves everything unchanged. ``only``: which trials may be
     (re)submitted (``--where``, or one evaluation's jobs); the others are classified and left as they are.
 
     Evaluation jobs (``Trial.evaluation``) are classified from their folders alone: their model's run is the
@@ -293,7 +293,7 @@ def run_sweep(sweep: SweepDir, manifest: Manifest, trials: list[Trial], profile:
             log(f"ledger: {rec.describe()}")
         runs = rec.runs if rec.runs is not None else ledger.trial_runs()
         if evals:
-            from orchestrate.evaluations import evaluation_runs
+            from orchestrate.plan.evaluations import evaluation_runs
 
             runs = {**runs, **evaluation_runs(sweep, evals, runs)}
         plan = classify(trials, runs, live, states, include_failed=include_failed, retry=retry,
@@ -398,7 +398,7 @@ def dry_run(args: "argparse.Namespace", grid: "Grid", profile: Profile, sweep: S
     nothing is created, written or submitted: no sweep folder, lock file, run or job. The ledger is only looked up
     (:func:`orchestrate.status_ledger.ledger_probe`), the scheduler only asked which jobs it holds."""
     from orchestrate.commands import UsageError, submit_input
-    from orchestrate.evaluations import plan_default
+    from orchestrate.plan.evaluations import plan_default
     from orchestrate.ledger_store import check_tracking_uri
     from orchestrate.status_ledger import ledger_probe
     from orchestrate.trial_status import scheduler_view

@@ -29,7 +29,7 @@ def preview(args: argparse.Namespace, sweep: SweepDir, manifest: Manifest, retry
     from asr_core.contract.trial import OUTCOME_PREEMPTED
     from orchestrate.commands import check_data, execution_overrides
     from orchestrate.dispatch import classify
-    from orchestrate.evaluations import plan_default
+    from orchestrate.plan.evaluations import plan_default
     from orchestrate.sweep.trial_state import failure_reason, read_folder_states
     from orchestrate.trial_status import scheduler_view
 

@@ -15,8 +15,8 @@ import pytest
 
 from asr_study.cli import GROUPS, main
 from orchestrate import assets
-from orchestrate.backends.profile import BackendError, load_profile
-from orchestrate.grid import GridError, load_grid
+from orchestrate.plan.profile import BackendError, load_profile
+from orchestrate.plan.grid import GridError, load_grid
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMIT = re.compile(r"\(commit [0-9a-f]{12}(\+dirty\.[0-9a-f]{8})?, ")

@@ -16,7 +16,7 @@ import uuid
 from pathlib import Path
 
 from asr_core.contract.trial import TrialFolder
-from orchestrate.grid import load_grid
+from orchestrate.plan.grid import load_grid
 from orchestrate.ledger import Ledger
 from orchestrate.sweep.folder import Manifest, SweepDir, new_sweep_id
 from tests.folder_snapshot import snapshot

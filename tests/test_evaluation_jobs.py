@@ -273,7 +273,7 @@ def test_a_model_recorded_under_an_older_key_is_matched_by_science_not_by_its_ev
     import dataclasses
 
     from asr_core.config import resolve
-    from orchestrate.evaluations import evaluation_trial
+    from orchestrate.plan.evaluations import evaluation_trial
     from orchestrate.sweep.folder import merge_trials
     from orchestrate.sweep.trial import Trial
 

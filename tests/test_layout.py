@@ -125,7 +125,8 @@ def test_no_private_name_is_taken_from_another_module():
     assert not taken, "make these public (or move them to the module that uses them):\n" + "\n".join(taken)
 
 
-@pytest.mark.parametrize("module", ["asr_core.outbox", "orchestrate.loadtest", "orchestrate.estimate"])
+@pytest.mark.parametrize("module", ["asr_core.outbox", "orchestrate.loadtest", "orchestrate.estimate",
+                                    "orchestrate.grid_reference"])
 def test_an_alias_kept_for_a_command_of_earlier_versions_still_runs(module):
     import subprocess
     import sys

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from orchestrate.cli import main
-from orchestrate.grid import load_grid
+from orchestrate.plan.grid import load_grid
 from asr_core.contract import trial as tc
 from orchestrate import ledger as ledger_module
 from orchestrate.ledger import RUN_NAME_CHARS, Ledger, LedgerError, SweepOwnershipError, TrialRun, counts, run_names

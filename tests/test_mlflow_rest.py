@@ -26,7 +26,7 @@ from urllib.parse import urlparse
 import pytest
 
 from asr_core.contract import trial as tc
-from orchestrate.grid import load_grid
+from orchestrate.plan.grid import load_grid
 from orchestrate.ledger import Ledger, LedgerError, run_names
 from orchestrate.mlflow_rest import MlflowRest, RestError, UncertainWrite, auth_header, credentials
 from tests.plugins.mlflow_server import MlflowServer, free_port, read_credentials, start_server, stop_server
@@ -169,7 +169,7 @@ def test_the_ledger_over_rest_writes_the_schema_and_never_imports_mlflow(mlflow_
     out = tmp_path / "ids.json"
     code = textwrap.dedent(f"""
         import json, sys
-        from orchestrate.grid import load_grid
+        from orchestrate.plan.grid import load_grid
         from orchestrate.ledger import Ledger
         ledger = Ledger({mlflow_server.uri!r}, {name!r})
         ledger.check_owner("id-a", "/runs/a")

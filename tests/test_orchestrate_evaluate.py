@@ -339,7 +339,7 @@ def test_a_packaged_spec_is_found_by_name_and_reads_its_paths_from_the_working_f
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``--spec decode-lm`` (or ``grids/decode-lm.yaml`` outside a checkout) is the packaged spec; its relative LM path
     reads as from ./grids/ of the folder the command runs in; an unknown name lists the packaged ones."""
-    from orchestrate.decode_file import DecodeFileError, load_decode_file
+    from orchestrate.plan.decode_file import DecodeFileError, load_decode_file
 
     lm = tmp_path / "runs" / "lm-paper" / "checkpoint.pt"
     lm.parent.mkdir(parents=True)

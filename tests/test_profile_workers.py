@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from orchestrate.backends.profile import Profile, load_profile
-from orchestrate.grid import load_grid
+from orchestrate.plan.profile import Profile, load_profile
+from orchestrate.plan.grid import load_grid
 from orchestrate.sweep.folder import SweepDir
 
 REPO = Path(__file__).resolve().parents[1]

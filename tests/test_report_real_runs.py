@@ -17,7 +17,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from analysis.__main__ import main
-from orchestrate.grid import load_grid
+from orchestrate.plan.grid import load_grid
 from orchestrate.ledger import Ledger
 
 ROOT = Path(__file__).resolve().parents[1]

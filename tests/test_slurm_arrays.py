@@ -34,7 +34,7 @@ import pytest
 
 from asr_core.contract.trial import EXIT_OK
 from orchestrate.backends.base import Job
-from orchestrate.backends.profile import Profile
+from orchestrate.plan.profile import Profile
 from orchestrate.backends.slurm import SlurmBackend, TrialTask
 from orchestrate.sweep.folder import SweepDir
 from tests.plugins.slurm_cluster import SlurmCluster, own_cluster

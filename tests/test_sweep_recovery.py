@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from orchestrate.cli import main
-from orchestrate.grid import load_grid
+from orchestrate.plan.grid import load_grid
 from orchestrate.ledger import Ledger, wait_for
 from orchestrate.sweep.folder import SweepDir
 from tests.test_backend import (CHECKPOINT_EVERY, MAX_STEPS, SMOKE, assert_one_run_per_key, cluster_env,

@@ -4,7 +4,7 @@ A backend knows how to start trials (``submit``), which of the sweep's trials it
 (``live_jobs``), how jobs that ended without a word ended (``job_ends``: the scheduler's accounting, where it keeps
 one), and how to stop them (``cancel``). The ledger, the sweep folder and the decision of what to (re)submit live
 outside (:mod:`orchestrate.dispatch`), so every backend behaves the same way on resume.
-Cluster profiles (what a backend asks the scheduler for) live in :mod:`orchestrate.backends.profile`, with
+Cluster profiles (what a backend asks the scheduler for) live in :mod:`orchestrate.plan.profile`, with
 :class:`BackendError`.
 """
 
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, ClassVar
 
-from orchestrate.backends.profile import BackendError, Profile, StoppedBySignal
+from orchestrate.plan.profile import BackendError, Profile, StoppedBySignal
 from orchestrate.sweep.folder import Submission, SweepDir
 from orchestrate.sweep.trial import Trial
 

@@ -24,7 +24,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
-from orchestrate.backends.profile import ESTIMATE, Profile, format_minutes, parse_minutes, time_limit_minutes
+from orchestrate.plan.profile import ESTIMATE, Profile, format_minutes, parse_minutes, time_limit_minutes
 
 if TYPE_CHECKING:
     from orchestrate.sweep.trial import Trial
@@ -139,7 +139,7 @@ def _evaluation_limit(trial: "Trial", cal: Any, profile: Profile, cap_min: int |
     checkpoint, so a limit too short would end it again at every requeue."""
     from orchestrate.budget.calibration import EstimateError
     from orchestrate.budget.evaluation_time import eval_seconds
-    from orchestrate.evaluations import evaluation_config
+    from orchestrate.plan.evaluations import evaluation_config
 
     secs = eval_seconds(evaluation_config(trial), cal) if not trial.evaluation.get("decoder") else None
     if secs is None:

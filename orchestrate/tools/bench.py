@@ -37,7 +37,7 @@ import yaml
 
 from asr_core.contract.tracking import tracking_uri as ledger_uri
 from orchestrate.assets import grids_dir, server_script
-from orchestrate.grid import load_grid
+from orchestrate.plan.grid import load_grid
 
 if TYPE_CHECKING:
     from orchestrate.mlflow_rest import MlflowRest
@@ -274,10 +274,10 @@ def _finished_sweep(root: Path) -> "SweepDir":
 def bench_new_test_set(work: Path, new: str = NEW_TEST_SET) -> NewTestSet:
     """Add the test set ``new`` (``NAME=FORMAT:PATH``) to a finished 321-model paper sweep: the paper grid with it
     appended to ``eval.datasets`` (as ``--set`` does), merged into the sweep's trials as ``submit`` merges them,
-    then :func:`orchestrate.evaluations.plan_default` timed. Every model lacks the new set only: one evaluation job
+    then :func:`orchestrate.plan.evaluations.plan_default` timed. Every model lacks the new set only: one evaluation job
     each, no training."""
     from orchestrate.sweep.folder import merge_trials
-    from orchestrate.evaluations import EvaluationError, plan_default
+    from orchestrate.plan.evaluations import EvaluationError, plan_default
 
     what = "add 1 test set, 321-model sweep (plan)"
     _say("making a finished 321-model sweep folder (not timed)")

@@ -41,7 +41,7 @@ PROGRESS_LINES = 200  # progress records per started trial (the trainer writes o
 
 def fake_trials(n: int) -> list[Trial]:
     """``n`` trials of the paper grid (its 321, then copies under new keys and labels: ``…-c1``, ``…-c2``, …)."""
-    from orchestrate.grid import load_grid
+    from orchestrate.plan.grid import load_grid
 
     base = list(load_grid(PAPER_GRID).trials)
     out = base[:n]

@@ -34,7 +34,7 @@ from orchestrate.sweep.folder import SweepDir
 from orchestrate.sweep.trial import Trial
 
 if TYPE_CHECKING:
-    from orchestrate.decode_file import DecodeSpec
+    from orchestrate.plan.decode_file import DecodeSpec
 
 
 class EvaluationError(ValueError):

@@ -1,6 +1,6 @@
 """Grid files read (YAML by :mod:`asr_core.yaml_input`: bounded, duplicate keys refused), ``extends`` and
 ``include`` followed, each sub-grid with its file, base and seeds (:func:`subgrid_sources`); what a sub-grid's axes
-expand to is :mod:`orchestrate.grid`'s.
+expand to is :mod:`orchestrate.plan.grid`'s.
 
 A grid file is a base configuration plus named sub-grids::
 
@@ -18,7 +18,7 @@ A grid file is a base configuration plus named sub-grids::
 
 Every error is a :class:`GridError` naming the file (and sub-grid, key and value where there is one) and what is
 valid. The keys and their meanings are the tables :data:`TOP_LEVEL` and :data:`SUBGRID`, which the reader checks
-against and docs/grid-format.md is printed from (``python -m orchestrate.grid_reference``).
+against and docs/grid-format.md is printed from (``python -m orchestrate.plan.grid_reference``).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ class GridError(ValueError):
 @dataclass(frozen=True)
 class GridKey:
     """One key of a grid file: its name, the value it takes, and what it means (one line each; the reference page
-    docs/grid-format.md is printed from these tables by :mod:`orchestrate.grid_reference`)."""
+    docs/grid-format.md is printed from these tables by :mod:`orchestrate.plan.grid_reference`)."""
 
     name: str
     value: str

@@ -1,6 +1,6 @@
 """Grid files → trials.
 
-A grid file (its format and how it is read: :mod:`orchestrate.grid_file`) is a base configuration plus named
+A grid file (its format and how it is read: :mod:`orchestrate.plan.grid_file`) is a base configuration plus named
 sub-grids; each sub-grid is the product of its axes (dotted :class:`~asr_core.config.Config` field names, or
 ``preset``) times the list of seeds.
 
@@ -34,7 +34,7 @@ from typing import Any, Callable, Iterable, Mapping
 from asr_core.config import FIELD_TYPES, PRESETS, Config, EvalConfig, parse_field, resolve
 from asr_core.config_parse import ConfigError
 from asr_core.contract.specs import dataset_name
-from orchestrate.grid_file import (SUBGRID_KEYS, GridError, where_in, parse_seeds, read_grid_yaml,
+from orchestrate.plan.grid_file import (SUBGRID_KEYS, GridError, where_in, parse_seeds, read_grid_yaml,
                                    subgrid_sources)
 from orchestrate.assets import grid_path
 from orchestrate.sweep.trial import Trial
