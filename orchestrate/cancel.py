@@ -9,7 +9,7 @@ into every unfinished trial folder first (a job that starts meanwhile exits at o
 * **Without the tracker.** ``cancel --offline``, or the default when the sweep's MLflow does not answer (a line says
   so): the folders are marked and the jobs stopped all the same; the runs are left as they are, and the next command
   that reaches MLflow (``status``, ``resume``, ``submit``, ``retry``) marks them KILLED from the folders
-  (:func:`orchestrate.reconcile.reconcile_ledger`; ``status`` shows the ledger behind until then).
+  (:func:`orchestrate.ledger.reconcile.reconcile_ledger`; ``status`` shows the ledger behind until then).
 * **While a local sweep runs.** The command running a local sweep holds its lock: ``cancel`` then writes the markers
   without the lock and sends SIGTERM to the trainers whose leases name this machine (they end ``cancelled``; the
   Tune driver skips trials not yet started), and that command ends by itself.
@@ -33,8 +33,8 @@ from asr_core.contract.trial import FINISHED, KILLED, TAG_ERROR, TrialFolder
 from orchestrate.backends import make_backend
 from orchestrate.backends.base import Backend, BackendError
 from orchestrate.plan.profile import load_profile
-from orchestrate.ledger import Ledger, LedgerError, SweepOwnershipError
-from orchestrate.ledger_store import check_tracking_uri
+from orchestrate.ledger.ledger import Ledger, LedgerError, SweepOwnershipError
+from orchestrate.ledger.store import check_tracking_uri
 from orchestrate.sweep.folder import Manifest, SweepBusy, SweepDir, SweepError, SweepFileError
 from orchestrate.sweep.trial import Trial
 from orchestrate.sweep.trial_state import FolderState, read_folder_states

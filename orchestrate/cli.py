@@ -37,8 +37,8 @@ from orchestrate.plan.decode_file import DecodeFileError
 from orchestrate.plan.evaluations import EvaluationError
 from orchestrate.sweep.where import WhereError
 from orchestrate.plan.grid import Grid, GridError, load_grid, plan_table
-from orchestrate.ledger import Ledger, LedgerError
-from orchestrate.ledger_store import check_tracking_uri
+from orchestrate.ledger.ledger import Ledger, LedgerError
+from orchestrate.ledger.store import check_tracking_uri
 from orchestrate.show import show_trial
 from orchestrate.sweep.folder import (DEFAULT_MAX_FAILURES, Manifest, SweepDir, SweepError, SweepFileError,
                                new_sweep_id)
@@ -155,7 +155,7 @@ def _recorded_sweep(args: argparse.Namespace) -> SweepDir | None:
     uri = getattr(args, "tracking_uri", None)
     if not uri:
         return None
-    from orchestrate.status_ledger import ledger_probe
+    from orchestrate.ledger.probe import ledger_probe
 
     probe = ledger_probe(uri, args.sweep)
     if not probe.owner_root:
@@ -185,7 +185,7 @@ def _read(args: argparse.Namespace) -> tuple[SweepDir, Manifest]:
 def _refuse_other_uri(args: argparse.Namespace) -> None:
     """Before the lock is taken, the read-only checks that refuse a command (another ``--tracking-uri``; a ledger
     that answers and belongs to another sweep folder): a refused command changes nothing, not even the lock file."""
-    from orchestrate.status_ledger import check_owner, ledger_probe
+    from orchestrate.ledger.probe import check_owner, ledger_probe
 
     try:
         sweep, manifest = _read(args)
@@ -206,7 +206,7 @@ def _open(args: argparse.Namespace) -> tuple[SweepDir, Manifest, list[Trial]]:
 
 def cmd_status(args: argparse.Namespace) -> int:
     from orchestrate.status import show_status
-    from orchestrate.status_ledger import check_owner, ledger_probe
+    from orchestrate.ledger.probe import check_owner, ledger_probe
 
     sweep, manifest = _read(args)
     # status reads the trial folders and works while MLflow is down; a ledger that answers must be this sweep's

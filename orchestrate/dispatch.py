@@ -2,7 +2,7 @@
 
 Every operation takes the sweep lock before it writes anything, then reads the trial folders (the truth; MLflow
 mirrors them), asks the backend which trials its scheduler still holds, brings the ledger in line with the folders
-(:func:`orchestrate.reconcile.reconcile_ledger`) and classifies each trial:
+(:func:`orchestrate.ledger.reconcile.reconcile_ledger`) and classifies each trial:
 
 * finished (``DONE`` in its folder, or FINISHED in the ledger) → skipped, even when the ledger lags;
 * live: held by the scheduler (pending/running/requeued), or its lease is alive (a fresh heartbeat beats an empty
@@ -47,10 +47,10 @@ from orchestrate.backends import make_backend
 from orchestrate.backends.base import Backend, Job
 from orchestrate.plan.profile import Profile
 from orchestrate.cancel import CANCELLED_ERROR
-from orchestrate.ledger import Ledger, LedgerError, TrialRun
+from orchestrate.ledger.ledger import Ledger, LedgerError, TrialRun
 from orchestrate.sweep.folder import DEFAULT_MAX_FAILURES, Manifest, SweepDir, new_sweep_id
 from orchestrate.sweep.trial import Trial
-from orchestrate.reconcile import reconcile_ledger
+from orchestrate.ledger.reconcile import reconcile_ledger
 from orchestrate.sweep.trial_state import FolderState, failure_reason, read_folder_state, read_folder_states
 
 if TYPE_CHECKING:
@@ -396,11 +396,11 @@ def new_manifest(name: str, grid: Path, backend: str, profile: str, tracking_uri
 def dry_run(args: "argparse.Namespace", grid: "Grid", profile: Profile, sweep: SweepDir) -> int:
     """``submit --dry-run``: what ``submit`` would do with ``grid`` (checked as ``submit`` checks it), printed;
     nothing is created, written or submitted: no sweep folder, lock file, run or job. The ledger is only looked up
-    (:func:`orchestrate.status_ledger.ledger_probe`), the scheduler only asked which jobs it holds."""
+    (:func:`orchestrate.ledger.probe.ledger_probe`), the scheduler only asked which jobs it holds."""
     from orchestrate.commands import UsageError, submit_input
     from orchestrate.plan.evaluations import plan_default
-    from orchestrate.ledger_store import check_tracking_uri
-    from orchestrate.status_ledger import ledger_probe
+    from orchestrate.ledger.store import check_tracking_uri
+    from orchestrate.ledger.probe import ledger_probe
     from orchestrate.trial_status import scheduler_view
 
     checked = submit_input(args, grid.trials, profile, sweep)

@@ -20,7 +20,7 @@ from asr_core.contract.segments import read_segments
 from asr_core.contract.tracking import bound_mlflow_http, mlflow_http
 from asr_core.contract.trial import read_attempts
 from orchestrate.commands import UsageError
-from orchestrate.status_ledger import ledger_probe
+from orchestrate.ledger.probe import ledger_probe
 from orchestrate.sweep.folder import Manifest, SweepDir
 from orchestrate.sweep.trial import Trial
 from orchestrate.sweep.trial_state import read_folder_states

@@ -24,7 +24,7 @@ the GPU-hours the trials' segments ran, every failed, killed and lost trial with
 running ones with their progress, rate (steps/s over the last minutes) and time left, each with its log, the code
 versions, the trials whose outbox keeps records MLflow refused for good (``kept``, with the command that
 sends them again), and a ledger line: how many trials hold outbox records not yet in MLflow. When the folders say
-the ledger is behind and MLflow answers, ``status`` reconciles it (:func:`orchestrate.reconcile.reconcile_ledger`,
+the ledger is behind and MLflow answers, ``status`` reconciles it (:func:`orchestrate.ledger.reconcile.reconcile_ledger`,
 under the sweep's lock, within ``--reconcile-deadline`` seconds) and says so; a lookup of the sweep's experiment
 (sqlite3 or one HTTP request, no mlflow import) first tells whether MLflow answers and whether this folder owns it.
 

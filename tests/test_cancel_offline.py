@@ -22,7 +22,7 @@ import pytest
 
 from asr_core.contract.trial import (FAILURE_OUTCOMES, FINISHED, KILLED, OUTCOME_CANCELLED, SCHEDULED, TrialFolder,
                                      read_attempts, read_progress)
-from orchestrate.ledger import Ledger
+from orchestrate.ledger.ledger import Ledger
 from orchestrate.sweep.folder import SweepDir
 from orchestrate.sweep.trial_state import read_folder_states
 from tests.test_backend import CHECKPOINT_EVERY, smoke_corpus, squeue_states, wait_until, write_profile

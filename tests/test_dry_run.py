@@ -3,7 +3,7 @@
 goes on, as scripts and the other tests expect).
 
 Real pieces: the smoke grid, a real ``mlflow server`` (or a sqlite file) holding the sweep's experiment and runs
-(made by :class:`orchestrate.ledger.Ledger`), ``orchestrate`` run in a fresh process, and a real pseudo-terminal for the
+(made by :class:`orchestrate.ledger.ledger.Ledger`), ``orchestrate`` run in a fresh process, and a real pseudo-terminal for the
 question.
 """
 
@@ -17,7 +17,7 @@ from pathlib import Path
 
 from asr_core.contract.trial import TrialFolder
 from orchestrate.plan.grid import load_grid
-from orchestrate.ledger import Ledger
+from orchestrate.ledger.ledger import Ledger
 from orchestrate.sweep.folder import Manifest, SweepDir, new_sweep_id
 from tests.folder_snapshot import snapshot
 

@@ -25,7 +25,7 @@ from mlflow.tracking import MlflowClient
 
 from asr_core.contract.trial import FINISHED
 from orchestrate.cli import main
-from orchestrate.ledger import Ledger
+from orchestrate.ledger.ledger import Ledger
 from orchestrate.sweep.folder import SweepDir
 from tests.test_backend import smoke_corpus
 

@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from orchestrate.cli import main
-from orchestrate.ledger import Ledger
+from orchestrate.ledger.ledger import Ledger
 from orchestrate.sweep.folder import SweepDir
 from tests.plugins.mlflow_server import MlflowServer
 

@@ -14,7 +14,7 @@ import pytest
 
 from orchestrate.cli import main
 from orchestrate.plan.grid import load_grid
-from orchestrate.ledger import Ledger, wait_for
+from orchestrate.ledger.ledger import Ledger, wait_for
 from orchestrate.sweep.folder import SweepDir
 from tests.test_backend import (CHECKPOINT_EVERY, MAX_STEPS, SMOKE, assert_one_run_per_key, cluster_env,
                                 last_checkpoint, loss_steps, resumed_at, smoke_corpus, squeue_states,

@@ -205,7 +205,7 @@ def decoded_before(uri: str, sweep_name: str, decoders: list[str], models: Itera
     """{model key: the conditions whose ``wer_<decoder>/<dataset>[/snr<DB>]`` its run already holds for every one
     of ``decoders``} (decoded by an earlier version's decode jobs under this name): never decoded again. One search
     of the sweep's trial runs."""
-    from orchestrate.ledger import Ledger
+    from orchestrate.ledger.ledger import Ledger
 
     ledger = Ledger(uri, sweep_name)
     by_run = decoder_metrics(uri, ledger.experiment_id, decoders)

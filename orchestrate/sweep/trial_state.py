@@ -1,4 +1,4 @@
-"""What the trial folders say, read cheaply (:mod:`orchestrate.reconcile` brings the ledger in line with them).
+"""What the trial folders say, read cheaply (:mod:`orchestrate.ledger.reconcile` brings the ledger in line with them).
 
 The trial folder (``<sweep>/trials/<key>/``, :class:`asr_core.contract.trial.TrialFolder`) holds the truth about a
 trial: ``DONE``, ``TRAINED``, ``CANCELLED``, its lease (``lease/``, :mod:`asr_core.runtime.lease`), its progress records,

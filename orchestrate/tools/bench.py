@@ -40,7 +40,7 @@ from orchestrate.assets import grids_dir, server_script
 from orchestrate.plan.grid import load_grid
 
 if TYPE_CHECKING:
-    from orchestrate.mlflow_rest import MlflowRest
+    from orchestrate.ledger.mlflow_rest import MlflowRest
     from orchestrate.sweep.folder import SweepDir
 
 REPO = Path(__file__).resolve().parents[2]
@@ -150,8 +150,8 @@ class _Server:
 
 # ---- submit and the ledger query -------------------------------------------------------------------------------------
 def _bench_submit(work: Path, uri: str | None) -> list[Row]:
-    from orchestrate.ledger import Ledger
-    from orchestrate.mlflow_rest import MlflowRest
+    from orchestrate.ledger.ledger import Ledger
+    from orchestrate.ledger.mlflow_rest import MlflowRest
     from orchestrate.sweep.folder import SweepDir
 
     server = None

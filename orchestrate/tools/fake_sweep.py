@@ -177,7 +177,7 @@ def make_fake_sweep(root: Path | str, n_trials: int, *, name: str | None = None,
     """A sweep folder ``ROOT/NAME`` (default ``fake<N>``) of ``n_trials`` trials in the mix of :data:`MIX` (or of
     ``mix``: ``(("finished", 1.0),)`` is a finished sweep); ``tracking_uri`` defaults to a sqlite file under
     ``root`` that does not exist (no ledger is needed)."""
-    from orchestrate.reconcile import ledger_targets, write_sync
+    from orchestrate.ledger.reconcile import ledger_targets, write_sync
     from orchestrate.sweep.trial_state import read_folder_states
 
     rng = random.Random(seed)

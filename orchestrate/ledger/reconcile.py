@@ -31,7 +31,7 @@ from orchestrate.sweep.folder import DEFAULT_MAX_FAILURES
 from orchestrate.sweep.trial_state import FolderState, failure_reason
 
 if TYPE_CHECKING:
-    from orchestrate.ledger import Ledger, TrialRun
+    from orchestrate.ledger.ledger import Ledger, TrialRun
     from orchestrate.sweep.folder import SweepDir
 
 __all__ = ["ReconcileResult", "SYNC_FILE", "Target", "behind", "ledger_target", "ledger_targets", "read_sync",

@@ -1,6 +1,6 @@
 """Where a sweep's ledger lives: its tracking URI (the rule: :mod:`asr_core.contract.tracking`; checked by
-:func:`check_tracking_uri` before anything is created), and for a ``sqlite:`` file the store :class:`orchestrate.ledger.Ledger` speaks to
-(:class:`ClientStore`: the calls of :class:`~orchestrate.mlflow_rest.MlflowRest` on an ``MlflowClient``), with
+:func:`check_tracking_uri` before anything is created), and for a ``sqlite:`` file the store :class:`orchestrate.ledger.ledger.Ledger` speaks to
+(:class:`ClientStore`: the calls of :class:`~orchestrate.ledger.mlflow_rest.MlflowRest` on an ``MlflowClient``), with
 write-ahead logging and ``synchronous=NORMAL`` so that many trial jobs write while ``status`` reads.
 """
 
@@ -16,7 +16,7 @@ from urllib.parse import urlparse
 
 from asr_core.contract.ledger import artifact_location
 from asr_core.contract.tracking import sqlite_file
-from orchestrate.mlflow_rest import MAX_PER_BATCH, Experiment, LedgerError, Run, auth_header
+from orchestrate.ledger.mlflow_rest import MAX_PER_BATCH, Experiment, LedgerError, Run, auth_header
 
 
 def check_tracking_uri(uri: str, timeout: float = 5.0, hint: str = "") -> None:
@@ -91,7 +91,7 @@ R = TypeVar("R")
 
 
 class ClientStore:
-    """The calls of :class:`~orchestrate.mlflow_rest.MlflowRest` on an ``MlflowClient`` (a ``sqlite:`` ledger,
+    """The calls of :class:`~orchestrate.ledger.mlflow_rest.MlflowRest` on an ``MlflowClient`` (a ``sqlite:`` ledger,
     which has no server to talk REST to), returning the same records. ``client`` is asked for the client at every
     call: the ledger makes it on first use."""
 
@@ -170,7 +170,7 @@ class ClientStore:
 
 
 def _record(run: Any) -> Run:
-    """An ``mlflow.entities.Run`` as the ledger's :class:`~orchestrate.mlflow_rest.Run`."""
+    """An ``mlflow.entities.Run`` as the ledger's :class:`~orchestrate.ledger.mlflow_rest.Run`."""
     i = run.info
     return Run(run_id=i.run_id, run_name=i.run_name or "", status=i.status, start_time=i.start_time or 0,
                end_time=i.end_time, lifecycle_stage=i.lifecycle_stage, tags=dict(run.data.tags),

@@ -31,8 +31,8 @@ from asr_core.contract.trial import (ENDED, FINISHED, ROLE_PARENT, ROLE_TRIAL, R
                                      TAG_BACKEND, TAG_CODE, TAG_ERROR, TAG_JOB_ID, TAG_KEY, TAG_LABEL,
                                      TAG_PARENT_RUN, TAG_PREEMPTIONS, TAG_ROLE, TAG_SEED, TAG_SEGMENTS, TAG_SUBGRIDS,
                                      TAG_SWEEP_BACKEND, TAG_SWEEP_GRID, TAG_SWEEP_ID, TAG_SWEEP_ROOT)
-from orchestrate.ledger_store import ClientStore, enable_wal, sqlite_sync_normal
-from orchestrate.mlflow_rest import Experiment, LedgerError, MlflowRest, UncertainWrite
+from orchestrate.ledger.store import ClientStore, enable_wal, sqlite_sync_normal
+from orchestrate.ledger.mlflow_rest import Experiment, LedgerError, MlflowRest, UncertainWrite
 from orchestrate.sweep.trial import POSENC_SHORT, Trial
 
 __all__ = ["STATES", "Ledger", "LedgerError", "SweepOwnershipError", "TrialRun", "counts", "run_names", "wait_for"]
@@ -117,7 +117,7 @@ def _tag_int(tags: dict[str, str], name: str) -> int:
 class Ledger:
     """The sweep ``name`` in the MLflow tracking store at ``tracking_uri``.
 
-    An ``http(s)://`` server is spoken to through its REST API (:mod:`orchestrate.mlflow_rest`: no mlflow import,
+    An ``http(s)://`` server is spoken to through its REST API (:mod:`orchestrate.ledger.mlflow_rest`: no mlflow import,
     pooled connections, calls in parallel); a ``sqlite:`` file through ``MlflowClient``."""
 
     def __init__(self, tracking_uri: str, name: str) -> None:

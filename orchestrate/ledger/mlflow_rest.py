@@ -5,7 +5,7 @@ and its client reads a run back before it updates it. The REST API (``/api/2.0/m
 https://mlflow.org/docs/latest/rest-api.html) is MLflow's stable public contract between its clients and servers,
 so speaking it directly costs nothing in compatibility: ``requests`` imports in a tenth of a second, connections
 are kept open and shared by a thread pool, and every call is one request. A ``sqlite:`` ledger has no server and
-keeps ``MlflowClient`` (:mod:`orchestrate.ledger`).
+keeps ``MlflowClient`` (:mod:`orchestrate.ledger.ledger`).
 
 Credentials are found exactly as MLflow's own clients find them: basic auth from ``MLFLOW_TRACKING_USERNAME`` /
 ``MLFLOW_TRACKING_PASSWORD``, each falling back to ``~/.mlflow/credentials`` (section ``[mlflow]``, keys
@@ -54,7 +54,7 @@ R = TypeVar("R")
 class LedgerError(RuntimeError):
     """The tracking server or database cannot be used; the message says which URI and what to do.
 
-    Defined here, the lowest layer that raises it, and re-exported by :mod:`orchestrate.ledger`."""
+    Defined here, the lowest layer that raises it, and re-exported by :mod:`orchestrate.ledger.ledger`."""
 
 
 class RestError(LedgerError):
