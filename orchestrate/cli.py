@@ -46,7 +46,7 @@ from orchestrate.sweep.trial import Trial
 
 if TYPE_CHECKING:
     from asr_core.runtime.provenance import CodeVersion
-    from orchestrate.dispatch import Plan
+    from orchestrate.dispatch.dispatch import Plan
 
 
 EXIT_TRACKER = 3  # the work is done and on disk, but MLflow did not answer at the end: run what the message says later
@@ -94,15 +94,15 @@ def _code() -> "CodeVersion":
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    from orchestrate.dispatch import new_manifest, run_sweep
+    from orchestrate.dispatch.dispatch import new_manifest, run_sweep
 
     grid = load_grid(args.grid, args.overrides)
     profile = load_profile(args.profile)
     sweep = SweepDir(args.sweep_root, args.sweep or grid.name)
     if args.dry_run:
-        from orchestrate.dispatch import dry_run
+        from orchestrate.resubmit_preview import submit_preview
 
-        return dry_run(args, grid, profile, sweep)
+        return submit_preview(args, grid, profile, sweep)
     with sweep.lock("submit"):  # before sweep.json and trials.json are read: no stale copy is written back
         checked = submit_input(args, grid.trials, profile, sweep)
         old, uri, trials, backend = checked.old, checked.uri, checked.trials, checked.backend
@@ -216,7 +216,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def cmd_resume(args: argparse.Namespace) -> int:
     from orchestrate.backends import make_backend
-    from orchestrate.dispatch import run_sweep
+    from orchestrate.dispatch.dispatch import run_sweep
 
     retry: tuple[str, ...] = ()
     if args.command == "retry":
@@ -264,7 +264,7 @@ def _behind(args: argparse.Namespace, plan: "Plan", sweep: SweepDir) -> int:
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
-    from orchestrate.cancel import cancel, confirmed
+    from orchestrate.dispatch.cancel import cancel, confirmed
 
     _refuse_other_uri(args)
     if not args.where and not args.yes and not confirmed(_sweep(args)):
@@ -286,14 +286,14 @@ def _selected(where: list[str]) -> "Callable[[Trial], bool] | None":
 def cmd_evaluate(args: argparse.Namespace) -> int:
     """``evaluate SWEEP --spec FILE`` (``--decode FILE`` is the same): one evaluation job per trained model
     (``--where``) that lacks the spec's conditions under its name, submitted with the sweep's other jobs
-    (:func:`orchestrate.dispatch.run_sweep`: the same backend, ``max_parallel``, ``status``, ``cancel`` and
+    (:func:`orchestrate.dispatch.dispatch.run_sweep`: the same backend, ``max_parallel``, ``status``, ``cancel`` and
     ``retry``); the models' keys, folders and training state are never touched. A spec of plain test sets
     (``datasets`` only) adds them to each model's own evaluation (metrics ``wer/...``), as ``submit`` does when the
     grid's eval section gains them."""
     from asr_core.contract.evaluation import describe_conditions
     from orchestrate.backends import make_backend
     from orchestrate.plan.decode_file import load_decode_file
-    from orchestrate.dispatch import run_sweep
+    from orchestrate.dispatch.dispatch import run_sweep
     from orchestrate.plan.evaluations import EvaluationName, decoded_before, missing_data, plan_named, plan_plain
     from orchestrate.sweep.where import matches, parse_where
 

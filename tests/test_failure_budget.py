@@ -30,7 +30,7 @@ from asr_core.contract.trial import (FAILED, FINISHED, OUTCOME_FAILED, OUTCOME_K
                                      record_attempt)
 from orchestrate.backends import slurm_commands
 from orchestrate.cli import main
-from orchestrate.dispatch import Plan, classify
+from orchestrate.dispatch.dispatch import Plan, classify
 from orchestrate.ledger.ledger import Ledger, TrialRun, wait_for
 from orchestrate.sweep.folder import SweepDir
 from orchestrate.sweep.trial import Trial

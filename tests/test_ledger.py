@@ -248,7 +248,7 @@ def test_the_first_submission_saves_the_view_of_every_wer_column_and_leaves_a_la
     import json
 
     from asr_core.contract import ledger as sv
-    from orchestrate.dispatch import eval_dataset_names
+    from orchestrate.dispatch.dispatch import eval_dataset_names
 
     trials = list(load_grid(ROOT / "grids" / "demo.yaml").trials)
     assert eval_dataset_names(trials) == ["test", "test-shifted"]

@@ -3,7 +3,7 @@
 A backend knows how to start trials (``submit``), which of the sweep's trials its scheduler still holds
 (``live_jobs``), how jobs that ended without a word ended (``job_ends``: the scheduler's accounting, where it keeps
 one), and how to stop them (``cancel``). The ledger, the sweep folder and the decision of what to (re)submit live
-outside (:mod:`orchestrate.dispatch`), so every backend behaves the same way on resume.
+outside (:mod:`orchestrate.dispatch.dispatch`), so every backend behaves the same way on resume.
 Cluster profiles (what a backend asks the scheduler for) live in :mod:`orchestrate.plan.profile`, with
 :class:`BackendError`.
 """

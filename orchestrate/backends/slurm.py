@@ -23,7 +23,7 @@ How the trainer ended decides the rest (:func:`orchestrate.backends.runner.train
 memory, the system) or an exit code the trial job never uses → ``killed`` is recorded in ``attempts.jsonl`` and the
 trainer's lease freed; ``EXIT_FENCED`` (another live trainer holds the lease) → the holder is named in the log, and
 nothing else happens; ``EXIT_CANCELLED``, or a ``CANCELLED`` file in the trial folder → never requeued. What a
-``resume`` does with a failed or killed trial is the failure budget's call (:mod:`orchestrate.dispatch`).
+``resume`` does with a failed or killed trial is the failure budget's call (:mod:`orchestrate.dispatch.dispatch`).
 
 How jobs that ended without a word ended is read from the accounting (``sacct``, one call for many jobs:
 :meth:`SlurmBackend.job_ends`).

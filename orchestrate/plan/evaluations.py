@@ -236,7 +236,7 @@ def decoded_before(uri: str, sweep_name: str, decoders: list[str], models: Itera
 
 
 def evaluation_runs(sweep: SweepDir, trials: Iterable[Trial], runs: Mapping[str, Any]) -> dict[str, Any]:
-    """The ledger as :func:`orchestrate.dispatch.classify` sees an evaluation job: its model's run, always
+    """The ledger as :func:`orchestrate.dispatch.dispatch.classify` sees an evaluation job: its model's run, always
     SCHEDULED (an evaluation job's state is its folder's alone: the model's run says how training went), once the
     job has been prepared (a folder); none before (a new job)."""
     from asr_core.contract.trial import SCHEDULED

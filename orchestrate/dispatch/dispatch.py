@@ -26,7 +26,7 @@ the scheduler's accounting (:meth:`~orchestrate.backends.base.Backend.job_ends`:
 Runs are created before anything is submitted and job ids are tagged after, so a crash at any point leaves a state
 that this same function repairs.
 
-``cancel`` is final (:mod:`orchestrate.cancel`); ``submit`` and ``resume`` start no cancelled trial again, and mark the
+``cancel`` is final (:mod:`orchestrate.dispatch.cancel`); ``submit`` and ``resume`` start no cancelled trial again, and mark the
 runs of cancelled trials KILLED where a ``cancel`` without MLflow left them.
 """
 
@@ -39,14 +39,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-from asr_core.contract.tracking import sqlite_file
 from asr_core.contract.trial import (FAILED, FINISHED, KILLED, OUTCOME_DIVERGED, OUTCOME_FAILED, OUTCOME_KILLED,
                                      OUTCOME_LOST, OUTCOME_PREEMPTED, OUTCOME_RESET, SCHEDULED, TAG_BACKEND, TAG_ERROR,
                                      TAG_JOB_ID, record_attempt)
 from orchestrate.backends import make_backend
 from orchestrate.backends.base import Backend, Job
 from orchestrate.plan.profile import Profile
-from orchestrate.cancel import CANCELLED_ERROR
+from orchestrate.dispatch.cancel import CANCELLED_ERROR
 from orchestrate.ledger.ledger import Ledger, LedgerError, TrialRun
 from orchestrate.sweep.folder import DEFAULT_MAX_FAILURES, Manifest, SweepDir, new_sweep_id
 from orchestrate.sweep.trial import Trial
@@ -54,10 +53,7 @@ from orchestrate.ledger.reconcile import reconcile_ledger
 from orchestrate.sweep.trial_state import FolderState, failure_reason, read_folder_state, read_folder_states
 
 if TYPE_CHECKING:
-    import argparse
-
     from asr_core.runtime.provenance import CodeVersion
-    from orchestrate.plan.grid import Grid
 
 RETRY_WHAT = ("failed", "cancelled")  # what `retry` may start again
 
@@ -390,53 +386,3 @@ def new_manifest(name: str, grid: Path, backend: str, profile: str, tracking_uri
     return Manifest(name=name, grid=str(grid), backend=backend, profile=profile, tracking_uri=tracking_uri,
                     overrides=overrides, created=time.time(), workdir=str(Path.cwd()), sweep_id=sweep_id, code=code,
                     max_failures=max_failures, allow_sqlite=allow_sqlite)
-
-
-# ---- submit --dry-run ----------------------------------------------------------------------------------------------
-def dry_run(args: "argparse.Namespace", grid: "Grid", profile: Profile, sweep: SweepDir) -> int:
-    """``submit --dry-run``: what ``submit`` would do with ``grid`` (checked as ``submit`` checks it), printed;
-    nothing is created, written or submitted: no sweep folder, lock file, run or job. The ledger is only looked up
-    (:func:`orchestrate.ledger.probe.ledger_probe`), the scheduler only asked which jobs it holds."""
-    from orchestrate.commands import UsageError, submit_input
-    from orchestrate.plan.evaluations import plan_default
-    from orchestrate.ledger.store import check_tracking_uri
-    from orchestrate.ledger.probe import ledger_probe
-    from orchestrate.trial_status import scheduler_view
-
-    checked = submit_input(args, grid.trials, profile, sweep)
-    old, uri, trials = checked.old, checked.uri, checked.trials
-    if not uri.startswith("sqlite:"):  # (for sqlite it would create the folder of the database)
-        check_tracking_uri(uri)
-    probe = ledger_probe(uri, sweep.name)
-    if probe.exists and probe.owner and (old is None or probe.owner != old.sweep_id):
-        raise UsageError(f"experiment {sweep.name!r} in {uri} belongs to another sweep (the folder "
-                         f"{probe.owner_root or 'it did not record'}); submit this one under another name with "
-                         "`--sweep NAME`")
-    max_failures = args.max_failures or (old.max_failures if old is not None else DEFAULT_MAX_FAILURES)
-    live: dict[str, str] = {}
-    states: dict[str, FolderState] = {}
-    submitted: set[str] = set()
-    if old is not None:
-        trials = plan_default(sweep, trials)
-        states = read_folder_states(sweep, [t.key for t in trials])
-        view = scheduler_view(sweep, old)
-        live = {**{k: fs.job_id or "lease" for k, fs in states.items() if fs.live}, **dict(view.held)}
-        submitted = {k for s in sweep.submissions() for k in s.keys}
-    plan = classify(trials, {}, live, states, include_failed=False, max_failures=max_failures)
-    plan.lost += [k for k in plan.new if k in submitted]  # they have runs: submit would send them again
-    plan.new = [k for k in plan.new if k not in submitted]
-    print(f"sweep {sweep.name} (dry run: nothing created, written or submitted): {len(trials)} trials: "
-          f"{plan.summary()}")
-    print(f"  backend {args.backend}, profile {args.profile or '(default)'}, ledger {uri}"
-          + ("" if probe.answered is not False else " (submit creates it)" if uri.startswith("sqlite:")
-             and not (sqlite_file(uri) or Path()).exists() else f" (unreachable: {probe.error})"))
-    print(f"  folder {sweep.path}" + (" (exists)" if old is not None else " (would be created)"))
-    by_key = {t.key: t for t in trials}
-    why = {k: w for w, keys in (("new", plan.new), ("lost", plan.lost), ("preempted", plan.preempted),
-                                ("failed", plan.failed)) for k in keys}
-    todo = plan.to_submit()
-    print(f"would submit {len(todo)}:")
-    for k in todo:
-        t = by_key[k]
-        print(f"  {t.label}  {k}  {why.get(k, '')}" + ("  (evaluation job)" if t.is_evaluation else ""))
-    return 0
