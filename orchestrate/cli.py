@@ -205,7 +205,7 @@ def _open(args: argparse.Namespace) -> tuple[SweepDir, Manifest, list[Trial]]:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from orchestrate.status import show_status
+    from orchestrate.status.status import show_status
     from orchestrate.ledger.probe import check_owner, ledger_probe
 
     sweep, manifest = _read(args)

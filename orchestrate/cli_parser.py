@@ -74,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("sweep")
         common(sp)
         if name == "status":
-            from orchestrate.status import add_arguments
+            from orchestrate.status.status import add_arguments
 
             sp.add_argument("--json", action="store_true", help="one JSON object per trial")
             add_arguments(sp)

@@ -35,7 +35,7 @@ def preview(args: argparse.Namespace, sweep: SweepDir, manifest: Manifest, retry
     from orchestrate.dispatch.dispatch import classify
     from orchestrate.plan.evaluations import plan_default
     from orchestrate.sweep.trial_state import failure_reason, read_folder_states
-    from orchestrate.trial_status import scheduler_view
+    from orchestrate.status.trial_status import scheduler_view
 
     trials = sweep.read_trials()
     changed = execution_overrides(trials, args.overrides)
@@ -109,7 +109,7 @@ def submit_preview(args: argparse.Namespace, grid: "Grid", profile: "Profile", s
     from orchestrate.ledger.store import check_tracking_uri
     from orchestrate.ledger.probe import ledger_probe
     from orchestrate.sweep.trial_state import read_folder_states
-    from orchestrate.trial_status import scheduler_view
+    from orchestrate.status.trial_status import scheduler_view
 
     checked = submit_input(args, grid.trials, profile, sweep)
     old, uri, trials = checked.old, checked.uri, checked.trials

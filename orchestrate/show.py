@@ -1,6 +1,6 @@
 """``orchestrate show SWEEP KEY``: one trial whole, from its folder, the sweep's files and (when it answers) MLflow.
 
-KEY is a trial's key, a unique prefix of one, or its label. Printed: where it stands (:mod:`orchestrate.status`'s
+KEY is a trial's key, a unique prefix of one, or its label. Printed: where it stands (:mod:`orchestrate.status.status`'s
 state, reason, progress, rate and GPU-hours), its folder and log, its sub-grids and seed, its config, every segment
 (start time, host, job, code) and recorded outcome (``attempts.jsonl``), its evaluation jobs, and its run in the
 ledger with the run's WERs when MLflow answers (one lookup; the folders are the truth, so an unreachable MLflow
@@ -24,7 +24,7 @@ from orchestrate.ledger.probe import ledger_probe
 from orchestrate.sweep.folder import Manifest, SweepDir
 from orchestrate.sweep.trial import Trial
 from orchestrate.sweep.trial_state import read_folder_states
-from orchestrate.trial_status import scheduler_view, trial_statuses
+from orchestrate.status.trial_status import scheduler_view, trial_statuses
 
 __all__ = ["add_arguments", "find_trial", "show_trial", "trial_record"]
 

@@ -1,6 +1,6 @@
 """One cheap lookup of a sweep's experiment (sqlite3 or one HTTP request, no mlflow import): whether MLflow answers
 and whether this folder owns it (:func:`ledger_probe`, :func:`check_owner`), for ``status``'s ledger line
-(:mod:`orchestrate.status.ledger_line`), ``submit --dry-run``, ``show`` and the dashboard.
+(:mod:`orchestrate.status.status.ledger_line`), ``submit --dry-run``, ``show`` and the dashboard.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The pure parts of ``orchestrate status``'s one-screen view (:mod:`orchestrate.status_screen` draws it): failures
+"""The pure parts of ``orchestrate status``'s one-screen view (:mod:`orchestrate.status.screen` draws it): failures
 grouped by cause, the trials that matter now, the work and time left, the best configuration so far, and fitting
 lines into a terminal. Nothing here reads a file or the clock: every input is a value, so each is tested alone.
 """
@@ -10,7 +10,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from asr_core.contract.trial import FAILED, FINISHED, KILLED, RUNNING
-from orchestrate.trial_status import LOST, TrialStatus
+from orchestrate.status.trial_status import LOST, TrialStatus
 
 __all__ = ["BAD_STATES", "Best", "Cause", "WorkLeft", "best_trial", "cause_of", "failure_causes", "fit_lines",
            "trials_that_matter", "work_left"]

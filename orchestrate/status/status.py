@@ -33,10 +33,10 @@ every trial in state S (repeatable) with its folder and log; ``--watch [SECONDS]
 no trial runs or waits in the queue, or Ctrl-C. The GPU-hours spent are set against the estimate a cluster
 ``submit`` recorded in the sweep folder (:mod:`orchestrate.budget.recorded`); a local sweep has none. The time left
 comes from the running trials' measured rates and, for the trials still to run, that estimate (else the mean hours
-of the finished trials): :func:`orchestrate.monitor.work_left`.
+of the finished trials): :func:`orchestrate.status.monitor.work_left`.
 
 One screen: a sweep whose rows do not fit 45 lines (``--watch``: the terminal's height) is condensed
-(:mod:`orchestrate.status_screen`): the failed, killed and lost trials grouped by cause with one example each, the
+(:mod:`orchestrate.status.screen`): the failed, killed and lost trials grouped by cause with one example each, the
 trials that matter now (running ones, slowest first, and the newest failures) with their latest loss, and the best
 configuration so far (the lowest WER among finished trials); ``--all`` lists every row instead.
 """
@@ -59,13 +59,13 @@ from typing import Any
 from asr_core.contract.trial import FAILED, KILLED, LOG_FILE, RUNNING
 from asr_core.runtime.outbox_folder import REJECTED_FILE, read_kept
 from orchestrate.budget.recorded import estimated_hours, read_estimate
-from orchestrate.monitor import fit_lines, work_left
+from orchestrate.status.monitor import fit_lines, work_left
 from orchestrate.sweep.progress import duration_text
-from orchestrate.status_ledger import ledger_line
-from orchestrate.status_screen import SCREEN_LINES, compact_sections, time_left_line
+from orchestrate.status.ledger_line import ledger_line
+from orchestrate.status.screen import SCREEN_LINES, compact_sections, time_left_line
 from orchestrate.sweep.folder import Manifest, SweepDir
 from orchestrate.sweep.trial_state import DEFAULT_MAX_FAILURES, read_folder_states, read_trial_refs
-from orchestrate.trial_status import (LOST, PENDING, PREEMPTED, QUEUED, STATUS_STATES, TrialStatus, scheduler_view,
+from orchestrate.status.trial_status import (LOST, PENDING, PREEMPTED, QUEUED, STATUS_STATES, TrialStatus, scheduler_view,
                                       trial_statuses)
 from orchestrate.sweep.where import WhereError
 
@@ -160,8 +160,8 @@ def _show_once(args: argparse.Namespace, sweep: SweepDir, manifest: Manifest,
                trials: Sequence[Any] | None = None, screen: tuple[int, int | None] | None = None) -> list[TrialStatus]:
     """Print the status once; returns the rows of the selected trials. Unless ``--all`` or ``--state``, a sweep
     whose rows do not fit ``screen`` (lines, and the width its lines are clipped to; default
-    :data:`~orchestrate.status_screen.SCREEN_LINES` lines, not clipped) is condensed
-    (:func:`~orchestrate.status_screen.compact_sections`)."""
+    :data:`~orchestrate.status.screen.SCREEN_LINES` lines, not clipped) is condensed
+    (:func:`~orchestrate.status.screen.compact_sections`)."""
     trials = list(trials) if trials is not None else read_trial_refs(sweep)
     trials = _selected(sweep, trials, list(getattr(args, "where", None) or []))
     wanted = set(getattr(args, "state", None) or [])

@@ -14,7 +14,7 @@ from orchestrate.ledger.probe import check_owner, ledger_probe
 from orchestrate.ledger.reconcile import behind, read_sync, reconcile_ledger
 from orchestrate.sweep.folder import Manifest, SweepDir, SweepError
 from orchestrate.sweep.trial_state import FolderState
-from orchestrate.trial_status import SchedulerView
+from orchestrate.status.trial_status import SchedulerView
 
 __all__ = ["ledger_line"]
 

@@ -1,4 +1,4 @@
-"""Where each trial of a sweep stands, for ``status`` (the states: :mod:`orchestrate.status`): its folder
+"""Where each trial of a sweep stands, for ``status`` (the states: :mod:`orchestrate.status.status`): its folder
 (:mod:`orchestrate.sweep.trial_state`) and the scheduler's view, one plain ``squeue`` for the sweep's job names (skipped
 for the local backend, whose trials are held by the process holding the sweep's lock), and one ``sacct`` for the
 trials whose last segment ended without a word.

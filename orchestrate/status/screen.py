@@ -3,8 +3,8 @@ the failed, killed and lost trials grouped by cause with one example each, the t
 ones, slowest first, and the newest failures) with their latest loss, and the best configuration so far; beside the
 lines every view has, the time left (:func:`time_left_line`). ``status --all`` prints every row instead.
 
-The choices are :mod:`orchestrate.monitor`'s (pure); this module reads the trials' outbox tails
-(:mod:`orchestrate.trial_metrics`) and words the lines.
+The choices are :mod:`orchestrate.status.monitor`'s (pure); this module reads the trials' outbox tails
+(:mod:`orchestrate.status.trial_metrics`) and words the lines.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from asr_core.contract.trial import FAILED, FINISHED, RUNNING
-from orchestrate.monitor import WorkLeft, best_trial, cause_of, failure_causes, trials_that_matter
+from orchestrate.status.monitor import WorkLeft, best_trial, cause_of, failure_causes, trials_that_matter
 from orchestrate.sweep.progress import duration_text
-from orchestrate.trial_metrics import trial_metrics
-from orchestrate.trial_status import TrialStatus
+from orchestrate.status.trial_metrics import trial_metrics
+from orchestrate.status.trial_status import TrialStatus
 
 __all__ = ["MAX_CAUSES", "MIN_TRIALS", "SCREEN_LINES", "compact_sections", "time_left_line"]
 
