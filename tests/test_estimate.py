@@ -23,7 +23,7 @@ from asr_core.config import DataConfig, preset
 from asr_core.data.corpora import load_corpus
 from asr_core.data.corpora.base import Recording, Word
 from orchestrate.plan.profile import Profile
-from orchestrate.cli import main
+from orchestrate.cli.commands import main
 from orchestrate.budget.calibration import (BUILTIN, PAPER_SOURCE, EstimateError, calibration_from_dict,
                                             load_calibration)
 from orchestrate.budget.corpus import training_corpus, trial_steps

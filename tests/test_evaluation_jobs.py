@@ -24,7 +24,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from asr_core.contract.trial import FINISHED
-from orchestrate.cli import main
+from orchestrate.cli.commands import main
 from orchestrate.ledger.ledger import Ledger
 from orchestrate.sweep.folder import SweepDir
 from tests.test_backend import smoke_corpus

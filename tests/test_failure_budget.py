@@ -29,7 +29,7 @@ from asr_core.contract.trial import (FAILED, FINISHED, OUTCOME_FAILED, OUTCOME_K
                                      OUTCOME_PREEMPTED, OUTCOME_RESET, failures, read_attempts, read_progress,
                                      record_attempt)
 from orchestrate.backends import slurm_commands
-from orchestrate.cli import main
+from orchestrate.cli.commands import main
 from orchestrate.dispatch.dispatch import Plan, classify
 from orchestrate.ledger.ledger import Ledger, TrialRun, wait_for
 from orchestrate.sweep.folder import SweepDir

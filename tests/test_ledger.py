@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrate.cli import main
+from orchestrate.cli.commands import main
 from orchestrate.plan.grid import load_grid
 from asr_core.contract import trial as tc
 from orchestrate.ledger import ledger as ledger_module

@@ -27,7 +27,7 @@ from mlflow.tracking import MlflowClient
 
 from asr_core.contract.trial import FINISHED
 from orchestrate.backends import slurm_commands
-from orchestrate.cli import main
+from orchestrate.cli.commands import main
 from orchestrate.ledger.ledger import Ledger, wait_for
 from orchestrate.sweep.folder import SweepDir
 from tests.folder_snapshot import snapshot

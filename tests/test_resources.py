@@ -134,7 +134,7 @@ def test_profile_rules_are_validated_naming_file_and_key(tmp_path: Path, body: s
 
 
 def test_shipped_backfill_profile_plans_the_paper_grid(capsys: pytest.CaptureFixture[str]) -> None:
-    from orchestrate.cli import main
+    from orchestrate.cli.commands import main
 
     prof = load_profile("a100-backfill")
     assert prof.time_rule and prof.time_max == "48:00:00" and prof.mem_gb == "estimate"

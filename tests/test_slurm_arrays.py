@@ -226,7 +226,7 @@ subgrids:
 @pytest.mark.timeout(240)
 def test_every_trial_runs_once_across_arrays_and_a_resume(cluster_21: SlurmCluster, on_cluster: object,
                                                           tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from orchestrate.cli import main
+    from orchestrate.cli.commands import main
 
     on_cluster(cluster_21)  # type: ignore[operator]
     monkeypatch.setattr(SlurmBackend, "task_class", NoopTask)

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrate.cli import main
+from orchestrate.cli.commands import main
 from orchestrate.ledger.ledger import Ledger
 from orchestrate.sweep.folder import SweepDir
 from tests.plugins.mlflow_server import MlflowServer

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from asr_core.contract.trial import FINISHED, TrialFolder, read_progress
-from orchestrate.cli import main
+from orchestrate.cli.commands import main
 from orchestrate.ledger.ledger import Ledger
 from orchestrate.sweep.folder import SweepDir
 from orchestrate.backends.runner import SEGMENT_HEADER

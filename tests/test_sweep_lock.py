@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrate.cli import main
+from orchestrate.cli.commands import main
 from orchestrate.sweep.folder import SweepDir
 from tests.folder_snapshot import snapshot
 from tests.plugins.mlflow_server import MlflowServer

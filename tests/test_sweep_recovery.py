@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrate.cli import main
+from orchestrate.cli.commands import main
 from orchestrate.plan.grid import load_grid
 from orchestrate.ledger.ledger import Ledger, wait_for
 from orchestrate.sweep.folder import SweepDir

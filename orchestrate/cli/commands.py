@@ -30,8 +30,8 @@ from typing import TYPE_CHECKING, Callable
 from asr_core.contract.trial import EXIT_USAGE
 from orchestrate.backends.base import BackendError, StoppedBySignal
 from orchestrate.plan.profile import load_profile
-from orchestrate.cli_parser import build_parser
-from orchestrate.commands import (SERVER_HINT, UsageError, check_data, check_shared_ledger, execution_overrides,
+from orchestrate.cli.parser import build_parser
+from orchestrate.cli.checks import (SERVER_HINT, UsageError, check_data, check_shared_ledger, execution_overrides,
                                   same_uri, submit_input)
 from orchestrate.plan.decode_file import DecodeFileError
 from orchestrate.plan.evaluations import EvaluationError
@@ -39,7 +39,7 @@ from orchestrate.sweep.where import WhereError
 from orchestrate.plan.grid import Grid, GridError, load_grid, plan_table
 from orchestrate.ledger.ledger import Ledger, LedgerError
 from orchestrate.ledger.store import check_tracking_uri
-from orchestrate.show import show_trial
+from orchestrate.cli.show import show_trial
 from orchestrate.sweep.folder import (DEFAULT_MAX_FAILURES, Manifest, SweepDir, SweepError, SweepFileError,
                                new_sweep_id)
 from orchestrate.sweep.trial import Trial
@@ -100,7 +100,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     profile = load_profile(args.profile)
     sweep = SweepDir(args.sweep_root, args.sweep or grid.name)
     if args.dry_run:
-        from orchestrate.resubmit_preview import submit_preview
+        from orchestrate.cli.dry_run import submit_preview
 
         return submit_preview(args, grid, profile, sweep)
     with sweep.lock("submit"):  # before sweep.json and trials.json are read: no stale copy is written back
@@ -224,8 +224,8 @@ def cmd_resume(args: argparse.Namespace) -> int:
         if not retry:
             raise UsageError("retry what? pass --failed (failed trials, their failure count reset), --cancelled "
                              "(cancelled trials, from their checkpoints), or both")
-    if args.dry_run:  # no lock, no ledger, nothing written (orchestrate.resubmit_preview)
-        from orchestrate.resubmit_preview import preview
+    if args.dry_run:  # no lock, no ledger, nothing written (orchestrate.cli.dry_run)
+        from orchestrate.cli.dry_run import preview
 
         return preview(args, *_read(args), retry, _selected(args.where))
     _refuse_other_uri(args)
@@ -357,8 +357,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
-    """``logs SWEEP KEY [-f]``: the trial's log (:mod:`orchestrate.logs`); an unknown sweep or KEY exits 2."""
-    from orchestrate.logs import show_log
+    """``logs SWEEP KEY [-f]``: the trial's log (:mod:`orchestrate.cli.logs`); an unknown sweep or KEY exits 2."""
+    from orchestrate.cli.logs import show_log
 
     return show_log(args, _read(args)[0])
 

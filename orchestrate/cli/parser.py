@@ -1,5 +1,5 @@
 """The command line of ``orchestrate``: every subcommand, its options and its one-line description
-(:func:`build_parser`); :mod:`orchestrate.cli` runs what it parses."""
+(:func:`build_parser`); :mod:`orchestrate.cli.commands` runs what it parses."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import argparse
 from asr_core.contract.options import renamed
 from asr_core.contract.tracking import DEFAULT_SWEEP_ROOT, ENV, SWEEP_ROOT_ENV, default_sweep_root
 from asr_core.version import ShowVersion
-from orchestrate.logs import add_arguments as logs_arguments
-from orchestrate.show import add_arguments as show_arguments
+from orchestrate.cli.logs import add_arguments as logs_arguments
+from orchestrate.cli.show import add_arguments as show_arguments
 from orchestrate.sweep.folder import DEFAULT_MAX_FAILURES
 
 def build_parser() -> argparse.ArgumentParser:

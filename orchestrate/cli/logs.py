@@ -2,7 +2,7 @@
 segment of its job), with each progress bar's carriage-return run shown as its last state; ``-f`` follows the log
 as the job writes it until Ctrl-C (exit 130).
 
-KEY is a trial's key, a unique prefix of one, or its label (:func:`orchestrate.show.find_trial`).
+KEY is a trial's key, a unique prefix of one, or its label (:func:`orchestrate.cli.show.find_trial`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TextIO
 
 from asr_core.contract.trial import TrialFolder
-from orchestrate.show import find_trial
+from orchestrate.cli.show import find_trial
 from orchestrate.sweep.folder import SweepDir
 from orchestrate.sweep.trial_state import read_trial_refs
 
@@ -109,7 +109,7 @@ def show_log(args: argparse.Namespace, sweep: SweepDir, out: TextIO | None = Non
              every_s: float = FOLLOW_EVERY_S) -> int:
     """Print the log of the trial ``args.key`` names (collapsed, :func:`collapse`); ``args.follow``: then follow
     it until Ctrl-C (exit 130). A trial without a log yet: one line saying so, exit 1 (``-f`` waits for it).
-    Raises :class:`~orchestrate.commands.UsageError` (exit 2) when KEY names no trial of the sweep."""
+    Raises :class:`~orchestrate.cli.checks.UsageError` (exit 2) when KEY names no trial of the sweep."""
     out = out or sys.stdout
     trial = find_trial(read_trial_refs(sweep), args.key, sweep.name)  # type: ignore[arg-type]
     path = TrialFolder(sweep.trial_dir(trial.key)).log

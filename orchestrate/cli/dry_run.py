@@ -31,7 +31,7 @@ def preview(args: argparse.Namespace, sweep: SweepDir, manifest: Manifest, retry
     """Print what ``resume`` (``retry`` empty) or ``retry --failed/--cancelled`` would do with ``sweep``, checking
     ``--set`` as the command checks it; exit status 0. ``only``: ``--where`` as a test of a trial (None: all)."""
     from asr_core.contract.trial import OUTCOME_PREEMPTED
-    from orchestrate.commands import check_data, execution_overrides
+    from orchestrate.cli.checks import check_data, execution_overrides
     from orchestrate.dispatch.dispatch import classify
     from orchestrate.plan.evaluations import plan_default
     from orchestrate.sweep.trial_state import failure_reason, read_folder_states
@@ -103,7 +103,7 @@ def submit_preview(args: argparse.Namespace, grid: "Grid", profile: "Profile", s
     nothing is created, written or submitted: no sweep folder, lock file, run or job. The ledger is only looked up
     (:func:`orchestrate.ledger.probe.ledger_probe`), the scheduler only asked which jobs it holds."""
     from asr_core.contract.tracking import sqlite_file
-    from orchestrate.commands import UsageError, submit_input
+    from orchestrate.cli.checks import UsageError, submit_input
     from orchestrate.dispatch.dispatch import DEFAULT_MAX_FAILURES, classify
     from orchestrate.plan.evaluations import plan_default
     from orchestrate.ledger.store import check_tracking_uri

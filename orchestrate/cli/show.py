@@ -19,7 +19,7 @@ from typing import Any
 from asr_core.contract.segments import read_segments
 from asr_core.contract.tracking import bound_mlflow_http, mlflow_http
 from asr_core.contract.trial import read_attempts
-from orchestrate.commands import UsageError
+from orchestrate.cli.checks import UsageError
 from orchestrate.ledger.probe import ledger_probe
 from orchestrate.sweep.folder import Manifest, SweepDir
 from orchestrate.sweep.trial import Trial
@@ -40,7 +40,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def find_trial(trials: list[Trial], text: str, sweep: str) -> Trial:
     """The trial ``text`` names: its key, its label, or a prefix of exactly one key. Raises
-    :class:`~orchestrate.commands.UsageError` naming the candidates when it names none or several."""
+    :class:`~orchestrate.cli.checks.UsageError` naming the candidates when it names none or several."""
     for t in trials:
         if text in (t.key, t.label):
             return t
