@@ -33,7 +33,7 @@ PROG = "asr-study"
 GROUPS: dict[str, tuple[str, str]] = {
     "core": ("asr_core.__main__", "the trainer: train, evaluate, heads, reach, score, prepare, synth, bench, lm, "
                                   "... (= python -m asr_core)"),
-    "orchestrate": ("orchestrate.cli.commands", "sweeps: plan, submit, status, resume, retry, cancel, evaluate, show, logs, "
+    "orchestrate": ("orchestrate.cli", "sweeps: plan, submit, status, resume, retry, cancel, evaluate, show, logs, "
                                        "bench (= orchestrate)"),
     "analysis": ("analysis.__main__", "a sweep's report and pairwise comparisons (= python -m analysis)"),
     "dashboard": ("asr_study.sweep_dashboard", "a sweep's runs in the MLflow UI: serves a local sweep's ledger on "

@@ -2,9 +2,9 @@
 ``cancel`` of a whole sweep asks first on a terminal (``--yes`` and ``--where`` do not ask; without a terminal it
 goes on, as scripts and the other tests expect).
 
-Real pieces: the smoke grid, a real ``mlflow server`` (or a sqlite file) holding the sweep's experiment and runs
-(made by :class:`orchestrate.ledger.ledger.Ledger`), ``orchestrate`` run in a fresh process, and a real pseudo-terminal for the
-question.
+Real pieces: the smoke grid, a real ``mlflow server`` (or a sqlite file) holding the sweep's experiment and runs (made
+by :class:`orchestrate.ledger.ledger.Ledger`), ``orchestrate`` run in a fresh process, and a real pseudo-terminal for
+the question.
 """
 
 from __future__ import annotations

@@ -24,8 +24,7 @@ from asr_core.data.corpora import load_corpus
 from asr_core.data.corpora.base import Recording, Word
 from orchestrate.plan.profile import Profile
 from orchestrate.cli.commands import main
-from orchestrate.budget.calibration import (BUILTIN, PAPER_SOURCE, EstimateError, calibration_from_dict,
-                                            load_calibration)
+from orchestrate.budget.calibration import BUILTIN, PAPER_SOURCE, EstimateError, calibration_from_dict, load_calibration
 from orchestrate.budget.corpus import training_corpus, trial_steps
 from orchestrate.budget.estimate import estimate_grid, estimate_trial, segments_needed, train_seconds, wall_hours
 from orchestrate.budget.paper_fit import paper_fit

@@ -13,7 +13,8 @@ from orchestrate.cli.commands import main
 from orchestrate.plan.grid import load_grid
 from asr_core.contract import trial as tc
 from orchestrate.ledger import ledger as ledger_module
-from orchestrate.ledger.ledger import RUN_NAME_CHARS, Ledger, LedgerError, SweepOwnershipError, TrialRun, counts, run_names
+from orchestrate.ledger.ledger import (RUN_NAME_CHARS, Ledger, LedgerError, SweepOwnershipError, TrialRun, counts,
+                                       run_names)
 from asr_core.contract.tracking import default_tracking_uri
 
 ROOT = Path(__file__).resolve().parents[1]

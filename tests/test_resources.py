@@ -14,7 +14,7 @@ import pytest
 
 from orchestrate.backends.base import Job
 from orchestrate.plan.profile import (BackendError, Profile, format_minutes, load_profile, parse_minutes,
-                                          time_limit_minutes)
+                                      time_limit_minutes)
 from orchestrate.budget.resources import Resources, group_by_resources, memory_gb, trial_resources
 from orchestrate.plan.grid import load_grid
 from orchestrate.sweep.folder import SweepDir

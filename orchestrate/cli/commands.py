@@ -32,7 +32,7 @@ from orchestrate.backends.base import BackendError, StoppedBySignal
 from orchestrate.plan.profile import load_profile
 from orchestrate.cli.parser import build_parser
 from orchestrate.cli.checks import (SERVER_HINT, UsageError, check_data, check_shared_ledger, execution_overrides,
-                                  same_uri, submit_input)
+                                    same_uri, submit_input)
 from orchestrate.plan.decode_file import DecodeFileError
 from orchestrate.plan.evaluations import EvaluationError
 from orchestrate.sweep.where import WhereError
@@ -40,8 +40,7 @@ from orchestrate.plan.grid import Grid, GridError, load_grid, plan_table
 from orchestrate.ledger.ledger import Ledger, LedgerError
 from orchestrate.ledger.store import check_tracking_uri
 from orchestrate.cli.show import show_trial
-from orchestrate.sweep.folder import (DEFAULT_MAX_FAILURES, Manifest, SweepDir, SweepError, SweepFileError,
-                               new_sweep_id)
+from orchestrate.sweep.folder import DEFAULT_MAX_FAILURES, Manifest, SweepDir, SweepError, SweepFileError, new_sweep_id
 from orchestrate.sweep.trial import Trial
 
 if TYPE_CHECKING:

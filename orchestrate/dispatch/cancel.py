@@ -13,8 +13,8 @@ into every unfinished trial folder first (a job that starts meanwhile exits at o
 * **While a local sweep runs.** The command running a local sweep holds its lock: ``cancel`` then writes the markers
   without the lock and sends SIGTERM to the trainers whose leases name this machine (they end ``cancelled``; the
   Tune driver skips trials not yet started), and that command ends by itself.
-* **An unreadable sweep file** (:class:`~orchestrate.sweep.folder.SweepFileError`): what can be found without it is still
-  stopped: every trial folder under ``trials/`` is marked, the SLURM jobs named after the sweep's submissions
+* **An unreadable sweep file** (:class:`~orchestrate.sweep.folder.SweepFileError`): what can be found without it is
+  still stopped: every trial folder under ``trials/`` is marked, the SLURM jobs named after the sweep's submissions
   (``orch.<sweep>.<submission id>``, from the file names in ``submissions/``) are cancelled, trainers leased on this
   machine are told to stop. The command then exits 2 naming the file and how to restore it; the runs are marked
   KILLED by the first command after the file is restored.

@@ -26,8 +26,8 @@ the scheduler's accounting (:meth:`~orchestrate.backends.base.Backend.job_ends`:
 Runs are created before anything is submitted and job ids are tagged after, so a crash at any point leaves a state
 that this same function repairs.
 
-``cancel`` is final (:mod:`orchestrate.dispatch.cancel`); ``submit`` and ``resume`` start no cancelled trial again, and mark the
-runs of cancelled trials KILLED where a ``cancel`` without MLflow left them.
+``cancel`` is final (:mod:`orchestrate.dispatch.cancel`); ``submit`` and ``resume`` start no cancelled trial again, and
+mark the runs of cancelled trials KILLED where a ``cancel`` without MLflow left them.
 """
 
 from __future__ import annotations

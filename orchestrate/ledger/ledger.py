@@ -354,8 +354,8 @@ class Ledger:
 
     def join_subgrids(self, trials: Iterable[Trial], runs: Mapping[str, TrialRun]) -> int:
         """Tag each run of ``runs`` (by key) with its trial's sub-grids where they differ: a trial the sweep had that
-        a later grid shares has joined that grid's sub-grids (:func:`orchestrate.sweep.folder.merge_trials`), and the report
-        reads a configuration's seeds by sub-grid. Returns how many runs were tagged."""
+        a later grid shares has joined that grid's sub-grids (:func:`orchestrate.sweep.folder.merge_trials`), and the
+        report reads a configuration's seeds by sub-grid. Returns how many runs were tagged."""
         stale = {runs[t.key].run_id: {TAG_SUBGRIDS: ",".join(t.subgrids)} for t in trials
                  if t.key in runs and runs[t.key].subgrids != ",".join(t.subgrids)}
         if stale:

@@ -39,8 +39,8 @@ class LedgerProbe:
 
 
 def _credentials() -> dict[str, str]:
-    """The ``Authorization`` header an MLflow client would send (:func:`orchestrate.ledger.mlflow_rest.auth_header`); none
-    when the credentials file is unreadable (the probe then reports what the server answers)."""
+    """The ``Authorization`` header an MLflow client would send (:func:`orchestrate.ledger.mlflow_rest.auth_header`);
+    none when the credentials file is unreadable (the probe then reports what the server answers)."""
     try:
         header = auth_header()
     except LedgerError:

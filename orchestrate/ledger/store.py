@@ -1,7 +1,8 @@
 """Where a sweep's ledger lives: its tracking URI (the rule: :mod:`asr_core.contract.tracking`; checked by
-:func:`check_tracking_uri` before anything is created), and for a ``sqlite:`` file the store :class:`orchestrate.ledger.ledger.Ledger` speaks to
-(:class:`ClientStore`: the calls of :class:`~orchestrate.ledger.mlflow_rest.MlflowRest` on an ``MlflowClient``), with
-write-ahead logging and ``synchronous=NORMAL`` so that many trial jobs write while ``status`` reads.
+:func:`check_tracking_uri` before anything is created), and for a ``sqlite:`` file the store
+:class:`orchestrate.ledger.ledger.Ledger` speaks to (:class:`ClientStore`: the calls of
+:class:`~orchestrate.ledger.mlflow_rest.MlflowRest` on an ``MlflowClient``), with write-ahead logging and
+``synchronous=NORMAL`` so that many trial jobs write while ``status`` reads.
 """
 
 from __future__ import annotations

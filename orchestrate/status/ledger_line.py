@@ -1,7 +1,8 @@
 """The ledger line of ``status``: one cheap lookup of the sweep's experiment
-(:func:`orchestrate.ledger.probe.ledger_probe`) tells whether MLflow answers and whether this folder owns it; when the trial folders say the ledger is behind and
-MLflow answers, it is reconciled (:func:`orchestrate.ledger.reconcile.reconcile_ledger`, under the sweep's lock,
-within a deadline) and the line says so.
+(:func:`orchestrate.ledger.probe.ledger_probe`) tells whether MLflow answers and whether this folder owns it; when
+the trial folders say the ledger is behind and MLflow answers, it is reconciled
+(:func:`orchestrate.ledger.reconcile.reconcile_ledger`, under the sweep's lock, within a deadline) and the line says
+so.
 """
 
 from __future__ import annotations

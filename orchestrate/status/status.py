@@ -19,14 +19,14 @@ LOST         unfinished, not live, not held: never started, or its last segment 
              within the budget)
 ===========  ========================================================================================================
 
-Then the share of the work done (finished trials whole, the others by their training steps or evaluation units) and
-the GPU-hours the trials' segments ran, every failed, killed and lost trial with its reason and failure count, the
-running ones with their progress, rate (steps/s over the last minutes) and time left, each with its log, the code
-versions, the trials whose outbox keeps records MLflow refused for good (``kept``, with the command that
-sends them again), and a ledger line: how many trials hold outbox records not yet in MLflow. When the folders say
-the ledger is behind and MLflow answers, ``status`` reconciles it (:func:`orchestrate.ledger.reconcile.reconcile_ledger`,
-under the sweep's lock, within ``--reconcile-deadline`` seconds) and says so; a lookup of the sweep's experiment
-(sqlite3 or one HTTP request, no mlflow import) first tells whether MLflow answers and whether this folder owns it.
+Then the share of the work done (finished trials whole, the others by their training steps or evaluation units) and the
+GPU-hours the trials' segments ran, every failed, killed and lost trial with its reason and failure count, the running
+ones with their progress, rate (steps/s over the last minutes) and time left, each with its log, the code versions, the
+trials whose outbox keeps records MLflow refused for good (``kept``, with the command that sends them again), and a
+ledger line: how many trials hold outbox records not yet in MLflow. When the folders say the ledger is behind and MLflow
+answers, ``status`` reconciles it (:func:`orchestrate.ledger.reconcile.reconcile_ledger`, under the sweep's lock, within
+``--reconcile-deadline`` seconds) and says so; a lookup of the sweep's experiment (sqlite3 or one HTTP request, no
+mlflow import) first tells whether MLflow answers and whether this folder owns it.
 
 ``--where KEY=VALUE`` (:mod:`orchestrate.sweep.where`) counts and lists only the matching trials; ``--state S`` lists
 every trial in state S (repeatable) with its folder and log; ``--watch [SECONDS]`` redraws every SECONDS (30) until
@@ -65,8 +65,8 @@ from orchestrate.status.ledger_line import ledger_line
 from orchestrate.status.screen import SCREEN_LINES, compact_sections, time_left_line
 from orchestrate.sweep.folder import Manifest, SweepDir
 from orchestrate.sweep.trial_state import DEFAULT_MAX_FAILURES, read_folder_states, read_trial_refs
-from orchestrate.status.trial_status import (LOST, PENDING, PREEMPTED, QUEUED, STATUS_STATES, TrialStatus, scheduler_view,
-                                      trial_statuses)
+from orchestrate.status.trial_status import (LOST, PENDING, PREEMPTED, QUEUED, STATUS_STATES, TrialStatus,
+                                             scheduler_view, trial_statuses)
 from orchestrate.sweep.where import WhereError
 
 __all__ = ["add_arguments", "show_status", "watch_status"]

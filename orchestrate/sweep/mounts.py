@@ -1,7 +1,7 @@
 """Whether the sweep's ``flock`` reaches every node: the filesystem holding a path, from the mount table.
 
-The sweep's lock (:meth:`orchestrate.sweep.folder.SweepDir.lock`) and the SLURM throttle take ``flock`` and trust it across
-the login and compute nodes. Some mounts grant ``flock`` while locking only within one node: Lustre with
+The sweep's lock (:meth:`orchestrate.sweep.folder.SweepDir.lock`) and the SLURM throttle take ``flock`` and trust it
+across the login and compute nodes. Some mounts grant ``flock`` while locking only within one node: Lustre with
 ``-o localflock``, NFS with ``local_lock=flock`` or ``local_lock=all`` (``nolock`` implies it), GFS2 and OCFS2 with
 ``localflocks``. There two commands on two nodes would both get the lock. :func:`flock_scope` reads the options of the
 mount holding a path (``/proc/self/mountinfo``, the longest mount point that is a prefix of the path) and answers
