@@ -60,7 +60,7 @@ EXECUTION: dict[str, str] = {
                      "in another order",
     "eval.batch_windows": "windows decoded together: the same posteriors, batched",
     # head similarity (paper 003) is measured after evaluation: more metrics, the same model and WERs, so switching
-    # it on for a grid's trials keeps their keys (orchestrate.grid refuses one model whose sub-grids set it unlike)
+    # it on for a grid's trials keeps their keys (orchestrate.plan.grid refuses one model whose sub-grids set it unlike)
     "eval.head_diversity": "whether head similarity is measured after evaluation: extra metrics, the same model "
                            "and WERs",
     "eval.head_rows": "query rows of A sampled by that measurement (its precision, not the model's)",

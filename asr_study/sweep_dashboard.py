@@ -82,7 +82,7 @@ def parser() -> argparse.ArgumentParser:
 def sweep_ledger(root: Path, name: str) -> tuple[str, str]:
     """(tracking URI, experiment name) the sweep ``root/name`` recorded, or :class:`DashboardError` naming the
     sweep and the root."""
-    from orchestrate.sweep import SweepDir, SweepError
+    from orchestrate.sweep.folder import SweepDir, SweepError
 
     try:
         sweep = SweepDir(root, name)
@@ -101,7 +101,7 @@ def sweep_ledger(root: Path, name: str) -> tuple[str, str]:
 
 def experiment_id(uri: str, experiment: str) -> str:
     """The id of ``experiment`` in the ledger at ``uri``, or :class:`DashboardError` saying why there is none."""
-    from orchestrate.status_ledger import ledger_probe
+    from orchestrate.ledger.probe import ledger_probe
 
     missing = missing_ledger(uri)
     if missing:

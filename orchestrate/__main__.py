@@ -2,7 +2,7 @@
 
 import sys
 
-from orchestrate.cli import main
+from orchestrate.cli.commands import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     from asr_core.contract.calibration import CalibrationFile
     from orchestrate.budget.calibration import calibration_from_dict
     from orchestrate.budget.estimate import estimate_grid
-    from orchestrate.grid import load_grid
+    from orchestrate.plan.grid import load_grid
 
     manifest = json.loads((demo / "runs" / "demo" / "sweep.json").read_text())
     grid = load_grid(args.grid, manifest.get("overrides", []))

@@ -22,7 +22,7 @@ def test_a_run_logged_from_another_folder_writes_nothing_there(tmp_path: Path, m
                                                                creator: str) -> None:
     from mlflow.tracking import MlflowClient
 
-    from orchestrate.ledger_store import ClientStore
+    from orchestrate.ledger.store import ClientStore
 
     (tmp_path / "db").mkdir()
     cwd = tmp_path / "elsewhere"

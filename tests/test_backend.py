@@ -23,10 +23,10 @@ from typing import Any
 import pytest
 
 from asr_core.contract.trial import progress_records
-from orchestrate.cli import main
-from orchestrate.grid import load_grid
-from orchestrate.ledger import Ledger, wait_for
-from orchestrate.sweep import SweepDir
+from orchestrate.cli.commands import main
+from orchestrate.plan.grid import load_grid
+from orchestrate.ledger.ledger import Ledger, wait_for
+from orchestrate.sweep.folder import SweepDir
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = ROOT / "grids" / "smoke.yaml"

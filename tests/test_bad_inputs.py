@@ -65,7 +65,7 @@ def planted(argv):
 m._main = planted
 sys.exit(m.main({argv!r}))
 """
-ENTRY_POINTS = (("asr_core", "asr_core.__main__"), ("orchestrate", "orchestrate.cli"),
+ENTRY_POINTS = (("asr_core", "asr_core.__main__"), ("orchestrate", "orchestrate.cli.commands"),
                 ("analysis", "analysis.__main__"))
 
 
@@ -98,7 +98,7 @@ def test_a_planted_bug_prints_one_line_naming_its_log(prog: str, module: str, tm
 @pytest.mark.parametrize("how", ["flag", "env"])
 def test_debug_lets_the_traceback_through(how: str, tmp_path: Path) -> None:
     argv, env = (["--debug", "plan"], {}) if how == "flag" else (["plan"], {"ASR_STUDY_DEBUG": "1"})
-    r = _planted("orchestrate.cli", tmp_path, argv, **env)
+    r = _planted("orchestrate.cli.commands", tmp_path, argv, **env)
     assert r.returncode == 1 and "Traceback" in r.stderr and "planted bug in plan\n" in r.stderr + "\n", r.stderr
     assert not (tmp_path / "cache").exists()  # no log: the traceback was shown
 

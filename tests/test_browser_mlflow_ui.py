@@ -71,8 +71,8 @@ def test_run_names_the_ledger_gives_are_shown_whole(mlflow_server: MlflowServer,
     show whole in the sweep's saved view (a flat list), and those of its main model also nested under the parent
     (the default view)."""
     from asr_core.contract.ledger import view_link
-    from orchestrate.grid import load_grid
-    from orchestrate.ledger import RUN_NAME_CHARS, Ledger, run_names
+    from orchestrate.plan.grid import load_grid
+    from orchestrate.ledger.ledger import RUN_NAME_CHARS, Ledger, run_names
 
     trials = list(load_grid("grids/paper.yaml").trials)
     names = run_names(trials)

@@ -13,9 +13,9 @@ import pytest
 
 from asr_core.contract.trial import (FAILURE_OUTCOMES, FINISHED, KILLED, OUTCOME_CANCELLED, TrialFolder,
                                      read_attempts, read_progress)
-from orchestrate.cli import main
-from orchestrate.ledger import Ledger, wait_for
-from orchestrate.sweep import SweepDir
+from orchestrate.cli.commands import main
+from orchestrate.ledger.ledger import Ledger, wait_for
+from orchestrate.sweep.folder import SweepDir
 from tests.test_backend import (CHECKPOINT_EVERY, cluster_env, loss_steps, resumed_at, smoke_corpus, squeue_states,
                                 wait_until, write_profile)
 

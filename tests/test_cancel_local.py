@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from asr_core.contract.trial import KILLED, OUTCOME_CANCELLED, TrialFolder, read_attempts
-from orchestrate.ledger import Ledger
-from orchestrate.sweep import SweepDir
-from orchestrate.trial_state import read_folder_states
+from orchestrate.ledger.ledger import Ledger
+from orchestrate.sweep.folder import SweepDir
+from orchestrate.sweep.trial_state import read_folder_states
 from tests.test_backend import smoke_corpus, wait_until
 
 __all__ = ["smoke_corpus"]  # the session fixture, shared with test_backend

@@ -22,9 +22,9 @@ import pytest
 
 from asr_core.contract.trial import (FAILURE_OUTCOMES, FINISHED, KILLED, OUTCOME_CANCELLED, SCHEDULED, TrialFolder,
                                      read_attempts, read_progress)
-from orchestrate.ledger import Ledger
-from orchestrate.sweep import SweepDir
-from orchestrate.trial_state import read_folder_states
+from orchestrate.ledger.ledger import Ledger
+from orchestrate.sweep.folder import SweepDir
+from orchestrate.sweep.trial_state import read_folder_states
 from tests.test_backend import CHECKPOINT_EVERY, smoke_corpus, squeue_states, wait_until, write_profile
 from tests.test_tracker_outage import Server, server  # noqa: F401 - the fixture: a real server, stopped after
 

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrate.cli import main
-from orchestrate.ledger import Ledger, wait_for
-from orchestrate.sweep import SweepDir
+from orchestrate.cli.commands import main
+from orchestrate.ledger.ledger import Ledger, wait_for
+from orchestrate.sweep.folder import SweepDir
 from tests.test_backend import smoke_corpus, write_profile
 from tests.test_sweep_lock import one_trial_grid
 

@@ -15,8 +15,8 @@ import pytest
 
 from asr_study.cli import GROUPS, main
 from orchestrate import assets
-from orchestrate.backends.profile import BackendError, load_profile
-from orchestrate.grid import GridError, load_grid
+from orchestrate.plan.profile import BackendError, load_profile
+from orchestrate.plan.grid import GridError, load_grid
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMIT = re.compile(r"\(commit [0-9a-f]{12}(\+dirty\.[0-9a-f]{8})?, ")
@@ -43,7 +43,7 @@ def test_every_group_has_version(group: str, prog: str, capsys: pytest.CaptureFi
 
 
 def test_a_group_is_the_command_it_names(capsys: pytest.CaptureFixture[str]) -> None:
-    from orchestrate.cli import main as orchestrate_main
+    from orchestrate.cli.commands import main as orchestrate_main
 
     assert main(["orchestrate", "plan", str(ROOT / "grids" / "smoke.yaml")]) == 0
     via_console = capsys.readouterr().out
@@ -56,12 +56,12 @@ def test_debug_before_the_group_goes_to_the_group(capsys: pytest.CaptureFixture[
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """``asr-study --debug GROUP ...``, as the crash message and the README say: the group runs with tracebacks
     let through (was: unrecognized arguments, exit 2)."""
-    import orchestrate.cli
+    import orchestrate.cli.commands
 
     def boom(argv: list[str]) -> int:
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr(orchestrate.cli, "_main", boom)
+    monkeypatch.setattr(orchestrate.cli.commands, "_main", boom)
     with pytest.raises(RuntimeError, match="a bug"):  # the traceback goes through
         main(["--debug", "orchestrate", "plan", "x"])
     assert main(["orchestrate", "plan", "x"]) == 1  # without it: one line and a crash log

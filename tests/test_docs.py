@@ -86,8 +86,8 @@ def test_commands_page_is_generated_from_help() -> None:
 
 
 def test_grid_format_page_is_generated_from_the_reader() -> None:
-    """docs/grid-format.md is what :mod:`orchestrate.grid_reference` prints from the grid reader's own tables."""
-    from orchestrate.grid_reference import REGENERATE as REGENERATE_GRID, render
+    """docs/grid-format.md is what :mod:`orchestrate.plan.grid_reference` prints from the grid reader's own tables."""
+    from orchestrate.plan.grid_reference import REGENERATE as REGENERATE_GRID, render
 
     current, generated = (DOCS / "grid-format.md").read_text(), render()
     if current != generated:
@@ -98,7 +98,7 @@ def test_grid_format_page_is_generated_from_the_reader() -> None:
 
 
 def test_grid_format_page_lists_every_key_the_reader_accepts() -> None:
-    from orchestrate.grid_file import SUBGRID_KEYS, TOP_KEYS
+    from orchestrate.plan.grid_file import SUBGRID_KEYS, TOP_KEYS
 
     page = (DOCS / "grid-format.md").read_text()
     top, sub = page.split("## Sub-grid keys")
@@ -125,7 +125,7 @@ def test_architecture_keeps_the_headings_code_points_to() -> None:
 
 
 def test_cluster_page_lists_every_profile_field() -> None:
-    from orchestrate.backends.profile import Profile
+    from orchestrate.plan.profile import Profile
 
     page = (DOCS / "cluster.md").read_text()
     fields = {f.name for f in dataclasses.fields(Profile)} - {"name"}

@@ -2,9 +2,9 @@
 ``cancel`` of a whole sweep asks first on a terminal (``--yes`` and ``--where`` do not ask; without a terminal it
 goes on, as scripts and the other tests expect).
 
-Real pieces: the smoke grid, a real ``mlflow server`` (or a sqlite file) holding the sweep's experiment and runs
-(made by :class:`orchestrate.ledger.Ledger`), ``orchestrate`` run in a fresh process, and a real pseudo-terminal for the
-question.
+Real pieces: the smoke grid, a real ``mlflow server`` (or a sqlite file) holding the sweep's experiment and runs (made
+by :class:`orchestrate.ledger.ledger.Ledger`), ``orchestrate`` run in a fresh process, and a real pseudo-terminal for
+the question.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import uuid
 from pathlib import Path
 
 from asr_core.contract.trial import TrialFolder
-from orchestrate.grid import load_grid
-from orchestrate.ledger import Ledger
-from orchestrate.sweep import Manifest, SweepDir, new_sweep_id
+from orchestrate.plan.grid import load_grid
+from orchestrate.ledger.ledger import Ledger
+from orchestrate.sweep.folder import Manifest, SweepDir, new_sweep_id
 from tests.folder_snapshot import snapshot
 
 REPO = Path(__file__).resolve().parents[1]

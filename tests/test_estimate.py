@@ -23,15 +23,14 @@ from asr_core.data.step_plan import step_lengths
 from asr_core.config import DataConfig, preset
 from asr_core.data.corpora import load_corpus
 from asr_core.data.corpora.base import Recording, Word
-from orchestrate.backends.profile import Profile
-from orchestrate.cli import main
-from orchestrate.budget.calibration import (BUILTIN, PAPER_SOURCE, EstimateError, calibration_from_dict,
-                                            load_calibration)
+from orchestrate.plan.profile import Profile
+from orchestrate.cli.commands import main
+from orchestrate.budget.calibration import BUILTIN, PAPER_SOURCE, EstimateError, calibration_from_dict, load_calibration
 from orchestrate.budget.corpus import training_corpus, trial_steps
 from orchestrate.budget.estimate import estimate_grid, estimate_trial, segments_needed, train_seconds, wall_hours
 from orchestrate.budget.paper_fit import paper_fit
-from orchestrate.grid import load_grid
-from orchestrate.trial import Trial
+from orchestrate.plan.grid import load_grid
+from orchestrate.sweep.trial import Trial
 
 ROOT = Path(__file__).resolve().parents[1]
 GRIDS = ROOT / "grids"

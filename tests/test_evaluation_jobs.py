@@ -24,9 +24,9 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from asr_core.contract.trial import FINISHED
-from orchestrate.cli import main
-from orchestrate.ledger import Ledger
-from orchestrate.sweep import SweepDir
+from orchestrate.cli.commands import main
+from orchestrate.ledger.ledger import Ledger
+from orchestrate.sweep.folder import SweepDir
 from tests.test_backend import smoke_corpus
 
 __all__ = ["smoke_corpus"]
@@ -273,9 +273,9 @@ def test_a_model_recorded_under_an_older_key_is_matched_by_science_not_by_its_ev
     import dataclasses
 
     from asr_core.config import resolve
-    from orchestrate.evaluations import evaluation_trial
-    from orchestrate.sweep import merge_trials
-    from orchestrate.trial import Trial
+    from orchestrate.plan.evaluations import evaluation_trial
+    from orchestrate.sweep.folder import merge_trials
+    from orchestrate.sweep.trial import Trial
 
     recorded = Trial.make(resolve({"preset": "tiny", "eval": {"datasets": ["dev=podcast:/d"]}}), 1, "x")
     old = dataclasses.replace(recorded, key="0123456789ab")  # the key an older version gave it

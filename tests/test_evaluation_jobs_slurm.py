@@ -26,9 +26,9 @@ import pytest
 
 from asr_core.contract.segments import read_segments
 from asr_core.contract.trial import FINISHED, KILLED, read_progress
-from orchestrate.cli import main
-from orchestrate.ledger import Ledger, wait_for
-from orchestrate.sweep import SweepDir
+from orchestrate.cli.commands import main
+from orchestrate.ledger.ledger import Ledger, wait_for
+from orchestrate.sweep.folder import SweepDir
 from tests.plugins.slurm_cluster import SlurmCluster, own_cluster
 from tests.test_backend import smoke_corpus, wait_until
 from tests.test_slurm_arrays import Poller, on_cluster, wait_gone

@@ -29,12 +29,12 @@ from asr_core.contract.trial import (FAILED, FINISHED, OUTCOME_FAILED, OUTCOME_K
                                      OUTCOME_PREEMPTED, OUTCOME_RESET, failures, read_attempts, read_progress,
                                      record_attempt)
 from orchestrate.backends import slurm_commands
-from orchestrate.cli import main
-from orchestrate.dispatch import Plan, classify
-from orchestrate.ledger import Ledger, TrialRun, wait_for
-from orchestrate.sweep import SweepDir
-from orchestrate.trial import Trial
-from orchestrate.trial_state import read_folder_states
+from orchestrate.cli.commands import main
+from orchestrate.dispatch.dispatch import Plan, classify
+from orchestrate.ledger.ledger import Ledger, TrialRun, wait_for
+from orchestrate.sweep.folder import SweepDir
+from orchestrate.sweep.trial import Trial
+from orchestrate.sweep.trial_state import read_folder_states
 from tests.plugins.slurm_cluster import SlurmCluster
 from tests.test_backend import (CHECKPOINT_EVERY, cluster_env, loss_steps, resumed_at, smoke_corpus, squeue_states,
                                 wait_until, write_profile)
@@ -98,8 +98,8 @@ def test_a_diverged_trial_is_a_failure_of_the_budget_and_says_diverged(tmp_path:
     """The outcome of a trial whose loss stayed non-finite (exit EXIT_DIVERGED) counts against max_failures like any
     failure, and status and the ledger say "diverged" with its step, not a generic error."""
     from asr_core.contract import trial as contract
-    from orchestrate.reconcile import ledger_target
-    from orchestrate.trial_state import failure_reason
+    from orchestrate.ledger.reconcile import ledger_target
+    from orchestrate.sweep.trial_state import failure_reason
 
     sweep = SweepDir(tmp_path, "div")
     trials = [Trial(key="div", label="div", subgrids=("s",), seed=1, config=Config())]

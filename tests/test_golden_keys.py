@@ -23,7 +23,7 @@ GRIDS = ("grids/paper.yaml", "grids/demo.yaml", "grids/demo-quick.yaml", "grids/
 
 
 def current_keys() -> dict[str, dict[str, str]]:
-    from orchestrate.grid import load_grid
+    from orchestrate.plan.grid import load_grid
 
     return {g: {t.key: t.label for t in load_grid(REPO / g).trials} for g in GRIDS}
 
@@ -51,7 +51,7 @@ def test_a_new_option_at_its_default_leaves_every_paper_key() -> None:
     from asr_core import config as config_mod
     from asr_core.config import Config
     from asr_core.identity import trial_key
-    from orchestrate.grid import load_grid
+    from orchestrate.plan.grid import load_grid
 
     def grown(cls: type, extra: str) -> type:
         return dataclasses.make_dataclass(cls.__name__ + "Grown", [(extra, float, dataclasses.field(default=0.5))],

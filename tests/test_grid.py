@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from asr_core.config import EvalConfig
-from orchestrate.cli import main
-from orchestrate.grid import (DECODE_FRAMES_PER_S, KNOWN_TEST_HOURS, GridError, eval_set_hours, eval_work, load_grid,
-                              merge_evaluations, plan_table, subgrid_eval_work)
+from orchestrate.cli.commands import main
+from orchestrate.plan.grid import (DECODE_FRAMES_PER_S, KNOWN_TEST_HOURS, GridError, eval_set_hours, eval_work,
+                                   load_grid, merge_evaluations, plan_table, subgrid_eval_work)
 
 ROOT = Path(__file__).resolve().parents[1]
 GRIDS = ROOT / "grids"

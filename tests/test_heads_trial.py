@@ -67,7 +67,7 @@ def test_head_fields_refuse_bad_values_naming_the_field(override: str, needle: s
 
 
 def test_the_loss_enters_trial_keys_only_when_on_and_the_measurement_never() -> None:
-    from orchestrate.grid import load_grid
+    from orchestrate.plan.grid import load_grid
 
     assert HEAD_REPRESENTATIONS == REPRESENTATIONS  # config.py validates what asr_core.model.heads computes
     golden = json.loads((REPO / "tests/golden/keys.json").read_text())["grids/paper.yaml"]

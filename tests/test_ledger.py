@@ -9,11 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from orchestrate.cli import main
-from orchestrate.grid import load_grid
+from orchestrate.cli.commands import main
+from orchestrate.plan.grid import load_grid
 from asr_core.contract import trial as tc
-from orchestrate import ledger as ledger_module
-from orchestrate.ledger import RUN_NAME_CHARS, Ledger, LedgerError, SweepOwnershipError, TrialRun, counts, run_names
+from orchestrate.ledger import ledger as ledger_module
+from orchestrate.ledger.ledger import (RUN_NAME_CHARS, Ledger, LedgerError, SweepOwnershipError, TrialRun, counts,
+                                       run_names)
 from asr_core.contract.tracking import default_tracking_uri
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -248,7 +249,7 @@ def test_the_first_submission_saves_the_view_of_every_wer_column_and_leaves_a_la
     import json
 
     from asr_core.contract import ledger as sv
-    from orchestrate.dispatch import eval_dataset_names
+    from orchestrate.dispatch.dispatch import eval_dataset_names
 
     trials = list(load_grid(ROOT / "grids" / "demo.yaml").trials)
     assert eval_dataset_names(trials) == ["test", "test-shifted"]

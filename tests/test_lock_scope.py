@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrate.sweep import SweepDir, SweepError
+from orchestrate.sweep.folder import SweepDir, SweepError
 
 ROOT_FS = "27 1 254:0 / / rw,relatime - ext4 /dev/vda rw,discard\n"
 LUSTRE_LOCAL = "50 27 0:52 / /lustre rw,relatime shared:70 - lustre 10.0.0.1@o2ib:/fs rw,localflock,lazystatfs\n"
@@ -43,7 +43,7 @@ TABLE = ROOT_FS + LUSTRE_LOCAL + LUSTRE_FLOCK + LUSTRE_SILENT + NFS_LOCAL + NFS_
     ("/tmp/sweeps", "local", []),
 ])
 def test_flock_scope_from_mocked_mountinfo(path: str, verdict: str, words: list[str]) -> None:
-    from orchestrate.mounts import flock_scope, parse_mountinfo
+    from orchestrate.sweep.mounts import flock_scope, parse_mountinfo
 
     scope = flock_scope(Path(path), parse_mountinfo(TABLE))
     assert scope.verdict == verdict, scope
@@ -55,7 +55,7 @@ def test_sweep_lock_refuses_per_node_flock_with_mocked_mountinfo(tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     table = tmp_path / "mountinfo"
     table.write_text(ROOT_FS + f"70 27 0:70 / {tmp_path} rw - lustre 10.0.0.1@o2ib:/fs rw,localflock\n")
-    monkeypatch.setattr("orchestrate.mounts.MOUNTINFO", str(table))
+    monkeypatch.setattr("orchestrate.sweep.mounts.MOUNTINFO", str(table))
     monkeypatch.delenv("ORCHESTRATE_LOCAL_FLOCK_OK", raising=False)
     sweep = SweepDir(tmp_path / "sweeps", "s1")
     with pytest.raises(SweepError, match="localflock.*ORCHESTRATE_LOCAL_FLOCK_OK"):
@@ -71,7 +71,7 @@ def test_sweep_lock_notes_a_network_filesystem_it_cannot_judge_with_mocked_mount
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     table = tmp_path / "mountinfo"
     table.write_text(ROOT_FS + f"71 27 0:71 / {tmp_path} rw - beegfs beegfs_nodev rw\n")
-    monkeypatch.setattr("orchestrate.mounts.MOUNTINFO", str(table))
+    monkeypatch.setattr("orchestrate.sweep.mounts.MOUNTINFO", str(table))
     with SweepDir(tmp_path / "sweeps", "s1").lock("submit"):
         pass
     err = capsys.readouterr().err.strip().splitlines()

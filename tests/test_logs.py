@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from asr_core.contract.trial import TrialFolder
-from orchestrate.logs import LogFollower, collapse, collapse_line
-from orchestrate.sweep import SweepDir
+from orchestrate.cli.logs import LogFollower, collapse, collapse_line
+from orchestrate.sweep.folder import SweepDir
 from orchestrate.tools.fake_sweep import make_fake_sweep
 
 REPO = Path(__file__).resolve().parents[1]

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrate.cli import main
-from orchestrate.ledger import Ledger, wait_for
+from orchestrate.cli.commands import main
+from orchestrate.ledger.ledger import Ledger, wait_for
 from orchestrate.tools.loadtest import METRICS, TrainerReport, check_history, run_load
 from tests.plugins.mlflow_server import (
     SCRIPT, MlflowServer, free_port, network_address, read_credentials, serving,

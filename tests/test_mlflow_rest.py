@@ -1,4 +1,4 @@
-"""The ledger's REST client (orchestrate.mlflow_rest) against a real `mlflow server`: what it writes is what
+"""The ledger's REST client (orchestrate.ledger.mlflow_rest) against a real `mlflow server`: what it writes is what
 MlflowClient reads back, the ledger over it never imports mlflow, failures become LedgerError naming the URI, and
 it authenticates the way MLflow's own clients do.
 
@@ -26,9 +26,9 @@ from urllib.parse import urlparse
 import pytest
 
 from asr_core.contract import trial as tc
-from orchestrate.grid import load_grid
-from orchestrate.ledger import Ledger, LedgerError, run_names
-from orchestrate.mlflow_rest import MlflowRest, RestError, UncertainWrite, auth_header, credentials
+from orchestrate.plan.grid import load_grid
+from orchestrate.ledger.ledger import Ledger, LedgerError, run_names
+from orchestrate.ledger.mlflow_rest import MlflowRest, RestError, UncertainWrite, auth_header, credentials
 from tests.plugins.mlflow_server import MlflowServer, free_port, read_credentials, start_server, stop_server
 
 pytestmark = pytest.mark.timeout(300)
@@ -169,8 +169,8 @@ def test_the_ledger_over_rest_writes_the_schema_and_never_imports_mlflow(mlflow_
     out = tmp_path / "ids.json"
     code = textwrap.dedent(f"""
         import json, sys
-        from orchestrate.grid import load_grid
-        from orchestrate.ledger import Ledger
+        from orchestrate.plan.grid import load_grid
+        from orchestrate.ledger.ledger import Ledger
         ledger = Ledger({mlflow_server.uri!r}, {name!r})
         ledger.check_owner("id-a", "/runs/a")
         trials = list(load_grid({str(SMOKE)!r}).trials)

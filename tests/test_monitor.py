@@ -1,6 +1,6 @@
-"""The pure parts of ``status``'s one-screen view (:mod:`orchestrate.monitor`): failures grouped by cause, the
+"""The pure parts of ``status``'s one-screen view (:mod:`orchestrate.status.monitor`): failures grouped by cause, the
 trials that matter now, the work and time left, the best trial so far, fitting lines to a screen; and the latest
-loss and WERs read from a trial's outbox tail (:mod:`orchestrate.trial_metrics`), written by the trainer's own
+loss and WERs read from a trial's outbox tail (:mod:`orchestrate.status.trial_metrics`), written by the trainer's own
 :class:`~asr_core.runtime.outbox.Outbox`.
 """
 
@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrate.monitor import (best_trial, cause_of, failure_causes, fit_lines, trials_that_matter, work_left)
-from orchestrate.trial_metrics import trial_metrics
-from orchestrate.trial_status import TrialStatus
+from orchestrate.status.monitor import (best_trial, cause_of, failure_causes, fit_lines, trials_that_matter, work_left)
+from orchestrate.status.trial_metrics import trial_metrics
+from orchestrate.status.trial_status import TrialStatus
 
 SCHEDULER = " (the scheduler could not be asked: a job may hold it)"
 

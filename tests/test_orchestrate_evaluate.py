@@ -27,9 +27,9 @@ from mlflow.tracking import MlflowClient
 
 from asr_core.contract.trial import FINISHED
 from orchestrate.backends import slurm_commands
-from orchestrate.cli import main
-from orchestrate.ledger import Ledger, wait_for
-from orchestrate.sweep import SweepDir
+from orchestrate.cli.commands import main
+from orchestrate.ledger.ledger import Ledger, wait_for
+from orchestrate.sweep.folder import SweepDir
 from tests.folder_snapshot import snapshot
 from tests.test_backend import smoke_corpus, squeue_states, wait_until, write_profile
 
@@ -339,7 +339,7 @@ def test_a_packaged_spec_is_found_by_name_and_reads_its_paths_from_the_working_f
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``--spec decode-lm`` (or ``grids/decode-lm.yaml`` outside a checkout) is the packaged spec; its relative LM path
     reads as from ./grids/ of the folder the command runs in; an unknown name lists the packaged ones."""
-    from orchestrate.decode_file import DecodeFileError, load_decode_file
+    from orchestrate.plan.decode_file import DecodeFileError, load_decode_file
 
     lm = tmp_path / "runs" / "lm-paper" / "checkpoint.pt"
     lm.parent.mkdir(parents=True)

@@ -142,7 +142,7 @@ def test_a_sharded_preparation_killed_midway_continues_and_equals_the_source(tmp
 def test_submit_refuses_an_unfinished_prepared_corpus_before_anything_is_written(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A preparation that was stopped leaves a folder without ``prepared.json``: not a corpus yet."""
-    from orchestrate.cli import main
+    from orchestrate.cli.commands import main
 
     half = tmp_path / "half"
     (half / "shards").mkdir(parents=True)

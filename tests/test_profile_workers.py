@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from orchestrate.backends.profile import Profile, load_profile
-from orchestrate.grid import load_grid
-from orchestrate.sweep import SweepDir
+from orchestrate.plan.profile import Profile, load_profile
+from orchestrate.plan.grid import load_grid
+from orchestrate.sweep.folder import SweepDir
 
 REPO = Path(__file__).resolve().parents[1]
 

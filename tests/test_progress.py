@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from asr_core.contract.trial import ProgressLog, TrialFolder
-from orchestrate.progress import ProgressPrinter, trial_phase
+from orchestrate.sweep.progress import ProgressPrinter, trial_phase
 
 
 def _started(d: Path) -> TrialFolder:
@@ -121,7 +121,7 @@ def test_phase_text_is_trial_phase_from_what_was_already_read(tmp_path: Path) ->
     """``orchestrate status`` reads each folder once and asks :func:`phase_text` for the phase from what it read:
     the same answer as :func:`trial_phase` reading the folder itself."""
     from asr_core.contract.trial import read_progress
-    from orchestrate.progress import phase_text
+    from orchestrate.sweep.progress import phase_text
 
     folder = _started(tmp_path / "t")
     cases = [lambda: None, lambda: ProgressLog(folder.path).write("train", 3, 9),

@@ -27,9 +27,9 @@ from pathlib import Path
 import pytest
 
 from orchestrate.backends.base import Job
-from orchestrate.backends.profile import Profile
+from orchestrate.plan.profile import Profile
 from orchestrate.backends.ray_slurm import RaySlurmBackend
-from orchestrate.sweep import Manifest, SweepDir, new_sweep_id
+from orchestrate.sweep.folder import Manifest, SweepDir, new_sweep_id
 from tests.plugins.slurm_cluster import SlurmCluster, own_cluster
 
 REPO = Path(__file__).resolve().parents[1]

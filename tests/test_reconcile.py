@@ -1,4 +1,4 @@
-"""The ledger catches up with the trial folders: :func:`orchestrate.reconcile.reconcile_ledger` ships the outbox
+"""The ledger catches up with the trial folders: :func:`orchestrate.ledger.reconcile.reconcile_ledger` ships the outbox
 of trials whose job is gone and moves run states that lag their folder (DONE → FINISHED, CANCELLED → KILLED, a
 failure nobody could report → FAILED with its reason); it never raises on an unreachable MLflow.
 
@@ -23,11 +23,11 @@ from asr_core.runtime.lease import Lease
 from asr_core.contract.trial import (FAILED, FINISHED, KILLED, OUTCOME_FAILED, OUTCOME_FINISHED,
                                      OUTCOME_KILLED, RUNNING, SCHEDULED, TAG_ERROR, TrialFolder, record_attempt)
 from orchestrate.tools.fake_sweep import fake_trials
-from orchestrate.ledger import Ledger
-from orchestrate.sweep import Manifest, SweepDir
-from orchestrate.trial import Trial
-from orchestrate.reconcile import behind, read_sync, reconcile_ledger, record_mirrored
-from orchestrate.trial_state import read_folder_states
+from orchestrate.ledger.ledger import Ledger
+from orchestrate.sweep.folder import Manifest, SweepDir
+from orchestrate.sweep.trial import Trial
+from orchestrate.ledger.reconcile import behind, read_sync, reconcile_ledger, record_mirrored
+from orchestrate.sweep.trial_state import read_folder_states
 from tests.plugins.mlflow_server import free_port
 from tests.test_trial import corpus, trial_cmd, trial_env
 

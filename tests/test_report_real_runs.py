@@ -17,8 +17,8 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from analysis.__main__ import main
-from orchestrate.grid import load_grid
-from orchestrate.ledger import Ledger
+from orchestrate.plan.grid import load_grid
+from orchestrate.ledger.ledger import Ledger
 
 ROOT = Path(__file__).resolve().parents[1]
 # four real trials (about a minute of CPU on 2 cores), made once: both tests on one worker, so the module's

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 
 from orchestrate.backends.base import Job
-from orchestrate.backends.profile import (BackendError, Profile, format_minutes, load_profile, parse_minutes,
-                                          time_limit_minutes)
+from orchestrate.plan.profile import (BackendError, Profile, format_minutes, load_profile, parse_minutes,
+                                      time_limit_minutes)
 from orchestrate.budget.resources import Resources, group_by_resources, memory_gb, trial_resources
-from orchestrate.grid import load_grid
-from orchestrate.sweep import SweepDir
+from orchestrate.plan.grid import load_grid
+from orchestrate.sweep.folder import SweepDir
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -100,7 +100,7 @@ def test_an_evaluation_job_asks_the_time_of_its_decoding_not_of_its_models_train
     """Under ``time_limit: estimate`` an evaluation job of the 10 s main model asks for its greedy decoding of
     TED-LIUM (2.6 h, known by name) at two conditions, not its model's 15 h of training; a beam decoder, or a test
     set of unknown size, gets the cap; with no cap that is refused, naming the job."""
-    from orchestrate.evaluations import evaluation_trial
+    from orchestrate.plan.evaluations import evaluation_trial
 
     short = min(_grid(tmp_path).trials, key=lambda t: t.config.data.context_s)
     sweep = SweepDir(tmp_path / "runs", "s")
@@ -134,7 +134,7 @@ def test_profile_rules_are_validated_naming_file_and_key(tmp_path: Path, body: s
 
 
 def test_shipped_backfill_profile_plans_the_paper_grid(capsys: pytest.CaptureFixture[str]) -> None:
-    from orchestrate.cli import main
+    from orchestrate.cli.commands import main
 
     prof = load_profile("a100-backfill")
     assert prof.time_rule and prof.time_max == "48:00:00" and prof.mem_gb == "estimate"

@@ -16,8 +16,8 @@ from pathlib import Path
 
 from asr_core.contract.segments import Segment, append_segment
 from asr_core.contract.trial import OUTCOME_PREEMPTED, record_attempt
-from orchestrate.ledger import Ledger
-from orchestrate.sweep import Manifest, SweepDir
+from orchestrate.ledger.ledger import Ledger
+from orchestrate.sweep.folder import Manifest, SweepDir
 from orchestrate.tools.fake_sweep import fake_trials
 from tests.plugins.mlflow_server import free_port
 

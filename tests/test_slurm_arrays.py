@@ -34,9 +34,9 @@ import pytest
 
 from asr_core.contract.trial import EXIT_OK
 from orchestrate.backends.base import Job
-from orchestrate.backends.profile import Profile
+from orchestrate.plan.profile import Profile
 from orchestrate.backends.slurm import SlurmBackend, TrialTask
-from orchestrate.sweep import SweepDir
+from orchestrate.sweep.folder import SweepDir
 from tests.plugins.slurm_cluster import SlurmCluster, own_cluster
 
 REPO = Path(__file__).resolve().parents[1]
@@ -226,7 +226,7 @@ subgrids:
 @pytest.mark.timeout(240)
 def test_every_trial_runs_once_across_arrays_and_a_resume(cluster_21: SlurmCluster, on_cluster: object,
                                                           tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from orchestrate.cli import main
+    from orchestrate.cli.commands import main
 
     on_cluster(cluster_21)  # type: ignore[operator]
     monkeypatch.setattr(SlurmBackend, "task_class", NoopTask)

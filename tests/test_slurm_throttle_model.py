@@ -23,7 +23,7 @@ import pytest
 
 from orchestrate.backends import slurm_commands
 from orchestrate.backends.slurm_throttle import SweepThrottle
-from orchestrate.sweep import SweepDir
+from orchestrate.sweep.folder import SweepDir
 
 RUN, ENDING = "RUNNING", "ENDING"  # ENDING: has handed its slot on, still RUNNING in squeue
 

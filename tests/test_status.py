@@ -24,9 +24,9 @@ from asr_core.runtime.lease import Lease
 from asr_core.contract.trial import (OUTCOME_CANCELLED, OUTCOME_FAILED, OUTCOME_FINISHED, OUTCOME_KILLED,
                                      OUTCOME_PREEMPTED, RUNNING, ProgressLog, TrialFolder, record_attempt)
 from orchestrate.tools.fake_sweep import MIX, fake_trials, make_fake_sweep
-from orchestrate.sweep import Manifest, SweepDir
-from orchestrate.trial import Trial
-from orchestrate.trial_state import read_folder_state
+from orchestrate.sweep.folder import Manifest, SweepDir
+from orchestrate.sweep.trial import Trial
+from orchestrate.sweep.trial_state import read_folder_state
 from tests.plugins.mlflow_server import free_port
 
 REPO = Path(__file__).resolve().parents[1]
@@ -186,7 +186,7 @@ def test_folder_state_reads_what_the_job_wrote_and_never_raises_on_half_written_
 @pytest.mark.slow
 def test_status_counts_from_the_folders_while_mlflow_is_down_then_reconciles_when_it_is_back(
         tmp_path: Path, slurm_cluster) -> None:  # noqa: ANN001
-    from orchestrate.ledger import Ledger
+    from orchestrate.ledger.ledger import Ledger
 
     port = free_port()
     server_dir = tmp_path / "mlflow"
@@ -257,7 +257,7 @@ def test_status_counts_from_the_folders_while_mlflow_is_down_then_reconciles_whe
 def test_status_of_another_folders_sweep_is_refused_without_importing_mlflow(tmp_path: Path) -> None:
     """The sweep's experiment belongs to another sweep folder: status says whose, exit 2 (a sqlite ledger read
     with sqlite3 alone)."""
-    from orchestrate.ledger import Ledger
+    from orchestrate.ledger.ledger import Ledger
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     built = build_sweep(tmp_path / "a", "owned", uri, backend="local")
@@ -272,7 +272,7 @@ def test_a_local_sweep_being_run_holds_its_trials_and_status_leaves_its_ledger_a
     """A local sweep runs inside the process holding the sweep's lock: its submitted trials that have not started
     are PENDING (not lost; QUEUED when a segment started without a word yet), and status does not write the
     ledger under that process (it says why)."""
-    from orchestrate.ledger import Ledger
+    from orchestrate.ledger.ledger import Ledger
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     built = build_sweep(tmp_path / "runs", "local-run", uri, backend="local")

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrate.sweep import SweepDir
+from orchestrate.sweep.folder import SweepDir
 from orchestrate.tools.fake_sweep import make_fake_sweep
 
 REPO = Path(__file__).resolve().parents[1]

@@ -23,8 +23,8 @@ import pytest
 
 from asr_core.contract.trial import Progress, TrialFolder, write_progress
 from asr_core.runtime.lease import Lease
-from orchestrate.progress import rate_of, trial_pace
-from orchestrate.sweep import Manifest, SweepDir
+from orchestrate.sweep.progress import rate_of, trial_pace
+from orchestrate.sweep.folder import Manifest, SweepDir
 from orchestrate.tools.fake_sweep import fake_trials, make_fake_sweep
 
 REPO = Path(__file__).resolve().parents[1]

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from asr_study.cli import main
-from orchestrate.sweep import Manifest, SweepDir
+from orchestrate.sweep.folder import Manifest, SweepDir
 
 
 def _sweep(root: Path, name: str, uri: str) -> SweepDir:

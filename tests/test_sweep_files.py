@@ -25,9 +25,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrate.cli import main
-from orchestrate.ledger import Ledger
-from orchestrate.sweep import SweepDir
+from orchestrate.cli.commands import main
+from orchestrate.ledger.ledger import Ledger
+from orchestrate.sweep.folder import SweepDir
 from tests.plugins.mlflow_server import MlflowServer
 
 pytestmark = pytest.mark.timeout(300)

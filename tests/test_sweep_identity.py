@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 
 from asr_core.contract.trial import FINISHED, TrialFolder, read_progress
-from orchestrate.cli import main
-from orchestrate.ledger import Ledger
-from orchestrate.sweep import SweepDir
-from orchestrate.runner import SEGMENT_HEADER
+from orchestrate.cli.commands import main
+from orchestrate.ledger.ledger import Ledger
+from orchestrate.sweep.folder import SweepDir
+from orchestrate.backends.runner import SEGMENT_HEADER
 from tests.test_backend import assert_one_run_per_key, loss_steps, resumed_at, smoke_corpus, wait_until
 
 __all__ = ["smoke_corpus"]  # the session fixture, shared with test_backend

@@ -25,8 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrate.cli import main
-from orchestrate.sweep import SweepDir
+from orchestrate.cli.commands import main
+from orchestrate.sweep.folder import SweepDir
 from tests.folder_snapshot import snapshot
 from tests.plugins.mlflow_server import MlflowServer
 from tests.test_backend import ONE_TRIAL, cluster_env, smoke_corpus, write_profile

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from orchestrate.cli import main
-from orchestrate.grid import load_grid
-from orchestrate.ledger import Ledger, wait_for
-from orchestrate.sweep import SweepDir
+from orchestrate.cli.commands import main
+from orchestrate.plan.grid import load_grid
+from orchestrate.ledger.ledger import Ledger, wait_for
+from orchestrate.sweep.folder import SweepDir
 from tests.test_backend import (CHECKPOINT_EVERY, MAX_STEPS, SMOKE, assert_one_run_per_key, cluster_env,
                                 last_checkpoint, loss_steps, resumed_at, smoke_corpus, squeue_states,
                                 steps_logged_before, submit_args, unique, wait_until, write_profile)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from asr_core.contract.tracking import DEFAULT_SWEEP_ROOT, SWEEP_ROOT_ENV, default_sweep_root, tracking_uri
-from orchestrate.sweep import SweepDir, SweepError
+from orchestrate.sweep.folder import SweepDir, SweepError
 from orchestrate.tools.fake_sweep import make_fake_sweep
 
 REPO = Path(__file__).resolve().parents[1]

@@ -121,7 +121,7 @@ def test_a_non_finite_step_leaves_the_weights_and_the_optimiser_alone(corpus: Pa
 
 def test_the_runner_takes_the_diverged_exit_for_a_failure_the_job_recorded(tmp_path: Path) -> None:
     """The scheduler task's side: exit 65 is the job's own failure (already recorded), not a kill by the system."""
-    from orchestrate.runner import trainer_ended
+    from orchestrate.backends.runner import trainer_ended
 
     folder = tmp_path / "t"
     folder.mkdir()

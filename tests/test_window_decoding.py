@@ -23,7 +23,7 @@ from asr_core.contract.ledger import experiment_id
 from asr_core.contract.trial import EVAL_DIR, ProgressLog, TrialFolder
 from asr_core.evaluation.evaluate import Destination, EvaluationRun, evaluate
 from asr_core.evaluation.evaluate_cli import parse_windows
-from orchestrate.decode_file import DecodeFileError, DecodeSpec, load_decode_file, parse_decode
+from orchestrate.plan.decode_file import DecodeFileError, DecodeSpec, load_decode_file, parse_decode
 
 ROOT = Path(__file__).resolve().parents[1]
 torch.set_num_threads(2)

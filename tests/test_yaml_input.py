@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrate.decode_file import DecodeFileError, load_decode_file
+from orchestrate.plan.decode_file import DecodeFileError, load_decode_file
 
 ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT_S = 60  # a hang (the alias bomb on the old code) fails here instead of blocking the suite

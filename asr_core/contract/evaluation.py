@@ -134,7 +134,7 @@ class EvaluationSpec:
     ``decoder``: None for greedy CTC; with ``windows`` (seconds) greedy decoding at those windows; with ``fusion`` (a
     list of window fusion methods) greedy decoding joined each
     of those ways; else the beam decoder's resolved setting (``lm``, ``alpha``, ``beta``,
-    ``beam_width``, ``lm_context``, ``prompt``, ``stride``: :class:`orchestrate.decode_file.DecodeSpec`)."""
+    ``beam_width``, ``lm_context``, ``prompt``, ``stride``: :class:`orchestrate.plan.decode_file.DecodeSpec`)."""
 
     key: str
     model: str  # the model key

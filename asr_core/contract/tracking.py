@@ -24,7 +24,7 @@ DEFAULT_SWEEP_ROOT = "runs"
 DEFAULT_EXPERIMENT = "asr_core"  # the MLflow experiment of a model trained alone (python -m asr_core train, no --sweep)
 SWEEP_ROOT_ENV = "ASR_STUDY_SWEEP_ROOT"  # the folder sweeps live in, for every command run from anywhere
 LEDGER_FILE = "mlflow.db"
-SWEEP_MANIFEST = "sweep.json"  # the sweep folder's manifest (written by orchestrate.sweep); its "tracking_uri"
+SWEEP_MANIFEST = "sweep.json"  # the sweep folder's manifest (written by orchestrate.sweep.folder); its "tracking_uri"
 RULE = (f"--tracking-uri, else the sweep folder's recorded URI, else ${ENV}, else "
         f"sqlite:///SWEEP_ROOT/{LEDGER_FILE} (SWEEP_ROOT: --sweep-root, else ${SWEEP_ROOT_ENV}, else "
         f"./{DEFAULT_SWEEP_ROOT})")

@@ -4,10 +4,13 @@
 The backends are siblings: what more than one of them needs lives in a module of its own, never as a private
 function one backend borrows from another:
 
-* :mod:`~orchestrate.backends.profile`: cluster profiles (``slurm/profiles/NAME.yaml``);
+* :mod:`~orchestrate.backends.runner`: one trial's trainer as a child process, its signals forwarded, how it ended;
 * :mod:`~orchestrate.backends.slurm_commands`: ``sbatch``, ``squeue`` (settled), ``scancel``, ``scontrol``;
 * :mod:`~orchestrate.backends.tune_driver`: the Ray Tune driver (``local`` runs it as a process of its own,
   ``ray-slurm`` inside its allocation).
+
+The cluster profile they run under (``slurm/profiles/NAME.yaml``) is part of the plan
+(:mod:`orchestrate.plan.profile`): the budget reads it too, and the backends stand above the budget.
 
 Imports are lazy so that ``plan`` and ``status`` never pay for Ray or submitit.
 """
@@ -18,10 +21,10 @@ import importlib
 from typing import TYPE_CHECKING
 
 from orchestrate.backends.base import Backend, BackendError
-from orchestrate.sweep import SweepDir
+from orchestrate.sweep.folder import SweepDir
 
 if TYPE_CHECKING:
-    from orchestrate.backends.profile import Profile
+    from orchestrate.plan.profile import Profile
 
 BACKENDS: dict[str, tuple[str, str]] = {
     "local": ("orchestrate.backends.local", "LocalBackend"),

@@ -3,8 +3,8 @@
 A backend knows how to start trials (``submit``), which of the sweep's trials its scheduler still holds
 (``live_jobs``), how jobs that ended without a word ended (``job_ends``: the scheduler's accounting, where it keeps
 one), and how to stop them (``cancel``). The ledger, the sweep folder and the decision of what to (re)submit live
-outside (:mod:`orchestrate.dispatch`), so every backend behaves the same way on resume.
-Cluster profiles (what a backend asks the scheduler for) live in :mod:`orchestrate.backends.profile`, with
+outside (:mod:`orchestrate.dispatch.dispatch`), so every backend behaves the same way on resume.
+Cluster profiles (what a backend asks the scheduler for) live in :mod:`orchestrate.plan.profile`, with
 :class:`BackendError`.
 """
 
@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, ClassVar
 
-from orchestrate.backends.profile import BackendError, Profile, StoppedBySignal
-from orchestrate.sweep import Submission, SweepDir
-from orchestrate.trial import Trial
+from orchestrate.plan.profile import BackendError, Profile, StoppedBySignal
+from orchestrate.sweep.folder import Submission, SweepDir
+from orchestrate.sweep.trial import Trial
 
 # The interface: what backends implement and raise, and what the dispatcher reads of them. BackendError is defined
 # beside the profile, whose loading raises it first (the profile is below this module: it imports nothing here).

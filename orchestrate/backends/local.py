@@ -18,8 +18,8 @@ from pathlib import Path
 
 from orchestrate.backends.base import Backend, BackendError, Job, OnSubmitted, StoppedBySignal
 from orchestrate.backends.tune_driver import driver_command, ray_auth_env
-from orchestrate.progress import ProgressPrinter
-from orchestrate.runner import TrialProcess, install_forwarding, last_line
+from orchestrate.sweep.progress import ProgressPrinter
+from orchestrate.backends.runner import TrialProcess, install_forwarding, last_line
 
 
 class LocalBackend(Backend):

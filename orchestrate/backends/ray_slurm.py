@@ -36,7 +36,7 @@ from asr_core.contract.trial import EXIT_OK, EXIT_PREEMPTED, TrialFolder
 from orchestrate.backends import slurm_commands
 from orchestrate.backends.base import Backend, BackendError, Job, JobEnd, OnSubmitted
 from orchestrate.backends.tune_driver import drive, ray_auth_env
-from orchestrate.sweep import SweepDir
+from orchestrate.sweep.folder import SweepDir
 
 PREEMPT_FLAG = "PREEMPT"  # in <sweep>/ray_slurm/<submission>/: touched on USR2, watched by every trial's wrapper
 

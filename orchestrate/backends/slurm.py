@@ -19,11 +19,11 @@ requeue``, a node going down) also makes the trainer checkpoint; SLURM itself de
 and ``resume`` resubmits it if not. Requeueing is the task's own (``scontrol requeue``), never submitit's
 timeout handling, which the task's signal forwarding replaces.
 
-How the trainer ended decides the rest (:func:`orchestrate.runner.trainer_ended`): killed by a signal (out of
+How the trainer ended decides the rest (:func:`orchestrate.backends.runner.trainer_ended`): killed by a signal (out of
 memory, the system) or an exit code the trial job never uses → ``killed`` is recorded in ``attempts.jsonl`` and the
 trainer's lease freed; ``EXIT_FENCED`` (another live trainer holds the lease) → the holder is named in the log, and
 nothing else happens; ``EXIT_CANCELLED``, or a ``CANCELLED`` file in the trial folder → never requeued. What a
-``resume`` does with a failed or killed trial is the failure budget's call (:mod:`orchestrate.dispatch`).
+``resume`` does with a failed or killed trial is the failure budget's call (:mod:`orchestrate.dispatch.dispatch`).
 
 How jobs that ended without a word ended is read from the accounting (``sacct``, one call for many jobs:
 :meth:`SlurmBackend.job_ends`).
@@ -42,11 +42,11 @@ from asr_core.contract.trial import (ENV_JOB_ID, EXIT_OK, EXIT_PREEMPTED, FAILED
 from asr_core.contract.segments import read_segments
 from orchestrate.backends import slurm_commands
 from orchestrate.backends.base import Backend, BackendError, Job, JobEnd, OnSubmitted
-from orchestrate.backends.profile import Profile
+from orchestrate.plan.profile import Profile
 from orchestrate.backends.slurm_throttle import BACKEND, SweepThrottle, hand_on_slot
 from orchestrate.budget.resources import Resources, group_by_resources, trial_resources
-from orchestrate.runner import TrialProcess, install_forwarding, trainer_ended
-from orchestrate.sweep import Submission, SweepDir
+from orchestrate.backends.runner import TrialProcess, install_forwarding, trainer_ended
+from orchestrate.sweep.folder import Submission, SweepDir
 
 
 class TrialTask:

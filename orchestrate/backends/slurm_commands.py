@@ -39,7 +39,7 @@ from asr_core.contract.trial import OUTCOME_FAILED, OUTCOME_KILLED, OUTCOME_LOST
 from orchestrate.backends.base import BackendError, JobEnd
 
 if TYPE_CHECKING:
-    from orchestrate.backends.profile import Profile
+    from orchestrate.plan.profile import Profile
 
 COMMANDS = ("sbatch", "squeue", "scancel", "scontrol")  # what a SLURM backend needs on PATH
 SCANCEL_BATCH = 500  # job ids per scancel call (and per sacct call)
@@ -151,7 +151,7 @@ _PARTITION_MAX: dict[tuple[str, str], int | None] = {}
 def partition_max_minutes(partition: str = "") -> int | None:
     """The ``MaxTime`` of ``partition`` (the cluster's default partition for "") in minutes, None when it is
     ``UNLIMITED``/``INFINITE`` (``scontrol show partition``; read once per process and ``SLURM_CONF``)."""
-    from orchestrate.backends.profile import parse_minutes
+    from orchestrate.plan.profile import parse_minutes
 
     key = (os.environ.get("SLURM_CONF", ""), partition)
     if key not in _PARTITION_MAX:

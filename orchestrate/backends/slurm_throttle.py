@@ -26,7 +26,7 @@ from typing import Any, Collection, Iterator
 from orchestrate.backends import slurm_commands
 from orchestrate.backends.base import BackendError
 from orchestrate.backends.slurm_commands import ArrayRow
-from orchestrate.sweep import SweepDir
+from orchestrate.sweep.folder import SweepDir
 
 BACKEND = "slurm"  # the backend whose submissions are the sweep's arrays (``SlurmBackend.name``)
 

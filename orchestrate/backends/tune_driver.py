@@ -6,12 +6,12 @@ Both Ray backends use it: ``local`` starts it as a process of its own (:func:`dr
 (finished Tune trials are not rerun).
 
 Each Tune trial runs the trial job's command (:func:`asr_core.contract.trial.trial_command`) as a child
-(:class:`orchestrate.runner.TrialProcess`), and reports how it ended (:func:`orchestrate.runner.trainer_ended`,
-which also records a trainer killed by the system): finished, cancelled or fenced end the Tune trial cleanly (a
-restored experiment never reruns them); preempted, failed or killed make it ERROR. The trial folders, not Tune,
-decide what a resume reruns, so Tune never retries on its own; a restored experiment (the Ray-on-SLURM allocation
-requeued) restarts its errored trials, but never one that is finished, cancelled or past the sweep's
-``max_failures``.
+(:class:`orchestrate.backends.runner.TrialProcess`), and reports how it ended
+(:func:`orchestrate.backends.runner.trainer_ended`, which also records a trainer killed by the system): finished,
+cancelled or fenced end the Tune trial cleanly (a restored experiment never reruns them); preempted, failed or killed
+make it ERROR. The trial folders, not Tune, decide what a resume reruns, so Tune never retries on its own; a restored
+experiment (the Ray-on-SLURM allocation requeued) restarts its errored trials, but never one that is finished, cancelled
+or past the sweep's ``max_failures``.
 
 Ray ≥ 2.59 turns token authentication on for local clusters and would write a token to ``~/.ray``; we keep
 authentication on but give every sweep its own token file (mode 600) in its folder (:func:`ray_auth_env`), so
@@ -39,8 +39,8 @@ from typing import Any
 from asr_core.contract.segments import read_segments
 from asr_core.contract.trial import (ENV_JOB_ID, EXIT_PREEMPTED, TrialFolder, failures, read_attempts,
                                      trial_command)
-from orchestrate.runner import TrialProcess, trainer_ended
-from orchestrate.sweep import SweepDir, SweepError
+from orchestrate.backends.runner import TrialProcess, trainer_ended
+from orchestrate.sweep.folder import SweepDir, SweepError
 
 RAY_AUTH_TOKEN_FILE = "ray_auth_token"  # in the sweep folder
 

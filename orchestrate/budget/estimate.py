@@ -14,9 +14,9 @@ time of a trial on one device is then
   between its contexts. A model other than the calibration's is scaled by its arithmetic
   (:func:`asr_core.model.cost.model_macs`): the linear part by the ratio of per-frame multiply-accumulates,
   the attention part by that of ``layers x d_model``. With no loader threads (``data.num_workers`` 0, after the
-  profile's :meth:`~orchestrate.backends.profile.Profile.fit`) the loader's once-per-recording statistics are
+  profile's :meth:`~orchestrate.plan.profile.Profile.fit`) the loader's once-per-recording statistics are
   added (a measured calibration's rate x the corpus's audio);
-* **evaluation**: :func:`orchestrate.grid.eval_work`'s decoded audio (test-set hours x conditions x windows per
+* **evaluation**: :func:`orchestrate.plan.grid.eval_work`'s decoded audio (test-set hours x conditions x windows per
   frame) at the calibration's decoding speed for the trial's context (interpolated between measured contexts;
   scaled by the model's arithmetic at that context), plus reading + features per audio-second and condition and
   music per noisy condition;
@@ -49,12 +49,12 @@ from typing import Any, Callable, Sequence
 
 from asr_core.config import Config
 from asr_core.data.step_plan import StepLengths
-from orchestrate.backends.profile import parse_minutes, time_limit_minutes
+from orchestrate.plan.profile import parse_minutes, time_limit_minutes
 from orchestrate.budget.calibration import Calibration, EstimateError
 from orchestrate.budget.corpus import training_corpus, trial_steps
 from orchestrate.budget.evaluation_time import eval_seconds
 from orchestrate.budget.paper_fit import derive_cli
-from orchestrate.grid import Grid, eval_set_hours
+from orchestrate.plan.grid import Grid, eval_set_hours
 
 
 # ---- one trial's hours ---------------------------------------------------------------------------------------------
@@ -114,7 +114,7 @@ def estimate_trial(trial: Any, cal: Calibration, profile: Any = None,
                    hours_of: Callable[[str], float | None] = eval_set_hours, workdir: Path | None = None
                    ) -> TrialEstimate:
     """The hours of one trial (see the module docstring); ``profile`` (a
-    :class:`~orchestrate.backends.profile.Profile`) adds its loader threads, time limit and segments."""
+    :class:`~orchestrate.plan.profile.Profile`) adds its loader threads, time limit and segments."""
     from asr_core.model.cost import model_macs
 
     if profile is not None:

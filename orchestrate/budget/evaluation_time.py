@@ -11,7 +11,8 @@ from typing import Any, Callable, Sequence
 
 from asr_core.config import Config
 from orchestrate.budget.calibration import Calibration
-from orchestrate.grid import KNOWN_TEST_RECORDINGS, eval_set_durations, eval_set_hours, eval_set_recordings, eval_work
+from orchestrate.plan.grid import (KNOWN_TEST_RECORDINGS, eval_set_durations, eval_set_hours, eval_set_recordings,
+                                   eval_work)
 
 _window_hours: dict[tuple[Any, ...], float | None] = {}
 
@@ -29,8 +30,8 @@ def decoded_frames(frames: int, window: int, stride_fraction: float, subsampling
 
 def decoded_hours_of(cfg: Config, hours_of: Callable[[str], float | None] = eval_set_hours
                      ) -> Callable[[str], float | None]:
-    """``hours_of`` for :func:`orchestrate.grid.eval_work` that makes its decoded audio exact for test sets on disk:
-    ``eval_work`` counts ``1 / stride`` windows over every frame, but a recording shorter than the window is
+    """``hours_of`` for :func:`orchestrate.plan.grid.eval_work` that makes its decoded audio exact for test sets on
+    disk: ``eval_work`` counts ``1 / stride`` windows over every frame, but a recording shorter than the window is
     decoded once (and one a few windows long a little less than ``1 / stride`` times), so a set on disk answers
     with the hours that, times ``1 / stride``, are the windows :func:`asr_core.decoding.decode.plan_windows` will
     decode. A set not on disk whose recordings are counted in :data:`KNOWN_TEST_RECORDINGS` is taken as that many
@@ -78,7 +79,7 @@ def eval_seconds(cfg: Config, cal: Calibration, hours_of: Callable[[str], float 
 
 def _eval_seconds(cfg: Config, cal: Calibration, hours_of: Callable[[str], float | None] = eval_set_hours
                   ) -> float | None:
-    """Seconds of the trial's evaluation: :func:`orchestrate.grid.eval_work`'s decoded audio (windows as
+    """Seconds of the trial's evaluation: :func:`orchestrate.plan.grid.eval_work`'s decoded audio (windows as
     :func:`decoded_hours_of` counts them) at the calibration's decoding speed for this context and model, plus
     reading + features per audio-second and condition, and music per noisy condition (per audio-second and per
     recording). None when a test set's size is unknown."""

@@ -24,10 +24,10 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
-from orchestrate.backends.profile import ESTIMATE, Profile, format_minutes, parse_minutes, time_limit_minutes
+from orchestrate.plan.profile import ESTIMATE, Profile, format_minutes, parse_minutes, time_limit_minutes
 
 if TYPE_CHECKING:
-    from orchestrate.trial import Trial
+    from orchestrate.sweep.trial import Trial
 
 # Host memory of a trial (mem_gb: estimate). Bytes per second of audio, from the shapes the loader holds:
 STEP_BYTES_PER_AUDIO_S = 16_000 * 4 + 100 * 80 * 4  # a window's 16 kHz float32 samples and its 80 float32 mels
@@ -139,7 +139,7 @@ def _evaluation_limit(trial: "Trial", cal: Any, profile: Profile, cap_min: int |
     checkpoint, so a limit too short would end it again at every requeue."""
     from orchestrate.budget.calibration import EstimateError
     from orchestrate.budget.evaluation_time import eval_seconds
-    from orchestrate.evaluations import evaluation_config
+    from orchestrate.plan.evaluations import evaluation_config
 
     secs = eval_seconds(evaluation_config(trial), cal) if not trial.evaluation.get("decoder") else None
     if secs is None:

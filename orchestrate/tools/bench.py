@@ -37,11 +37,11 @@ import yaml
 
 from asr_core.contract.tracking import tracking_uri as ledger_uri
 from orchestrate.assets import grids_dir, server_script
-from orchestrate.grid import load_grid
+from orchestrate.plan.grid import load_grid
 
 if TYPE_CHECKING:
-    from orchestrate.mlflow_rest import MlflowRest
-    from orchestrate.sweep import SweepDir
+    from orchestrate.ledger.mlflow_rest import MlflowRest
+    from orchestrate.sweep.folder import SweepDir
 
 REPO = Path(__file__).resolve().parents[2]
 GRIDS = grids_dir()
@@ -150,9 +150,9 @@ class _Server:
 
 # ---- submit and the ledger query -------------------------------------------------------------------------------------
 def _bench_submit(work: Path, uri: str | None) -> list[Row]:
-    from orchestrate.ledger import Ledger
-    from orchestrate.mlflow_rest import MlflowRest
-    from orchestrate.sweep import SweepDir
+    from orchestrate.ledger.ledger import Ledger
+    from orchestrate.ledger.mlflow_rest import MlflowRest
+    from orchestrate.sweep.folder import SweepDir
 
     server = None
     if not uri or urlparse(uri).scheme not in ("http", "https"):
@@ -274,10 +274,10 @@ def _finished_sweep(root: Path) -> "SweepDir":
 def bench_new_test_set(work: Path, new: str = NEW_TEST_SET) -> NewTestSet:
     """Add the test set ``new`` (``NAME=FORMAT:PATH``) to a finished 321-model paper sweep: the paper grid with it
     appended to ``eval.datasets`` (as ``--set`` does), merged into the sweep's trials as ``submit`` merges them,
-    then :func:`orchestrate.evaluations.plan_default` timed. Every model lacks the new set only: one evaluation job
+    then :func:`orchestrate.plan.evaluations.plan_default` timed. Every model lacks the new set only: one evaluation job
     each, no training."""
-    from orchestrate.sweep import merge_trials
-    from orchestrate.evaluations import EvaluationError, plan_default
+    from orchestrate.sweep.folder import merge_trials
+    from orchestrate.plan.evaluations import EvaluationError, plan_default
 
     what = "add 1 test set, 321-model sweep (plan)"
     _say("making a finished 321-model sweep folder (not timed)")

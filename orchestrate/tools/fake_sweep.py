@@ -27,8 +27,8 @@ from asr_core.contract.trial import (OUTCOME_CANCELLED, OUTCOME_FAILED, OUTCOME_
                                      write_attempts, write_config, write_progress)
 from asr_core.runtime.lease import LeaseInfo, write_lease
 from orchestrate.assets import grids_dir
-from orchestrate.sweep import Manifest, SweepDir
-from orchestrate.trial import Trial
+from orchestrate.sweep.folder import Manifest, SweepDir
+from orchestrate.sweep.trial import Trial
 
 PAPER_GRID = grids_dir() / "paper.yaml"
 CODES = ("3f2a9c1d0b7e", "8d41e0c2a9f3", "8d41e0c2a9f3+dirty.1a2b3c4d")
@@ -41,7 +41,7 @@ PROGRESS_LINES = 200  # progress records per started trial (the trainer writes o
 
 def fake_trials(n: int) -> list[Trial]:
     """``n`` trials of the paper grid (its 321, then copies under new keys and labels: ``…-c1``, ``…-c2``, …)."""
-    from orchestrate.grid import load_grid
+    from orchestrate.plan.grid import load_grid
 
     base = list(load_grid(PAPER_GRID).trials)
     out = base[:n]
@@ -177,8 +177,8 @@ def make_fake_sweep(root: Path | str, n_trials: int, *, name: str | None = None,
     """A sweep folder ``ROOT/NAME`` (default ``fake<N>``) of ``n_trials`` trials in the mix of :data:`MIX` (or of
     ``mix``: ``(("finished", 1.0),)`` is a finished sweep); ``tracking_uri`` defaults to a sqlite file under
     ``root`` that does not exist (no ledger is needed)."""
-    from orchestrate.reconcile import ledger_targets, write_sync
-    from orchestrate.trial_state import read_folder_states
+    from orchestrate.ledger.reconcile import ledger_targets, write_sync
+    from orchestrate.sweep.trial_state import read_folder_states
 
     rng = random.Random(seed)
     sweep = SweepDir(root, name or f"fake{n_trials}")

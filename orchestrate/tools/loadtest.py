@@ -45,7 +45,7 @@ import requests
 
 from asr_core.contract.options import renamed
 from asr_core.contract.tracking import tracking_uri as ledger_uri
-from orchestrate.mlflow_rest import credentials
+from orchestrate.ledger.mlflow_rest import credentials
 from orchestrate.tools.flaky_proxy import DATABASE_ERRORS, SERVER_ERRORS, FlakyProxy
 
 API = "/api/2.0/mlflow"
@@ -62,7 +62,7 @@ class LoadTestError(RuntimeError):
 
 
 def read_credentials() -> tuple[str, str] | None:
-    """(user, password) as MLflow's client resolves them (:func:`orchestrate.mlflow_rest.credentials`); None when
+    """(user, password) as MLflow's client resolves them (:func:`orchestrate.ledger.mlflow_rest.credentials`); None when
     there is no user."""
     user, password = credentials()
     return (user, password or "") if user else None

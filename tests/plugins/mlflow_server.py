@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from orchestrate.mlflow_rest import credentials
+from orchestrate.ledger.mlflow_rest import credentials
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "slurm" / "mlflow-server.sh"
