@@ -1,14 +1,14 @@
 """The recall control (positive control): slot accuracy of the recall plant against context length.
 
 A synthetic corpus made with ``synth --recall`` says a code word clearly and later asks for it again with its audio
-masked (:mod:`asr_core.data.corpora.recall`); evaluation scores each slot (:mod:`asr_core.evaluation.recall`) into
+masked (:mod:`asr_core.data.corpora.recall`); evaluation scores each slot (:mod:`asr_core.evaluation.scorers.slots`) into
 ``eval/<DATASET>.slots.csv`` (:data:`asr_core.contract.metrics.SLOT_COLUMNS`), read into
 :attr:`analysis.collect.Sweep.slots`. A model that uses its context recalls a masked code word when the clear
 mention lies inside it: the near band (1-4 s back in the recall plant) is inside every window, the far band
 (20-60 s) only inside long ones.
 
 Two scorings (the table's ``scoring``): the moving-window decoding that evaluation makes, reported under its condition
-(``clean``), and one window per slot ending 1 s after it (:mod:`asr_core.evaluation.recall_window`), reported as the
+(``clean``), and one window per slot ending 1 s after it (:mod:`asr_core.evaluation.scorers.slot_window`), reported as the
 condition ``clean, one window per slot`` (:func:`scored_condition`): where the far band is recalled in one window
 but not under averaging, the decoder dilutes distant evidence.
 

@@ -1,5 +1,5 @@
 """The forced choice of the recall and copy plants in the report (:mod:`analysis.recall`): per slot, which of its
-candidates the window's posteriors favour (:mod:`asr_core.evaluation.recall_window`; the slot table's ``choice_correct``,
+candidates the window's posteriors favour (:mod:`asr_core.evaluation.scorers.slot_window`; the slot table's ``choice_correct``,
 ``posterior_correct``, ``onset_correct`` and ``n_choices``), a measure of recall that does not need the model to spell
 a whole word of several pieces.
 

@@ -27,7 +27,7 @@ from asr_core.data.corpora.synth import make_plans, render, synthesise
 from asr_core.data.corpora.synth_audio import Speaker
 from asr_core.data.corpora.synth_text import CUE_GROUPS, vocabulary
 from asr_core.data.tokenizer import Tokenizer
-from asr_core.evaluation.recall import recall_slots
+from asr_core.evaluation.scorers.slots import recall_slots
 from asr_core.scoring.score import normalise
 
 NEAR_FAR = CopyConfig(("near", "far"))

@@ -410,7 +410,7 @@ def test_planted_reads_the_metadata_and_refuses_metadata_of_other_words(cued_cor
 def test_evaluate_counts_exactly_the_planted_words(cued_corpus: dict, monkeypatch: pytest.MonkeyPatch) -> None:
     """evaluate's own scoring, fed hypotheses: the reference with one planted word swapped for its homophone and
     one other word changed counts one cue error; with a planted word deleted, one; unchanged, none."""
-    from asr_core.evaluation.scorers import CueScorer, WerScorer
+    from asr_core.evaluation.scorers.base import CueScorer, WerScorer
     from tests.plugins.fake_decoding import fake_decode
 
     recs = list(load_corpus(f"podcast:{cued_corpus['out'] / 'test'}", audio=False))

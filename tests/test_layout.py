@@ -200,7 +200,6 @@ WIDE_FOLDERS = {
 MUTUAL_FOLDERS = {
     ("asr_core", "asr_core/contract"), ("asr_core", "asr_core/evaluation"), ("asr_core", "asr_core/probes"),
     ("asr_core", "asr_core/training"), ("asr_core/data", "asr_core/data/corpora"),
-    ("asr_core/evaluation", "asr_core/lm"),
 }
 
 

@@ -1,4 +1,4 @@
-"""The forced choice among a slot's candidates (asr_core.evaluation.recall_window: CTC likelihood of the window's
+"""The forced choice among a slot's candidates (asr_core.evaluation.scorers.slot_window: CTC likelihood of the window's
 reference with each candidate, and posterior mass over the masked span), its columns in the slot tables (older
 tables without them still read), the probe's summary and the copy plant's criteria (analysis.recall_choice)."""
 
@@ -25,9 +25,9 @@ from asr_core.contract import metrics as m
 from asr_core.contract.specs import CorpusError
 from asr_core.data.corpora.base import Recording, Word
 from asr_core.data.corpora.recall import CODE_WORDS
-from asr_core.evaluation.recall import (CHOICE_COLUMNS, ForcedChoice, Slot, marked_reference, merge_slot_tables,
+from asr_core.evaluation.scorers.slots import (CHOICE_COLUMNS, ForcedChoice, Slot, marked_reference, merge_slot_tables,
                                         onset_match, recall_slots, slot_rows, write_slot_table)
-from asr_core.evaluation.recall_window import (WindowModel, ctc_choice, posterior_choice, score_recording,
+from asr_core.evaluation.scorers.slot_window import (WindowModel, ctc_choice, posterior_choice, score_recording,
                                                span_frames)
 
 torch.set_num_threads(1)

@@ -1,4 +1,4 @@
-"""Scoring the recall plant's slots (:mod:`asr_core.evaluation.recall`): per slot, the aligned hypothesis word against
+"""Scoring the recall plant's slots (:mod:`asr_core.evaluation.scorers.slots`): per slot, the aligned hypothesis word against
 the code word; the per-slot table and ``recall/`` metrics of ``evaluate``; nothing new for datasets without the
 plant."""
 
@@ -21,8 +21,8 @@ from asr_core.data.corpora import load_corpus
 from asr_core.data.corpora.base import Recording, Word
 from asr_core.data.corpora.recall import CODE_WORDS
 from asr_core.data.corpora.synth_text import vocabulary
-from asr_core.evaluation.recall import group_of as rc_group
-from asr_core.evaluation.recall import (Slot, aligned_words, group_accuracy, marked_reference, merge_slot_tables,
+from asr_core.evaluation.scorers.slots import group_of as rc_group
+from asr_core.evaluation.scorers.slots import (Slot, aligned_words, group_accuracy, marked_reference, merge_slot_tables,
                                         recall_metrics, recall_slots, slot_rows, slot_table, write_slot_table)
 from asr_core.scoring.score import marked_counts
 
@@ -148,7 +148,7 @@ def recall_corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_evaluate_scores_exactly_the_planted_slots(recall_corpus: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """evaluate's own decoding loop, fed hypotheses: the reference with every other slot's code word swapped for
     another code word scores exactly those slots wrong and the rest right."""
-    from asr_core.evaluation.scorers import WerScorer
+    from asr_core.evaluation.scorers.base import WerScorer
     from tests.plugins.fake_decoding import fake_decode
 
     recs = list(load_corpus(f"podcast:{recall_corpus}", audio=False))
@@ -232,7 +232,7 @@ def test_evaluate_writes_the_slot_table_and_metrics_and_nothing_new_without_the_
     assert not (tmp_path / "a" / "eval" / "plain.slots.csv").exists()
     assert not any("plain" in k for k in logged if k.startswith("recall"))
     # without the slot scoring (the code before it), every per-recording table is the same, byte for byte
-    from asr_core.evaluation import recall_scorer
+    from asr_core.evaluation.scorers import recall as recall_scorer
 
     monkeypatch.setattr(recall_scorer, "recall_slots", lambda recs: None)  # the scorer binds to no dataset
     df0, logged0 = run("b")
@@ -246,7 +246,7 @@ def test_evaluate_writes_the_slot_table_and_metrics_and_nothing_new_without_the_
 # ---- single-window scoring (python -m asr_core recall) -------------------------------------------------------------
 
 def test_slot_window_and_its_words() -> None:
-    from asr_core.evaluation.recall_window import slot_window, window_words
+    from asr_core.evaluation.scorers.slot_window import slot_window, window_words
 
     assert slot_window(12.345, 256, 5000, 100.0) == (1235 - 256, 1235)
     assert slot_window(1.0, 256, 5000, 100.0) == (0, 100)  # the recording starts later: a shorter window
@@ -258,7 +258,7 @@ def test_slot_window_and_its_words() -> None:
 def test_each_slot_is_scored_from_its_own_window(recall_corpus: Path) -> None:
     """A stand-in model that writes the index of its window's first frame, and a tokenizer that turns it into the
     words lying inside that window, with every other slot's code word swapped: exactly those are wrong."""
-    from asr_core.evaluation.recall_window import RIGHT_S, WindowModel, score_recording, slot_window, window_words
+    from asr_core.evaluation.scorers.slot_window import RIGHT_S, WindowModel, score_recording, slot_window, window_words
 
     recs = list(load_corpus(f"podcast:{recall_corpus}", audio=False))
     slots = recall_slots(recs)

@@ -53,7 +53,7 @@ def _no_ambient_tracking_uri(monkeypatch: pytest.MonkeyPatch) -> None:
 def _evaluate_rows(spec: str, hyps: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> list[dict]:
     """The rows ``asr_core.evaluation.decoders`` computes for recordings whose decoded text is ``hyps`` (its own scoring code,
     with audio, features and the model replaced by the hypotheses)."""
-    from asr_core.evaluation.scorers import CueScorer, WerScorer
+    from asr_core.evaluation.scorers.base import CueScorer, WerScorer
     from tests.plugins.fake_decoding import fake_decode
 
     recordings = load_corpus(spec, audio=False)

@@ -130,8 +130,8 @@ def test_evaluate_counts_exactly_the_tail_words_of_its_hypotheses(corpus: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """evaluate's own decoding loop, fed hypotheses: the reference with some tail words swapped, some head words
     dropped and a tail word inserted is counted as tail_counts counts it, and only with a tail set."""
-    from asr_core.evaluation.scorers import CueScorer, WerScorer
-    from asr_core.evaluation.tail_scorer import TailScorer
+    from asr_core.evaluation.scorers.base import CueScorer, WerScorer
+    from asr_core.evaluation.scorers.tail import TailScorer
     from tests.plugins.fake_decoding import fake_decode
 
     recs = list(load_corpus(f"podcast:{corpus}", audio=False))

@@ -3,7 +3,7 @@
 Each recording and condition (clean, or music at an SNR) is decoded once into posteriors by the moving-window
 model (:func:`asr_core.decoding.decode.posteriors`), then by each decoder (:mod:`asr_core.evaluation.decoders`) from
 what that pass heard; each hypothesis is normalised and scored by each word scorer bound to the dataset
-(:mod:`asr_core.evaluation.scorers`), into the rows of :func:`asr_core.evaluation.evaluate.evaluate`'s tables. This
+(:mod:`asr_core.evaluation.scorers.base`), into the rows of :func:`asr_core.evaluation.evaluate.evaluate`'s tables. This
 loop names no decoder and no scorer: a new one is a plug-in (:mod:`asr_core.evaluation.registry`).
 """
 
@@ -23,7 +23,7 @@ from asr_core.decoding.decode import plan_windows, posteriors, prepare_features
 from asr_core.decoding.fused import WindowIds
 from asr_core.evaluation.decoders import Heard, Setup
 from asr_core.scoring.score import normalise
-from asr_core.evaluation.scorers import Bound
+from asr_core.evaluation.scorers.base import Bound
 
 Rows = dict[str, list[dict[str, Any]]]  # decoder name -> one row per recording and condition
 

@@ -28,11 +28,11 @@ no such columns), as metrics ``tail/<NAME>`` and ``tail/<NAME>/snr<DB:g>`` in pe
 ``tail_<decoder>/...``), and the run's tag ``eval.tail`` (JSON: the set's source, threshold, word types, share of its
 own text and of each dataset's references).
 
-A dataset whose recordings carry the recall plant's slots (``synth --recall``; :mod:`asr_core.evaluation.recall`)
+A dataset whose recordings carry the recall plant's slots (``synth --recall``; :mod:`asr_core.evaluation.scorers.slots`)
 also gets a per-slot table ``DIR/<NAME>.slots.csv`` (``<NAME>.<decoder>.slots.csv`` for a beam decoder; one row
 per slot and condition, columns :data:`~asr_core.contract.metrics.SLOT_COLUMNS`), logged beside the per-recording
 table (moving-window rows, and for greedy decoding of clean audio one row per slot decoded from the one window that
-ends 1 s after it: :mod:`asr_core.evaluation.recall_window`), and the clean condition's moving-window slot accuracy in
+ends 1 s after it: :mod:`asr_core.evaluation.scorers.slot_window`), and the clean condition's moving-window slot accuracy in
 percent as metrics ``recall/<NAME>/near``, ``.../far`` (masked
 slots with a key sentence), ``.../unmasked`` and ``.../no-key`` (the controls). Datasets without slots write and
 log nothing more.
@@ -371,7 +371,7 @@ def _dataset(name: str, recordings: list[Recording], job: EvaluationRun, plan: _
     import pandas as pd
 
     from asr_core.evaluation.dataset import Conditions, evaluate_dataset
-    from asr_core.evaluation.scorers import DatasetDone, condition_rows
+    from asr_core.evaluation.scorers.base import DatasetDone, condition_rows
 
     bound = [b for scorer in plan.scorers if (b := scorer.bind(name, recordings)) is not None]
     conditions = plan.conditions[name]

@@ -204,7 +204,7 @@ def _other_checkpoints(tables: list[Path], sha256: str) -> dict[Path, str]:
 
 def _merge(table: Path, older: list[Path]) -> None:
     if table.name.endswith(".slots.csv"):
-        from asr_core.evaluation.recall import merge_slot_tables
+        from asr_core.evaluation.scorers.slots import merge_slot_tables
 
         merge_slot_tables(table, older)
     else:

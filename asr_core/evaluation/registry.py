@@ -4,7 +4,7 @@ request (:class:`asr_core.evaluation.evaluate.EvaluationRun`).
 :data:`DECODERS` and :data:`SCORERS` are lists of factories, in the order the tables, metrics and log lines follow.
 A factory takes the request (and, for a decoder, the model's :class:`~asr_core.evaluation.decoders.Setup`) and gives
 its plug-ins: none where the request does not ask for them. A new decoder or scorer is a module of its own (see
-:mod:`asr_core.evaluation.decoders` and :mod:`asr_core.evaluation.scorers` for the protocols) and one line here;
+:mod:`asr_core.evaluation.decoders` and :mod:`asr_core.evaluation.scorers.base` for the protocols) and one line here;
 :func:`~asr_core.evaluation.evaluate.evaluate` and :func:`~asr_core.evaluation.dataset.evaluate_dataset` stay as
 they are.
 """
@@ -15,9 +15,9 @@ from collections.abc import Callable
 from typing import Any
 
 from asr_core.contract.metrics import window_decoder
-from asr_core.evaluation.recall_scorer import RecallScorer
-from asr_core.evaluation.scorers import CueScorer, WerScorer, WordScorer
-from asr_core.evaluation.tail_scorer import tail_scorer
+from asr_core.evaluation.scorers.recall import RecallScorer
+from asr_core.evaluation.scorers.base import CueScorer, WerScorer, WordScorer
+from asr_core.evaluation.scorers.tail import tail_scorer
 
 # the decoders import torch, the scorers do not: a request's scorers (its tail set read) are made before any work
 Setup = Any  # asr_core.evaluation.decoders.Setup

@@ -5,7 +5,7 @@ or silenced.
 [--window-s S] [--device auto|cpu|cuda] [--batch-windows N] [--out DIR]``
 
 Each slot is decoded from the one window of the model's context that ends 1 s after its code word
-(:mod:`asr_core.evaluation.recall_window`, as ``evaluate`` adds to its slot table), or with ``--window-s`` of S
+(:mod:`asr_core.evaluation.scorers.slot_window`, as ``evaluate`` adds to its slot table), or with ``--window-s`` of S
 seconds instead (a model trained on long windows, asked with short ones: does it copy when the window holds one key
 only?), on the recording's audio as it is
 (``as-is``) or re-rendered with every clear mention of the code word said otherwise, all else equal
@@ -40,8 +40,8 @@ from asr_core.contract.specs import parse_dataset_spec, split_spec
 from asr_core.data.corpora import load_corpus
 from asr_core.data.corpora.rerender import Rerenderer
 from asr_core.decoding.decode import prepare_features, window_frames
-from asr_core.evaluation.recall import Slot, group_accuracy, group_of, recall_slots, write_slot_table
-from asr_core.evaluation.recall_window import WindowModel, score_recording
+from asr_core.evaluation.scorers.slots import Slot, group_accuracy, group_of, recall_slots, write_slot_table
+from asr_core.evaluation.scorers.slot_window import WindowModel, score_recording
 from asr_core.probes.recall_options import AS_IS, RECALL_DIR, check_window
 
 COLUMNS = (*SLOT_COLUMNS, "key", "swap_word", "followed", "followed_choice")

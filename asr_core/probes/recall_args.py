@@ -43,7 +43,7 @@ def cli(argv: list[str]) -> int:
     if refused:
         print(refused, file=sys.stderr)
         return 2
-    from asr_core.evaluation.recall import write_slot_table
+    from asr_core.evaluation.scorers.slots import write_slot_table
     from asr_core.probes.recall import SUMMARY_COLUMNS, measure
 
     renderers: dict[str, Any] = {}

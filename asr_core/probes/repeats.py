@@ -7,7 +7,7 @@ The synthetic corpus (``python -m asr_core synth``) records per recording the ``
 (``<split>/../meta/<id>.json``). Every time a key term is said in the transcript is an *occurrence*: ``first`` when
 no earlier word of the recording is the same term, else a ``repeat`` whose ``distance_s`` is its start minus the
 end of the previous mention. An occurrence is scored as the recall plant's slots are
-(:mod:`asr_core.evaluation.recall`): the reference normalised word by word, aligned with the normalised hypothesis,
+(:mod:`asr_core.evaluation.scorers.slots`): the reference normalised word by word, aligned with the normalised hypothesis,
 and the occurrence correct when the hypothesis word aligned with it equals the reference word.
 
 Each ``HYPS`` file (``<trial folder>/eval/<NAME>.hyp.jsonl``) is one model, labelled by its trial folder; its context
@@ -35,7 +35,7 @@ from asr_core.contract.trial import CONFIG_FILE
 from asr_core.data.corpora import load_corpus
 from asr_core.data.corpora.base import Recording
 from asr_core.data.corpora.cues import meta_file, read_meta
-from asr_core.evaluation.recall import aligned_words
+from asr_core.evaluation.scorers.slots import aligned_words
 from asr_core.scoring.score import normalise, normalise_marked
 
 FIRST = "first"

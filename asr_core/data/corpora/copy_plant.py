@@ -41,7 +41,7 @@ episode, being a clear mention itself); in the evaluation splits (every split bu
 recordings: every slot it trains on is answerable.
 
 Metadata, in the recall plant's format (:func:`~asr_core.data.corpora.recall.slot_records`, read by
-:func:`asr_core.evaluation.recall.recall_slots`): ``recall`` (``"copy:near"`` or ``"copy:near,far"``), ``recall_word``
+:func:`asr_core.evaluation.scorers.slots.recall_slots`): ``recall`` (``"copy:near"`` or ``"copy:near,far"``), ``recall_word``
 (null: the token changes by episode), ``recall_key``, ``recall_near_only``, ``recall_clear`` (indices of the clear
 mentions: keys and unmasked slots), ``recall_choices`` (the 16 tokens, the candidates of a forced choice) and
 ``recall_slots``, each with the recall plant's fields plus ``key_index`` (the transcript index of its key's token;

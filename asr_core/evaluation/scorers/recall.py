@@ -1,7 +1,7 @@
-"""The recall plant's slots as a word scorer (:mod:`asr_core.evaluation.scorers`): after a dataset with slots
+"""The recall plant's slots as a word scorer (:mod:`asr_core.evaluation.scorers.base`): after a dataset with slots
 (``synth --recall``, ``synth --copy``) is decoded, a per-slot table ``<NAME>[.<decoder>].slots.csv``
-(:func:`asr_core.evaluation.recall.slot_table`; for greedy decoding of clean audio also one row per slot from the
-single window that ends 1 s after it, :mod:`asr_core.evaluation.recall_window`) and the clean condition's
+(:func:`asr_core.evaluation.scorers.slots.slot_table`; for greedy decoding of clean audio also one row per slot from the
+single window that ends 1 s after it, :mod:`asr_core.evaluation.scorers.slot_window`) and the clean condition's
 moving-window slot accuracy per group (``recall/<NAME>/near``, ``far``, ``unmasked``, ``no-key``). Datasets without
 slots get nothing; the per-recording table gains no column."""
 
@@ -12,9 +12,9 @@ from pathlib import Path
 
 from asr_core.contract.metrics import GREEDY, slot_table_file
 from asr_core.data.corpora import Recording
-from asr_core.evaluation.recall import (Slot, merge_slot_tables, recall_metrics, recall_slots, slot_table,
+from asr_core.evaluation.scorers.slots import (Slot, merge_slot_tables, recall_metrics, recall_slots, slot_table,
                                         write_slot_table)
-from asr_core.evaluation.scorers import Bound, DatasetDone, WordScorer
+from asr_core.evaluation.scorers.base import Bound, DatasetDone, WordScorer
 
 
 class _BoundRecall(Bound):
@@ -24,7 +24,7 @@ class _BoundRecall(Bound):
     def tables(self, done: DatasetDone) -> tuple[list[Path], dict[str, float], list[str]]:
         rows = slot_table(done.recordings, done.hyps, self.slots, done.decoder)
         if done.decoder == GREEDY and done.clean:  # and one window per slot, clean audio
-            from asr_core.evaluation.recall_window import WindowModel, window_rows
+            from asr_core.evaluation.scorers.slot_window import WindowModel, window_rows
 
             s = done.setup
             rows += window_rows(WindowModel(s.model, s.window, s.fps, s.tokenizer, s.device, s.batch.size),

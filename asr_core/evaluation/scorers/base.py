@@ -19,7 +19,7 @@ The protocol, every hook but :meth:`WordScorer.bind` optional (:class:`WordScore
 
 The WER itself is a scorer (:class:`WerScorer`), the first of every evaluation; the planted cue words
 (:class:`CueScorer`, ``synth --cue``) follow it. The tail words (paper 002) and the recall plant's slots are plug-ins
-of their own modules (:mod:`asr_core.evaluation.tail_scorer`, :mod:`asr_core.evaluation.recall_scorer`).
+of their own modules (:mod:`asr_core.evaluation.scorers.tail`, :mod:`asr_core.evaluation.scorers.recall`).
 """
 
 from __future__ import annotations

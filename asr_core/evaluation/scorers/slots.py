@@ -10,14 +10,14 @@ slot is wrong exactly when :func:`~asr_core.scoring.score.marked_counts` counts 
 Two scorings share this (the table's ``scoring`` column): ``average``, the moving-window decoding of whole recordings
 that ``evaluate`` makes (:func:`slot_rows`, the table ``eval/<DATASET>[.<DECODER>].slots.csv`` and the metrics
 ``recall/<DATASET>/<GROUP>`` of :mod:`asr_core.contract.metrics`), and ``window``, the single window ending 1 s after each
-slot (:mod:`asr_core.evaluation.recall_window`; greedy and clean, in the same table, no metrics). The table has one
+slot (:mod:`asr_core.evaluation.scorers.slot_window`; greedy and clean, in the same table, no metrics). The table has one
 row per slot, condition and scoring (:data:`SLOT_COLUMNS`); the metrics are the clean condition's moving-window
 accuracy in percent per group (:func:`group_accuracy`): masked slots with a key sentence by band
 (``near``, ``far``) and the controls (``unmasked``: the acoustic ceiling; ``no-key``: the guess rate, 1/K).
 
 Single-window rows also hold the forced choice among the slot's candidates (:attr:`Slot.choices`: the metadata's
 ``recall_choices``, else the recall plant's code words), made from the window's posteriors
-(:mod:`asr_core.evaluation.recall_window`, :class:`ForcedChoice`): ``choice``, ``choice_correct``, ``onset_correct``,
+(:mod:`asr_core.evaluation.scorers.slot_window`, :class:`ForcedChoice`): ``choice``, ``choice_correct``, ``onset_correct``,
 ``posterior_choice``, ``posterior_correct`` and ``n_choices`` (:data:`CHOICE_COLUMNS`); moving-window rows leave them
 empty.
 """

@@ -11,10 +11,10 @@ the frames after it and is mostly lost (a model of the demo that transcribed eve
 windows got 1 in 10 of them from a window ending at the word); the key of the far band (at most 60 s back) still
 lies inside an 81.92 s window, and that of the near band (at most 4 s) inside a 10.24 s one.
 The reference of a window is the transcript's words lying wholly inside it (:func:`window_words`); the slot is
-correct when the hypothesis word aligned with its code word equals it (:func:`asr_core.evaluation.recall.slot_rows`,
+correct when the hypothesis word aligned with its code word equals it (:func:`asr_core.evaluation.scorers.slots.slot_rows`,
 ``scoring`` :data:`~asr_core.contract.metrics.WINDOW`).
 
-Each slot also gets a forced choice among its candidates (:attr:`~asr_core.evaluation.recall.Slot.choices`) from the
+Each slot also gets a forced choice among its candidates (:attr:`~asr_core.evaluation.scorers.slots.Slot.choices`) from the
 window's output posteriors (T', V): ``choice``, the candidate whose substitution for the code word in the window's
 reference text has the highest CTC log-likelihood (:func:`ctc_choice`; any number of pieces a word), and
 ``posterior_choice``, where every candidate is one piece, the candidate whose piece has the most posterior mass summed
@@ -39,7 +39,7 @@ import torch
 from asr_core.contract.metrics import WINDOW
 from asr_core.data.corpora.base import Recording, Word
 from asr_core.decoding.decode import forward_windows, greedy_ids, prepare_features
-from asr_core.evaluation.recall import ForcedChoice, Slot, marked_reference, slot_rows
+from asr_core.evaluation.scorers.slots import ForcedChoice, Slot, marked_reference, slot_rows
 
 TIME_TOLERANCE_S = 1e-3  # word times are rounded to milliseconds
 RIGHT_S = 1.0  # seconds of the recording after the slot's code word that its window still holds

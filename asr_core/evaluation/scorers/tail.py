@@ -1,4 +1,4 @@
-"""The tail-word error rate of paper 002 as a word scorer (:mod:`asr_core.evaluation.scorers`): given a tail set
+"""The tail-word error rate of paper 002 as a word scorer (:mod:`asr_core.evaluation.scorers.base`): given a tail set
 (``--tail FILE.json``, ``eval.tail``; :mod:`asr_core.scoring.tail`), every table gains the columns ``tail_words``
 and ``tail_errors`` (after the others), each condition the metric ``tail[_<decoder>]/<NAME>[/snr<DB>]`` in percent,
 and the run the tag ``eval.tail``. Without a tail set the scorer is not made (:mod:`asr_core.evaluation.registry`)."""
@@ -10,7 +10,7 @@ from typing import Any
 
 from asr_core.contract.metrics import TAIL_COLUMNS, TAIL_TAG, tail_metric_key
 from asr_core.data.corpora import Recording
-from asr_core.evaluation.scorers import Bound, Metric, WordScorer
+from asr_core.evaluation.scorers.base import Bound, Metric, WordScorer
 from asr_core.scoring.tail import TailSet, describe, load_tail, tail_counts
 
 
