@@ -102,10 +102,14 @@ def _experiment_id(client: Any, uri: str, name: str, what: str = "MLflow experim
     return exp.experiment_id
 
 
+SEARCH_PAGE = 200  # runs a search request asks for: each answer well within MLflow's request timeout (10 s here,
+# analysis.__main__.MLFLOW_BOUNDS) on a busy server; a page of 1,000 paper-grid runs has taken more on 2 busy cores
+
+
 def _search_all(client: Any, experiment_id: str) -> list[Any]:
     runs, token = [], None
     while True:
-        page = client.search_runs([experiment_id], max_results=1000, page_token=token)
+        page = client.search_runs([experiment_id], max_results=SEARCH_PAGE, page_token=token)
         runs.extend(page)
         token = page.token
         if not token:
