@@ -158,14 +158,15 @@ def time_report(uri: str, experiment: str, out: Path, cache: Path, bootstrap: in
     return Timing(wall, usage.ru_maxrss * 1024, float(m.group(2)) if m else None, output)
 
 
-def bench(sizes: list[int], folder: Path, bootstrap: int) -> list[Row]:
-    """The benchmark of each size in ``sizes`` with its files under ``folder``; one server for all."""
+def bench(sizes: list[int], folder: Path, bootstrap: int, rows: list[Row] | None = None) -> list[Row]:
+    """The benchmark of each size in ``sizes`` with its files under ``folder``; one server for all. Each size's
+    row is appended to ``rows`` as soon as it is measured (so a later failure keeps it)."""
     from analysis.bench_ledger import build_ledger
 
     say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     say(f"bench: starting an mlflow server under {folder}")
     proc, uri = start_server(folder / "server")
-    rows = []
+    rows = [] if rows is None else rows
     try:
         for n in sizes:
             name = f"bench-{n}-{int(time.time())}"
@@ -212,13 +213,16 @@ def run_bench(args: argparse.Namespace) -> int:
     if args.dir is not None and Path(args.dir).exists() and not Path(args.dir).is_dir():
         print(f"error: --dir {args.dir} is a file; give a folder (made if missing)", file=sys.stderr)
         return 2
+    rows: list[Row] = []
     try:
         if args.dir is not None:
-            rows = bench(sizes, Path(args.dir).resolve(), args.bootstrap)
+            bench(sizes, Path(args.dir).resolve(), args.bootstrap, rows)
         else:
             with tempfile.TemporaryDirectory(prefix="analysis-bench-") as tmp:
-                rows = bench(sizes, Path(tmp), args.bootstrap)
+                bench(sizes, Path(tmp), args.bootstrap, rows)
     except BenchError as e:
+        if rows:
+            print(table(rows))
         print(f"error: {e}", file=sys.stderr)
         return 1
     print(table(rows))
