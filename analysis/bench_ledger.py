@@ -76,6 +76,9 @@ def build_ledger(uri: str, experiment: str, runs: int, *, seed: int = 0,
     """Write a fake paper-grid sweep of ``runs`` finished trials (and its parent run) as experiment ``experiment``
     of the MLflow server at ``uri``; returns the number of trial runs. ``say`` gets a progress line now and then
     (default: stderr)."""
+    # imported here, once: eight threads importing mlflow at the same time can deadlock on its module locks
+    from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
+
     from orchestrate.mlflow_rest import MlflowRest
     from orchestrate.tools.fake_sweep import PAPER_GRID, fake_trials
 
@@ -106,7 +109,11 @@ def build_ledger(uri: str, experiment: str, runs: int, *, seed: int = 0,
         now = int(time.time() * 1000)
         rest.call("runs/log-batch", {"run_id": run_id, "metrics": [
             {"key": k, "value": v, "timestamp": now, "step": 0} for k, v in metrics.items()]})
-        _log_tables(uri, artifact_uri, tables)
+        repo = get_artifact_repository(artifact_uri, tracking_uri=uri)
+        with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
+            for name, text in tables.items():
+                (Path(tmp) / name).write_text(text, encoding="utf-8")
+            repo.log_artifacts(tmp, EVAL_DIR)
         rest.set_terminated(run_id, FINISHED)
         done[0] += 1  # a race between threads costs at most a progress line
         if done[0] % step == 0 or done[0] == runs:
@@ -120,12 +127,3 @@ def build_ledger(uri: str, experiment: str, runs: int, *, seed: int = 0,
         rest.close()
     return len(trials)
 
-
-def _log_tables(uri: str, artifact_uri: str, tables: dict[str, str]) -> None:
-    from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
-
-    repo = get_artifact_repository(artifact_uri, tracking_uri=uri)
-    with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
-        for name, text in tables.items():
-            (Path(tmp) / name).write_text(text, encoding="utf-8")
-        repo.log_artifacts(tmp, EVAL_DIR)
