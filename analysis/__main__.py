@@ -1,8 +1,10 @@
-"""Analysis command line: a publishable report of a sweep (`report`), or one pairwise comparison (`compare`).
+"""Analysis command line: a publishable report of a sweep (`report`), one pairwise comparison (`compare`), or the
+report's benchmark at the paper's scale (`bench`, :mod:`analysis.bench`).
 
     python -m analysis report SWEEP --out DIR [--tracking-uri URI] [--baseline-context-s 10.24] [--no-log]
                               [--lm-experiment NAME ...] [--heads-repr A|Q|K|V|Y]
     python -m analysis compare SWEEP A B [--tracking-uri URI] [--dataset D] [--snr DB] [--family F]
+    python -m analysis bench [--runs 321 --runs 3000] [--dir DIR]
 
 The ledger is found as by every command (:mod:`asr_core.contract.tracking`): ``--tracking-uri``, else the URI the
 sweep's folder (``--sweep-root``, default ``./runs``) recorded, else ``MLFLOW_TRACKING_URI``, else
@@ -35,6 +37,9 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from analysis.bench import add_parser as add_bench_parser
+from analysis.bench import run_bench
+from analysis.cache import CACHE_ENV, bad_cache_dir, default_cache_dir
 from analysis.defaults import BOOTSTRAP_RESAMPLES, DEFAULT_BASELINE_CONTEXT_S
 from analysis.fetch import CollectError
 from asr_core.contract.metrics import CLEAN, condition_name
@@ -45,6 +50,7 @@ from asr_core.contract.tracking import (DASHBOARD_HOST, DASHBOARD_PORT, DEFAULT_
 from asr_core.version import ShowVersion
 
 if TYPE_CHECKING:  # the tables (pandas, scipy) are imported where a command runs: --help and a Tab need none
+    from analysis.cache import TableCache
     from analysis.collect import Sweep
     from analysis.report import Report
 
@@ -84,9 +90,15 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--heads-repr", default="A", choices=("A", "Q", "K", "V", "Y"),
                    help="the representation whose summed head similarity is drawn against context and correlated "
                         "with WER (default A, the attention probabilities)")
+    r.add_argument("--cache", default=None, metavar="DIR",
+                   help="where finished runs' tables are kept between reports, so a second report downloads only "
+                        f"what changed (default: ${CACHE_ENV}, else ~/.cache/long-context-asr-study/report)")
+    r.add_argument("--no-cache", action="store_true",
+                   help=f"read every table from MLflow and keep none (as {CACHE_ENV}=off)")
     r.add_argument("--no-log", action="store_true",
                    help="write the folder only: do not log it to the sweep's parent run in MLflow, nor save the "
                         "view of the runs table with the WER columns")
+    add_bench_parser(sub)
     c = sub.add_parser("compare", help="print one pairwise comparison (B against A) with p-values and intervals",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     c.add_argument("sweep", metavar="SWEEP", help="the sweep (its MLflow experiment)")
@@ -112,12 +124,26 @@ def ledger_options(p: argparse.ArgumentParser) -> None:
                    f"recorded URI and the default ledger (default: ${SWEEP_ROOT_ENV}, else ./{DEFAULT_SWEEP_ROOT})")
 
 
+def report_cache(args: argparse.Namespace) -> TableCache | None:
+    """The cache ``report``'s options name: ``--no-cache`` none, ``--cache DIR``, else the default
+    (:func:`analysis.cache.default_cache_dir`)."""
+    from analysis.cache import TableCache
+
+    if args.no_cache:
+        return None
+    root = Path(args.cache).expanduser() if args.cache else default_cache_dir()
+    return None if root is None else TableCache(root)
+
+
 def _report(args: argparse.Namespace) -> int:
     from analysis.collect import collect
     from analysis.report import build_report
 
+    cache = report_cache(args)
     sweep = collect(args.sweep, args.tracking_uri, ignore_params=args.ignore_param,
-                    lm_experiments=args.lm_experiment)
+                    lm_experiments=args.lm_experiment, cache=cache)
+    if cache is not None:
+        logging.getLogger("analysis").info(cache.summary())
     rep = build_report(sweep, args.out, baseline_context=args.baseline_context_s, alpha=args.significance,
                        level=args.level,
                        bootstrap_resamples=args.bootstrap, main_family=args.main_family, progress=True,
@@ -229,6 +255,8 @@ def _main(argv: list[str]) -> int:
     logging.getLogger("alembic").setLevel(logging.WARNING)
     parser = _parser()
     args = parser.parse_args(argv)
+    if args.command == "bench":
+        return run_bench(args)
     args.sweep = positional(args, "sweep")
     if args.sweep is None:
         print(f"python -m analysis {args.command}: error: the following arguments are required: SWEEP",
@@ -245,6 +273,12 @@ def _main(argv: list[str]) -> int:
     if out is not None and out.exists() and not out.is_dir():  # before the ledger is looked for, nothing written
         print(f"error: --out {out} is a file; give a folder for the report (made if missing)", file=sys.stderr)
         return EXIT_USAGE
+    if args.command == "report" and args.cache and not args.no_cache:
+        bad = bad_cache_dir(Path(args.cache).expanduser())
+        if bad:
+            print(f"error: --cache {args.cache}: {bad}; give a folder for the report cache (made if missing), or "
+                  "--no-cache", file=sys.stderr)
+            return EXIT_USAGE
     args.tracking_uri = tracking_uri(args.tracking_uri, sweep_root=args.sweep_root, sweep=args.sweep)
     bad = bad_uri(args.tracking_uri)
     if bad:

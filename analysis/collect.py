@@ -47,6 +47,7 @@ from typing import Any, Iterable
 
 import pandas as pd
 
+from analysis.cache import TableCache
 from analysis.fetch import CollectError, RunRecord, fetch_records, is_lm_run
 from analysis.naming import (CONTEXT_PARAM, SEED_PARAM, config_label, digest, name_configs, name_series, number,
                              science_params, seed_of)
@@ -451,8 +452,9 @@ def _expected_conditions(kept: list[RunRecord]) -> dict[str, set[tuple[str, str]
 
 
 def collect(experiment: str, tracking_uri: str | None = None, *, ignore_params: Iterable[str] = (),
-            progress: bool = True, lm_experiments: Iterable[str] = ()) -> Sweep:
+            progress: bool = True, lm_experiments: Iterable[str] = (), cache: TableCache | None = None) -> Sweep:
     """Read sweep ``experiment`` from MLflow at ``tracking_uri`` (default: MLflow's own) into a :class:`Sweep`;
-    ``lm_experiments``: experiments whose LM runs' perplexities are read too (:func:`fetch_records`)."""
-    records = fetch_records(experiment, tracking_uri, progress=progress, lm_experiments=lm_experiments)
+    ``lm_experiments``: experiments whose LM runs' perplexities are read too (:func:`fetch_records`); ``cache``:
+    where finished runs' tables are kept between reads (:mod:`analysis.cache`)."""
+    records = fetch_records(experiment, tracking_uri, progress=progress, lm_experiments=lm_experiments, cache=cache)
     return build_sweep(experiment, records, ignore_params=ignore_params)

@@ -16,6 +16,7 @@ import logging
 import os
 import ssl
 import tempfile
+import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 from urllib.parse import urlparse
 
+from analysis.cache import TableCache, entry_key
 from asr_core.contract.metrics import LM_TAG, is_lm_ppl_key, parse_decoder_tag
 from asr_core.contract.tracking import missing_ledger
 from asr_core.contract.tracking import tracking_uri as ledger_uri
@@ -100,10 +102,14 @@ def _experiment_id(client: Any, uri: str, name: str, what: str = "MLflow experim
     return exp.experiment_id
 
 
+SEARCH_PAGE = 200  # runs a search request asks for: each answer well within MLflow's request timeout (10 s here,
+# analysis.__main__.MLFLOW_BOUNDS) on a busy server; a page of 1,000 paper-grid runs has taken more on 2 busy cores
+
+
 def _search_all(client: Any, experiment_id: str) -> list[Any]:
     runs, token = [], None
     while True:
-        page = client.search_runs([experiment_id], max_results=1000, page_token=token)
+        page = client.search_runs([experiment_id], max_results=SEARCH_PAGE, page_token=token)
         runs.extend(page)
         token = page.token
         if not token:
@@ -111,10 +117,10 @@ def _search_all(client: Any, experiment_id: str) -> list[Any]:
 
 
 def fetch_records(experiment: str, tracking_uri: str | None = None, *, progress: bool = True,
-                  lm_experiments: Iterable[str] = ()) -> list[RunRecord]:
-    """Every run of the experiment named ``experiment`` with its eval CSVs (downloaded to a temporary folder); then
-    the LM runs its decoders name that lie elsewhere, and the LM runs (those with ``lm_ppl/`` metrics) of the
-    experiments ``lm_experiments``."""
+                  lm_experiments: Iterable[str] = (), cache: TableCache | None = None) -> list[RunRecord]:
+    """Every run of the experiment named ``experiment`` with its eval CSVs (downloaded to a temporary folder, or
+    read from ``cache`` where it holds them: :mod:`analysis.cache`); then the LM runs its decoders name that lie
+    elsewhere, and the LM runs (those with ``lm_ppl/`` metrics) of the experiments ``lm_experiments``."""
     from mlflow.exceptions import MlflowException
 
     uri = ledger_uri(tracking_uri) or ""  # the one rule (asr_core.contract.tracking), never MLflow's ./mlflow.db
@@ -122,15 +128,19 @@ def fetch_records(experiment: str, tracking_uri: str | None = None, *, progress:
     if missing:
         raise CollectError(missing)
     check_tracker(uri)
+    t0 = time.monotonic()
     try:
-        return _fetch(experiment, uri, progress, lm_experiments)
+        records = _fetch(experiment, uri, progress, lm_experiments, cache)
     except (MlflowException, OSError) as e:  # e.g. the server went away while read (requests' errors are OSErrors)
         first = " ".join(str(e).split())[:300]
         raise CollectError(f"reading the sweep at {uri} failed: {first}; check the mlflow server and run the "
                            "command again") from None
+    log.info("fetched %d runs from %s in %.1f s", len(records), uri, time.monotonic() - t0)
+    return records
 
 
-def _fetch(experiment: str, uri: str, progress: bool, lm_experiments: Iterable[str]) -> list[RunRecord]:
+def _fetch(experiment: str, uri: str, progress: bool, lm_experiments: Iterable[str],
+           cache: TableCache | None) -> list[RunRecord]:
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
@@ -143,7 +153,7 @@ def _fetch(experiment: str, uri: str, progress: bool, lm_experiments: Iterable[s
     quiet = os.environ.get("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR")
     os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = "false"
     try:
-        records = _read_runs(uri, runs, progress)
+        records = _read_runs(uri, runs, progress, cache)
     finally:
         if quiet is None:
             os.environ.pop("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", None)
@@ -169,15 +179,16 @@ def _fetch(experiment: str, uri: str, progress: bool, lm_experiments: Iterable[s
 FETCH_WORKERS = 8  # runs whose tables are read at once: requests in flight to the server, not CPU
 
 
-def _read_runs(uri: str, runs: list[Any], progress: bool) -> list[RunRecord]:
+def _read_runs(uri: str, runs: list[Any], progress: bool, cache: TableCache | None = None) -> list[RunRecord]:
     """The records of ``runs`` (a search's results), in their order, each finished trial with its eval CSVs. Each
     run's artifacts are read from the artifact store its ``artifact_uri`` names, opened once for the run (no lookup of
     the run behind each call, as ``MlflowClient.list_artifacts`` and ``mlflow.artifacts.download_artifacts`` make),
-    and up to :data:`FETCH_WORKERS` runs are read at once. The first error of any run is raised."""
+    and up to :data:`FETCH_WORKERS` runs are read at once; a run whose tables ``cache`` holds (under the key of its
+    listing and metrics) is not downloaded. The first error of any run is raised."""
     from concurrent.futures import ThreadPoolExecutor
 
     with tempfile.TemporaryDirectory(prefix="analysis-") as tmp, ThreadPoolExecutor(FETCH_WORKERS) as pool:
-        futures = [pool.submit(_read_run, uri, run, Path(tmp)) for run in runs]
+        futures = [pool.submit(_read_run, uri, run, Path(tmp), cache) for run in runs]
         try:
             for future in _progress(futures, progress, "reading runs"):
                 future.result()  # as they finish in order; an error stops the rest
@@ -187,21 +198,29 @@ def _read_runs(uri: str, runs: list[Any], progress: bool) -> list[RunRecord]:
         return [f.result() for f in futures]
 
 
-def _read_run(uri: str, run: Any, tmp: Path) -> RunRecord:
-    """One run's record; a finished trial's ``eval/*.csv`` read from its artifact store."""
+def _read_run(uri: str, run: Any, tmp: Path, cache: TableCache | None = None) -> RunRecord:
+    """One run's record; a finished trial's ``eval/*.csv`` read from its artifact store (listed there always;
+    downloaded unless ``cache`` holds them for that listing)."""
     from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
 
     tags, rid = dict(run.data.tags), run.info.run_id
     tables: dict[str, str] = {}
     if tags.get(TAG_ROLE) == ROLE_TRIAL and run.info.status == FINISHED:
         repo = get_artifact_repository(run.info.artifact_uri, tracking_uri=uri)
-        names = [f.path for f in repo.list_artifacts(EVAL_DIR) if not f.is_dir and f.path.endswith(".csv")]
-        if names:
+        files = [f for f in repo.list_artifacts(EVAL_DIR) if not f.is_dir and f.path.endswith(".csv")]
+        names = [f.path for f in files]
+        key = entry_key(rid, ((f.path, f.file_size) for f in files), run.data.metrics) if cache is not None else ""
+        cached = cache.get(rid, key) if cache is not None and names else None
+        if cached is not None:
+            tables = cached
+        elif names:
             (tmp / rid).mkdir()
             local = Path(repo.download_artifacts(EVAL_DIR, dst_path=str(tmp / rid)))
             for name in names:
                 path = local / Path(name).name
                 tables[Path(name).stem] = path.read_text(encoding="utf-8", errors="replace")
+            if cache is not None:
+                cache.put(rid, key, tables)
     return RunRecord(rid, run.info.status, tags, dict(run.data.params), dict(run.data.metrics), tables)
 
 

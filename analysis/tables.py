@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import math
 
+import numpy as np
 import pandas as pd
 
 from asr_core.contract.metrics import (AVERAGE, CLEAN, CUE_COLUMNS, SLOT_COLUMNS, TABLE_COLUMNS, TAIL_COLUMNS,
@@ -18,7 +19,8 @@ COUNT_COLUMNS = ("ref_words", "substitutions", "deletions", "insertions", "hyp_w
 
 
 def read_table(text: str, dataset: str) -> tuple[pd.DataFrame, str]:
-    """Parse one eval CSV; returns (table, "") or (empty, why it is unusable)."""
+    """Parse one eval CSV; returns (table, "") or (empty, why it is unusable). The table is built in one go from
+    the parsed columns (a report reads one per run, dataset and decoder: thousands at the paper's scale)."""
     try:
         df = pd.read_csv(io.StringIO(text), dtype={"recording": str, "condition": str, "dataset": str})
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
@@ -26,27 +28,38 @@ def read_table(text: str, dataset: str) -> tuple[pd.DataFrame, str]:
     missing = [c for c in TABLE_COLUMNS if c not in df.columns]
     if missing:
         return pd.DataFrame(), f"lacks columns {missing} (has {list(df.columns)})"
-    cue = {c: pd.to_numeric(df[c], errors="coerce") if c in df.columns else math.nan
-           for c in CUE_COLUMNS + TAIL_COLUMNS}
-    df = df[list(TABLE_COLUMNS)].assign(**cue)
-    for c in COUNT_COLUMNS + ("wer",):
-        df[c] = pd.to_numeric(df[c], errors="coerce")
-    bad = df[df[list(COUNT_COLUMNS)].isna().any(axis=1)]
-    if len(bad):
-        return pd.DataFrame(), f"has non-numeric counts for recordings {bad['recording'].tolist()[:5]}"
+    counts = {c: pd.to_numeric(df[c], errors="coerce") for c in COUNT_COLUMNS + ("wer",)}
+    bad = np.zeros(len(df), dtype=bool)
+    for c in COUNT_COLUMNS:
+        bad |= counts[c].isna().to_numpy()
+    if bad.any():
+        return pd.DataFrame(), f"has non-numeric counts for recordings {df['recording'][bad].tolist()[:5]}"
     other = sorted(set(df["dataset"]) - {dataset})
     if other:
         return pd.DataFrame(), f"holds rows of other datasets {other}"
-    # canonical condition names, so that 'snr10.0' in a table matches the metric key 'snr10'
-    snr = pd.to_numeric(df["snr_db"], errors="coerce")
-    keys = df["condition"].astype(str) + "|" + snr.astype(str)  # NaN is no dict key: compare as text
-    canon = {}
-    for key, c, s in zip(keys, df["condition"].astype(str), snr):
-        if key not in canon:
-            canon[key] = CLEAN if c == CLEAN else condition_name(s if not math.isnan(s) else snr_of(c))
-    df["condition"] = keys.map(canon)
-    df["errors"] = df["substitutions"] + df["deletions"] + df["insertions"]
-    return df.drop(columns=["snr_db"]), ""
+    cols: dict[str, object] = {"dataset": df["dataset"], "condition": _canonical_conditions(df),
+                               "recording": df["recording"], **counts}
+    for c in CUE_COLUMNS + TAIL_COLUMNS:
+        cols[c] = pd.to_numeric(df[c], errors="coerce") if c in df.columns else \
+            pd.Series(np.full(len(df), math.nan), index=df.index)
+    cols["errors"] = counts["substitutions"] + counts["deletions"] + counts["insertions"]
+    return pd.DataFrame(cols, index=df.index), ""
+
+
+def _canonical_conditions(df: pd.DataFrame) -> pd.Series:
+    """Canonical condition names, so that 'snr10.0' in a table matches the metric key 'snr10'; worked out once
+    per distinct (condition, SNR) pair."""
+    conditions = df["condition"].astype(str).tolist()
+    snrs = pd.to_numeric(df["snr_db"], errors="coerce").tolist()
+    canon: dict[tuple[str, float | None], str] = {}
+    out = []
+    for c, s in zip(conditions, snrs):
+        key = (c, None if math.isnan(s) else s)  # NaN is no dict key
+        name = canon.get(key)
+        if name is None:
+            name = canon[key] = CLEAN if c == CLEAN else condition_name(s if not math.isnan(s) else snr_of(c))
+        out.append(name)
+    return pd.Series(out, index=df.index, dtype="str")
 
 
 def read_slot_table(text: str) -> tuple[pd.DataFrame, str]:
@@ -79,11 +92,16 @@ def read_slot_table(text: str) -> tuple[pd.DataFrame, str]:
 
 
 def condition_summary(table: pd.DataFrame) -> dict[str, dict]:
-    """Per condition of one eval table: recordings ``n``, corpus ``wer`` (percent) and duplicated recordings."""
-    out = {}
-    for cond, part in table.groupby("condition", sort=False):
-        words = float(part["ref_words"].sum())
-        rec = part["recording"]
-        out[str(cond)] = {"n": len(part), "wer": 100.0 * float(part["errors"].sum()) / words if words > 0 else math.nan,
-                          "dup": rec[rec.duplicated()].tolist()}
-    return out
+    """Per condition of one eval table, in the order they first appear: recordings ``n``, corpus ``wer`` (percent)
+    and duplicated recordings (those listed again under that condition), in one pass over the table."""
+    codes, names = pd.factorize(table["condition"], sort=False)
+    k = len(names)
+    n = np.bincount(codes[codes >= 0], minlength=k)
+    words = np.bincount(codes[codes >= 0], weights=table["ref_words"].to_numpy(dtype=float)[codes >= 0], minlength=k)
+    errors = np.bincount(codes[codes >= 0], weights=table["errors"].to_numpy(dtype=float)[codes >= 0], minlength=k)
+    dup = table.duplicated(["condition", "recording"]).to_numpy() & (codes >= 0)
+    dups: dict[int, list] = {}
+    for code, rec in zip(codes[dup], table["recording"].to_numpy()[dup]):
+        dups.setdefault(int(code), []).append(rec)
+    return {str(name): {"n": int(n[i]), "wer": 100.0 * float(errors[i]) / float(words[i]) if words[i] > 0
+                        else math.nan, "dup": dups.get(i, [])} for i, name in enumerate(names)}

@@ -79,6 +79,23 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 _BEFORE = pytest.StashKey[set[str] | None]()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _report_cache_is_the_sessions_own(tmp_path_factory: pytest.TempPathFactory):
+    """``python -m analysis report`` keeps finished runs' tables in a cache (:mod:`analysis.cache`, by default under
+    ~/.cache): the tests' reports keep theirs in a folder of the session, unless a test names another."""
+    import os
+
+    from analysis.cache import CACHE_ENV
+
+    before = os.environ.get(CACHE_ENV)
+    os.environ[CACHE_ENV] = str(tmp_path_factory.mktemp("report-cache"))
+    yield
+    if before is None:
+        os.environ.pop(CACHE_ENV, None)
+    else:
+        os.environ[CACHE_ENV] = before
+
+
 @pytest.fixture(autouse=True)
 def _stop_signals_are_the_tests_own():
     """The stop-signal handlers as each test found them: a command run in-process (``train``, ``trial``, ``lm

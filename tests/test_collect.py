@@ -164,6 +164,13 @@ def test_condition_spelling_in_tables_is_normalised() -> None:
     assert sorted(sw.recordings["condition"]) == ["clean", "snr10"]
 
 
+def test_a_noisy_row_without_its_snr_keeps_the_condition_it_names() -> None:
+    table = CSV_HEAD + "dev,clean,,a,50,3,1,1,50,10\ndev,snr-5,,a,50,6,2,2,50,20\n"
+    sw = build_sweep("t", [_rec("r", metrics={"wer/dev": 10.0, "wer/dev/snr-5": 20.0}, tables={"dev": table})])
+    assert sw.problems.empty
+    assert sorted(sw.recordings["condition"]) == ["clean", "snr-5"]
+
+
 def test_ignore_params_keeps_seeds_of_one_configuration_together() -> None:
     recs = [_rec(f"r{s}", seed=s, extra={"notes.out_dir": f"/trials/{s}"}) for s in range(3)]
     assert build_sweep("t", recs).trials["config_id"].nunique() == 3
