@@ -123,13 +123,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sweep-root", type=Path, default=ROOT / "demo-out" / "demo" / "runs")
     ap.add_argument("--sweep", default="demo")
     ap.add_argument("--out", type=Path, default=ROOT / "fusion-out")
+    ap.add_argument("--spec", default="grids/decode-fusion.yaml",
+                    help="the fusion decode file (another one: e.g. its datasets named)")
+    ap.add_argument("--where", action="append", default=[], metavar="KEY=VALUE",
+                    help="only these trials, as orchestrate evaluate --where (e.g. subgrid=context: the demo's dense "
+                         "models at four contexts, not the banded and pause-cut ones --fragmentation adds)")
     a = ap.parse_args(argv)
     root = a.sweep_root.resolve()
     if not (root / a.sweep / "trials.json").exists():
         sys.exit(f"no sweep {a.sweep!r} under {root}: run ./scripts/demo.sh first, or give --sweep-root/--sweep")
     a.out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    run(["orchestrate", "evaluate", a.sweep, "--spec", "grids/decode-fusion.yaml", "--sweep-root", str(root)],
+    where = [x for w in a.where for x in ("--where", w)]
+    run(["orchestrate", "evaluate", a.sweep, "--spec", a.spec, "--sweep-root", str(root), *where],
         "1/3 window fusion evaluation of every model")
     uri = f"sqlite:///{root / 'mlflow.db'}"
     report = a.out / "report"
