@@ -58,9 +58,13 @@ def near(a: float, b: float) -> bool:
 
 
 def criteria(table: pd.DataFrame, tests: pd.DataFrame) -> dict[str, dict]:
-    """S1-S4 from the report's fusion tables (clean rows only)."""
+    """S1-S4 from the report's fusion tables (clean rows only), of one family: ``context`` where the report has it (a
+    sweep extended by ``demo.sh --fragmentation`` has the same dense models in a second family, ``dense``)."""
     table = table[table["condition"] == "clean"]
     tests = tests[tests["condition"] == "clean"]
+    if "family" in table and table["family"].nunique() > 1:
+        family = "context" if "context" in set(table["family"]) else sorted(table["family"])[0]
+        table, tests = table[table["family"] == family], tests[tests["family"] == family]
     out: dict[str, dict] = {}
     s1 = []
     for (ds, ctx), g in table.groupby(["dataset", "context_s"]):
