@@ -58,9 +58,13 @@ def near(a: float, b: float) -> bool:
 
 
 def criteria(table: pd.DataFrame, tests: pd.DataFrame) -> dict[str, dict]:
-    """S1-S4 from the report's fusion tables (clean rows only)."""
+    """S1-S4 from the report's fusion tables (clean rows only), of one family: ``context`` where the report has it (a
+    sweep extended by ``demo.sh --fragmentation`` has the same dense models in a second family, ``dense``)."""
     table = table[table["condition"] == "clean"]
     tests = tests[tests["condition"] == "clean"]
+    if "family" in table and table["family"].nunique() > 1:
+        family = "context" if "context" in set(table["family"]) else sorted(table["family"])[0]
+        table, tests = table[table["family"] == family], tests[tests["family"] == family]
     out: dict[str, dict] = {}
     s1 = []
     for (ds, ctx), g in table.groupby(["dataset", "context_s"]):
@@ -123,13 +127,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sweep-root", type=Path, default=ROOT / "demo-out" / "demo" / "runs")
     ap.add_argument("--sweep", default="demo")
     ap.add_argument("--out", type=Path, default=ROOT / "fusion-out")
+    ap.add_argument("--spec", default="grids/decode-fusion.yaml",
+                    help="the fusion decode file (another one: e.g. its datasets named)")
+    ap.add_argument("--where", action="append", default=[], metavar="KEY=VALUE",
+                    help="only these trials, as orchestrate evaluate --where (e.g. subgrid=context: the demo's dense "
+                         "models at four contexts, not the banded and pause-cut ones --fragmentation adds)")
     a = ap.parse_args(argv)
     root = a.sweep_root.resolve()
     if not (root / a.sweep / "trials.json").exists():
         sys.exit(f"no sweep {a.sweep!r} under {root}: run ./scripts/demo.sh first, or give --sweep-root/--sweep")
     a.out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    run(["orchestrate", "evaluate", a.sweep, "--spec", "grids/decode-fusion.yaml", "--sweep-root", str(root)],
+    where = [x for w in a.where for x in ("--where", w)]
+    run(["orchestrate", "evaluate", a.sweep, "--spec", a.spec, "--sweep-root", str(root), *where],
         "1/3 window fusion evaluation of every model")
     uri = f"sqlite:///{root / 'mlflow.db'}"
     report = a.out / "report"

@@ -43,12 +43,15 @@ def run(args: list[str], what: str) -> str:
 
 
 def acoustic_models(sweep: Path, seed: int) -> dict[float, Path]:
-    """{context_s: checkpoint} of the sweep's trials with ``train.seed == seed``."""
+    """{context_s: checkpoint} of the sweep's dense models with ``train.seed == seed``: trained on fixed cuts with full
+    attention (a sweep that also holds banded or pause-cut models, as the demo's after ``--fragmentation``, has
+    several models at one context)."""
     out = {}
     for cfg_path in sorted((sweep / "trials").glob("*/config.json")):
         cfg = json.loads(cfg_path.read_text())
         ck = cfg_path.parent / "checkpoint.pt"
-        if cfg["train"]["seed"] == seed and ck.exists():
+        dense = cfg["model"].get("attention_span_s") is None and cfg["data"].get("cut", "fixed") == "fixed"
+        if cfg["train"]["seed"] == seed and ck.exists() and dense:
             out[float(cfg["data"]["context_s"])] = ck
     return out
 

@@ -130,6 +130,15 @@ CASES: tuple[Case, ...] = (
                                                   "{d}/empty.pt", "--out", "{d}/lm1"), ("{d}/empty.pt", "empty")),
     Case("lm-train-text-as-tokenizer", "asr_core", ("lm", "train", "--text", "text:{d}/t.txt", "--tokenizer",
                                                     "{d}/t.txt", "--out", "{d}/lm2"), ("{d}/t.txt", "SentencePiece")),
+    Case("lm-train-unknown-reading", "asr_core", ("lm", "train", "--text", "text:{d}/t.txt", "--tokenizer",
+                                                  "{d}/real.pt", "--out", "{d}/lm3", "--set", "lm.tie_embeddings=true",
+                                                  "--set", "lm.memory.combine=concat"),
+         ("lm.memory.combine", "'concat'", "replace, add")),
+    Case("lm-train-buckets-zero", "asr_core", ("lm", "train", "--text", "text:{d}/t.txt", "--tokenizer",
+                                               "{d}/real.pt", "--out", "{d}/lm4", "--set", "lm.tie_embeddings=true",
+                                               "--set", "lm.memory.buckets=0"), ("lm.memory.buckets", ": 0;")),
+    Case("evaluate-unknown-fusion", "asr_core", ("evaluate", "{d}/real.pt", "--no-log", "--fusion", "chiu,median"),
+         ("'median'", "not a window fusion method", "chiu-seconds")),
     Case("evaluate-snr-not-a-number", "asr_core", ("evaluate", "{d}/text.pt", "--snr", "loud"), ("--snr", "loud")),
     Case("evaluate-window-zero", "asr_core", ("evaluate", "{d}/real.pt", "--no-log", "--window-s", "5.12,0"),
          ("--window-s", "'5.12,0'", "positive numbers of seconds")),
@@ -185,6 +194,10 @@ CASES: tuple[Case, ...] = (
                                                                 "{d}/decode-plain-stride.yaml", "--sweep-root",
                                                                 "{d}/runs"),
          ("decode-plain-stride.yaml", "'stride'", "only 'datasets'")),
+    Case("evaluate-decode-file-unknown-fusion", "orchestrate", ("evaluate", "nosweep", "--spec",
+                                                                "{d}/decode-fusion-unknown.yaml", "--sweep-root",
+                                                                "{d}/runs"),
+         ("decode-fusion-unknown.yaml", "'fusion'", "'median'", "blockwise-frames")),
     Case("logs-missing-sweep", "orchestrate", ("logs", "nosuchsweep", "somekey", "--sweep-root", "{d}/runs"),
          ("nosuchsweep",)),
     Case("evaluate-bad-where", "orchestrate", ("evaluate", "nosweep", "--spec", "{d}/decode-good.yaml", "--where",
@@ -244,6 +257,7 @@ def make_scratch(d: Path) -> Path:
     (d / "decode-no-decoder.yaml").write_text("name: w\ndatasets: [x=podcast:noaudio]\n")
     (d / "decode-plain-stride.yaml").write_text("datasets: [x=podcast:noaudio]\nstride: 0.5\n")
     (d / "decode-window-negative.yaml").write_text("name: w\nwindow_s: -5.12\n")
+    (d / "decode-fusion-unknown.yaml").write_text("name: f\nfusion: [chiu, median]\n")
     grids = d / "grids"
     grids.mkdir()
     for name, text in GRIDS.items():
