@@ -51,7 +51,7 @@ def seed_of(tags: Mapping[str, str], params: Mapping[str, str]) -> int | None:
 
 
 def science_params(params: Mapping[str, str], *, named: bool = False) -> dict[str, str]:
-    """The params that name the experiment, as model keys see them (asr_core.identity): execution settings and the
+    """The params that name the experiment, as model keys see them (asr_core.contract.identity): execution settings and the
     evaluation (``eval.*``) dropped, data locations replaced by the data's names, values at the identity baseline
     dropped. So seeds of one configuration stay one configuration when they ran with other loader workers, from a
     moved corpus, evaluated on other test sets, or before and after an option was added (logged by some runs at its
@@ -60,7 +60,7 @@ def science_params(params: Mapping[str, str], *, named: bool = False) -> dict[st
     ``named``: for naming series instead, keep baseline values and fill every baseline field a run lacks, so that
     every run shows every field (``posenc=rotary`` beside ``posenc=sinusoidal``)."""
     from asr_core.config import FIELD_DEFAULTS
-    from asr_core.identity import EVALUATION_SECTION, EXECUTION, NAMED, baseline, identity_value
+    from asr_core.contract.identity import EVALUATION_SECTION, EXECUTION, NAMED, baseline, identity_value
 
     def shown(x: Any) -> str:
         return str(list(x)) if isinstance(x, (list, tuple)) else str(x)
@@ -79,7 +79,7 @@ def science_params(params: Mapping[str, str], *, named: bool = False) -> dict[st
             continue
         out[k] = v
     if named:
-        from asr_core.identity import BASELINE
+        from asr_core.contract.identity import BASELINE
 
         for k, base in BASELINE.items():
             if not k.startswith(EVALUATION_SECTION):

@@ -3,7 +3,7 @@
 A run is fully described by a :class:`Config`: the model, the data it is trained on, the optimiser and the
 evaluation that follows training. Configs load from YAML and take ``--set section.field=value`` overrides; every value,
 wherever it is written (a config file, a grid, ``--set``), is checked by the one parser (:func:`parse_field`,
-:mod:`asr_core.config_parse`). :meth:`Config.key` names the experiment (:mod:`asr_core.identity`).
+:mod:`asr_core.config_parse`). :meth:`Config.key` names the experiment (:mod:`asr_core.contract.identity`).
 
 Defaults are the paper's main model (paper 000 §3, ``../shared/REFERENCE.md``): 6 layers, d=768, 6 heads, rotary
 θ=1.5M, 4095 BPE pieces + blank, Madgrad at 3e-3, one hour of audio per step. Where the paper is silent or
@@ -24,7 +24,7 @@ from typing import Any, Mapping
 from asr_core.config_parse import (ConfigError, build_dataclass, coerce_value, deep_copy, field_types, merge,
                                    parse_override, set_path)
 from asr_core.contract.specs import CORPUS_FORMATS, corpus_spec_problem, dataset_name
-from asr_core.identity import BASELINE, NAMED, field_defaults, trial_key
+from asr_core.contract.identity import BASELINE, NAMED, field_defaults, trial_key
 from asr_core.yaml_input import YamlInputError, load_yaml_file
 
 POSITIONAL_ENCODINGS = ("rotary", "learnable-fourier", "sinusoidal", "fourier", "none")
@@ -348,7 +348,7 @@ class Config:
         return out
 
     def key(self) -> str:
-        """The trial key: 12 hex digits naming this experiment (science only; see :mod:`asr_core.identity`).
+        """The trial key: 12 hex digits naming this experiment (science only; see :mod:`asr_core.contract.identity`).
 
         Equal for configs that differ only in how they run (workers, intervals, device), in where their data lies,
         or in options left at their defaults."""
@@ -363,7 +363,7 @@ class Config:
     def from_stored(cls, d: Mapping[str, Any], *, source: str = "config") -> "Config":
         """A config written by the project (a checkpoint's, a trial's ``config.json``, a sweep's ``trials.json``),
         possibly by an older version: a science field it lacks did not exist then, so it takes the value that does
-        what the project did before the field existed (:data:`asr_core.identity.BASELINE`), not today's default.
+        what the project did before the field existed (:data:`asr_core.contract.identity.BASELINE`), not today's default.
         A half-trained model so continues, and a finished one is evaluated, as it began; its key stays its own."""
         return build_dataclass(cls, _with_baseline(d), "", source)
 
@@ -445,7 +445,7 @@ def resolve(raw: Mapping[str, Any], overrides: list[str] | tuple[str, ...] = (),
 
 def _with_baseline(d: Mapping[str, Any]) -> dict[str, Any]:
     """A copy of the nested dict ``d`` with every science field it lacks set to its
-    :data:`asr_core.identity.BASELINE` value (what the project did before the field existed)."""
+    :data:`asr_core.contract.identity.BASELINE` value (what the project did before the field existed)."""
     raw = deep_copy(dict(d))
     for dotted, value in BASELINE.items():
         if dotted in NAMED:
@@ -462,7 +462,7 @@ def _with_baseline(d: Mapping[str, Any]) -> dict[str, Any]:
 # Every leaf field of Config by dotted name ("data.features.n_mels") -> its type.
 FIELD_TYPES: dict[str, Any] = field_types(Config)
 # Every leaf field of Config by dotted name -> its default: the baseline of a science field added after
-# asr_core.identity.BASELINE was frozen (asr_core.identity.baseline).
+# asr_core.contract.identity.BASELINE was frozen (asr_core.contract.identity.baseline).
 FIELD_DEFAULTS: dict[str, Any] = field_defaults(Config())
 
 

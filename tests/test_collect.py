@@ -181,7 +181,7 @@ def test_ignore_params_keeps_seeds_of_one_configuration_together() -> None:
 
 def test_execution_settings_and_data_locations_do_not_split_a_configuration() -> None:
     """Seeds of one configuration run with other loader workers, or from a corpus that moved, are still one
-    configuration (asr_core.identity); another dataset name or model is not."""
+    configuration (asr_core.contract.identity); another dataset name or model is not."""
     recs = [_rec(f"r{s}", seed=s, extra={"data.num_workers": str(s), "train.checkpoint_every": str(100 * (s + 1)),
                                          "data.train": f"podcast:/fs{s}/podcasts/train",
                                          "eval.datasets": str([f"dev=podcast:/fs{s}/dev"])}) for s in range(3)]

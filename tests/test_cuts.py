@@ -14,7 +14,7 @@ from asr_core.config_parse import ConfigError
 from asr_core.data.chunking import (CUT_BOUND_S, MIN_TAIL_S, WindowStream, cut_windows, lost_to_cuts, pause_bounds,
                                     window_bounds)
 from asr_core.data.corpora.base import Recording, Word
-from asr_core.identity import trial_key
+from asr_core.contract.identity import trial_key
 
 
 def _speech(seed: int, duration: float, gap: tuple[float, float] = (0.05, 0.4)) -> Recording:

@@ -31,7 +31,7 @@ from asr_core.contract.trial import (EXIT_OK, TrialFolder, mark_done, mark_evalu
 from asr_core.data.corpora.synth import synthesise
 from asr_core.data.corpora.synth_text import TOPICS, vocabulary
 from asr_core.data.tokenizer import Tokenizer
-from asr_core.identity import evaluation_key
+from asr_core.contract.identity import evaluation_key
 from asr_core.model.acoustic import build_model
 from asr_core.training.checkpoint import save_checkpoint
 

@@ -50,7 +50,7 @@ def test_a_new_option_at_its_default_leaves_every_paper_key() -> None:
     keys for the paper grid: adding an option never renames trials."""
     from asr_core import config as config_mod
     from asr_core.config import Config
-    from asr_core.identity import trial_key
+    from asr_core.contract.identity import trial_key
     from orchestrate.plan.grid import load_grid
 
     def grown(cls: type, extra: str) -> type:
@@ -79,13 +79,13 @@ def test_every_science_field_is_in_the_frozen_baseline() -> None:
     """A new science field must be added to identity.BASELINE (at the value that does what the project did before
     it existed: usually its default), or listed as execution."""
     from asr_core.config import FIELD_TYPES
-    from asr_core.identity import BASELINE, EXECUTION
+    from asr_core.contract.identity import BASELINE, EXECUTION
 
     missing = [f for f in FIELD_TYPES if f not in BASELINE and f not in EXECUTION]
-    assert not missing, (f"classify {missing} in asr_core/identity.py: BASELINE (science, at the value that "
+    assert not missing, (f"classify {missing} in asr_core/contract/identity.py: BASELINE (science, at the value that "
                          "reproduces the behaviour before it) or EXECUTION")
     stale = [f for f in list(BASELINE) + list(EXECUTION) if f not in FIELD_TYPES]
-    assert not stale, f"{stale} are in asr_core/identity.py but not Config fields"
+    assert not stale, f"{stale} are in asr_core/contract/identity.py but not Config fields"
     assert not set(BASELINE) & set(EXECUTION)
 
 

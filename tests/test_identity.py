@@ -1,11 +1,11 @@
-"""Trial identity (asr_core.identity): the key covers the science and nothing about how or where a trial runs."""
+"""Trial identity (asr_core.contract.identity): the key covers the science and nothing about how or where a trial runs."""
 
 from __future__ import annotations
 
 import dataclasses
 
 from asr_core.config import Config, preset, resolve
-from asr_core.identity import EXECUTION, science, trial_key
+from asr_core.contract.identity import EXECUTION, science, trial_key
 
 
 # What the authors' recipe (the defaults since it was adopted) departs from the frozen baseline: the recipe the
@@ -95,7 +95,7 @@ def test_the_model_key_leaves_out_every_evaluation_setting() -> None:
 
 
 def test_an_evaluation_key_is_the_model_key_and_a_digest_of_its_setting() -> None:
-    from asr_core.identity import evaluation_key
+    from asr_core.contract.identity import evaluation_key
 
     k = Config().key()
     a = evaluation_key(k, {"name": "greedy", "conditions": {"test": [None, 5.0]}})

@@ -3,7 +3,7 @@
 A sweep trains each model once. Its *default evaluation* is the grid's ``eval:`` section, run by the trial job at
 the end of training (``wer/<dataset>[/snr<DB>]``, tables ``eval/<dataset>.csv``). Every later evaluation (another
 test set, more SNRs, a beam decoder with an LM) is an **evaluation job**: a folder of its own in the sweep
-(``<sweep>/trials/<evaluation key>/``, the key :func:`asr_core.identity.evaluation_key`: the model key, a dash and
+(``<sweep>/trials/<evaluation key>/``, the key :func:`asr_core.contract.identity.evaluation_key`: the model key, a dash and
 8 hex digits), run by the same command as a trial (:func:`asr_core.contract.trial.trial_command`) with the same
 lease, outbox, attempts, progress and exit codes, and told apart by :data:`EVALUATION_FILE` in its folder.
 
@@ -100,8 +100,8 @@ def conditions_json(c: Mapping[str, Iterable[Condition]]) -> dict[str, list[floa
 
 def greedy_setting(stride: float, precision: str, noise: str) -> dict[str, Any]:
     """The fixed setting of a greedy evaluation: what must stay the same for its results to stay comparable (the
-    noise by name, as in keys: :func:`asr_core.identity.identity_value`)."""
-    from asr_core.identity import identity_value
+    noise by name, as in keys: :func:`asr_core.contract.identity.identity_value`)."""
+    from asr_core.contract.identity import identity_value
 
     return {"decoder": "greedy", "stride": float(stride), "precision": precision,
             "noise": identity_value("eval.noise", noise)}

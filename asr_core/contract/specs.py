@@ -69,7 +69,7 @@ def dataset_name(spec: str) -> str:
     """The name of a corpus spec, without parsing or reading it: ``NAME`` of ``NAME=FORMAT:PATH``, ``""`` for an
     unnamed ``FORMAT:PATH``.
 
-    The name is the corpus's identity in trial keys (:mod:`asr_core.identity`): its path and file format may change
+    The name is the corpus's identity in trial keys (:mod:`asr_core.contract.identity`): its path and file format may change
     (a move to another filesystem, a prepared copy), its name may not. An unnamed training corpus is "the" corpus of
     its trials: moving it keeps their keys, and its content fingerprint, checked on every resume, tells it apart from
     another one. Name corpora to compare them in one sweep."""

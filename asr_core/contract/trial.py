@@ -34,12 +34,16 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from asr_core.contract.atomic import write_atomic
 
-if TYPE_CHECKING:
-    from asr_core.config import Config
+
+class StoredConfig(Protocol):
+    """What the contract needs of a config (:class:`asr_core.config.Config`, which the contract does not import: the
+    config reads the contract): its plain-data form."""
+
+    def to_dict(self) -> dict[str, Any]: ...
 
 # ---- exit codes of the trial job ---------------------------------------------------------------------------------
 EXIT_OK = 0  # trained and evaluated; the run is FINISHED
@@ -211,7 +215,7 @@ def config_json(d: Any) -> str:
     return json.dumps(d)
 
 
-def write_config(trial_dir: Path, cfg: "Config") -> Path:
+def write_config(trial_dir: Path, cfg: StoredConfig) -> Path:
     """Write (atomically) the config the job reads, unless the file already holds exactly it; returns its path."""
     folder = TrialFolder(Path(trial_dir))
     folder.path.mkdir(parents=True, exist_ok=True)

@@ -73,7 +73,7 @@ from asr_core.data.chunking import Position, WindowStream, duration_timed, lost_
 from asr_core.data.corpora.base import Recording
 from asr_core.data.tokenizer import Tokenizer
 from asr_core.device import DeviceError, resolve_device, use_bf16
-from asr_core.identity import science
+from asr_core.contract.identity import science
 from asr_core.model.acoustic import AcousticModel, build_model
 from asr_core.model.receptive import receptive_field
 from asr_core.runtime import signals

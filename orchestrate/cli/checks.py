@@ -57,7 +57,7 @@ def execution_overrides(trials: list[Trial], overrides: list[str]) -> list[Trial
     if not overrides:
         return trials
     from asr_core.config_parse import ConfigError
-    from asr_core.identity import science
+    from asr_core.contract.identity import science
 
     out = []
     for t in trials:

@@ -6,7 +6,7 @@ lease, outbox, attempts, failure budget, ``max_parallel``, ``cancel`` and ``retr
 * a **model** (a training trial, keyed by its model key): trained once; at the end of training its own job runs
   the sweep's default evaluation, the grid's ``eval:`` section as it stands then;
 * an **evaluation job** (:class:`~orchestrate.sweep.trial.Trial` with ``evaluation`` set, keyed by
-  :func:`asr_core.identity.evaluation_key`): one evaluation of a trained model, into the model's run, never
+  :func:`asr_core.contract.identity.evaluation_key`): one evaluation of a trained model, into the model's run, never
   training it (:mod:`asr_core.contract.evaluation`).
 
 :func:`plan_default` runs at every ``submit``: a model whose own evaluation is done but whose grid now asks for
@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping
 from asr_core.contract.evaluation import (DEFAULT_EVALUATION, Conditions, EvaluationSpec, conditions_json,
                                           conditions_lacking, conditions_of, conditions_union, default_evaluation,
                                           read_evaluated, setting_differences)
-from asr_core.identity import evaluation_key
+from asr_core.contract.identity import evaluation_key
 from asr_core.contract.atomic import write_atomic
 from asr_core.contract.trial import TrialFolder
 from orchestrate.sweep.folder import SweepDir

@@ -7,7 +7,7 @@ sub-grids; each sub-grid is the product of its axes (dotted :class:`~asr_core.co
 Precedence, lowest first: the preset (the base's, or the sub-grid's ``preset`` axis/set), the base's own values,
 the sub-grid's ``set``, the axes. Values are checked by the config's own parser
 (:func:`asr_core.config.parse_field`). A trial's key is :meth:`Config.key` of its resolved config (seed included:
-the science only, see :mod:`asr_core.identity`), so the same trial reached from two sub-grids is one trial listing
+the science only, see :mod:`asr_core.contract.identity`), so the same trial reached from two sub-grids is one trial listing
 both. Everything is validated before anything is returned:
 :class:`GridError` names the file, sub-grid, key and value, and says what is valid.
 
@@ -194,7 +194,7 @@ def _same_trial_other_settings(file: Path, sub: str, old: Trial, new: Trial) -> 
                         "FILE`")
     raise GridError(f"{where_in(file, sub)}: trial {new.label} ({new.key}) comes out twice with other settings "
                     f"({diff}; first from sub-grid {old.subgrids[0]!r}). Those settings do not make another experiment "
-                    "(asr_core/identity.py): set them once, e.g. in base; to compare corpora, name each one "
+                    "(asr_core/contract/identity.py): set them once, e.g. in base; to compare corpora, name each one "
                     "(NAME=FORMAT:PATH)")
 
 

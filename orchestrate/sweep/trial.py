@@ -1,6 +1,6 @@
 """A trial: one model of a sweep, i.e. a resolved :class:`~asr_core.config.Config` with its seed.
 
-The key is :meth:`Config.key` of the config with ``train.seed`` set: the science only (:mod:`asr_core.identity`).
+The key is :meth:`Config.key` of the config with ``train.seed`` set: the science only (:mod:`asr_core.contract.identity`).
 The same settings reached from two sub-grids (or written differently in YAML) are one trial, and moving the data,
 changing loader workers or adding an option between ``submit`` and ``resume`` leaves every key as it was.
 """
