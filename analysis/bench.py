@@ -1,6 +1,6 @@
 """``python -m analysis bench``: the report at the paper's scale, timed against a real MLflow server.
 
-    python -m analysis bench [--runs 321 --runs 3000] [--dir DIR] [--bootstrap N]
+    python -m analysis bench [--runs 321 --runs 3000] [--out DIR] [--bootstrap N]
 
 For each ``--runs N`` (default 321, then 3000): a fake ledger of the paper grid with N finished trials
 (:mod:`analysis.bench_ledger`) is written to an ``mlflow server`` started on a free port of 127.0.0.1 by the
@@ -9,7 +9,7 @@ project's ``slurm/mlflow-server.sh`` (sqlite backend, served artifacts, its defa
 table downloaded) and warm (the cache the first left: nothing changed). Printed: a table of runs, wall time of
 each, the peak RSS of the larger, the share of the cold report's wall spent fetching from MLflow, and the goals of
 issue 50 (321 runs: ≤ 60 s cold, ≤ 15 s warm; 3,000 runs: ≤ 300 s cold and ≤ 2 GiB) with met or not. Progress
-lines go to stderr while the ledger is written. Everything lives in a temporary folder (``--dir``: that folder,
+lines go to stderr while the ledger is written. Everything lives in a temporary folder (``--out``: that folder,
 kept) and the server is stopped at the end. Exit 0 when the benchmark ran (goals missed are said in the table), 1
 when the server or a report failed (its output's tail is printed).
 """
@@ -193,7 +193,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     b.add_argument("--runs", type=int, action="append", default=None, metavar="N",
                    help="trial runs in the fake ledger (repeatable; default: 321, then 3000)")
-    b.add_argument("--dir", default=None, help="keep the server, ledger, reports and caches in this folder "
+    b.add_argument("--out", default=None, help="keep the server, ledger, reports and caches in this folder "
                                                "(default: a temporary folder, removed)")
     b.add_argument("--bootstrap", type=int, default=BOOTSTRAP_RESAMPLES,
                    help=f"bootstrap resamples of the reports (default {BOOTSTRAP_RESAMPLES})")
@@ -210,13 +210,13 @@ def run_bench(args: argparse.Namespace) -> int:
     if args.bootstrap < 100:
         print(f"error: --bootstrap {args.bootstrap}: give at least 100 resamples", file=sys.stderr)
         return 2
-    if args.dir is not None and Path(args.dir).exists() and not Path(args.dir).is_dir():
-        print(f"error: --dir {args.dir} is a file; give a folder (made if missing)", file=sys.stderr)
+    if args.out is not None and Path(args.out).exists() and not Path(args.out).is_dir():
+        print(f"error: --out {args.out} is a file; give a folder (made if missing)", file=sys.stderr)
         return 2
     rows: list[Row] = []
     try:
-        if args.dir is not None:
-            bench(sizes, Path(args.dir).resolve(), args.bootstrap, rows)
+        if args.out is not None:
+            bench(sizes, Path(args.out).resolve(), args.bootstrap, rows)
         else:
             with tempfile.TemporaryDirectory(prefix="analysis-bench-") as tmp:
                 bench(sizes, Path(tmp), args.bootstrap, rows)

@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 @pytest.mark.slow  # a server start and two reports: about 90 s on 2 busy cores
 def test_the_bench_runs_at_a_tiny_size_and_the_warm_report_equals_the_cold(tmp_path: Path) -> None:
-    r = subprocess.run([sys.executable, "-m", "analysis", "bench", "--runs", "4", "--dir", str(tmp_path / "b"),
+    r = subprocess.run([sys.executable, "-m", "analysis", "bench", "--runs", "4", "--out", str(tmp_path / "b"),
                         "--bootstrap", "200"], cwd=REPO, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     assert "bench: ledger 4/4 runs written" in r.stderr
