@@ -1,7 +1,7 @@
 """The recall control (positive control): slot accuracy of the recall plant against context length.
 
 A synthetic corpus made with ``synth --recall`` says a code word clearly and later asks for it again with its audio
-masked (:mod:`asr_core.data.corpora.recall`); evaluation scores each slot (:mod:`asr_core.evaluation.scorers.slots`) into
+masked (:mod:`asr_core.data.synth.recall`); evaluation scores each slot (:mod:`asr_core.evaluation.scorers.slots`) into
 ``eval/<DATASET>.slots.csv`` (:data:`asr_core.contract.metrics.SLOT_COLUMNS`), read into
 :attr:`analysis.collect.Sweep.slots`. A model that uses its context recalls a masked code word when the clear
 mention lies inside it: the near band (1-4 s back in the recall plant) is inside every window, the far band

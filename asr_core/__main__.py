@@ -32,7 +32,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "score": ("asr_core.evaluation.external", "WER of another system's transcripts: score --ref NAME=FORMAT:PATH --hyp DIR --system S"),
     "tailset": ("asr_core.scoring.tail", "the tail words of a text (paper 002), for evaluate/score --tail: tailset TEXT --out FILE.json"),
     "prepare": ("asr_core.data.prepare", "store a corpus once, memory-mapped, for every trial: prepare [NAME=]FORMAT:PATH --out OUT"),
-    "synth": ("asr_core.data.corpora.synth_cli", "generate the synthetic long-form corpus: synth --out OUT --hours H --seed S"),
+    "synth": ("asr_core.data.synth.cli", "generate the synthetic long-form corpus: synth --out OUT --hours H --seed S"),
     "trial": ("asr_core.trial", "one grid trial (train, then evaluate) inside an MLflow run; used by orchestrate"),
     "bench": ("asr_core.bench", "benchmarks: bench train | bench decode | bench data | bench calibrate"),
     "outbox": ("asr_core.runtime.shipper", "ship a trial's pending MLflow records by hand: outbox TRIAL_DIR --tracking-uri URI --run-id RUN"),

@@ -55,7 +55,7 @@ sys.path.insert(0, str(ROOT))
 
 from analysis.stats import sign_flip_test  # noqa: E402
 from asr_core.data.corpora import load_corpus  # noqa: E402
-from asr_core.data.corpora.cues import CueConfig, planted, planted_groups  # noqa: E402
+from asr_core.data.synth.cues import CueConfig, planted, planted_groups  # noqa: E402
 from asr_core.scoring.score import normalise_marked  # noqa: E402
 
 DEMO_GRID = ROOT / "grids" / "demo.yaml"

@@ -14,18 +14,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import asr_core.data.corpora.synth as synth
+import asr_core.data.synth.generate as synth
 from asr_core.data.audio import SAMPLE_RATE, load_audio
 from asr_core.data.chunking import window_bounds
 from asr_core.data.corpora import load_corpus
-from asr_core.data.corpora.copy_plant import (BLOCK_S, CARRIER, CELL_S, FAR_S, IDENTITY_TOKENS, MARGIN_S, NEAR_S,
+from asr_core.data.synth.copy_plant import (BLOCK_S, CARRIER, CELL_S, FAR_S, IDENTITY_TOKENS, MARGIN_S, NEAR_S,
                                               CopyConfig, CopyEdit, check_tokens, one_piece_words, partner,
                                               swap_of_slot)
-from asr_core.data.corpora.recall import CODE_WORDS, KEY_WORDS, SLOT_WORDS, RecallConfig
-from asr_core.data.corpora.rerender import Rerenderer
-from asr_core.data.corpora.synth import make_plans, render, synthesise
-from asr_core.data.corpora.synth_audio import Speaker
-from asr_core.data.corpora.synth_text import CUE_GROUPS, vocabulary
+from asr_core.data.synth.recall import CODE_WORDS, KEY_WORDS, SLOT_WORDS, RecallConfig
+from asr_core.data.synth.rerender import Rerenderer
+from asr_core.data.synth.generate import make_plans, render, synthesise
+from asr_core.data.synth.audio import Speaker
+from asr_core.data.synth.text import CUE_GROUPS, vocabulary
 from asr_core.data.tokenizer import Tokenizer
 from asr_core.evaluation.scorers.slots import recall_slots
 from asr_core.scoring.score import normalise
@@ -355,7 +355,7 @@ def test_tokenizer_without_symbols_is_byte_identical() -> None:
     """Hashes of models the tokenizer wrote before ``symbols`` existed (sentencepiece 0.2.3)."""
     import random
 
-    from asr_core.data.corpora.synth_text import SentenceMaker
+    from asr_core.data.synth.text import SentenceMaker
 
     maker = SentenceMaker(random.Random(3), "music")
     texts = [" ".join(maker.sentence()) for _ in range(300)]

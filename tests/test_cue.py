@@ -20,16 +20,16 @@ import pandas as pd
 import pytest
 import torch
 
-import asr_core.data.corpora.synth as synth
-import asr_core.data.corpora.synth_cli as synth_cli
+import asr_core.data.synth.generate as synth
+import asr_core.data.synth.cli as synth_cli
 from asr_core.data.corpora import load_corpus
 from asr_core.contract.specs import CorpusError
 from asr_core.data.corpora.base import Recording, Word
-from asr_core.data.corpora.cues import (CueConfig, CueSite, containment, cue_topics, disambiguating, holds_before,
+from asr_core.data.synth.cues import (CueConfig, CueSite, containment, cue_topics, disambiguating, holds_before,
                                    placed_share, planted, planted_groups, sound_of, topic_groups)
-from asr_core.data.corpora.synth import DOMAINS, make_plans, render
-from asr_core.data.corpora.synth_audio import Speaker, espeak
-from asr_core.data.corpora.synth_text import CUE_GROUPS, TOPICS, SentenceMaker, vocabulary
+from asr_core.data.synth.generate import DOMAINS, make_plans, render
+from asr_core.data.synth.audio import Speaker, espeak
+from asr_core.data.synth.text import CUE_GROUPS, TOPICS, SentenceMaker, vocabulary
 from asr_core.scoring.score import align_counts, marked_counts, normalise, normalise_marked
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -189,7 +189,9 @@ def test_strength_zero_plants_nothing_and_leaves_plans_and_random_streams_alone(
     assert not {w.text for w in words} & {w for g in CUE_GROUPS for w in g}
 
 # Where the modules that historical source imports live now (the layout moved them into packages).
-MOVED = {"asr_core.corpora": "asr_core.data.corpora", "asr_core.audio": "asr_core.data.audio",
+MOVED = {"asr_core.corpora.synth_text": "asr_core.data.synth.text", "asr_core.corpora.synth_audio": "asr_core.data.synth.audio",
+         "asr_core.corpora.synth_pool": "asr_core.data.synth.pool", "asr_core.corpora.cues": "asr_core.data.synth.cues",
+         "asr_core.corpora": "asr_core.data.corpora", "asr_core.audio": "asr_core.data.audio",
          "asr_core.noise": "asr_core.data.noise", "asr_core.features": "asr_core.data.features",
          "asr_core.tokenizer": "asr_core.data.tokenizer"}
 
@@ -207,7 +209,7 @@ def _pre_cue_synth(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
             pytest.skip(f"commit {PRE_CUE_COMMIT[:7]} is not in this checkout's history: {r.stderr.strip()}")
         return _as_of_today(r.stdout)
 
-    text = types.ModuleType("asr_core.data.corpora.synth_text")
+    text = types.ModuleType("asr_core.data.synth.text")
     monkeypatch.setitem(sys.modules, text.__name__, text)
     exec(compile(show("asr_core/corpora/synth_text.py"), "pre-cue synth_text.py", "exec"), text.__dict__)
     old = types.ModuleType("pre_cue_synth")
@@ -264,8 +266,8 @@ def _pre_groups_modules(monkeypatch: pytest.MonkeyPatch) -> tuple[types.ModuleTy
         return _as_of_today(r.stdout)
 
     loaded = []
-    for name in ("synth_text", "cues", "synth"):
-        module = types.ModuleType(f"asr_core.data.corpora.{name}")
+    for name, now in (("synth_text", "text"), ("cues", "cues"), ("synth", "generate")):
+        module = types.ModuleType(f"asr_core.data.synth.{now}")
         monkeypatch.setitem(sys.modules, module.__name__, module)  # the later ones import the earlier ones
         exec(compile(show(f"asr_core/corpora/{name}.py"), f"pre-groups {name}.py", "exec"), module.__dict__)
         loaded.append(module)

@@ -15,7 +15,7 @@ from mlflow.tracking import MlflowClient
 
 from asr_core.contract.metrics import recall_metric_key, slot_table_file
 from asr_core.data.corpora import load_corpus
-from asr_core.data.corpora.recall import CODE_WORDS, NEAR_S
+from asr_core.data.synth.recall import CODE_WORDS, NEAR_S
 from tests.plugins.demo import QUICK_DEMO_LEARNED_WER, QuickDemo
 
 GRID = yaml.safe_load((Path(__file__).parents[1] / "grids" / "demo-quick.yaml").read_text())

@@ -28,8 +28,8 @@ from asr_core.contract.ledger import experiment_id
 from asr_core.contract.trained import mark_trained
 from asr_core.contract.trial import (EXIT_OK, TrialFolder, mark_done, mark_evaluated, read_progress, trial_command,
                                      write_config)
-from asr_core.data.corpora.synth import synthesise
-from asr_core.data.corpora.synth_text import TOPICS, vocabulary
+from asr_core.data.synth.generate import synthesise
+from asr_core.data.synth.text import TOPICS, vocabulary
 from asr_core.data.tokenizer import Tokenizer
 from asr_core.contract.identity import evaluation_key
 from asr_core.model.acoustic import build_model

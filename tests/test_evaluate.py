@@ -18,9 +18,9 @@ import torch
 from asr_core.training.checkpoint import save_checkpoint
 from asr_core.config import preset
 from asr_core.data.corpora import load_corpus
-from asr_core.data.corpora.synth import synthesise
+from asr_core.data.synth.generate import synthesise
 from asr_core.data.corpora.fingerprint import fingerprint
-from asr_core.data.corpora.synth_text import TOPICS, vocabulary
+from asr_core.data.synth.text import TOPICS, vocabulary
 from asr_core.contract.ledger import experiment_id
 from asr_core.contract.metrics import metric_key
 from asr_core.evaluation.evaluate import CSV_COLUMNS, Destination, EvaluationRun, evaluate

@@ -322,7 +322,7 @@ def test_eval_work_counts_hours_conditions_and_windows_per_frame(tmp_path: Path)
 
 def test_eval_set_hours_read_from_disk_else_the_paper_else_unknown(tmp_path: Path) -> None:
     from asr_core.data.corpora import load_corpus
-    from asr_core.data.corpora.synth import synthesise
+    from asr_core.data.synth.generate import synthesise
 
     corpus = tmp_path / "corpus"
     synthesise(corpus, 0.003, seed=3, eval_hours=0.004, min_minutes=0.1, max_minutes=0.15, jobs=1, splits=("test",))

@@ -195,9 +195,6 @@ WIDE_FOLDERS = {
     "analysis": "the report (fetch, collect, tables, render, plots, stats) beside one module per paper feature (cue, "
                 "tail, recall, fusion, heads, fragmentation, decoders); the registry of word scorers and decoders "
                 "(issue 47, item 3) is what regroups them",
-    "asr_core/data/corpora": "the corpus readers beside the synthetic corpus's generator (synth*, six modules) and the "
-                             "planted cue and recall material; the synthetic corpus as a folder of its own is "
-                             "asr_core's turn (issue 47, item 2)",
 }
 # Folder pairs that import each other today (asr_core's, issue 47 items 2 and 4); no new pair may join them.
 MUTUAL_FOLDERS = {

@@ -12,7 +12,7 @@ from asr_core.lm.data import (Document, TextError, chunk_batches, generate_docum
 
 
 def test_generated_documents_are_deterministic_by_seed_and_on_one_topic() -> None:
-    from asr_core.data.corpora.synth_text import TOPICS
+    from asr_core.data.synth.text import TOPICS
 
     a, b, c = generate_documents(5, 1), generate_documents(5, 1), generate_documents(5, 2)
     assert a == b and a != c

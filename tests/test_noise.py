@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from asr_core.data.audio import save_audio
-from asr_core.data.corpora.synth_audio import Speaker, espeak
+from asr_core.data.synth.audio import Speaker, espeak
 from asr_core.data.noise import add_music, measure_snr, mix_at_snr, noise_for, recording_seed, synth_music
 
 

@@ -24,7 +24,7 @@ from analysis.fetch import RunRecord
 from asr_core.contract import metrics as m
 from asr_core.contract.specs import CorpusError
 from asr_core.data.corpora.base import Recording, Word
-from asr_core.data.corpora.recall import CODE_WORDS
+from asr_core.data.synth.recall import CODE_WORDS
 from asr_core.evaluation.scorers.slots import (CHOICE_COLUMNS, ForcedChoice, Slot, marked_reference, merge_slot_tables,
                                         onset_match, recall_slots, slot_rows, write_slot_table)
 from asr_core.evaluation.scorers.slot_window import (WindowModel, ctc_choice, posterior_choice, score_recording,
@@ -369,9 +369,9 @@ def test_the_probe_summary_and_the_copy_swap(monkeypatch: pytest.MonkeyPatch) ->
     from asr_core.probes import recall as probe
 
     try:
-        import asr_core.data.corpora.copy_plant as plant
+        import asr_core.data.synth.copy_plant as plant
     except ImportError:
-        plant = types.ModuleType("asr_core.data.corpora.copy_plant")
+        plant = types.ModuleType("asr_core.data.synth.copy_plant")
         monkeypatch.setitem(sys.modules, plant.__name__, plant)
     monkeypatch.setattr(plant, "partner", lambda w: {"lom": "kib"}.get(w, "vad"), raising=False)
     slot = Slot("r/0", 1, "lom", "far", "masked", 30.0, 0.0, 1.0, TOKENS, True)

@@ -13,16 +13,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import asr_core.data.corpora.synth as synth
-import asr_core.data.corpora.synth_cli as synth_cli
+import asr_core.data.synth.generate as synth
+import asr_core.data.synth.cli as synth_cli
 from asr_core.data.audio import SAMPLE_RATE, load_audio
 from asr_core.data.corpora import load_corpus
 from asr_core.data.corpora.fingerprint import fingerprint
-from asr_core.data.corpora.recall import (CODE_WORDS, FAR_S, KEY_WORDS, MASKER_S, NEAR_S, NO_KEY_SHARE, SLOT_WORDS,
+from asr_core.data.synth.recall import (CODE_WORDS, FAR_S, KEY_WORDS, MASKER_S, NEAR_S, NO_KEY_SHARE, SLOT_WORDS,
                                           UNMASKED_SHARE, RecallConfig, check_code_words, masker, onset)
-from asr_core.data.corpora.synth import make_plans, render
-from asr_core.data.corpora.synth_audio import Speaker
-from asr_core.data.corpora.synth_text import CUE_GROUPS, vocabulary
+from asr_core.data.synth.generate import make_plans, render
+from asr_core.data.synth.audio import Speaker
+from asr_core.data.synth.text import CUE_GROUPS, vocabulary
 from asr_core.scoring.score import normalise
 
 
@@ -240,7 +240,7 @@ def test_cli_plants_slots_recorded_beside_each_recording(tmp_path: Path) -> None
 
 def test_the_plant_lives_beside_the_homophone_cue(monkeypatch: pytest.MonkeyPatch) -> None:
     """With --cue and --recall together both plants are made, and the cue's words keep their distances."""
-    from asr_core.data.corpora.cues import CueConfig, disambiguating
+    from asr_core.data.synth.cues import CueConfig, disambiguating
 
     monkeypatch.setattr(synth, "espeak", fake_espeak)
     cue = CueConfig(2, 5, 15)

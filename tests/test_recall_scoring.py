@@ -14,13 +14,13 @@ import pandas as pd
 import pytest
 import torch
 
-import asr_core.data.corpora.synth_cli as synth_cli
+import asr_core.data.synth.cli as synth_cli
 from asr_core.contract import metrics as m
 from asr_core.contract.specs import CorpusError
 from asr_core.data.corpora import load_corpus
 from asr_core.data.corpora.base import Recording, Word
-from asr_core.data.corpora.recall import CODE_WORDS
-from asr_core.data.corpora.synth_text import vocabulary
+from asr_core.data.synth.recall import CODE_WORDS
+from asr_core.data.synth.text import vocabulary
 from asr_core.evaluation.scorers.slots import group_of as rc_group
 from asr_core.evaluation.scorers.slots import (Slot, aligned_words, group_accuracy, marked_reference, merge_slot_tables,
                                         recall_metrics, recall_slots, slot_rows, slot_table, write_slot_table)

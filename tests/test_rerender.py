@@ -1,4 +1,4 @@
-"""The causal check's re-rendering (:mod:`asr_core.data.corpora.rerender`): a recording of a corpus with the recall
+"""The causal check's re-rendering (:mod:`asr_core.data.synth.rerender`): a recording of a corpus with the recall
 plant rendered again from the corpus's stamp reproduces its audio; with the key swapped or silenced, only the clear
 mentions' spans (and the room's reverberation tail after them) change; what cannot be re-rendered is refused."""
 
@@ -12,13 +12,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import asr_core.data.corpora.synth as synth
-import asr_core.data.corpora.synth_cli as synth_cli
+import asr_core.data.synth.generate as synth
+import asr_core.data.synth.cli as synth_cli
 from asr_core.contract.specs import CorpusError
 from asr_core.data.audio import SAMPLE_RATE, load_audio
 from asr_core.data.corpora import load_corpus
-from asr_core.data.corpora.recall import CODE_WORDS, KeyEdit, swap_word
-from asr_core.data.corpora.rerender import Rerenderer
+from asr_core.data.synth.recall import CODE_WORDS, KeyEdit, swap_word
+from asr_core.data.synth.rerender import Rerenderer
 
 TAIL_S = 0.6  # after an edited span: the room's reverberation (at most 0.25 s) and its filters
 

@@ -12,9 +12,9 @@ import pytest
 
 from asr_core.data.audio import load_audio
 from asr_core.data.corpora import load_corpus
-from asr_core.data.corpora.synth import SPLITS, Plan, make_plans, render, synthesise
-from asr_core.data.corpora.synth_audio import Room, Speaker, espeak
-from asr_core.data.corpora.synth_text import TOPICS, vocabulary
+from asr_core.data.synth.generate import SPLITS, Plan, make_plans, render, synthesise
+from asr_core.data.synth.audio import Room, Speaker, espeak
+from asr_core.data.synth.text import TOPICS, vocabulary
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -96,7 +96,7 @@ def test_near_shift_keeps_the_training_voices_and_moves_rate_pitch_and_room() ->
 
 def test_eval_max_minutes_shortens_evaluation_recordings_only(tmp_path: Path) -> None:
     """--eval-max-minutes: more, shorter recordings in the evaluation splits; train keeps its lengths."""
-    from asr_core.data.corpora.synth import synthesise
+    from asr_core.data.synth.generate import synthesise
 
     long = make_plans("test", 0.2, seed=0)
     short = make_plans("test", 0.2, seed=0, min_minutes=0.5, max_minutes=1.0)

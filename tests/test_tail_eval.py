@@ -15,8 +15,8 @@ import torch
 from asr_core.__main__ import main
 from asr_core.contract import metrics as m
 from asr_core.data.corpora import load_corpus
-from asr_core.data.corpora.synth import synthesise
-from asr_core.data.corpora.synth_text import vocabulary
+from asr_core.data.synth.generate import synthesise
+from asr_core.data.synth.text import vocabulary
 from asr_core.scoring.tail import TailSet, corpus_tail_rate, share_of, tail_counts, tail_set
 
 torch.set_num_threads(1)

@@ -115,8 +115,8 @@ def test_evaluation_run_refuses_a_window_that_is_not_positive_seconds_each_once(
 # ---- (b) an evaluation on a tiny model -------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
-    from asr_core.data.corpora.synth import synthesise
-    from asr_core.data.corpora.synth_text import TOPICS, vocabulary
+    from asr_core.data.synth.generate import synthesise
+    from asr_core.data.synth.text import TOPICS, vocabulary
     from asr_core.data.tokenizer import Tokenizer
     from asr_core.model.acoustic import build_model
     from asr_core.training.checkpoint import save_checkpoint

@@ -18,7 +18,7 @@ evaluation's stride: window-frames per second), feature extraction and music mix
 and the loader), the per-recording statistics the interleaved loader computes once per recording, the time to save
 a checkpoint of this model with its optimiser state, and the start-up of a trial process (imports).
 
-Without ``--data`` the corpus is synthesised in a temporary folder (espeak-ng, :mod:`asr_core.data.corpora.synth`; about
+Without ``--data`` the corpus is synthesised in a temporary folder (espeak-ng, :mod:`asr_core.data.synth.generate`; about
 a minute of speech), tiled into a recording as long as the longest context and listed as many times as the largest
 group needs (every step full). The loader's per-recording statistics are computed before the timed steps (once per
 audio file; a one-off cost per recording, reported on its own).

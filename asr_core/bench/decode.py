@@ -87,7 +87,7 @@ def fusion_rows(preset_name: str = "tiny", context_s: float = 10.24, minutes: fl
     recording of :func:`run`, with a tokenizer learned from the synthetic corpus's vocabulary; the averaging pass
     (the evaluation's greedy decoding) first, as the reference."""
     from asr_core.contract.metrics import FUSION_METHODS
-    from asr_core.data.corpora.synth_text import TOPICS, vocabulary
+    from asr_core.data.synth.text import TOPICS, vocabulary
     from asr_core.data.features import FeatureExtractor
     from asr_core.data.tokenizer import Tokenizer
     from asr_core.decoding.decode import WindowBatch

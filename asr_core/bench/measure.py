@@ -25,9 +25,9 @@ if TYPE_CHECKING:
 
 # ---- the corpus ------------------------------------------------------------------------------------------------
 def synth_recording(folder: Path, seconds: float = 60.0, seed: int = 0) -> Recording:
-    """About ``seconds`` of espeak-ng speech with word times (:mod:`asr_core.data.corpora.synth`), in ``folder``."""
+    """About ``seconds`` of espeak-ng speech with word times (:mod:`asr_core.data.synth.generate`), in ``folder``."""
     from asr_core.data.corpora import load_corpus
-    from asr_core.data.corpora import synth
+    from asr_core.data.synth import generate as synth
 
     plans = synth.make_plans("train", seconds / 3600.0, seed, min_minutes=seconds / 60.0,
                              max_minutes=seconds / 60.0, voices=3, meeting_fraction=0.0)

@@ -200,9 +200,9 @@ def parse_tail_metric_key(key: str) -> tuple[str, str, str, float] | None:
     return _parse_rate(TAIL, key)
 
 
-# ---- recall slots (the recall plant, asr_core.data.corpora.recall) -----------------------------------------------
+# ---- recall slots (the recall plant, asr_core.data.synth.recall) -----------------------------------------------
 
-RECALL_KEY_EDITS = ("swap", "silence")  # the causal check's re-renderings of a key (asr_core.data.corpora.recall)
+RECALL_KEY_EDITS = ("swap", "silence")  # the causal check's re-renderings of a key (asr_core.data.synth.recall)
 
 def recall_metric_key(dataset: str, group: str, decoder: str = GREEDY) -> str:
     """``recall/<NAME>/<GROUP>`` (``recall_<DECODER>/...`` for a beam decoder): slot accuracy in percent on clean

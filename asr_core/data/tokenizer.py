@@ -6,7 +6,7 @@ missing ids are filled with reserved control symbols, which text never encodes t
 equals ``vocab_size - 1``, the blank is always ``vocab_size - 1`` and the model's output size never changes.
 
 ``symbols`` (optional) are words that must stay one piece each (the copy plant's identity tokens,
-:func:`asr_core.data.corpora.copy_plant.one_piece_words`): each becomes the user-defined symbol ``"▁" + word``, so a
+:func:`asr_core.data.synth.copy_plant.one_piece_words`): each becomes the user-defined symbol ``"▁" + word``, so a
 whole word equal to it encodes to exactly that piece (a word it begins is split after it: give words that begin no
 other word). Without symbols the model file is what it was before the option existed, byte for byte.
 """

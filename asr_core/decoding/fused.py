@@ -42,7 +42,7 @@ from asr_core.decoding.fusion import (LCS_MIN_RUN, WindowHyp, blockwise, chiu_me
 from asr_core.decoding.rover import TimedWord, rover
 
 if TYPE_CHECKING:
-    from asr_core.model import Model
+    from asr_core.model.acoustic import AcousticModel as Model
 
 OVERLAP = 0.5  # the stride of chiu and lcs, a fraction of the window: paper 001's 50% overlap
 CHIU_CONFIDENCE = {"chiu": "position", "chiu-seconds": "seconds"}  # chiu_merge's confidence per method

@@ -16,7 +16,7 @@ checkpoint's MLflow run (docs/ARCHITECTURE.md, "Evaluation contract"): metrics `
 :data:`~asr_core.contract.trial.EVAL_DIR`). Hypotheses go to ``DIR/<NAME>.hyp.jsonl`` (local only) for inspection.
 
 A dataset whose recordings have planted cue words (a synthetic corpus made with ``synth --cue``; found in its
-metadata next to the split folder, :func:`asr_core.data.corpora.cues.planted`) also gets the cue-word error rate: the
+metadata next to the split folder, :func:`asr_core.data.synth.cues.planted`) also gets the cue-word error rate: the
 planted words substituted or deleted, per recording in the columns ``cue_words`` and ``cue_errors`` (empty for
 datasets without a plant), and as metrics ``cue/<NAME>`` and ``cue/<NAME>/snr<DB:g>`` in percent (beam decoders:
 ``cue_<decoder>/...``). Datasets without planted words log no ``cue/`` metric.

@@ -10,7 +10,7 @@ Sources (``read_documents(spec)``):
 - any corpus spec ``[NAME=]FORMAT:PATH`` (:func:`asr_core.data.corpora.load_corpus`, transcripts only): one document per
   recording, its words in order.
 
-The generator (:func:`generate_documents`) speaks the synthetic corpus's language (:mod:`asr_core.data.corpora.synth_text`:
+The generator (:func:`generate_documents`) speaks the synthetic corpus's language (:mod:`asr_core.data.synth.text`:
 the grammar, one topic per document with key terms that recur) from its own random streams (``lmtext/<seed>/<i>``),
 so its documents are not the corpus's recordings; :func:`ngram_overlap` measures how much of a test set's text the
 LM has seen verbatim anyway (a small grammar repeats short phrases).
@@ -93,7 +93,7 @@ def write_documents(path: Path, docs: Sequence[Document]) -> None:
 def generate_documents(n: int, seed: int, *, min_words: int = 300, max_words: int = 1500) -> list[Document]:
     """``n`` documents in the synthetic corpus's language, each one topic (dealt from shuffled decks, as the corpus
     deals them) with its recurring key terms; a pure function of (``n``, ``seed``, word range)."""
-    from asr_core.data.corpora.synth_text import TOPICS, SentenceMaker
+    from asr_core.data.synth.text import TOPICS, SentenceMaker
 
     if n < 1 or not 1 <= min_words <= max_words:
         raise ValueError(f"need n >= 1 and 1 <= min_words <= max_words, got {n}, {min_words}, {max_words}")

@@ -19,7 +19,7 @@ them per recording, evenly spaced) and each distance ``d``:
 A model with a context of ``C`` seconds can only be moved by audio less than ``C`` seconds away: beyond that the
 change is exactly zero, and whether it is non-zero inside ``C`` says whether the trained model uses that much of it.
 
-On a corpus with a planted cue (``synth --cue``, :mod:`asr_core.data.corpora.cues`) it also silences, for each planted
+On a corpus with a planted cue (``synth --cue``, :mod:`asr_core.data.synth.cues`) it also silences, for each planted
 word, its disambiguating word (the nearest word before it that gives the topic away) and, as a control, an equally
 long stretch as far after the cue word: if the decoded cue word changes when its disambiguating word is silenced,
 the context that decides it reaches the model; whether the model then spells it by the topic is what the cue-word
@@ -130,7 +130,7 @@ def cue_profile(dec: Decoding, features: torch.Tensor, duration_s: float, rec: R
     it: ``word``, ``before_s`` (its gap to that word), ``tv_decider``/``changed_decider`` (that word silenced) and
     ``tv_control``/``changed_control`` (as long a stretch as far after the cue word silenced; NaN/None where that
     runs past the recording's end)."""
-    from asr_core.data.corpora.cues import cue_sites
+    from asr_core.data.synth.cues import cue_sites
 
     rows = []
     for i, site in zip(marks, cue_sites(rec.words, marks, topic)):
@@ -209,7 +209,7 @@ def measure(checkpoint: str | Path, datasets: Sequence[str], *, distances_s: Seq
     ``reach.csv``, ``cue_reach.csv`` (a cued dataset) and ``reach.png`` to ``out_dir`` (default ``reach/`` beside
     the checkpoint)."""
     from asr_core.data.audio import load_audio
-    from asr_core.data.corpora.cues import meta_file, planted, read_meta
+    from asr_core.data.synth.cues import meta_file, planted, read_meta
     from asr_core.data.features import FeatureExtractor
 
     checkpoint = Path(checkpoint)

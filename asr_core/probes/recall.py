@@ -9,7 +9,7 @@ Each slot is decoded from the one window of the model's context that ends 1 s af
 seconds instead (a model trained on long windows, asked with short ones: does it copy when the window holds one key
 only?), on the recording's audio as it is
 (``as-is``) or re-rendered with every clear mention of the code word said otherwise, all else equal
-(:mod:`asr_core.data.corpora.rerender`): ``swap`` says another code word there, ``silence`` nothing. A model that
+(:mod:`asr_core.data.synth.rerender`): ``swap`` says another code word there, ``silence`` nothing. A model that
 recalls far slots from the key follows the swap (its output at the slot becomes the swap word) and falls to the guess
 rate without the key; a model that guesses from the slot's own audio or the corpus's frequencies does neither. Only
 recordings that say their key are edited.
@@ -20,8 +20,8 @@ and group, the accuracy and the share that follows the swap, :data:`SUMMARY_COLU
 the columns of :data:`~asr_core.contract.metrics.SLOT_COLUMNS` (condition ``clean``, scoring ``window``, with the forced
 choice among the slot's candidates), then ``key`` (the edit), ``swap_word``, ``followed`` (1 where the output at the
 slot is the swap word) and ``followed_choice`` (1 where the forced choice is the swap word). The swap word of a slot is
-the one the re-rendering says (:func:`~asr_core.data.corpora.rerender.swap_for`), or in a copy corpus (slots with
-``recall_choices``) the slot's token's partner (:func:`asr_core.data.corpora.copy_plant.partner`). Prints each dataset's
+the one the re-rendering says (:func:`~asr_core.data.synth.rerender.swap_for`), or in a copy corpus (slots with
+``recall_choices``) the slot's token's partner (:func:`asr_core.data.synth.copy_plant.partner`). Prints each dataset's
 exact-match, forced-choice, posterior-choice and onset-match accuracy per group and edit, with chance (1/candidates),
 and for the swap how often the output and the forced choice follow it. Nothing is logged to MLflow.
 """
@@ -38,7 +38,7 @@ import torch
 from asr_core.contract.metrics import SLOT_COLUMNS, WINDOW
 from asr_core.contract.specs import parse_dataset_spec, split_spec
 from asr_core.data.corpora import load_corpus
-from asr_core.data.corpora.rerender import Rerenderer
+from asr_core.data.synth.rerender import Rerenderer
 from asr_core.decoding.decode import prepare_features, window_frames
 from asr_core.evaluation.scorers.slots import Slot, group_accuracy, group_of, recall_slots, write_slot_table
 from asr_core.evaluation.scorers.slot_window import WindowModel, score_recording
@@ -52,7 +52,7 @@ def swap_for_slot(slot: Slot, edit_word: str) -> str:
     edit's word (the recording's code word's swap)."""
     if not slot.copy:
         return edit_word
-    from asr_core.data.corpora.copy_plant import partner
+    from asr_core.data.synth.copy_plant import partner
 
     return str(partner(slot.word))
 

@@ -34,7 +34,7 @@ from asr_core.contract.specs import CorpusError, parse_dataset_spec
 from asr_core.contract.trial import CONFIG_FILE
 from asr_core.data.corpora import load_corpus
 from asr_core.data.corpora.base import Recording
-from asr_core.data.corpora.cues import meta_file, read_meta
+from asr_core.data.synth.cues import meta_file, read_meta
 from asr_core.evaluation.scorers.slots import aligned_words
 from asr_core.scoring.score import normalise, normalise_marked
 

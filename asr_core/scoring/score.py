@@ -5,7 +5,7 @@ Per-recording substitution, deletion, insertion and reference-word counts are ke
 significance tests (recording as the unit, paired over models) and the per-recording CSV need them.
 
 Errors on *marked* reference words only (:func:`marked_counts`, e.g. the planted cue words of the synthetic corpus,
-:mod:`asr_core.data.corpora.cues`): a marked word is an error when the same alignment substitutes or deletes it;
+:mod:`asr_core.data.synth.cues`): a marked word is an error when the same alignment substitutes or deletes it;
 insertions are nobody's. :func:`normalise_marked` normalises a reference word by word so the marks follow.
 """
 

@@ -211,7 +211,7 @@ def _tokenizer(cfg: Config, recs: Sequence[Recording], out_dir: Path, state: dic
         tok = Tokenizer.load(path, cfg.model.vocab_size)
         (out_dir / TOKENIZER_FILE).write_bytes(tok.to_bytes())
         return tok
-    from asr_core.data.corpora.copy_plant import one_piece_words
+    from asr_core.data.synth.copy_plant import one_piece_words
 
     # a synthetic corpus with the copy plant: its identity tokens one piece each (none for any other corpus)
     symbols = one_piece_words(Path(str(recs[0].audio)).parent) if len(recs) else ()

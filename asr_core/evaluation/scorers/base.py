@@ -31,7 +31,7 @@ from typing import Any
 
 from asr_core.contract.metrics import CUE_COLUMNS, condition_name, cue_metric_key, metric_key
 from asr_core.data.corpora import Recording
-from asr_core.data.corpora.cues import planted
+from asr_core.data.synth.cues import planted
 from asr_core.scoring.score import Counts, corpus_wer, marked_counts, normalise_marked, score
 
 WER_COLUMNS = ("ref_words", "substitutions", "deletions", "insertions", "hyp_words", "wer")
@@ -145,7 +145,7 @@ class _BoundCue(Bound):
 
 
 class CueScorer(WordScorer):
-    """The planted cue words (``synth --cue``; :func:`asr_core.data.corpora.cues.planted`) substituted or deleted:
+    """The planted cue words (``synth --cue``; :func:`asr_core.data.synth.cues.planted`) substituted or deleted:
     columns :data:`~asr_core.contract.metrics.CUE_COLUMNS` in every table (empty where a dataset has no plant),
     metrics ``cue[_<decoder>]/<NAME>[/snr<DB>]`` where it has one."""
 

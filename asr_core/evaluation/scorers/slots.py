@@ -1,4 +1,4 @@
-"""Scoring the recall plant's slots (``synth --recall``, :mod:`asr_core.data.corpora.recall`): per slot, whether the
+"""Scoring the recall plant's slots (``synth --recall``, :mod:`asr_core.data.synth.recall`): per slot, whether the
 decoded output has the code word where the transcript has it.
 
 A slot's code word is a *marked* word, as the planted cue words are (:func:`asr_core.scoring.score.marked_counts`):
@@ -38,8 +38,8 @@ from asr_core.contract.metrics import (AVERAGE, CLEAN, GREEDY, RECALL_GROUPS, SL
                                      snr_of)
 from asr_core.contract.specs import CorpusError
 from asr_core.data.corpora.base import Recording
-from asr_core.data.corpora.cues import meta_file, read_meta
-from asr_core.data.corpora.recall import BANDS, CODE_WORDS, KINDS, onset
+from asr_core.data.synth.cues import meta_file, read_meta
+from asr_core.data.synth.recall import BANDS, CODE_WORDS, KINDS, onset
 from asr_core.scoring.score import normalise, normalise_marked
 
 
@@ -78,7 +78,7 @@ class ForcedChoice:
 
 
 def onset_match(hyp: str, word: str) -> int:
-    """1 when the hypothesis word ``hyp`` starts with ``word``'s written onset (:func:`~asr_core.data.corpora.recall.
+    """1 when the hypothesis word ``hyp`` starts with ``word``'s written onset (:func:`~asr_core.data.synth.recall.
     onset`; its first letter where it starts with a vowel), else 0 (also for "": no word aligned)."""
     head = onset(word) or word[:1]
     return int(bool(hyp) and hyp.startswith(head))

@@ -13,9 +13,9 @@ Output layout (every split loads with the podcast reader, e.g. ``load_corpus("po
                                 the training voices themselves, at rates and pitches just outside the training
                                 ranges, in the shifted rooms
     OUT/meta/<id>.json          per-recording metadata (gathered into recordings.jsonl); with ``--cue``, the
-                                planted words (``cues``: index, word, distances; see :mod:`asr_core.data.corpora.cues`);
+                                planted words (``cues``: index, word, distances; see :mod:`asr_core.data.synth.cues`);
                                 with ``--recall``, the code word and its slots (``recall_slots``; see
-                                :mod:`asr_core.data.corpora.recall`)
+                                :mod:`asr_core.data.synth.recall`)
 
 Recordings last ``--min-minutes`` to ``--max-minutes`` (default 1-5); ``--eval-max-minutes`` shortens those of
 dev, test and test-shifted, so that a small evaluation set still has enough recordings for a paired test, and
@@ -24,11 +24,11 @@ a "podcast" (one voice) or, with probability ``--meeting-fraction``, a "meeting"
 Structure that rewards long context, as real long-form audio does: one espeak-ng voice, rate and pitch per speaker
 and one acoustic condition (channel colouring, reverberation, background noise level) per recording, held for the
 whole recording; one topic per recording whose key terms recur minutes apart (see
-:mod:`asr_core.data.corpora.synth_text`). Topics are dealt from shuffled decks, so a split of 12 recordings covers all
+:mod:`asr_core.data.synth.text`). Topics are dealt from shuffled decks, so a split of 12 recordings covers all
 12, and each recording drops in an occasional word of another topic, so that a small training split has heard
 every word.
 
-``--cue RATE[,NEAR-FAR][,gK]`` plants a long-range cue in every split (:mod:`asr_core.data.corpora.cues`): words that
+``--cue RATE[,NEAR-FAR][,gK]`` plants a long-range cue in every split (:mod:`asr_core.data.synth.cues`): words that
 sound the same but are spelt by the recording's topic, RATE a minute, each with the nearest word that gives the topic
 away NEAR to FAR seconds before it (default 20-60) and none within NEAR seconds after it; ``gK`` plants only the
 first K cue groups and deals every recording a topic that owns one of their spellings (a concentrated plant: many
@@ -36,21 +36,21 @@ examples of few spellings). ``--cue 0`` (the default) makes the corpus as it was
 byte; a spec without ``gK`` makes the corpus it made before ``gK`` existed. ``--cue-report`` prints, per split, how often a window of
 5, 10, 20, 40 and 80 s holds a disambiguating word with the cue word.
 
-``--recall RATE`` plants a masked-recall control (:mod:`asr_core.data.corpora.recall`): each recording's code word,
+``--recall RATE`` plants a masked-recall control (:mod:`asr_core.data.synth.recall`): each recording's code word,
 one of 8 words the generator never says otherwise, is said clearly ("the code word is X") and asked for again RATE
 times a minute ("remember the code word X") with X's audio replaced by a fixed 0.8 s pink-noise masker at the
 sentence's level; the transcript keeps X. Half the slots lie 1-4 s after the latest clear mention, half 20-60 s; about
 10% are unmasked and about 5% of the recordings never say the key. ``--recall 0`` (the default) makes the corpus as it
 was before the plant existed, byte for byte.
 
-``--copy near`` or ``--copy near,far`` plants the copy control (:mod:`asr_core.data.corpora.copy_plant`) instead: a
+``--copy near`` or ``--copy near,far`` plants the copy control (:mod:`asr_core.data.synth.copy_plant`) instead: a
 one-piece identity token (one of 16 letters said by name, drawn afresh for every episode), said clearly ("letter X")
 and asked for again with its audio masked, 1-3 s later inside one 5.12 s cell of the recording (near), or 20-60 s
 later inside one 81.92 s block (far, in every other block), so that every training window of a context 5.12 * 2^k s
 holds an episode whole or not at all. Not with ``--recall`` or ``--cue``; without it the corpus is as before.
 
 Word times are exact by construction: every word is synthesised on its own
-(:mod:`asr_core.data.corpora.synth_audio`), its leading and trailing silence trimmed, and placed at a known sample
+(:mod:`asr_core.data.synth.audio`), its leading and trailing silence trimmed, and placed at a known sample
 offset with short pauses between words; the reported start and end are the first and last sample of the trimmed
 word. Everything is a pure function of ``--seed``: each recording has its own seed derived from (seed, split,
 index), so the number of parallel ``--jobs`` does not change the output.
@@ -71,16 +71,16 @@ import numpy as np
 
 from asr_core.data.corpora import podcast
 from asr_core.data.corpora.base import Word
-from asr_core.data.corpora.cues import CueConfig, CuePlanter, cue_sites, cue_topics, sound_of
-from asr_core.data.corpora.synth_pool import Interrupted, render_all
-from asr_core.data.corpora.synth_text import TOPICS, SentenceMaker
+from asr_core.data.synth.cues import CueConfig, CuePlanter, cue_sites, cue_topics, sound_of
+from asr_core.data.synth.pool import Interrupted, render_all
+from asr_core.data.synth.text import TOPICS, SentenceMaker
 
 # the audio side (torch, torchaudio, scipy, soundfile) is imported where a recording is drawn or rendered: a
 # refusal of the command line needs none of it
 if TYPE_CHECKING:
-    from asr_core.data.corpora.copy_plant import CopyConfig
-    from asr_core.data.corpora.recall import KeyEdit, RecallConfig
-    from asr_core.data.corpora.synth_audio import Room, Speaker
+    from asr_core.data.synth.copy_plant import CopyConfig
+    from asr_core.data.synth.recall import KeyEdit, RecallConfig
+    from asr_core.data.synth.audio import Room, Speaker
 
 FORMAT_VERSION = 1
 SPLITS = ("train", "dev", "test", "test-shifted")
@@ -153,15 +153,15 @@ def domain_voices(dom: Domain, voices: int = 0) -> tuple[str, ...]:
 
 
 def espeak(text: str, speaker: Speaker) -> np.ndarray:
-    """:func:`asr_core.data.corpora.synth_audio.espeak` (the one name :func:`render` speaks through, so a test can
+    """:func:`asr_core.data.synth.audio.espeak` (the one name :func:`render` speaks through, so a test can
     replace the synthesiser here)."""
-    from asr_core.data.corpora.synth_audio import espeak as speak
+    from asr_core.data.synth.audio import espeak as speak
 
     return speak(text, speaker)
 
 
 def draw_speaker(rng: random.Random, dom: Domain, voices: int = 0) -> Speaker:
-    from asr_core.data.corpora.synth_audio import Speaker
+    from asr_core.data.synth.audio import Speaker
 
     rate = rng.randint(*rng.choice(dom.rates))
     pitch = rng.randint(*rng.choice(dom.pitches))
@@ -171,7 +171,7 @@ def draw_speaker(rng: random.Random, dom: Domain, voices: int = 0) -> Speaker:
 
 
 def draw_room(rng: random.Random, dom: Domain) -> Room:
-    from asr_core.data.corpora.synth_audio import Room
+    from asr_core.data.synth.audio import Room
 
     return Room(highpass_hz=round(_u(rng, dom.highpass_hz), 1), lowpass_hz=round(_u(rng, dom.lowpass_hz), 1),
                 peak_hz=round(rng.uniform(400, 3000), 1), peak_db=round(_u(rng, dom.peak_db), 2),
@@ -189,7 +189,7 @@ def make_plans(split: str, hours: float, seed: int, *, min_minutes: float = 1.0,
                cue: CueConfig | None = None) -> list[Plan]:
     """The recordings of one split: durations drawn until ``hours`` are used up (at least one recording).
     ``cue`` (when active) is carried by every plan; it draws nothing from the plans' random stream. With
-    ``cue.groups`` set, topics are dealt only from :func:`~asr_core.data.corpora.cues.cue_topics` (the same draws from
+    ``cue.groups`` set, topics are dealt only from :func:`~asr_core.data.synth.cues.cue_topics` (the same draws from
     a shorter deck), so every recording carries cue words.
 
     ``voices`` > 0 limits the in-domain splits (train, dev, test) to that many espeak-ng voices (see
@@ -241,19 +241,19 @@ def render(plan: Plan, *, dry: bool = False, recall: RecallConfig | None = None,
     """Synthesise one recording. Returns (waveform (N,) float32 16 kHz, words with times, speaker index per
     word, metadata). ``dry`` skips the room (channel, reverberation, noise), for tests of the word times.
 
-    With ``plan.cue`` a :class:`~asr_core.data.corpora.cues.CuePlanter` chooses the sentences around the cue words and
+    With ``plan.cue`` a :class:`~asr_core.data.synth.cues.CuePlanter` chooses the sentences around the cue words and
     the metadata lists them (``cues``); without one, nothing else is drawn and the recording is as it always was.
-    With an active ``recall`` a :class:`~asr_core.data.corpora.recall.RecallPlanter` puts in its key sentences and
+    With an active ``recall`` a :class:`~asr_core.data.synth.recall.RecallPlanter` puts in its key sentences and
     slots (they take precedence over the cue's sentences) and the metadata lists them (``recall_slots``).
     ``key_edit`` (the causal check) says every clear mention of the code word otherwise, in the same span: every
     other sample, word time and metadata entry is the unedited rendering's (:class:`KeyEdit`).
-    With an active ``copy`` (not with ``recall`` or a cue) a :class:`~asr_core.data.corpora.copy_plant.CopyPlanter`
+    With an active ``copy`` (not with ``recall`` or a cue) a :class:`~asr_core.data.synth.copy_plant.CopyPlanter`
     puts its episodes into their cells, stops ordinary sentences short of them and waits for them; ``key_edit`` (a
-    :class:`~asr_core.data.corpora.copy_plant.CopyEdit`) then says every key token otherwise."""
+    :class:`~asr_core.data.synth.copy_plant.CopyEdit`) then says every key token otherwise."""
     from asr_core.data.audio import SAMPLE_RATE
-    from asr_core.data.corpora.copy_plant import CopyPlanter
-    from asr_core.data.corpora.recall import RecallPlanter, masker, sentence_rms
-    from asr_core.data.corpora.synth_audio import Speaker, apply_room
+    from asr_core.data.synth.copy_plant import CopyPlanter
+    from asr_core.data.synth.recall import RecallPlanter, masker, sentence_rms
+    from asr_core.data.synth.audio import Speaker, apply_room
 
     rng = random.Random(plan.seed)
     maker = SentenceMaker(rng, plan.topic)

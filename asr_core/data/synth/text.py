@@ -6,7 +6,7 @@ Long context should pay off the way it does in real long-form audio, so each rec
 topic is one of many), so a short-context model meets them seldom. The overall vocabulary stays small so that a
 tiny model learns it in minutes on a CPU.
 
-The planted long-range cue (``synth --cue``, :mod:`asr_core.data.corpora.cues`) adds :data:`CUE_GROUPS`: words that
+The planted long-range cue (``synth --cue``, :mod:`asr_core.data.synth.cues`) adds :data:`CUE_GROUPS`: words that
 espeak-ng speaks identically (the same phonemes in every voice the corpus uses) but spells by topic, so only the
 recording's topic, heard elsewhere in the recording, tells which spelling is right. They are said in
 :data:`CARRIERS`, sentences that give no hint of the topic.

@@ -1,5 +1,5 @@
-"""The command line of the synthetic corpus, ``python -m asr_core synth`` (:mod:`asr_core.data.corpora.synth`
-makes the corpus; :mod:`asr_core.data.corpora.synth_args` defines the options): validates the options, refuses what
+"""The command line of the synthetic corpus, ``python -m asr_core synth`` (:mod:`asr_core.data.synth.generate`
+makes the corpus; :mod:`asr_core.data.synth.args` defines the options): validates the options, refuses what
 does not go together (one line naming the option, exit 2), makes the corpus and prints a summary per split."""
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ import sys
 from pathlib import Path
 
 from asr_core.contract.options import take_positional
-from asr_core.data.corpora import synth
-from asr_core.data.corpora.cues import WINDOWS_S, CueConfig, containment, corpus_sites, format_containment
-from asr_core.data.corpora.synth import DOMAINS, SHIFTS, SPLITS, domain_voices, synthesise
-from asr_core.data.corpora.synth_args import parser
-from asr_core.data.corpora.synth_pool import Interrupted
+from asr_core.data.synth import generate as synth
+from asr_core.data.synth.cues import WINDOWS_S, CueConfig, containment, corpus_sites, format_containment
+from asr_core.data.synth.generate import DOMAINS, SHIFTS, SPLITS, domain_voices, synthesise
+from asr_core.data.synth.args import parser
+from asr_core.data.synth.pool import Interrupted
 from asr_core.runtime.crash import EXIT_INTERRUPTED
 
 
@@ -44,13 +44,13 @@ def cli(argv: list[str]) -> int:
         cue = CueConfig.parse(a.cue)
     except ValueError as e:
         ap.error(f"--cue: {e}")
-    from asr_core.data.corpora.recall import RecallConfig
+    from asr_core.data.synth.recall import RecallConfig
 
     try:
         recall = RecallConfig.parse(a.recall)
     except ValueError as e:
         ap.error(f"--recall: {e}")
-    from asr_core.data.corpora.copy_plant import CopyConfig
+    from asr_core.data.synth.copy_plant import CopyConfig
 
     copy = None
     if a.copy is not None:
@@ -86,7 +86,7 @@ def cli(argv: list[str]) -> int:
 
 def cue_report(out: Path, splits: tuple[str, ...] = SPLITS, windows_s: tuple[float, ...] = WINDOWS_S) -> str:
     """For each split of the corpus in ``out``: how often a window of each length holds a disambiguating word with
-    the cue word (:func:`asr_core.data.corpora.cues.containment`); ``before``: the window ends at the cue word,
+    the cue word (:func:`asr_core.data.synth.cues.containment`); ``before``: the window ends at the cue word,
     ``placed``: the mean over the window's placements around the cue word, as moving-window decoding averages them."""
     parts = ["planted cue: share of cue words whose disambiguating word a window holds (before: a window ending at "
              "the cue word; placed: the mean over the window's placements around it)"]

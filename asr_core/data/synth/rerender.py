@@ -3,16 +3,16 @@ otherwise, all else equal (``python -m asr_core recall --key swap,silence``).
 
 A recording of a corpus made by ``python -m asr_core synth --recall`` is reproduced from the corpus's stamp
 (``synth.json``: :func:`stamped_plans`) with a
-:class:`~asr_core.data.corpora.recall.KeyEdit`: ``swap`` says another code word (:func:`swap_for`: the one whose
+:class:`~asr_core.data.synth.recall.KeyEdit`: ``swap`` says another code word (:func:`swap_for`: the one whose
 rendering by the recording's first voice is closest in length) in the span of every clear mention, ``silence`` says
 nothing there. Every other sample, every word time and every slot are the corpus's; the re-rendering is checked
 against the recording's transcript (:func:`edited_audio` refuses one that differs: a corpus made by another
 espeak-ng build, or edited since).
 
-A corpus made with ``synth --copy`` (:mod:`asr_core.data.corpora.copy_plant`) is re-rendered the same way with a
-:class:`~asr_core.data.corpora.copy_plant.CopyEdit`: ``swap`` says every key token as its partner
-(:func:`~asr_core.data.corpora.copy_plant.partner`; a slot's swap word is
-:func:`~asr_core.data.corpora.copy_plant.swap_of_slot`), ``silence`` nothing in each key token's span; unmasked slots
+A corpus made with ``synth --copy`` (:mod:`asr_core.data.synth.copy_plant`) is re-rendered the same way with a
+:class:`~asr_core.data.synth.copy_plant.CopyEdit`: ``swap`` says every key token as its partner
+(:func:`~asr_core.data.synth.copy_plant.partner`; a slot's swap word is
+:func:`~asr_core.data.synth.copy_plant.swap_of_slot`), ``silence`` nothing in each key token's span; unmasked slots
 are left as they are.
 """
 
@@ -25,11 +25,11 @@ import numpy as np
 
 from asr_core.contract.specs import CorpusError
 from asr_core.data.corpora.base import Recording
-from asr_core.data.corpora.copy_plant import CopyConfig, CopyEdit
-from asr_core.data.corpora.cues import CueConfig, meta_file, read_meta
-from asr_core.data.corpora.recall import CODE_WORDS, KeyEdit, RecallConfig, swap_word
-from asr_core.data.corpora.synth import Plan, make_plans, render
-from asr_core.data.corpora.synth_audio import Speaker, espeak
+from asr_core.data.synth.copy_plant import CopyConfig, CopyEdit
+from asr_core.data.synth.cues import CueConfig, meta_file, read_meta
+from asr_core.data.synth.recall import CODE_WORDS, KeyEdit, RecallConfig, swap_word
+from asr_core.data.synth.generate import Plan, make_plans, render
+from asr_core.data.synth.audio import Speaker, espeak
 
 TIME_TOLERANCE_S = 1e-3  # word times are rounded to milliseconds
 
@@ -70,7 +70,7 @@ def stamped_copy(out: Path) -> CopyConfig | None:
 
 
 def swap_for(plan: Plan, word: str) -> str:
-    """The swap word of ``plan``'s code word ``word``: :func:`~asr_core.data.corpora.recall.swap_word` over the code
+    """The swap word of ``plan``'s code word ``word``: :func:`~asr_core.data.synth.recall.swap_word` over the code
     words as the plan's first speaker says them."""
     spk = plan.speakers[0]
     lengths = {w: len(espeak(w, Speaker(spk.voice, spk.rate, spk.pitch))) for w in CODE_WORDS}

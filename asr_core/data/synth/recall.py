@@ -24,7 +24,7 @@ say the key sentence: their slots, all masked, give the guess rate (1/K). They a
 its split (every 20th, the first included), so that even a test split of a dozen recordings holds the control. A recording shorter than
 :data:`FAR_MIN_RECORDING_S` gets near slots only.
 
-Recorded in ``OUT/meta/<id>.json`` (and ``OUT/recordings.jsonl``), as :mod:`asr_core.data.corpora.cues` records its
+Recorded in ``OUT/meta/<id>.json`` (and ``OUT/recordings.jsonl``), as :mod:`asr_core.data.synth.cues` records its
 planted words: ``recall`` (the spec), ``recall_word``, ``recall_key`` (whether the key is said), ``recall_near_only``,
 ``recall_clear`` (indices of the clear mentions among the transcript's words) and ``recall_slots``, one entry per slot
 (:func:`slot_records`): ``slot`` (an id), ``index`` (of the code word in the transcript), ``word``, ``start`` /
@@ -48,8 +48,8 @@ from scipy import signal
 from asr_core.contract.metrics import RECALL_KEY_EDITS
 from asr_core.data.audio import SAMPLE_RATE
 from asr_core.data.corpora.base import Word
-from asr_core.data.corpora.synth_audio import coloured_noise
-from asr_core.data.corpora.synth_text import vocabulary
+from asr_core.data.synth.audio import coloured_noise
+from asr_core.data.synth.text import vocabulary
 
 CODE_WORDS = ("banjo", "falcon", "gecko", "jigsaw", "lantern", "pelican", "walrus", "zebra")
 KEY_WORDS = ("the", "code", "word", "is")  # the key sentence: these, then the code word
@@ -83,7 +83,7 @@ def onset(word: str) -> str:
 
 def check_code_words(words: Sequence[str] = CODE_WORDS, lexicon: Sequence[str] | None = None) -> None:
     """Raise ValueError naming the first code word that is a word of the generator's lexicon (``lexicon``, default
-    :func:`~asr_core.data.corpora.synth_text.vocabulary`) or of the plant's own sentences, that repeats another's
+    :func:`~asr_core.data.synth.text.vocabulary`) or of the plant's own sentences, that repeats another's
     onset, or that is not a plain lower-case word."""
     lex = set(vocabulary() if lexicon is None else lexicon) | set(KEY_WORDS) | set(SLOT_WORDS)
     seen: dict[str, str] = {}

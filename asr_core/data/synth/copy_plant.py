@@ -7,7 +7,7 @@ Each *episode* draws an *identity token* afresh (uniformly from :data:`IDENTITY_
 otherwise, none the prefix of another (:func:`check_tokens`), so that a tokenizer given them as user symbols
 (:func:`one_piece_words`) encodes each to exactly one piece. The *key* "letter X" says it clearly; a *slot*
 "letter X" asks for it with X's audio replaced by the recall plant's masker
-(:func:`~asr_core.data.corpora.recall.masker`, pink noise at the level of the carrier word before it); the transcript
+(:func:`~asr_core.data.synth.recall.masker`, pink noise at the level of the carrier word before it); the transcript
 keeps X, and X's word times are the masker's span. Each token is spoken as written.
 
 Cells. The recording's time axis is cut into cells of :data:`CELL_S` = 5.12 s, ``[k 5.12, (k+1) 5.12)`` from the
@@ -40,13 +40,13 @@ episode, being a clear mention itself); in the evaluation splits (every split bu
 (silence in its span), the slots remain, kind ``no-key``: the guess rate, 1/16. The training split has no such
 recordings: every slot it trains on is answerable.
 
-Metadata, in the recall plant's format (:func:`~asr_core.data.corpora.recall.slot_records`, read by
+Metadata, in the recall plant's format (:func:`~asr_core.data.synth.recall.slot_records`, read by
 :func:`asr_core.evaluation.scorers.slots.recall_slots`): ``recall`` (``"copy:near"`` or ``"copy:near,far"``), ``recall_word``
 (null: the token changes by episode), ``recall_key``, ``recall_near_only``, ``recall_clear`` (indices of the clear
 mentions: keys and unmasked slots), ``recall_choices`` (the 16 tokens, the candidates of a forced choice) and
 ``recall_slots``, each with the recall plant's fields plus ``key_index`` (the transcript index of its key's token;
 null without a key). ``distance_s`` is measured from the end of the key's token, the latest clear mention before the
-slot. The causal check (:mod:`asr_core.data.corpora.rerender`) says every key token as its :func:`partner` (swap) or
+slot. The causal check (:mod:`asr_core.data.synth.rerender`) says every key token as its :func:`partner` (swap) or
 not at all (silence): :class:`CopyEdit`; a model that copies follows the swap, :func:`swap_of_slot`.
 """
 
@@ -60,8 +60,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from asr_core.data.corpora.base import Word
-from asr_core.data.corpora.recall import CODE_WORDS, EDITS, KEY_WORDS, MASKER_S, SLOT_WORDS, KeyEdit, slot_records
-from asr_core.data.corpora.synth_text import vocabulary
+from asr_core.data.synth.recall import CODE_WORDS, EDITS, KEY_WORDS, MASKER_S, SLOT_WORDS, KeyEdit, slot_records
+from asr_core.data.synth.text import vocabulary
 
 SAMPLE_RATE = 16000  # asr_core.data.audio's (not imported: that pulls in the audio side)
 IDENTITY_TOKENS = ("aitch", "ar", "cue", "dee", "ef", "ell", "em", "ess", "gee", "jay", "kay", "tee", "vee", "wye",
@@ -99,7 +99,7 @@ MIN_FILL_S = 0.3  # less room than this before an episode: wait for it rather th
 
 def check_tokens(tokens: Sequence[str] = IDENTITY_TOKENS, lexicon: Sequence[str] | None = None) -> None:
     """Raise ValueError naming the first token that is not a plain lower-case word, that is a word of the lexicon
-    (``lexicon``, default :func:`~asr_core.data.corpora.synth_text.vocabulary` with the recall plant's words and the
+    (``lexicon``, default :func:`~asr_core.data.synth.text.vocabulary` with the recall plant's words and the
     carrier) or the prefix of one, or that is the prefix of another token (repeats included)."""
     lex = set(vocabulary() if lexicon is None else lexicon) | set(CODE_WORDS) | set(KEY_WORDS) | set(SLOT_WORDS) \
         | {CARRIER}
@@ -195,7 +195,7 @@ class CopyConfig:
 
 @dataclass(frozen=True)
 class CopyEdit(KeyEdit):
-    """:class:`~asr_core.data.corpora.recall.KeyEdit` for the copy plant: every key token said as its
+    """:class:`~asr_core.data.synth.recall.KeyEdit` for the copy plant: every key token said as its
     :func:`partner` (``swap``) or not at all (``silence``), in the span the unedited token had. It names no word:
     the swap depends on the token (:meth:`instead`)."""
 
@@ -239,7 +239,7 @@ def _s(seconds: float) -> int:
 class CopyPlanter:
     """What the renderer says next, and when, so that every episode lies in its cell (see the module docstring).
 
-    The interface of :class:`~asr_core.data.corpora.recall.RecallPlanter` (:meth:`sentence`, :meth:`holds_turn`,
+    The interface of :class:`~asr_core.data.synth.recall.RecallPlanter` (:meth:`sentence`, :meth:`holds_turn`,
     :meth:`masks`, :meth:`heard`, :meth:`meta`), and three hooks on the renderer's cursor, in samples: :meth:`wait`
     before each sentence (the cursor moved to the episode's start when one is due: silence until then),
     :meth:`place` before each word (a slot's token at its planned start) and :meth:`fits` before each word of an

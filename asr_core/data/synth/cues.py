@@ -1,10 +1,10 @@
 """The planted long-range cue of the synthetic corpus (``synth --cue``), and what reads it back.
 
-A *cue word* is a word of :data:`~asr_core.data.corpora.synth_text.CUE_GROUPS`: a group's spellings sound the same
+A *cue word* is a word of :data:`~asr_core.data.synth.text.CUE_GROUPS`: a group's spellings sound the same
 (espeak-ng gives them the same phonemes, and the renderer speaks every spelling of a group from its first one, so the
 audio is identical) but each belongs to a topic, and the recording's topic decides which one is written. The topic
 is given away only by *disambiguating words*: words of the recording's own topic
-(:data:`~asr_core.data.corpora.synth_text.TOPICS`) that no other topic has. The planter (:class:`CuePlanter`, asked by
+(:data:`~asr_core.data.synth.text.TOPICS`) that no other topic has. The planter (:class:`CuePlanter`, asked by
 the renderer before every sentence) keeps them at a controlled distance from every cue word:
 
 - a stretch of ordinary speech (topic words as usual) ends with a disambiguating word, at time t0;
@@ -18,7 +18,7 @@ that ends at the cue word and is longer than ``far`` by the two words' length (a
 given) asks for RATE cue words a minute on average; recordings shorter than a zone get none.
 
 ``--cue RATE[,NEAR-FAR],gK`` concentrates the plant (:attr:`CueConfig.groups`): only the first K groups of
-:data:`~asr_core.data.corpora.synth_text.CUE_GROUPS` are planted, and every recording's topic is dealt from the topics that
+:data:`~asr_core.data.synth.text.CUE_GROUPS` are planted, and every recording's topic is dealt from the topics that
 own a spelling in them (:func:`cue_topics`), so every recording carries cue words and each spelling is said many
 more times than when the cue is spread over every group. Without ``gK`` (K = 0) every group is planted and topics are
 dealt from all of them, as before the option existed.
@@ -42,7 +42,7 @@ from pathlib import Path
 
 from asr_core.contract.specs import CorpusError
 from asr_core.data.corpora.base import Recording, Word
-from asr_core.data.corpora.synth_text import CUE_GROUPS, TOPICS, SentenceMaker
+from asr_core.data.synth.text import CUE_GROUPS, TOPICS, SentenceMaker
 
 MAX_PER_MINUTE = 10.0
 NORMAL_S = (4.0, 10.0)  # ordinary speech between two zones at the least: long enough to say a topic word

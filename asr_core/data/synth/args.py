@@ -1,4 +1,4 @@
-"""The options of ``python -m asr_core synth`` (:mod:`asr_core.data.corpora.synth`, which validates them and
+"""The options of ``python -m asr_core synth`` (:mod:`asr_core.data.synth.generate`, which validates them and
 makes the corpus), defined without the audio side so that they parse in a fraction of a second."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from asr_core.contract.options import positional_alias
-from asr_core.data.corpora.synth_text import CUE_GROUPS
+from asr_core.data.synth.text import CUE_GROUPS
 
 
 def parser(description: str, splits: Sequence[str], shifts: Sequence[str]) -> argparse.ArgumentParser:
@@ -45,13 +45,13 @@ def parser(description: str, splits: Sequence[str], shifts: Sequence[str]) -> ar
                     help="plant a masked-recall control: a code word said clearly (\"the code word is X\"), then "
                          "asked for RATE times a minute (4-6 recommended) with its audio masked by pink noise, half "
                          "1-4 s and half 20-60 s after the latest clear mention, with unmasked and no-key controls "
-                         "(see asr_core.data.corpora.recall); 0 (default) = none, the corpus as without this option")
+                         "(see asr_core.data.synth.recall); 0 (default) = none, the corpus as without this option")
     ap.add_argument("--copy", default=None, metavar="BANDS",
                     help="plant the copy control instead (not with --recall or --cue): near = a one-piece identity "
                          "token said clearly, then masked 1-3 s later inside one 5.12 s cell, in every other cell; "
                          "near,far = also, in every other 81.92 s block, a key asked for 20-60 s later in the same "
                          "block, 2-3 slots each (near,far:LO-HI: LO to HI slots, at most 8; see "
-                         "asr_core.data.corpora.copy_plant); absent (default) = none")
+                         "asr_core.data.synth.copy_plant); absent (default) = none")
     ap.add_argument("--cue-report", action="store_true",
                     help="print, per split, how often a window of 5/10/20/40/80 s holds a disambiguating word with "
                          "each cue word")

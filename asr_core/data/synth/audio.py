@@ -1,4 +1,4 @@
-"""The voices and rooms of the synthetic corpus (:mod:`asr_core.data.corpora.synth`): a :class:`Speaker` is an
+"""The voices and rooms of the synthetic corpus (:mod:`asr_core.data.synth.generate`): a :class:`Speaker` is an
 espeak-ng voice, rate and pitch (:func:`espeak` speaks one word with it, its silence trimmed), a :class:`Room` an
 acoustic condition held for a whole recording (:func:`apply_room`: reverberation, channel colouring and stationary
 background noise of a given colour and level).
