@@ -51,8 +51,7 @@ from asr_core.version import ShowVersion
 
 if TYPE_CHECKING:  # the tables (pandas, scipy) are imported where a command runs: --help and a Tab need none
     from analysis.cache import TableCache
-    from analysis.collect import Sweep
-    from analysis.report import Report
+    from analysis.memo import Written
 
 EXIT_USAGE = 2
 EXIT_DATA = 3
@@ -136,42 +135,55 @@ def report_cache(args: argparse.Namespace) -> TableCache | None:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from analysis.collect import collect
+    from analysis.collect import build_sweep, greedy_rows
+    from analysis.fetch import fetch_records
+    from analysis.memo import ReportMemo, Written, inputs_digest
     from analysis.report import build_report
 
     cache = report_cache(args)
-    sweep = collect(args.sweep, args.tracking_uri, ignore_params=args.ignore_param,
-                    lm_experiments=args.lm_experiment, cache=cache)
+    records = fetch_records(args.sweep, args.tracking_uri, lm_experiments=args.lm_experiment, cache=cache)
+    say = logging.getLogger("analysis").info
     if cache is not None:
-        logging.getLogger("analysis").info(cache.summary())
-    rep = build_report(sweep, args.out, baseline_context=args.baseline_context_s, alpha=args.significance,
-                       level=args.level,
-                       bootstrap_resamples=args.bootstrap, main_family=args.main_family, progress=True,
-                       heads_representation=args.heads_repr)
-    sig = rep.significance
-    n_sig = int((sig["significant"] == True).sum()) if len(sig) else 0  # noqa: E712
-    print(f"report: {rep.html}")
-    print(f"        {rep.markdown}, {len(rep.figures)} figures, {len(rep.csvs)} CSV tables")
-    print(f"        {len(sig)} comparisons with the baseline, {n_sig} significant after Holm correction")
-    for s in rep.skipped:
+        say(cache.summary())
+    options = {"experiment": args.sweep, "uri": tracking_uri(args.tracking_uri) or "",
+               "ignore_params": sorted(args.ignore_param), "lm_experiments": sorted(args.lm_experiment),
+               "baseline_context_s": args.baseline_context_s, "alpha": args.significance, "level": args.level,
+               "bootstrap": args.bootstrap, "main_family": args.main_family, "heads_repr": args.heads_repr}
+    memo = ReportMemo(cache.root, args.sweep, options["uri"]) if cache is not None else None
+    digest = inputs_digest(records, options) if memo is not None else ""
+    written = memo.restore(digest, Path(args.out)) if memo is not None else None
+    if written is not None:
+        say(f"report memo: nothing changed since the last report of {args.sweep!r}; its files copied from "
+            f"{memo.dir}")
+    else:
+        sweep = build_sweep(args.sweep, records, ignore_params=args.ignore_param)
+        rep = build_report(sweep, args.out, baseline_context=args.baseline_context_s, alpha=args.significance,
+                           level=args.level, bootstrap_resamples=args.bootstrap, main_family=args.main_family,
+                           progress=True, heads_representation=args.heads_repr)
+        wer = greedy_rows(sweep.wer)
+        written = Written.of(rep, wer.loc[wer["condition"] == CLEAN, "dataset"] if len(wer) else [])
+        if memo is not None:
+            memo.store(digest, written)
+    print(f"report: {written.html}")
+    print(f"        {written.markdown}, {len(written.figures)} figures, {len(written.csvs)} CSV tables")
+    print(f"        {written.comparisons} comparisons with the baseline, {written.significant} significant after "
+          "Holm correction")
+    for s in written.skipped:
         print(f"        skipped {s.key}: {s.reason}")
-    return 0 if args.no_log else _log_report(args, rep, sweep)
+    return 0 if args.no_log else _log_report(args, written)
 
 
-def _log_report(args: argparse.Namespace, rep: Report, sweep: Sweep) -> int:
+def _log_report(args: argparse.Namespace, rep: Written) -> int:
     """The written report to the sweep in MLflow (:func:`analysis.dashboard.publish`), said on stdout; a sweep
     without a parent run is said on stderr and is no failure."""
     from mlflow.exceptions import MlflowException
 
     from analysis.dashboard import ARTIFACT_DIR, DashboardError, publish
-    from analysis.collect import greedy_rows
 
     uri = args.tracking_uri
     files = [rep.html, rep.markdown, *(f.path for f in rep.figures), *rep.csvs.values()]
-    wer = greedy_rows(sweep.wer)
-    clean = wer.loc[wer["condition"] == CLEAN, "dataset"] if len(wer) else []
     try:
-        pub = publish(args.sweep, files, clean, uri)
+        pub = publish(args.sweep, files, rep.clean, uri)
     except (DashboardError, MlflowException, OSError) as e:  # e.g. a server gone away, no permission to write
         print(f"error: the report is in {rep.out_dir} but could not be logged to MLflow: {e}", file=sys.stderr)
         return EXIT_DATA

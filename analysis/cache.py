@@ -14,7 +14,8 @@ Where: ``--cache DIR`` of ``python -m analysis report``, else ``$ASR_STUDY_REPOR
 (:func:`asr_core.contract.atomic.write_atomic`). An entry that cannot be read (cut short, not gzip, not the
 expected JSON, another key) is a miss and is rewritten; a cache that cannot be written is said once in the log and
 the report goes on. The cache never stands in for the server: a run's listing is read from MLflow first, so an
-unreachable server is the same error with or without it. Delete the folder to empty it.
+unreachable server is the same error with or without it. Delete the folder to empty it. The same folder keeps
+each sweep's last report (``reports/``, :mod:`analysis.memo`): a report with nothing changed is copied from it.
 """
 
 from __future__ import annotations

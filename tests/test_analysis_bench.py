@@ -1,5 +1,5 @@
 """``python -m analysis bench`` at a tiny size, so it cannot rot: a real mlflow server, a fake paper-grid ledger,
-a cold and a warm report that write the same files, and the table of figures; plus the table's goals."""
+a cold, a warm and a one-run-changed report that write the same files, and the table of figures; plus the table's goals."""
 
 from __future__ import annotations
 
@@ -21,20 +21,25 @@ def test_the_bench_runs_at_a_tiny_size_and_the_warm_report_equals_the_cold(tmp_p
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     assert "bench: ledger 4/4 runs written" in r.stderr
     lines = r.stdout.strip().splitlines()
-    assert lines[0].startswith("| runs | ledger built | wall cold | wall warm | peak RSS") and len(lines) == 3
+    assert lines[0].startswith("| runs | ledger built | wall cold | wall warm | wall, one run changed | peak RSS")
+    assert len(lines) == 3
     assert lines[2].startswith("| 4 |") and lines[2].endswith("| - |")
     cold, warm = tmp_path / "b" / "report-4-cold", tmp_path / "b" / "report-4-warm"
     files = sorted(p.relative_to(cold) for p in cold.rglob("*") if p.is_file())
     assert Path("wer.csv") in files and Path("significance.csv") in files
     assert all((cold / f).read_bytes() == (warm / f).read_bytes() for f in files)
+    assert len(list((tmp_path / "b" / "cache-4" / "reports").glob("*/memo.json"))) == 1
+    changed = tmp_path / "b" / "report-4-changed"
+    assert sorted(p.relative_to(changed) for p in changed.rglob("*") if p.is_file()) == files
     assert len(list((tmp_path / "b" / "cache-4").rglob("*.json.gz"))) == 4
 
 
 def test_the_table_says_which_goals_are_met() -> None:
     fast, slow = Timing(40.0, GIB, 4.0, ""), Timing(400.0, 3 * GIB, None, "")
-    text = table([Row(321, 80.0, fast, Timing(10.0, GIB // 2, 2.0, "")), Row(3000, 900.0, slow, slow),
-                  Row(50, 10.0, fast, fast)])
+    text = table([Row(321, 80.0, fast, Timing(10.0, GIB // 2, 2.0, ""), fast), Row(3000, 900.0, slow, slow, slow),
+                  Row(50, 10.0, fast, fast, fast)])
     rows = text.splitlines()
-    assert rows[2] == ("| 321 | 80 s | 40.0 s | 10.0 s | 1024 MiB | 10% (20%) | cold ≤ 60 s met, warm ≤ 15 s met |")
+    assert rows[2] == ("| 321 | 80 s | 40.0 s | 10.0 s | 40.0 s | 1024 MiB | 10% (20%) | cold ≤ 60 s met, "
+                       "warm ≤ 15 s met |")
     assert rows[3].endswith("| ? (?) | cold ≤ 300 s NOT met, ≤ 2 GiB NOT met |")
     assert rows[4].endswith("| - |")
