@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import signal
 import socket
 import subprocess
 import sys
@@ -31,6 +30,8 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from asr_core.runtime.signals import stop_group
 
 GIB = 1024 ** 3
 DEFAULT_RUNS = (321, 3000)
@@ -129,17 +130,8 @@ def start_server(folder: Path) -> tuple[subprocess.Popen[bytes], str]:
 
 
 def stop_server(proc: subprocess.Popen[bytes], timeout: float = 5.0) -> None:
-    """TERM to the server's process group, KILL after ``timeout`` s."""
-    if proc.poll() is not None:
-        return
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=timeout)
-    except ProcessLookupError:
-        pass
+    """TERM to the server's process group, KILL after ``timeout`` s (:func:`asr_core.runtime.signals.stop_group`)."""
+    stop_group(proc, timeout)
 
 
 def time_report(uri: str, experiment: str, out: Path, cache: Path, bootstrap: int) -> Timing:

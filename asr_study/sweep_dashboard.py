@@ -36,6 +36,7 @@ from asr_core.contract.ledger import view_link
 from asr_core.contract.tracking import (DASHBOARD_HOST, DASHBOARD_PORT, SWEEP_MANIFEST, SWEEP_ROOT_ENV,
                                         default_sweep_root, missing_ledger, sqlite_file)
 from asr_core.runtime.crash import guarded
+from asr_core.runtime.signals import stop_group
 from asr_core.version import ShowVersion
 
 PROG = "asr-study dashboard"
@@ -174,16 +175,7 @@ def wait_answering(base: str, process: subprocess.Popen[bytes], log: Path) -> No
 
 def stop(process: subprocess.Popen[bytes]) -> None:
     """TERM to the server's process group, KILL after :data:`STOP_TIMEOUT_S`."""
-    if process.poll() is not None:
-        return
-    try:
-        os.killpg(process.pid, signal.SIGTERM)
-        process.wait(timeout=STOP_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
-    except ProcessLookupError:
-        pass
+    stop_group(process, STOP_TIMEOUT_S)
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:

@@ -17,7 +17,9 @@ command a user would run (the shared steps as in ``scripts/lm_experiment.py``):
    warmup at ``--warmup-share`` of the steps (the paper's 1000 steps, of a run whose length it does not give).
    ``--lms`` may add the ordered hashes (``ordered-n4-u4096``, ``ordered-n8-u4096``: deviations, for comparison);
 4. per LM: overall and tail-token perplexity on the test transcripts (``lm ppl --tail``), alpha and beta on dev
-   (``lm tune``), beam decoding of the test split with tail-word errors (``evaluate --decoder beam --tail``), and
+   (``lm tune``), beam decoding of the test split with tail-word errors as an evaluation job of the demo sweep
+   (``orchestrate evaluate SWEEP --spec decode-<LM>.yaml --where key=<the model>``: decoder ``lm-<LM>``, its
+   table read back from the trial's MLflow run), and
    the share of the memory's buckets the test text reaches (:func:`asr_core.lm.memory.occupancy`);
 5. compares every memory LM against the baseline (and names the one with the lowest tuned dev WER): T1 test
    tail-WER >= 5% relative lower with recording-level sign-flip p < 0.05; T2 test WER no worse than the baseline's
@@ -97,6 +99,39 @@ def bucket_occupancy(lm: Path, spec: str) -> float:
     ids = [bucket_ids(torch.tensor([x], dtype=torch.long), ck.model.bos_id, cfg)[0]
            for x in (ck.tokenizer.encode(d.text) for d in read_documents(spec)) if x]
     return occupancy(torch.cat(ids), cfg.buckets)
+
+
+def decoded_table(sweep: Path, am: Path, name: str, spec: dict, out: Path) -> Path:
+    """The test split decoded with LM ``name`` as a user decodes a sweep's model: an evaluation spec (``spec``: lm,
+    alpha, beta, beam_width, datasets, tail) named ``lm-<name>``, run by ``orchestrate evaluate`` on the one trial
+    ``am`` of ``sweep`` (an evaluation job of the sweep, its result in the trial's MLflow run); returns the
+    per-recording table read back from that run (``eval/test.lm-<name>.csv``), kept under ``out``."""
+    import yaml
+    from mlflow.tracking import MlflowClient
+
+    from asr_core.contract.metrics import table_file
+    from asr_core.contract.trial import TAG_KEY
+
+    decoder, key = f"lm-{name}", am.parent.name
+    local = out / f"eval-{name}" / table_file("test", decoder)
+    if local.exists():
+        return local
+    spec_file = out / f"decode-{name}.yaml"
+    spec_file.write_text(yaml.safe_dump({"name": decoder, **spec}, sort_keys=False))
+    run(["orchestrate", "evaluate", sweep.name, "--spec", str(spec_file), "--where", f"key={key}",
+         "--sweep-root", str(sweep.parent)], f"test decoding ({name}) through orchestrate evaluate")
+    uri = json.loads((sweep / "sweep.json").read_text())["tracking_uri"]
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.get_experiment_by_name(sweep.name)
+    runs = client.search_runs([exp.experiment_id], f"tags.`{TAG_KEY}` = '{key}'")
+    if len(runs) != 1:
+        sys.exit(f"{sweep}: {len(runs)} MLflow runs of trial {key}; expected one")
+    local.parent.mkdir(parents=True, exist_ok=True)
+    got = Path(client.download_artifacts(runs[0].info.run_id, f"eval/{table_file('test', decoder)}",
+                                         str(local.parent)))
+    if got != local:
+        got.replace(local)
+    return local
 
 
 def tail_wer(t: pd.DataFrame) -> float:
@@ -196,13 +231,9 @@ def main(argv: list[str] | None = None) -> int:
                  "--token-bonuses", beta, "--beam-width", str(a.beam_width), "--max-recordings",
                  str(a.tune_recordings), "--out", str(tune)], f"alpha and beta ({name})")
         best = json.loads(tune.read_text())["best"]
-        ev = out / f"eval-{name}"
-        if not (ev / "test.lm.csv").exists():
-            run(["asr_core", "evaluate", str(am), "--data", test, "--clean-only", "--out", str(ev), "--no-log",
-                 "--decoder", "beam", "--lm", str(lm), "--lm-weight", f"{best['alpha']:g}", "--token-bonus",
-                 f"{best['beta']:g}", "--beam-width", str(a.beam_width), "--decoder-name", "lm", "--tail", str(tail)],
-                f"test decoding ({name})")
-        t = errors_of(ev / "test.lm.csv")
+        t = errors_of(decoded_table(a.demo_sweep, am, name, {
+            "lm": str(lm), "alpha": best["alpha"], "beta": best["beta"], "beam_width": a.beam_width,
+            "datasets": [test], "tail": str(tail)}, out))
         tables[name] = t.loc[sorted(t.index)]
         cfg = LMTrainConfig.from_dict(load_checkpoint(lm)["config"], source=str(lm)).lm
         size = lm_size(cfg)

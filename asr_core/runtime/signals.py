@@ -122,3 +122,24 @@ def raising(factory: Callable[[str], BaseException]) -> Iterator[None]:
             _state.raise_with = outer
         else:
             _state.raise_with = None
+
+
+# ---- stopping a child's process group --------------------------------------------------------------------------
+
+def stop_group(process: Any, timeout: float = 5.0) -> None:
+    """Stop ``process`` (a :class:`subprocess.Popen` started with ``start_new_session=True``) and everything in its
+    process group, as a server with workers needs: SIGTERM, then SIGKILL if the group's leader has not ended within
+    ``timeout`` s. A process that has ended already, or whose group is gone, is left alone."""
+    import os
+    import subprocess
+
+    if process.poll() is not None:
+        return
+    try:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=timeout)
+    except ProcessLookupError:
+        pass

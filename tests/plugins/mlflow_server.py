@@ -8,8 +8,6 @@ a temporary HOME in `env`: the script writes the credentials to HOME/.mlflow/cre
 
 from __future__ import annotations
 
-import os
-import signal
 import socket
 import subprocess
 import time
@@ -22,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from asr_core.runtime.signals import stop_group
 from orchestrate.ledger.mlflow_rest import credentials
 
 REPO = Path(__file__).resolve().parents[2]
@@ -117,16 +116,7 @@ def start_server(directory: Path, *, port: int | None = None, workers: int = 1, 
 def stop_server(process: subprocess.Popen[bytes], timeout: float = 5) -> None:
     """TERM to the server's process group (uvicorn and its workers), KILL after `timeout` s (a graceful uvicorn
     shutdown takes 20 s; everything is committed to the store by then anyway)."""
-    if process.poll() is not None:
-        return
-    try:
-        os.killpg(process.pid, signal.SIGTERM)
-        process.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait(timeout=timeout)
-    except ProcessLookupError:
-        pass
+    stop_group(process, timeout)
 
 
 @pytest.fixture(scope="session")
