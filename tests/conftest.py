@@ -2,7 +2,8 @@
 demo), the groups that let two workers run the suite at once, and the check that it writes nothing into the checkout.
 
 ``./scripts/test.sh`` runs the suite on two pytest-xdist workers (``--dist loadgroup``). The tests of the quick demo
-go to one worker, so the demo runs once. Everything else is spread over both workers; each worker that needs them has
+go to one worker, so the demo runs once, and so do the tests of a module that share a module-scoped fixture.
+Everything else is spread over both workers; each worker that needs them has
 its own SLURM test cluster (start.sh picks free ports and its own state folder), MLflow server and browser.
 """
 
@@ -29,6 +30,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         demo = "quick_demo" in getattr(item, "fixturenames", ())
         if demo:
             item.add_marker(pytest.mark.xdist_group("demo"))
+        elif item.get_closest_marker("xdist_group") is None and _uses_module_fixture(item):  # built once, not per worker
+            item.add_marker(pytest.mark.xdist_group(f"module-{item.nodeid.split('::')[0]}"))
         # the fast tier ("not slow") leaves out what needs the quick demo and every test that took FAST_LIMIT_S
         # or more in the recorded run
         if demo or tests.get(item.nodeid, 0.0) >= FAST_LIMIT_S:
@@ -36,6 +39,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 FAST_LIMIT_S = 4.0
+
+
+def _uses_module_fixture(item: pytest.Item) -> bool:
+    """Whether ``item`` uses a module-scoped fixture (a trained model, a server): the tests of its module that do
+    then go to one worker together, so the fixture is built once and not once per worker."""
+    info = getattr(item, "_fixtureinfo", None)
+    defs = getattr(info, "name2fixturedefs", {}) if info is not None else {}
+    return any(d and getattr(d[-1], "scope", None) == "module" for d in defs.values())
 
 
 def _test_seconds() -> dict[str, float]:
