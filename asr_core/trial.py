@@ -77,7 +77,7 @@ from asr_core.runtime import signals
 from asr_core.config import Config
 from asr_core.contract.atomic import stale_temps
 from asr_core.contract.trained import mark_trained, seal_trained, trained_checkpoint
-from asr_core.config_parse import ConfigError
+from asr_core.config.parse import ConfigError
 from asr_core.contract.evaluation import (DEFAULT_EVALUATION, OWN_EVALUATION, EvaluationSpec, default_evaluation,
                                           describe_conditions, evaluated_record, evaluation_tag, read_evaluation)
 from asr_core.evaluation.checkpoint_read import CheckpointRefused

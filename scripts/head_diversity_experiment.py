@@ -199,7 +199,7 @@ def run(args: list[str], what: str, log: Path) -> float:
 
 def demo_base(grid: Path) -> dict[str, Any]:
     """The base config of the demo grid (preset and overrides), as a config file's content."""
-    from asr_core.yaml_input import load_yaml_file  # the project's one YAML reader (bounded)
+    from asr_core.config.yaml_input import load_yaml_file  # the project's one YAML reader (bounded)
 
     raw = load_yaml_file(grid)
     if not isinstance(raw, dict) or not isinstance(raw.get("base"), dict):

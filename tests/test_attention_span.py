@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from asr_core.config import Config, preset
-from asr_core.config_parse import ConfigError
+from asr_core.config.parse import ConfigError
 from asr_core.contract.identity import trial_key
 from asr_core.model.acoustic import build_model
 from asr_core.model.attention import banded_sdpa

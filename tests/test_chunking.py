@@ -8,7 +8,7 @@ import pytest
 from asr_core.data.chunking import (Position, Window, WindowStream, cut_windows, group_size, micro_batches,
                                window_bounds)
 from asr_core.config import DataConfig, preset
-from asr_core.config_parse import ConfigError
+from asr_core.config.parse import ConfigError
 from asr_core.data.corpora.base import Recording, Word
 
 

@@ -112,7 +112,7 @@ def test_compile_is_never_in_a_key_and_is_validated() -> None:
     compiled = Config.from_dict({"train": {"compile": True}})
     assert compiled.train.compile is True
     assert compiled.key() == plain.key()
-    from asr_core.config_parse import ConfigError
+    from asr_core.config.parse import ConfigError
 
     with pytest.raises(ConfigError, match="train.compile"):
         TrainConfig(compile="yes")  # type: ignore[arg-type]

@@ -3,7 +3,7 @@
 import pytest
 
 from asr_core.config import PRESETS, Config, preset, resolve
-from asr_core.config_parse import ConfigError
+from asr_core.config.parse import ConfigError
 
 
 def test_main_preset_is_the_papers_model():

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from asr_core.config import DataConfig, preset
-from asr_core.config_parse import ConfigError
+from asr_core.config.parse import ConfigError
 from asr_core.data.chunking import (CUT_BOUND_S, MIN_TAIL_S, WindowStream, cut_windows, lost_to_cuts, pause_bounds,
                                     window_bounds)
 from asr_core.data.corpora.base import Recording, Word

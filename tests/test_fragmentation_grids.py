@@ -14,7 +14,7 @@ import pytest
 
 from asr_core.config import Config
 from asr_core.model.receptive import receptive_field
-from asr_core.yaml_input import load_yaml_file
+from asr_core.config.yaml_input import load_yaml_file
 from orchestrate.plan.grid import load_grid
 
 REPO = Path(__file__).resolve().parents[1]

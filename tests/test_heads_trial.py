@@ -17,7 +17,7 @@ import torch
 from mlflow.tracking import MlflowClient
 
 from asr_core.config import HEAD_REPRESENTATIONS, Config, preset
-from asr_core.config_parse import ConfigError
+from asr_core.config.parse import ConfigError
 from asr_core.model.heads import REPRESENTATIONS, HeadCapture, head_diversity_loss, head_similarity
 from tests.test_train import make_corpus
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from asr_core.config_parse import ConfigError
+from asr_core.config.parse import ConfigError
 from asr_core.lm import KVCache, LMConfig, TransformerLM, build_lm, parameter_count, preset
 
 torch.set_num_threads(1)

@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from asr_core.config_parse import ConfigError
+from asr_core.config.parse import ConfigError
 from asr_core.lm.memory import (ORDERED_MODULUS, ORDERED_MULTIPLIER, LookupMemory, MemoryConfig, bucket_ids,
                                 dictionary_elements, next_history, occupancy, update_probabilities)
 

@@ -17,7 +17,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from asr_core.config_parse import ConfigError
+from asr_core.config.parse import ConfigError
 from asr_core.data.tokenizer import Tokenizer
 from asr_core.lm.checkpoint import load_lm, load_tokenizer
 from asr_core.lm.config import LMConfig, LMTrainConfig, resolve_config
@@ -27,7 +27,7 @@ from asr_core.lm.model import KVCache, TransformerLM, build_lm, lm_size, paramet
 from asr_core.lm.ppl import score_documents
 from asr_core.lm.train import Preempted, encode, next_token_counts, train_lm
 from asr_core.runtime import signals
-from asr_core.yaml_input import load_yaml_text
+from asr_core.config.yaml_input import load_yaml_text
 
 V = 11  # 10 pieces + the beginning-of-document id
 BOS = V - 1

@@ -235,7 +235,7 @@ def test_a_beam_decoder_logs_its_own_tail_rate(corpus: Path, tmp_path: Path) -> 
 def test_evaluate_refuses_a_missing_or_malformed_tail_set_before_any_work(
         corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from asr_core.config import EvalConfig
-    from asr_core.config_parse import ConfigError
+    from asr_core.config.parse import ConfigError
     from asr_core.evaluation import evaluate as ev
 
     ckpt = _checkpoint(tmp_path)

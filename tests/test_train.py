@@ -197,7 +197,7 @@ def test_data_workers_and_micro_batches_keep_the_run_of_a_seed(tmp_path: Path, c
 def test_optimizer_choice_builds_madgrad_by_default_and_adamw_on_request() -> None:
     from madgrad import MADGRAD
 
-    from asr_core.config_parse import ConfigError
+    from asr_core.config.parse import ConfigError
     from asr_core.training.step import build_optimizer
 
     model = torch.nn.Linear(3, 2)

@@ -110,7 +110,7 @@ def test_decode_file_refuses_python_tag_with_line_and_column(tmp_path: Path) -> 
 
 
 def test_loader_bounds_expansion_and_keeps_ordinary_aliases(tmp_path: Path) -> None:
-    from asr_core.yaml_input import MAX_NODES, YamlInputError, load_yaml_file, load_yaml_text
+    from asr_core.config.yaml_input import MAX_NODES, YamlInputError, load_yaml_file, load_yaml_text
 
     # ordinary anchors and merge keys still read, duplicates refused
     assert load_yaml_text("a: &x {p: 1}\nb: {<<: *x, q: 2}\n", "t") == {"a": {"p": 1}, "b": {"p": 1, "q": 2}}

@@ -47,7 +47,7 @@ from asr_core.bench.measure import (calibration_corpus, context_config, device_n
                                     synth_recording, time_checkpoint, time_decode, time_features, time_startup,
                                     time_steps)
 from asr_core.config import Config, PRESETS, preset
-from asr_core.config_parse import ConfigError
+from asr_core.config.parse import ConfigError
 from asr_core.contract.calibration import (VERSION, CalibrationFile, CheckpointTiming, ContextTiming, DataSettings,
                                            DecodeTiming, EvalTiming, StepFit, TrainTiming)
 from asr_core.data.corpora.base import Recording

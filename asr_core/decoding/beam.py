@@ -37,7 +37,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from asr_core.config_parse import ConfigError
+from asr_core.config.parse import ConfigError
 
 PROMPT_CHUNK = 512  # prompt tokens per LM call (the authors' LM trained on 512-token chunks); bounds the memory
 NEG_INF = float("-inf")

@@ -67,7 +67,7 @@ def train_cli(argv: list[str]) -> int:
 
 
 def _train(argv: list[str]) -> int:
-    from asr_core.config_parse import ConfigError
+    from asr_core.config.parse import ConfigError
     from asr_core.training.checkpoint import CheckpointError
     from asr_core.runtime.outbox import fail_fast_http
     from asr_core.data.tokenizer import TokenizerError

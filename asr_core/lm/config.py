@@ -35,7 +35,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from asr_core.config_parse import ConfigError, build_dataclass, parse_override
+from asr_core.config.parse import ConfigError, build_dataclass, parse_override
 from asr_core.lm.memory import MemoryConfig
 
 

@@ -52,7 +52,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from asr_core.config_parse import ConfigError
+from asr_core.config.parse import ConfigError
 
 HASHES = ("sum", "ordered")
 COMBINES = ("replace", "add")

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from asr_core.config import PRESETS, Config, preset
-from asr_core.config_parse import ConfigError
+from asr_core.config.parse import ConfigError
 from asr_core.model.acoustic import build_model, count_parameters
 from asr_core.model.receptive import receptive_field
 

@@ -64,7 +64,7 @@ from typing import Any, Sequence
 import torch
 
 from asr_core.config import Config
-from asr_core.config_parse import ConfigError
+from asr_core.config.parse import ConfigError
 from asr_core.contract.metrics import SPEECH_LOST, WORDS_LOST
 from asr_core.contract.trial import (CHECKPOINT_FILE, EXIT_DIVERGED, EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, EXIT_USAGE,
                                      FINISHED, RUNNING, TAG_CHECKPOINT, TAG_DATA_FINGERPRINT, TAG_GIT_COMMIT,

@@ -56,7 +56,7 @@ def execution_overrides(trials: list[Trial], overrides: list[str]) -> list[Trial
     what they are: an override that would change a trial's key raises :class:`UsageError` naming it."""
     if not overrides:
         return trials
-    from asr_core.config_parse import ConfigError
+    from asr_core.config.parse import ConfigError
     from asr_core.contract.identity import science
 
     out = []

@@ -57,7 +57,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from asr_core.yaml_input import YamlInputError, load_yaml_file
+from asr_core.config.yaml_input import YamlInputError, load_yaml_file
 
 KEYS = ("name", "lm", "alpha", "beta", "beam_width", "lm_context", "prompt", "datasets", "snrs", "stride", "fusion",
         "tail", "window_s")

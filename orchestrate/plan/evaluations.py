@@ -57,7 +57,7 @@ def own_evaluation(sweep: SweepDir, model: Trial) -> tuple[Conditions, dict[str,
     if rec is not None:
         return rec
     from asr_core.config import Config
-    from asr_core.config_parse import ConfigError
+    from asr_core.config.parse import ConfigError
 
     try:  # an EVALUATED of an older version, or DONE without one: the config it ran (config.json, left as it ran)
         ev = Config.from_yaml(folder.config, stored=True).eval

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
 from asr_core.config import FIELD_TYPES, PRESETS, Config, EvalConfig, parse_field, resolve
-from asr_core.config_parse import ConfigError
+from asr_core.config.parse import ConfigError
 from asr_core.contract.specs import dataset_name
 from orchestrate.plan.grid_file import SUBGRID_KEYS, GridError, where_in, parse_seeds, read_grid_yaml, subgrid_sources
 from orchestrate.assets import grid_path

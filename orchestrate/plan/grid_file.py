@@ -1,4 +1,4 @@
-"""Grid files read (YAML by :mod:`asr_core.yaml_input`: bounded, duplicate keys refused), ``extends`` and
+"""Grid files read (YAML by :mod:`asr_core.config.yaml_input`: bounded, duplicate keys refused), ``extends`` and
 ``include`` followed, each sub-grid with its file, base and seeds (:func:`subgrid_sources`); what a sub-grid's axes
 expand to is :mod:`orchestrate.plan.grid`'s.
 
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from asr_core.yaml_input import YamlInputError, load_yaml_file
+from asr_core.config.yaml_input import YamlInputError, load_yaml_file
 from orchestrate.assets import grids_dir, names
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from asr_core.yaml_input import YamlInputError, load_yaml_file
+from asr_core.config.yaml_input import YamlInputError, load_yaml_file
 from orchestrate import assets
 
 if TYPE_CHECKING:

@@ -24,7 +24,7 @@ def parse_where(items: Iterable[str]) -> dict[str, list[Any]]:
     that name (``evaluation=none``: the models themselves). Values of one key are alternatives, different keys must
     all hold. Raises :class:`WhereError` naming the bad item."""
     from asr_core.config import parse_field
-    from asr_core.config_parse import ConfigError, parse_override
+    from asr_core.config.parse import ConfigError, parse_override
 
     out: dict[str, list[Any]] = {}
     for item in items:

@@ -3,7 +3,7 @@
 A run is fully described by a :class:`Config`: the model, the data it is trained on, the optimiser and the
 evaluation that follows training. Configs load from YAML and take ``--set section.field=value`` overrides; every value,
 wherever it is written (a config file, a grid, ``--set``), is checked by the one parser (:func:`parse_field`,
-:mod:`asr_core.config_parse`). :meth:`Config.key` names the experiment (:mod:`asr_core.contract.identity`).
+:mod:`asr_core.config.parse`). :meth:`Config.key` names the experiment (:mod:`asr_core.contract.identity`).
 
 Defaults are the paper's main model (paper 000 §3, ``../shared/REFERENCE.md``): 6 layers, d=768, 6 heads, rotary
 θ=1.5M, 4095 BPE pieces + blank, Madgrad at 3e-3, one hour of audio per step. Where the paper is silent or
@@ -21,11 +21,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from asr_core.config_parse import (ConfigError, build_dataclass, coerce_value, deep_copy, field_types, merge,
+from asr_core.config.parse import (ConfigError, build_dataclass, coerce_value, deep_copy, field_types, merge,
                                    parse_override, set_path)
 from asr_core.contract.specs import CORPUS_FORMATS, corpus_spec_problem, dataset_name
 from asr_core.contract.identity import BASELINE, NAMED, field_defaults, trial_key
-from asr_core.yaml_input import YamlInputError, load_yaml_file
+from asr_core.config.yaml_input import YamlInputError, load_yaml_file
 
 POSITIONAL_ENCODINGS = ("rotary", "learnable-fourier", "sinusoidal", "fourier", "none")
 ATTENTION_BACKENDS = ("auto", "sdpa", "flash")
@@ -383,7 +383,7 @@ class Config:
             raise ConfigError(f"config file {path} is a folder; valid: a YAML config file or a preset name") from None
         except OSError as e:
             raise ConfigError(f"config file {path} cannot be read: {e.strerror or e}") from None
-        except YamlInputError as e:  # bounded (asr_core.yaml_input): one line with line and column
+        except YamlInputError as e:  # bounded (asr_core.config.yaml_input): one line with line and column
             raise ConfigError(str(e)) from None
         if not isinstance(raw, dict):
             raise ConfigError(f"{path}: the top level must be a mapping of sections (model, data, train, eval)")

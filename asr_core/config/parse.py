@@ -14,7 +14,7 @@ import types
 import typing
 from typing import Any, Mapping
 
-from asr_core.yaml_input import YamlInputError, load_yaml_text
+from asr_core.config.yaml_input import YamlInputError, load_yaml_text
 
 
 class ConfigError(ValueError):
@@ -23,7 +23,7 @@ class ConfigError(ValueError):
 
 def parse_override(item: str) -> tuple[str, Any]:
     """``"model.layers=9"`` -> ``("model.layers", 9)``; the value is parsed as YAML (numbers, lists, bools) by
-    :mod:`asr_core.yaml_input`, a value that is not YAML kept as its text; one past its bounds raises ConfigError."""
+    :mod:`asr_core.config.yaml_input`, a value that is not YAML kept as its text; one past its bounds raises ConfigError."""
     if "=" not in item:
         raise ConfigError(f"override {item!r} must look like section.field=value, e.g. model.layers=9")
     key, text = item.split("=", 1)
