@@ -46,21 +46,15 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis import cue
-from analysis import decoders as dec
 from analysis import errors as er
-from analysis import fragmentation as fr
-from analysis import fusion as fu
 from analysis import heads as hd
-from analysis import recall as rc
 from analysis import stats
-from analysis import tail as tl
 from analysis.collect import NOTHING_LEARNED_WER, Sweep
 from analysis.finding import Check, Gain, finding_checks, summary_sentence
-from analysis.plots import Figure, Skipped, choose_main_family, draw_figures, draw_heads_figures, draw_ppl_figure
-from analysis.render import (Section, decoder_display, external_pivot, fmt_num, fmt_p, heads_display, render_html,
-                             render_markdown, settings_display, significance_display, snr_pivots, wer_pivot,
-                             werr_pivot)
+from analysis.plots import Figure, Skipped, draw_figures
+from analysis.render import (Section, external_pivot, fmt_num, render_html, render_markdown,
+                             significance_display, snr_pivots, wer_pivot, werr_pivot)
+from analysis.sections import Context, build_sections
 from analysis.werr import (DEFAULT_BASELINE_CONTEXT_S, baseline_notes, evaluation_notes, format_seconds,
                            cut_notes, kernel_notes, significance_table, snr_table, wer_table, werr_table)
 from asr_core.contract.metrics import CLEAN
@@ -216,46 +210,11 @@ def build_report(sweep: Sweep, out_dir: Path | str, *, baseline_context: float =
     csvs = {"wer": wer, "werr": werr, "significance": sig, "snr": snr, "problems": sweep.problems,
             "trials": sweep.trials, "finding": _finding_frame(checks, gains), "external": sweep.external}
     error_section, csvs["errors"] = er.section(sweep)
-    extra: list[Section] = []
-    if sweep.beam_decoders:
-        section, tables = _decoder_section(sweep, wer, alpha, level, bootstrap_resamples)
-        extra.append(section)
-        csvs.update(tables)
-    if fu.has_fusion(sweep):
-        section, tables = fu.section(sweep, baseline_context, alpha, level=level,
-                                     bootstrap_resamples=bootstrap_resamples)
-        extra.append(section)
-        csvs.update(tables)
-    if fr.has_controls(sweep):
-        section, tables = fr.section(sweep, alpha, level=level, bootstrap_resamples=bootstrap_resamples)
-        extra.append(section)
-        csvs.update(tables)
-    if not sweep.lm_ppl.empty:
-        section = _ppl_section(sweep, out)
-        extra.append(section)
-        csvs["lm_ppl"] = sweep.lm_ppl
-    if not sweep.heads.empty:
-        section, tables = _heads_section(sweep, out, heads_representation, choose_main_family(sweep, main_family),
-                                         alpha, unlearned_note(unlearned, n_configs, names=False)
-                                         if nothing_learned else "")
-        extra.append(section)
-        csvs.update(tables)
-    if cue.has_cues(sweep):
-        section, table = _cue_section(sweep, out, baseline_context, alpha,
-                                      unlearned_note(unlearned, n_configs, names=False) if nothing_learned else "")
-        extra.append(section)
-        csvs["cue"] = table
-    if rc.has_slots(sweep):
-        part, tables = _recall_part(sweep, alpha)
-        if extra and extra[-1].title == CUE_TITLE:  # one positive-control section
-            extra[-1] = _join(extra[-1], part)
-        else:
-            extra.append(part)
-        csvs.update(tables)
-    tail_section = None
-    if tl.has_tail(sweep):
-        tail_section, tables = tl.section(sweep, baseline_context, alpha)
-        csvs.update(tables)
+    built = build_sections(Context(sweep, out, wer, baseline_context, alpha, level, bootstrap_resamples,
+                                   heads_representation, main_family,
+                                   unlearned_note(unlearned, n_configs, names=False) if nothing_learned else ""))
+    extra = built.extra
+    csvs.update(built.tables)
     paths = {}
     for name, df in csvs.items():
         paths[name] = out / f"{name}.csv"
@@ -269,144 +228,13 @@ def build_report(sweep: Sweep, out_dir: Path | str, *, baseline_context: float =
     at = next(i for i, s in enumerate(sections) if s.title == RUNS_LEFT_OUT)
     sections[at:at] = extra
     at = next(i for i, s in enumerate(sections) if s.title == "WER and WERR") + 1  # right after the WER section
-    sections[at:at] = ([tail_section] if tail_section is not None else []) + [error_section]
+    sections[at:at] = built.after_wer + [error_section]
     figures = figures + [f for s in extra for f in s.figures]
     md_path, html_path = out / "report.md", out / "index.html"
     md_path.write_text(render_markdown(sweep, sections), encoding="utf-8")
     html_path.write_text(render_html(sweep, sections), encoding="utf-8")
     log.info("report written to %s in %.1f s", out, time.perf_counter() - t0)
     return Report(out, html_path, md_path, paths, figures, skipped, sig)
-
-
-# ---- sections a sweep has only with the data: decoders, LM perplexity, head similarity -----------------------
-
-def _decoder_section(sweep: Sweep, wer: pd.DataFrame, alpha: float, level: float, resamples: int
-                     ) -> tuple[Section, dict[str, pd.DataFrame]]:
-    settings = dec.decoder_settings(sweep)
-    table = dec.decoder_table(sweep, alpha=alpha, level=level, bootstrap_resamples=resamples)
-    compared = table[table["wer_greedy"].notna()]
-    tested = table[table["p_permutation"].notna()]
-    n_sig = int((tested["significant"] == True).sum())  # noqa: E712 (None means untested)
-    better = int(((tested["significant"] == True) & (tested["werr"] > 0)).sum())  # noqa: E712
-    paras = [
-        f"Each configuration decoded by beam search is compared with its own greedy decoding, on the same "
-        f"recordings and seeds. Cells: WER (%) (WERR against greedy, %; sig. / n.s.: the paired sign-flip "
-        f"permutation test over recordings, per recording the errors averaged over the seeds both decoders have, "
-        f"Holm-corrected across all the tested comparisons of this section at α = {alpha:g}; untested: no "
-        f"per-recording tables). The greedy column is the configuration's WER over all its seeds, as in the WER "
-        f"table. Intervals are {100 * level:g}% paired bootstrap percentiles over {resamples} resamples of "
-        f"recordings and seeds (a seed drawn for both decoders: they decode one trained model).",
-        f"{len(compared)} comparisons with greedy decoding, {len(tested)} tested: {n_sig} significant after Holm "
-        f"correction ({better} of them better than greedy), {len(tested) - n_sig} not."]
-    for _, s in settings.iterrows():
-        if s["differs"]:
-            paras.append(f"**Decoder {s['decoder']} ran with other settings on some runs** ({s['differs']} differ "
-                         f"between their tags eval.decoder.{s['decoder']}); its column mixes them.")
-    tables = [("Decoders (settings from each run's tag eval.decoder.<name>)", settings_display(settings))]
-    tables += [(f"WER (%) by decoder: {title}", pv) for title, pv in dec.table6_pivots(table, settings, wer)]
-    tables.append(("Every comparison with greedy decoding", decoder_display(table)))
-    gains = dec.context_gains(table)
-    bullets = [("Short against long acoustic context with the LM", gains)] if gains else []
-    section = Section("Beam search and LM decoding against greedy (paper 004 Table 6)", paras, tables, [], bullets)
-    return section, {"decoders": table, "decoder_settings": settings}
-
-
-def _ppl_section(sweep: Sweep, out: Path) -> Section:
-    fig = draw_ppl_figure(sweep.lm_ppl, out)
-    paras = ["Per-token perplexity of each LM (python -m asr_core lm ppl: metrics lm_ppl/<dataset>/ctx<N> of its "
-             "run), found among the sweep's runs, the LM runs its decoders name and the experiments given with "
-             "--lm-experiment. Columns: LM context in tokens."]
-    sentences = dec.ppl_sentences(sweep)
-    return Section("LM perplexity against LM context (paper 004 Table 5)", paras,
-                    [("", dec.ppl_table(sweep))], [fig] if fig else [], [("", sentences)] if sentences else [])
-
-
-def _heads_section(sweep: Sweep, out: Path, representation: str, main_family: str | None, alpha: float,
-                   no_figures: str = "") -> tuple[Section, dict[str, pd.DataFrame]]:
-    """``no_figures``: why no figure is drawn ("" to draw them)."""
-    families = hd.head_families(sweep, main_family)
-    table = hd.heads_table(sweep, families)
-    tracking = hd.tracking_table(table, representation, alpha=alpha)
-    figs, skipped = draw_heads_figures(sweep, table, out, representation) if not no_figures else ([], [])
-    paras = [
-        f"How alike the attention heads are (paper 003), measured by each trial after evaluation "
-        f"(heads/<dataset>/<R>/sum: eq. 6 summed over layers, 0 for orthogonal heads, (N − 1)/N per layer for "
-        f"identical ones), against context length in families {', '.join(families) or '–'} (those whose series "
-        f"differ in heads or model size, else the main family). {representation} is drawn and correlated with WER; "
-        f"every representation is in the tables and heads.csv.",
-        hd.tracking_summary(tracking, representation, alpha)]
-    tables = heads_display(table, representation)
-    if not tracking.empty:
-        tables.append((f"Does summed {representation} similarity track WER across context?", pd.DataFrame({
-            "family": tracking["family"], "configuration": tracking["series"], "dataset": tracking["dataset"],
-            "contexts": tracking["n_contexts"], "Spearman ρ": [fmt_num(x, 2, True) for x in tracking["rho"]],
-            "p perm": tracking["p_permutation"].map(fmt_p), "p Holm": tracking["p_holm"].map(fmt_p),
-            "WER degrades at long context": tracking["degrades"].map({True: "yes", False: "no"})})))
-    bullets = [("", list(tracking["sentence"]))] if not tracking.empty else []
-    if skipped:
-        bullets.append(("", [f"{s.title} — not drawn: {s.reason}." for s in skipped]))
-    if no_figures:
-        bullets.append(("", [f"Figures not drawn: {no_figures}."]))
-    section = Section("Head similarity (paper 003) against context length", paras, tables, figs, bullets)
-    return section, {"heads": table, "heads_tracking": tracking}
-
-
-def _cue_section(sweep: Sweep, out: Path, baseline_context: float, alpha: float, no_figures: str = ""
-                 ) -> tuple[Section, pd.DataFrame]:
-    """``no_figures``: why no figure is drawn ("" to draw them)."""
-    table = cue.cue_table(sweep, baseline_context)
-    paras = [
-        "The synthetic corpus plants homophones whose spelling only a word far back decides (20–60 s by default; "
-        "docs/ARCHITECTURE.md, \"Planted cue\"): a model that uses long context must get them right more often as its "
-        "context grows, so this is the sweep's positive control; WER on the words that are not planted is the "
-        "matching null. Cue-word error rate: planted words substituted or deleted over all planted words, pooled "
-        "over recordings, greedy decoding, mean ± sd over seeds. WER on the other words: per recording the errors "
-        "less the cue errors over the words less the cue words (insertions count there).",
-        f"Tests: the paired sign-flip permutation test over recordings (the WER section's), of each context against "
-        f"the series' shortest and against {format_seconds(baseline_context)}: on per-recording cue-word error "
-        f"rates (errors averaged over seeds; recordings without cue words left out) and, for WER and the other "
-        f"words, on per-recording error counts. Each measure's p-values are Holm-corrected across every comparison "
-        f"of this section; significant: adjusted p < {alpha:g}."]
-    figs = cue.draw_cue_figures(sweep, table, out) if not no_figures else []
-    bullets = [("Shortest against longest context", cue.verdicts(table, alpha))]
-    if no_figures:
-        bullets.append(("", [f"Figure not drawn: {no_figures}."]))
-    section = Section(CUE_TITLE, paras, cue.display(table, baseline_context), figs, bullets)
-    return section, table
-
-
-CUE_TITLE = "Planted cue (positive control)"
-RECALL_TITLE = "Recall control (positive control)"
-
-
-def _recall_part(sweep: Sweep, alpha: float) -> tuple[Section, dict[str, pd.DataFrame]]:
-    """The recall control: its own section, or the part :func:`_join` adds to the planted cue's."""
-    rates = rc.rate_table(sweep)
-    tests = rc.far_tests(sweep, rates)
-    paras = [
-        "**Recall control.** The synthetic corpus says a code word clearly (\"the code word is X\") and later asks "
-        "for it again with its audio masked by noise (\"remember the code word X\"; python -m asr_core synth "
-        "--recall): the masked word can only be recalled from the context, 1-4 s back (near band, inside every "
-        "window) or 20-60 s back (far band). Accuracy: slots whose aligned hypothesis word is the code word, pooled "
-        "over slots, greedy decoding with the moving windows of the evaluation, mean ± sd over seeds; masked slots "
-        "with a key sentence by band and distance, the ceiling (unmasked slots) and the guess rate (masked slots "
-        "of recordings without a key sentence; chance is 1/8).",
-        f"Tests: each context against the series' shortest on far-band accuracy, the paired sign-flip permutation "
-        f"test over recordings (per recording the far slots missed, averaged over seeds, over its far slots), "
-        f"Holm-corrected across every comparison of this part; significant: adjusted p < {alpha:g}."]
-    shown, lines, choice_csvs = rc.choice_part(sweep, rates, alpha)
-    bullets = [("Recall control: shortest against longest context", rc.verdicts(rates, tests, alpha))]
-    if lines:  # the forced choice among the slot's candidates (one window per slot), and the copy plant's criteria
-        paras.append(rc.ch.CHOICE_TEXT)
-        bullets.append(("Copy control: criteria N1, F1-F3 (forced choice, one window per slot, clean)", lines))
-    return Section(RECALL_TITLE, paras, rc.display(rates, tests) + shown, [], bullets), {
-        "recall": rates, "recall_tests": tests, **choice_csvs}
-
-
-def _join(section: Section, part: Section) -> Section:
-    """``section`` with ``part``'s paragraphs, tables, figures and bullets after its own."""
-    return Section(section.title, section.paragraphs + part.paragraphs, section.tables + part.tables,
-                   section.figures + part.figures, section.bullets + part.bullets)
 
 
 def _finding_frame(checks: list[Check], gains: list[Gain]) -> pd.DataFrame:
