@@ -125,13 +125,8 @@ def start_server(folder: Path) -> tuple[subprocess.Popen[bytes], str]:
         except (urllib.error.URLError, OSError):
             pass
         time.sleep(0.3)
-    stop_server(proc)
+    stop_group(proc)
     raise BenchError(f"the mlflow server did not start: {log.read_text(errors='replace')[-2000:]}")
-
-
-def stop_server(proc: subprocess.Popen[bytes], timeout: float = 5.0) -> None:
-    """TERM to the server's process group, KILL after ``timeout`` s (:func:`asr_core.runtime.signals.stop_group`)."""
-    stop_group(proc, timeout)
 
 
 def time_report(uri: str, experiment: str, out: Path, cache: Path, bootstrap: int) -> Timing:
@@ -196,7 +191,7 @@ def bench(sizes: list[int], folder: Path, bootstrap: int, rows: list[Row] | None
             say(f"bench: {n} runs: one run changed {changed.wall_s:.1f} s")
             rows.append(Row(n, built, cold, warm, changed))
     finally:
-        stop_server(proc)
+        stop_group(proc)
     return rows
 
 

@@ -173,11 +173,6 @@ def wait_answering(base: str, process: subprocess.Popen[bytes], log: Path) -> No
                          EXIT_UNAVAILABLE)
 
 
-def stop(process: subprocess.Popen[bytes]) -> None:
-    """TERM to the server's process group, KILL after :data:`STOP_TIMEOUT_S`."""
-    stop_group(process, STOP_TIMEOUT_S)
-
-
 def _interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt  # TERM ends the dashboard as Ctrl-C does: the server stopped first
 
@@ -205,7 +200,7 @@ def serve(uri: str, port: int, link: str, name: str) -> int:
         print(f"{PROG}: mlflow server exited {code} (log {log})", file=sys.stderr)
         return EXIT_UNAVAILABLE
     finally:
-        stop(process)
+        stop_group(process, STOP_TIMEOUT_S)
 
 
 def _main(argv: list[str]) -> int:
