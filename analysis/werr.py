@@ -22,6 +22,7 @@ import pandas as pd
 
 from analysis import stats
 from analysis.collect import Sweep, greedy_rows
+from analysis.pool import Task, compare_all
 from analysis.defaults import DEFAULT_BASELINE_CONTEXT_S  # (re-exported: analysis.werr.DEFAULT_BASELINE_CONTEXT_S)
 from asr_core.contract.metrics import CLEAN, GREEDY
 from asr_core.contract.trial import FINISHED
@@ -185,10 +186,9 @@ def config_names(sweep: Sweep) -> dict[str, str]:
     return dict(zip(sweep.trials["config_id"], sweep.trials["config"]))
 
 
-def compare_configs(sweep: Sweep, config_a: str, config_b: str, dataset: str, condition: str = CLEAN, *,
-                    bootstrap_resamples: int = stats.BOOTSTRAP_RESAMPLES, level: float = 0.95,
-                    index: SeedTables | None = None) -> stats.Comparison:
-    """Every test of configuration B (``config_id``) against A on one dataset and condition.
+def paired_configs(sweep: Sweep, config_a: str, config_b: str, dataset: str, condition: str = CLEAN, *,
+                   index: SeedTables | None = None) -> stats.PairedCounts:
+    """Configuration A's and B's (``config_id``) per-recording counts on one dataset and condition, paired.
 
     ``index``: :func:`recording_index` of the sweep, when many comparisons are made. Raises
     :class:`stats.PairingError` naming what is missing when they cannot be paired recording by recording.
@@ -203,7 +203,15 @@ def compare_configs(sweep: Sweep, config_a: str, config_b: str, dataset: str, co
         if not table:
             raise stats.PairingError(f"configuration {name} has no per-recording results{where} "
                                      f"(see the problems table)")
-    pc = stats.pair_counts(a, b, name_a=name_a + where, name_b=name_b + where)
+    return stats.pair_counts(a, b, name_a=name_a + where, name_b=name_b + where)
+
+
+def compare_configs(sweep: Sweep, config_a: str, config_b: str, dataset: str, condition: str = CLEAN, *,
+                    bootstrap_resamples: int = stats.BOOTSTRAP_RESAMPLES, level: float = 0.95,
+                    index: SeedTables | None = None) -> stats.Comparison:
+    """Every test of configuration B (``config_id``) against A on one dataset and condition (see
+    :func:`paired_configs` for ``index`` and the :class:`stats.PairingError` it raises)."""
+    pc = paired_configs(sweep, config_a, config_b, dataset, condition, index=index)
     return stats.compare(pc, level=level, bootstrap_resamples=bootstrap_resamples,
                          seed=stable_seed(config_a, config_b, dataset, condition))
 
@@ -231,32 +239,37 @@ def significance_table(sweep: Sweep, baseline_context: float = DEFAULT_BASELINE_
     wt = wer_table(sweep)
     index = recording_index(sweep)
     seeds_of = expected_seeds(sweep)
-    rows: list[dict] = []
-    cache: dict[tuple[str, str, str, str], stats.Comparison | str] = {}
     groups = []
     for fam in sweep.families:
         members = in_family(wt, fam)
         for key, grp in members.groupby(["series_id", "dataset", "condition"], sort=True):
             groups.append((fam, key, grp))
-    if progress and groups:
-        from tqdm import tqdm
-
-        groups = tqdm(groups, desc="significance", unit="group", leave=False)
+    plan: list[tuple[str, str, str, pd.Series, list[pd.Series]]] = []
+    todo: dict[tuple[str, str, str, str], Task | str] = {}  # one comparison per pair, made once
     for fam, (series_id, ds, cond), grp in groups:
         base_ctx = find_baseline(grp["context_s"].tolist(), baseline_context)
         if base_ctx is None:
             continue
         base = grp[grp["context_s"] == base_ctx].iloc[0]
-        start = len(rows)
-        for _, other in grp[grp["context_s"] != base_ctx].sort_values("context_s").iterrows():
+        others = [other for _, other in grp[grp["context_s"] != base_ctx].sort_values("context_s").iterrows()]
+        plan.append((fam, ds, cond, base, others))
+        for other in others:
             ck = (base["config_id"], other["config_id"], ds, cond)
-            if ck not in cache:
+            if ck not in todo:
                 try:
-                    cache[ck] = compare_configs(sweep, *ck, bootstrap_resamples=bootstrap_resamples, level=level,
-                                                index=index)
+                    todo[ck] = (paired_configs(sweep, *ck, index=index),
+                                {"level": level, "bootstrap_resamples": bootstrap_resamples,
+                                 "seed": stable_seed(*ck)})
                 except stats.PairingError as e:
-                    cache[ck] = str(e)
-            rows.append(_row(fam, base, other, cache[ck], seeds_of))
+                    todo[ck] = str(e)
+    made = [k for k, v in todo.items() if not isinstance(v, str)]
+    results = dict(zip(made, compare_all([todo[k] for k in made], progress=progress)))  # type: ignore[misc]
+    rows: list[dict] = []
+    for fam, ds, cond, base, others in plan:
+        start = len(rows)
+        for other in others:
+            ck = (base["config_id"], other["config_id"], ds, cond)
+            rows.append(_row(fam, base, other, results.get(ck, todo[ck]), seeds_of))  # type: ignore[arg-type]
         ps = [r["p_permutation"] for r in rows[start:]]
         for r, adj in zip(rows[start:], stats.holm(ps)):
             r["p_holm"] = float(adj)
