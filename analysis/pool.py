@@ -5,8 +5,10 @@ Each comparison carries its own seed (:func:`analysis.werr.stable_seed` of what 
 depend on the order, the number of workers or which worker ran what: the report's tables are the same byte for byte
 with one process or several (``tests/test_compare_pool.py``).
 
-The workers come from a ``forkserver`` context (a clean server process forks them; nothing of the parent's threads
-or open connections is inherited) with :mod:`analysis.stats` preloaded, and get the comparisons in chunks. The
+The workers are forked from this process where the platform can fork (Linux): they compute with numpy and scipy
+only, take no lock and log nothing, and a fork neither imports the caller's script again (which ``spawn`` and
+``forkserver`` would, so a script without a ``__main__`` guard could not use them) nor pays the imports. Elsewhere
+they are spawned. They get the comparisons in chunks. The
 number of workers is the cores this process may use (``os.sched_getaffinity``), capped by
 :data:`MAX_WORKERS`; ``ANALYSIS_WORKERS=N`` in the environment sets it (1: everything in this process).
 """
@@ -68,8 +70,8 @@ def compare_all(tasks: Sequence[Task], *, workers: int | None = None,
     chunks = [tasks[i:i + size] for i in range(0, len(tasks), size)]
     bar = _bar(len(tasks), progress)
     if parallel:
-        ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload(["analysis.stats"])
+        methods = multiprocessing.get_all_start_methods()
+        ctx = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
         try:
             out: list[stats.Comparison] = []
             with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:

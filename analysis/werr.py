@@ -13,7 +13,7 @@ import hashlib
 import json
 import math
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Iterable
 
@@ -22,6 +22,7 @@ import pandas as pd
 
 from analysis import stats
 from analysis.collect import Sweep, greedy_rows
+from analysis.tables import counts_by_seed
 from analysis.pool import Task, compare_all
 from analysis.defaults import DEFAULT_BASELINE_CONTEXT_S  # (re-exported: analysis.werr.DEFAULT_BASELINE_CONTEXT_S)
 from asr_core.contract.metrics import CLEAN, GREEDY
@@ -158,7 +159,7 @@ def snr_table(werr: pd.DataFrame) -> pd.DataFrame:
 
 # ---- pairing and significance --------------------------------------------------------------------------------
 
-SeedTables = dict[tuple[str, str, str], dict[int, dict[str, tuple[float, float]]]]
+SeedTables = dict[tuple[str, str, str], dict[int, Mapping[str, tuple[float, float]]]]
 
 
 def recording_index(sweep: Sweep, decoder: str = GREEDY) -> SeedTables:
@@ -166,14 +167,7 @@ def recording_index(sweep: Sweep, decoder: str = GREEDY) -> SeedTables:
     (greedy unless told), built in one pass (filtering the tidy frame once per comparison would dominate the
     report's run time on a paper-sized sweep)."""
     rec = greedy_rows(sweep.recordings, decoder)
-    out: SeedTables = {}
-    if rec.empty:
-        return out
-    cols = [rec[c].to_numpy() for c in ("config_id", "dataset", "condition", "seed", "recording", "errors",
-                                         "ref_words")]
-    for cid, ds, cond, seed, name, err, words in zip(*cols):
-        out.setdefault((cid, ds, cond), {}).setdefault(int(seed), {})[str(name)] = (float(err), float(words))
-    return out
+    return counts_by_seed(rec, ["config_id", "dataset", "condition"])  # type: ignore[return-value]
 
 
 def expected_seeds(sweep: Sweep) -> dict[str, list[int]]:

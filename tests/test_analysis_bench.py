@@ -21,7 +21,7 @@ def test_the_bench_runs_at_a_tiny_size_and_the_warm_report_equals_the_cold(tmp_p
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     assert "bench: ledger 4/4 runs written" in r.stderr
     lines = r.stdout.strip().splitlines()
-    assert lines[0].startswith("| runs | ledger built | wall cold | wall warm | wall, one run changed | peak RSS")
+    assert lines[0].startswith("| runs | ledger built | wall cold | wall warm | wall, one run changed | peak memory")
     assert len(lines) == 3
     assert lines[2].startswith("| 4 |") and lines[2].endswith("| - |")
     cold, warm = tmp_path / "b" / "report-4-cold", tmp_path / "b" / "report-4-warm"
@@ -43,3 +43,22 @@ def test_the_table_says_which_goals_are_met() -> None:
                        "warm ≤ 15 s met |")
     assert rows[3].endswith("| ? (?) | cold ≤ 300 s NOT met, ≤ 2 GiB NOT met |")
     assert rows[4].endswith("| - |")
+
+
+def test_the_tree_memory_counts_a_workers_memory_beside_its_parents() -> None:
+    """A parent holding 150 MiB starts a child holding 200 MiB: the tree's peak is their sum, where wait4's peak
+    RSS is only that of the largest process."""
+    import os
+
+    from analysis.bench import TreeMemory
+
+    hold = "b = bytearray({n} * 2**20); b[::4096] = b'x' * len(b[::4096])"
+    child = hold.format(n=200) + "; import time; time.sleep(1.5)"
+    code = hold.format(n=150) + f"; import subprocess, sys; subprocess.run([sys.executable, '-c', {child!r}])"
+    proc = subprocess.Popen([sys.executable, "-c", code])
+    tree = TreeMemory(proc.pid, every_s=0.05)
+    tree.start()
+    _, _, usage = os.wait4(proc.pid, 0)
+    tree.stop()
+    assert usage.ru_maxrss * 1024 < 300 * 2 ** 20  # the largest process alone
+    assert tree.peak > 350 * 2 ** 20

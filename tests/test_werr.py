@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
@@ -128,3 +129,37 @@ def test_resolve_config_forms(sweep: Sweep) -> None:
         werr.resolve_config(sweep, "20s")
     with pytest.raises(werr.SelectionError, match="names no configuration.*ctx10s-sin-2L96d4h \\(10.24 s\\)"):
         werr.resolve_config(sweep, "ctx99s")
+
+
+def _index_as_dicts(sweep: Sweep) -> dict:
+    """The index as it was built before it was held in arrays: a dict per seed, filled row by row."""
+    rec = werr.greedy_rows(sweep.recordings)
+    out: dict = {}
+    cols = [rec[c].to_numpy() for c in ("config_id", "dataset", "condition", "seed", "recording", "errors",
+                                         "ref_words")]
+    for cid, ds, cond, seed, name, err, words in zip(*cols):
+        out.setdefault((cid, ds, cond), {}).setdefault(int(seed), {})[str(name)] = (float(err), float(words))
+    return out
+
+
+def test_recording_index_reads_as_the_dicts_it_replaces_in_their_order(sweep: Sweep) -> None:
+    want = _index_as_dicts(sweep)
+    got = werr.recording_index(sweep)
+    assert list(got) == list(want)
+    for key, seeds in want.items():
+        assert list(got[key]) == list(seeds)
+        for s, table in seeds.items():
+            assert list(got[key][s].items()) == list(table.items())
+            assert all(got[key][s][n] == v for n, v in table.items())
+
+
+def test_recording_index_keeps_a_twice_listed_recordings_last_counts_at_its_first_place(sweep: Sweep) -> None:
+    rec = sweep.recordings
+    first = rec.iloc[[0]].copy()
+    first["errors"] = first["errors"] + 7
+    doubled = replace(sweep, recordings=pd.concat([rec, first], ignore_index=True))
+    want, got = _index_as_dicts(doubled), werr.recording_index(doubled)
+    key = (first["config_id"].iloc[0], first["dataset"].iloc[0], first["condition"].iloc[0])
+    seed, name = int(first["seed"].iloc[0]), str(first["recording"].iloc[0])
+    assert list(got[key][seed].items()) == list(want[key][seed].items())
+    assert next(iter(got[key][seed])) == name and got[key][seed][name][0] == float(first["errors"].iloc[0])
