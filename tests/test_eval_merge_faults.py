@@ -31,6 +31,7 @@ from asr_core.contract.trial import (EXIT_OK, TrialFolder, mark_done, mark_evalu
 from asr_core.data.synth.generate import synthesise
 from asr_core.data.synth.text import TOPICS, vocabulary
 from asr_core.data.tokenizer import Tokenizer
+from asr_core.evaluation.job import MERGE_DIR
 from asr_core.contract.identity import evaluation_key
 from asr_core.model.acoustic import build_model
 from asr_core.training.checkpoint import save_checkpoint
@@ -103,8 +104,8 @@ def evaluation_job(m: dict, snrs: tuple[float, ...], created: float | None = Non
     return folder
 
 
-def start(m: dict, job: Path, fault: str = "") -> subprocess.Popen:
-    env = {**os.environ, "ASR_CORE_FAULT": fault, "ASR_CORE_FINAL_FLUSH_S": "60"}
+def start(m: dict, job: Path, fault: str = "", **extra: str) -> subprocess.Popen:
+    env = {**os.environ, "ASR_CORE_FAULT": fault, "ASR_CORE_FINAL_FLUSH_S": "60", **extra}
     log = (job / "test.log").open("ab")
     return subprocess.Popen(trial_command(job, m["uri"], m["run_id"], python=sys.executable), env=env, stdout=log,
                             stderr=subprocess.STDOUT, start_new_session=True)
@@ -168,7 +169,9 @@ def test_two_evaluation_jobs_of_one_model_at_once_lose_no_row(model: dict) -> No
 
 def test_a_job_killed_during_its_merge_and_run_again_beside_another_loses_no_row(model: dict) -> None:
     a, b = evaluation_job(model, (5.0,)), evaluation_job(model, (15.0,))
-    first = start(model, a, "sleep-in-merge:120")
+    node_tmp = model["tmp"] / f"node-tmp-{time.monotonic_ns()}"  # the node's /tmp, as the job sees it
+    node_tmp.mkdir()
+    first = start(model, a, "sleep-in-merge:120", TMPDIR=str(node_tmp))
     try:
         end = time.monotonic() + 300
         while time.monotonic() < end and first.poll() is None:
@@ -183,6 +186,9 @@ def test_a_job_killed_during_its_merge_and_run_again_beside_another_loses_no_row
             os.killpg(first.pid, signal.SIGKILL)  # what the kernel's OOM killer does
         first.wait()
     assert not (a / "DONE").exists()
+    # the killed merge's work is in the job's own folder, not left behind in the node's /tmp
+    assert not [p.name for p in node_tmp.iterdir()], "the killed job left its merge in the node's /tmp"
+    assert (a / "eval" / MERGE_DIR).is_dir()
     stale = a / "eval" / ".dev.csv.0123456789ab.tmp"  # what a job killed while writing its table leaves
     stale.parent.mkdir(exist_ok=True)
     stale.write_text("condition,recording\nsnr5,cut sh")
@@ -190,6 +196,7 @@ def test_a_job_killed_during_its_merge_and_run_again_beside_another_loses_no_row
     assert rcs == [EXIT_OK, EXIT_OK], [(j / "test.log").read_text()[-3000:] for j in (a, b)]
     assert_every_condition_once(model, {"clean", "snr5", "snr15"})
     assert not stale.exists()
+    assert not (a / "eval" / MERGE_DIR).exists() and not (b / "eval" / MERGE_DIR).exists()
 
 
 def test_a_job_restores_rows_of_a_sibling_that_the_run_lost(model: dict) -> None:

@@ -24,7 +24,6 @@ import io
 import os
 import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, Iterator
@@ -42,6 +41,8 @@ if TYPE_CHECKING:
     from asr_core.config import Config
     from asr_core.runtime.outbox import Outbox
     from asr_core.contract.trial import ProgressLog
+
+MERGE_DIR = ".merging"  # in the job's eval/: the tables being merged (merge_folder)
 
 
 class EvaluationInterrupted(Exception):
@@ -126,10 +127,14 @@ class _HeldBack:
 
 def remove_stale_temps(folder: Path) -> None:
     """Remove the temporary files (``.<table>.<random>.tmp``) that a job killed while writing a table left in
-    ``folder`` (its ``eval/`` or ``eval/measured/``). Called at the job's start, under its lease: no other process
+    ``folder`` (its ``eval/`` or ``eval/measured/``), and the merge folder (:data:`MERGE_DIR`) of one killed in
+    :func:`publish`. Called at the job's start, under its lease: no other process
     writes into the job's folder."""
     if not folder.is_dir():
         return
+    if (folder / MERGE_DIR).is_dir():
+        shutil.rmtree(folder / MERGE_DIR, ignore_errors=True)
+        print(f"[eval] removed {MERGE_DIR}/, the merge a killed job left", file=sys.stderr, flush=True)
     for tmp in sorted(folder.glob(f".*{TEMP_SUFFIX}")):
         try:
             tmp.unlink()
@@ -140,6 +145,20 @@ def remove_stale_temps(folder: Path) -> None:
                   file=sys.stderr, flush=True)
             continue
         print(f"[eval] removed {tmp.name}, a table a killed job left half written", file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def merge_folder(eval_dir: Path) -> Iterator[Path]:
+    """The folder :func:`publish` merges in: :data:`MERGE_DIR` inside the job's own ``eval/`` (under its lease, no
+    other process writes there), emptied first and removed after. A job killed mid-merge leaves it in its folder,
+    where its next start removes it (:func:`remove_stale_temps`), not in the node's ``/tmp``."""
+    work = eval_dir / MERGE_DIR
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    try:
+        yield work
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 @contextlib.contextmanager
@@ -228,7 +247,7 @@ def publish(spec: EvaluationSpec, read: CheckpointRead | None, folder: TrialFold
         from mlflow.tracking import MlflowClient
 
         client = MlflowClient(run[1])
-    with model_lock(spec.model_dir), tempfile.TemporaryDirectory(prefix="asr-eval-run-") as tmp:
+    with model_lock(spec.model_dir), merge_folder(folder.eval_dir) as tmp:
         have: set[str] = set()
         if client is not None and run is not None:
             other = {i: s for i, s in recorded_checkpoints(client.get_run(run[0]).data.tags).items()
