@@ -39,9 +39,9 @@ from typing import TYPE_CHECKING
 
 from analysis.bench import add_parser as add_bench_parser
 from analysis.bench import run_bench
-from analysis.cache import CACHE_ENV, bad_cache_dir, default_cache_dir
-from analysis.defaults import BOOTSTRAP_RESAMPLES, DEFAULT_BASELINE_CONTEXT_S
-from analysis.fetch import CollectError
+from analysis.ledger.cache import CACHE_ENV, bad_cache_dir, default_cache_dir
+from analysis.ledger.defaults import BOOTSTRAP_RESAMPLES, DEFAULT_BASELINE_CONTEXT_S
+from analysis.ledger.fetch import CollectError
 from asr_core.contract.metrics import CLEAN, condition_name
 from asr_core.contract.options import positional, renamed
 from asr_core.contract.tracking import (DASHBOARD_HOST, DASHBOARD_PORT, DEFAULT_SWEEP_ROOT, ENV, SWEEP_ROOT_ENV,
@@ -50,14 +50,14 @@ from asr_core.contract.tracking import (DASHBOARD_HOST, DASHBOARD_PORT, DEFAULT_
 from asr_core.version import ShowVersion
 
 if TYPE_CHECKING:  # the tables (pandas, scipy) are imported where a command runs: --help and a Tab need none
-    from analysis.cache import TableCache
+    from analysis.ledger.cache import TableCache
     from analysis.memo import Written
 
 EXIT_USAGE = 2
 EXIT_DATA = 3
 # MLflow's own HTTP retries, unless set: a server that stops answering mid-read is given up in seconds, not minutes
 # (its defaults retry 7 times with up to 2 min between tries; a server that is down from the start is found by
-# analysis.fetch.check_tracker before any of them)
+# analysis.ledger.fetch.check_tracker before any of them)
 MLFLOW_BOUNDS = mlflow_http(max_retries=2, backoff_factor=1, timeout_s=10)
 
 
@@ -125,8 +125,8 @@ def ledger_options(p: argparse.ArgumentParser) -> None:
 
 def report_cache(args: argparse.Namespace) -> TableCache | None:
     """The cache ``report``'s options name: ``--no-cache`` none, ``--cache DIR``, else the default
-    (:func:`analysis.cache.default_cache_dir`)."""
-    from analysis.cache import TableCache
+    (:func:`analysis.ledger.cache.default_cache_dir`)."""
+    from analysis.ledger.cache import TableCache
 
     if args.no_cache:
         return None
@@ -135,10 +135,10 @@ def report_cache(args: argparse.Namespace) -> TableCache | None:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from analysis.collect import build_sweep, greedy_rows
-    from analysis.fetch import fetch_records
+    from analysis.ledger.collect import build_sweep, greedy_rows
+    from analysis.ledger.fetch import fetch_records
     from analysis.memo import ReportMemo, Written, inputs_digest
-    from analysis.report import build_report
+    from analysis.document.report import build_report
 
     cache = report_cache(args)
     records = fetch_records(args.sweep, args.tracking_uri, lm_experiments=args.lm_experiment, cache=cache)
@@ -210,9 +210,9 @@ def _log_report(args: argparse.Namespace, rep: Written) -> int:
 
 
 def _compare(args: argparse.Namespace) -> int:
-    from analysis import stats
-    from analysis.collect import collect, greedy_rows
-    from analysis.werr import SelectionError, compare_configs, format_seconds, resolve_config
+    from analysis.significance import stats
+    from analysis.ledger.collect import collect, greedy_rows
+    from analysis.significance.werr import SelectionError, compare_configs, format_seconds, resolve_config
 
     sweep = collect(args.sweep, args.tracking_uri, ignore_params=args.ignore_param, progress=False)
     series = sweep.trials.drop_duplicates("config_id").set_index("config_id")["series_id"]

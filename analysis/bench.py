@@ -251,7 +251,7 @@ def bench(sizes: list[int], folder: Path, bootstrap: int, rows: list[Row] | None
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     """The ``bench`` subcommand of ``python -m analysis`` (``sub``: its parser's subparsers)."""
-    from analysis.defaults import BOOTSTRAP_RESAMPLES
+    from analysis.ledger.defaults import BOOTSTRAP_RESAMPLES
 
     b = sub.add_parser("bench", help="time the report on a fake paper-grid ledger in a real MLflow server",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

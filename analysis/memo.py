@@ -9,7 +9,7 @@ them (:meth:`ReportMemo.restore`) instead of building the sweep's tables, runnin
 figures again: the same files, byte for byte. Anything that changed (a run finished or evaluated anew, another
 option, another version of the analysis) is another digest, and the report is computed and the memo replaced.
 
-Where: ``<cache>/reports/<sweep digest>/`` (the report cache's folder, :mod:`analysis.cache`), one memo per sweep
+Where: ``<cache>/reports/<sweep digest>/`` (the report cache's folder, :mod:`analysis.ledger.cache`), one memo per sweep
 and ledger, so the folder holds one report per sweep read. Its ``memo.json`` is written last and names the digest
 and every file with its SHA-256; a memo that is cut short, damaged or for another digest is a miss. Never pickle.
 """
@@ -53,7 +53,7 @@ def code_digest(root: Path | None = None) -> str:
 
 
 def inputs_digest(records: Iterable[Any], options: Mapping[str, Any], code: str | None = None) -> str:
-    """The digest of a report's inputs: every record (:class:`analysis.fetch.RunRecord`: id, status, tags, params,
+    """The digest of a report's inputs: every record (:class:`analysis.ledger.fetch.RunRecord`: id, status, tags, params,
     metrics, tables' text) in id order, the report's ``options`` (JSON-able) and ``code`` (default
     :func:`code_digest`)."""
     h = hashlib.sha256()
@@ -161,15 +161,15 @@ class Written:
     html: Path
     markdown: Path
     csvs: dict[str, Path]
-    figures: list[Any]  # analysis.plots.Figure
-    skipped: list[Any]  # analysis.plots.Skipped
+    figures: list[Any]  # analysis.display.plots.Figure
+    skipped: list[Any]  # analysis.display.plots.Skipped
     comparisons: int
     significant: int
     clean: list[str]
 
     @classmethod
     def of(cls, rep: Any, clean: Iterable[str]) -> "Written":
-        """The written report ``rep`` (:class:`analysis.report.Report`)."""
+        """The written report ``rep`` (:class:`analysis.document.report.Report`)."""
         sig = rep.significance
         n_sig = int((sig["significant"] == True).sum()) if len(sig) else 0  # noqa: E712
         return cls(rep.out_dir, rep.html, rep.markdown, dict(rep.csvs), list(rep.figures), list(rep.skipped),
@@ -192,7 +192,7 @@ class Written:
     @classmethod
     def from_facts(cls, out: Path, facts: Mapping[str, Any]) -> "Written":
         """The report copied into ``out`` from a memo whose facts are ``facts``."""
-        from analysis.plots import Figure, Skipped
+        from analysis.display.plots import Figure, Skipped
 
         return cls(out, out / facts["html"], out / facts["markdown"], {k: out / v for k, v in facts["csvs"].items()},
                    [Figure(k, t, c, out / n) for k, t, c, n in facts["figures"]],

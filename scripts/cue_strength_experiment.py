@@ -16,7 +16,7 @@ demo tests), this script
    the pooled rate of the per-recording ``cue_words`` / ``cue_errors`` of ``eval/test.csv``), how each planted word
    was written (the right spelling, the group's other spelling, something else: from the aligned transcript of
    ``eval/test.hyp.jsonl``) and, among the planted words written as either spelling, the share spelt right; and the
-   recording-level paired sign-flip test between the two contexts (:func:`analysis.stats.sign_flip_test`) on the
+   recording-level paired sign-flip test between the two contexts (:func:`analysis.significance.stats.sign_flip_test`) on the
    per-recording cue-word error rate (recordings with planted words) and on the other words' error counts.
 
 The share spelt right has a context-free baseline: a model that ignores context and writes each sound's more
@@ -53,7 +53,7 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from analysis.stats import sign_flip_test  # noqa: E402
+from analysis.significance.stats import sign_flip_test  # noqa: E402
 from asr_core.data.corpora import load_corpus  # noqa: E402
 from asr_core.data.synth.cues import CueConfig, planted, planted_groups  # noqa: E402
 from asr_core.scoring.score import normalise_marked  # noqa: E402

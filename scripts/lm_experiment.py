@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
              f"lmdev=text:{lm_dir / 'dev.jsonl'}", "--lm-contexts", "16,64,256,1024"], "perplexity against LM context")
     ppl = pd.read_csv(ppl_csv)
 
-    from analysis.stats import sign_flip_test
+    from analysis.significance.stats import sign_flip_test
 
     rows = []
     for ctx in contexts:

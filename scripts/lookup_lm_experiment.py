@@ -202,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     ts = json.loads(tail.read_text())
     print(f"tail set: {len(ts['words'])} word types, {ts['tail_share']:.2%} of the LM text's {ts['total_words']} words")
 
-    from analysis.stats import sign_flip_test
+    from analysis.significance.stats import sign_flip_test
     from asr_core.lm.checkpoint import load_checkpoint
     from asr_core.lm.config import LMTrainConfig
     from asr_core.lm.model import lm_size

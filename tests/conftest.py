@@ -92,11 +92,11 @@ _BEFORE = pytest.StashKey[set[str] | None]()
 
 @pytest.fixture(scope="session", autouse=True)
 def _report_cache_is_the_sessions_own(tmp_path_factory: pytest.TempPathFactory):
-    """``python -m analysis report`` keeps finished runs' tables in a cache (:mod:`analysis.cache`, by default under
+    """``python -m analysis report`` keeps finished runs' tables in a cache (:mod:`analysis.ledger.cache`, by default under
     ~/.cache): the tests' reports keep theirs in a folder of the session, unless a test names another."""
     import os
 
-    from analysis.cache import CACHE_ENV
+    from analysis.ledger.cache import CACHE_ENV
 
     before = os.environ.get(CACHE_ENV)
     os.environ[CACHE_ENV] = str(tmp_path_factory.mktemp("report-cache"))

@@ -132,8 +132,8 @@ def test_the_runs_list_shows_every_wer_column_and_value(reported: Reported, brow
 
 def test_a_report_of_models_that_learned_nothing_shows_no_figure(browser_page, tmp_path: Path) -> None:
     """The quick demo's report drew flat-zero WERR figures after saying every run was left out."""
-    from analysis.collect import build_sweep
-    from analysis.report import build_report
+    from analysis.ledger.collect import build_sweep
+    from analysis.document.report import build_report
     from tests.test_report import _family_records, _unlearned
 
     build_report(build_sweep("blank", _unlearned(_family_records())), tmp_path, bootstrap_resamples=100)

@@ -1,4 +1,4 @@
-"""analysis.collect: a synthetic sweep written into a real MLflow sqlite database and read back."""
+"""analysis.ledger.collect: a synthetic sweep written into a real MLflow sqlite database and read back."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from analysis import collect
-from analysis.collect import build_sweep
-from analysis.fetch import CollectError, RunRecord
+from analysis.ledger import collect
+from analysis.ledger.collect import build_sweep
+from analysis.ledger.fetch import CollectError, RunRecord
 from asr_core.contract.metrics import parse_metric_key
 
 sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "analysis"))
@@ -207,7 +207,7 @@ def test_the_evaluations_a_run_records_are_read_and_named_in_the_report() -> Non
     ``Sweep.evaluations``, and the report's note says which evaluation its greedy tables read and what jobs added;
     runs without such tags get no note."""
     from asr_core.contract.evaluation import evaluation_tag
-    from analysis.werr import evaluation_notes
+    from analysis.significance.werr import evaluation_notes
 
     setting = {"decoder": "greedy", "stride": 0.125, "precision": "auto", "noise": "synthetic"}
     tags = {**evaluation_tag("own", "greedy", {"dev": (None,)}, setting),

@@ -1,4 +1,4 @@
-"""analysis.pool: the comparisons made over worker processes are the ones made in one process, in the same order."""
+"""analysis.significance.pool: the comparisons made over worker processes are the ones made in one process, in the same order."""
 
 from __future__ import annotations
 
@@ -11,8 +11,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis import pool, stats, werr
-from analysis.collect import build_sweep
+from analysis.significance import pool
+from analysis.significance import stats
+from analysis.significance import werr
+from analysis.ledger.collect import build_sweep
 
 sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "analysis"))
 import synthetic_sweep as synth  # noqa: E402
@@ -62,7 +64,7 @@ def test_a_pool_that_cannot_start_falls_back_to_this_process(monkeypatch: pytest
 
     tasks = _tasks(pool.MIN_PARALLEL)
     monkeypatch.setattr(pool, "ProcessPoolExecutor", NoPool)
-    with caplog.at_level(logging.WARNING, logger="analysis.pool"):
+    with caplog.at_level(logging.WARNING, logger="analysis.significance.pool"):
         got = pool.compare_all(tasks, workers=2)
     assert _plain(got) == _plain(pool.compare_all(tasks, workers=1))
     assert "no more processes" in caplog.text

@@ -14,7 +14,7 @@ from mlflow.tracking import MlflowClient
 from analysis import dashboard
 from asr_core.contract import ledger as sweep_view
 from analysis.__main__ import main
-from analysis.fetch import RunRecord
+from analysis.ledger.fetch import RunRecord
 from asr_core.contract.metrics import CLEAN, parse_metric_key
 
 sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "analysis"))

@@ -1,4 +1,4 @@
-"""Error types (analysis.errors): substitution, deletion and insertion rates per decoder, corpus level per seed then
+"""Error types (analysis.features.errors): substitution, deletion and insertion rates per decoder, corpus level per seed then
 mean and sd over seeds, S + D + I = WER; the "Error types" section, and the report of a greedy-only sweep.
 
 The hand-made sweep: contexts 5.12 and 81.92 s, seeds 1 and 2, 4 recordings of 100 words on ``talks``; seed 2 has
@@ -16,10 +16,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis import errors as er
-from analysis.collect import Sweep, build_sweep
-from analysis.fetch import RunRecord
-from analysis.report import build_report
+from analysis.features import errors as er
+from analysis.ledger.collect import Sweep, build_sweep
+from analysis.ledger.fetch import RunRecord
+from analysis.document.report import build_report
 from asr_core.contract.metrics import CLEAN, GREEDY
 
 sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "analysis"))

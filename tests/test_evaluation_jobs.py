@@ -121,8 +121,8 @@ def test_a_new_test_set_and_snr_evaluate_finished_models_without_training_them(t
         assert {ln.split(",")[1] for ln in table.read_text().splitlines()[1:]} == {"clean", "snr5"}
 
     # analysis reads every evaluation of each model and says which one its tables use
-    from analysis.collect import collect
-    from analysis.werr import evaluation_notes
+    from analysis.ledger.collect import collect
+    from analysis.significance.werr import evaluation_notes
 
     sw = collect("evj", uri, progress=False)
     greedy = sw.wer[sw.wer["decoder"] == "greedy"]

@@ -1,13 +1,13 @@
-"""analysis.finding: the paper's three claims checked on sweeps with a planted result, its reverse, and too little."""
+"""analysis.document.finding: the paper's three claims checked on sweeps with a planted result, its reverse, and too little."""
 
 from __future__ import annotations
 
 import pandas as pd
 import pytest
 
-from analysis.collect import build_sweep
-from analysis.fetch import RunRecord
-from analysis.finding import finding_checks, summary_sentence
+from analysis.ledger.collect import build_sweep
+from analysis.ledger.fetch import RunRecord
+from analysis.document.finding import finding_checks, summary_sentence
 from asr_core.config import preset
 
 N_RECORDINGS = 12
@@ -108,7 +108,7 @@ def test_models_that_have_not_learned_cannot_be_judged() -> None:
 def test_a_claims_bullet_joins_the_claim_and_its_detail_into_one_sentence() -> None:
     """The detail opens in lower case ("every model ..."): it follows the claim after a dash, not after a full stop,
     and the bullet ends with one full stop whether or not the detail has one."""
-    from analysis.finding import Check
+    from analysis.document.finding import Check
 
     line = Check("WER falls as context grows", None, "every model is at 95% WER or more on clean audio").line()
     assert line == ("**Cannot be checked**: WER falls as context grows — every model is at 95% WER or more on "

@@ -1,4 +1,4 @@
-"""The "Context or fragmentation" section (analysis.fragmentation): the verdict's rules on their own, the controls
+"""The "Context or fragmentation" section (analysis.features.fragmentation): the verdict's rules on their own, the controls
 found by their fields, the summary and test tables, and the section in a report.
 
 The sweep is small and hand-made: dense models at 5.12 and 81.92 s, two banded 81.92 s models (0.96 s and 2.56 s a
@@ -15,11 +15,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis import fragmentation as fr
-from analysis.collect import Sweep, build_sweep
-from analysis.fetch import RunRecord
-from analysis.fragmentation import Evidence, decide
-from analysis.report import build_report
+from analysis.features import fragmentation as fr
+from analysis.ledger.collect import Sweep, build_sweep
+from analysis.ledger.fetch import RunRecord
+from analysis.features.fragmentation import Evidence, decide
+from analysis.document.report import build_report
 from asr_core.config import resolve
 from asr_core.contract.trial import TAG_RECEPTIVE_FIELD
 from asr_core.model.receptive import receptive_field

@@ -192,9 +192,6 @@ WIDE_FOLDERS = {
     "asr_core/contract": "one module per seam between packages, each the single owner both sides import "
                          "(docs/ARCHITECTURE.md, \"The contracts\"); grouping two seams in one module would blur "
                          "which side owns what",
-    "analysis": "the report (fetch, collect, tables, render, plots, stats) beside one module per paper feature (cue, "
-                "tail, recall, fusion, heads, fragmentation, decoders); the registry of word scorers and decoders "
-                "(issue 47, item 3) is what regroups them",
 }
 # Folder pairs that import each other today (asr_core's, issue 47 items 2 and 4); no new pair may join them.
 MUTUAL_FOLDERS = {
@@ -229,6 +226,8 @@ def test_no_two_folders_import_each_other():
 
 
 ORCHESTRATE_FLOORS = ["cli", "status", "dispatch", "backends", "budget", "plan", "ledger", "sweep"]
+# analysis: the report's document → the paper features → how things are shown → the statistics → the sweep as read
+ANALYSIS_FLOORS = ["document", "features", "display", "significance", "ledger"]
 
 
 def test_orchestrate_reads_one_way_from_the_command_line_down_to_the_sweep():
@@ -238,6 +237,18 @@ def test_orchestrate_reads_one_way_from_the_command_line_down_to_the_sweep():
     up = sorted(f"{a} -> {b}" for a, targets in _graph().items() for b in targets
                 if _folder(a) in floor and _folder(b) in floor and floor[_folder(b)] < floor[_folder(a)])
     assert not up, "imports that run back up:\n" + "\n".join(up)
+
+
+def test_analysis_reads_one_way_from_the_document_down_to_the_ledger():
+    """A folder of analysis imports only folders below it: document → features → display → significance → ledger;
+    the commands and tools (``__main__``, bench, memo, dashboard) stand above them all."""
+    floor = {f"analysis/{f}": i for i, f in enumerate(ANALYSIS_FLOORS)}
+    up = sorted(f"{a} -> {b}" for a, targets in _graph().items() for b in targets
+                if _folder(a) in floor and _folder(b) in floor and floor[_folder(b)] < floor[_folder(a)])
+    assert not up, "imports that run back up:\n" + "\n".join(up)
+    top = sorted(f"{a} -> {b}" for a, targets in _graph().items() for b in targets
+                 if _folder(a) in floor and _folder(b) == "analysis")
+    assert not top, "the report's folders import a command or tool of analysis/:\n" + "\n".join(top)
 
 
 # orchestrate reads asr_core through its seam: the contracts and the config. Each other asr_core module it reads is

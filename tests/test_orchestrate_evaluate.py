@@ -356,10 +356,10 @@ def test_a_packaged_spec_is_found_by_name_and_reads_its_paths_from_the_working_f
 def test_a_plain_test_set_joins_each_models_own_evaluation_and_the_main_wer_table(
         finished: tuple[Path, SweepDir], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A file of only ``datasets``: another test set decoded as each model's own evaluation (wer/<NAME>, the report's
-    main WER table, :func:`analysis.werr.wer_table`), once; a name that is a model's own test set with another path is
+    main WER table, :func:`analysis.significance.werr.wer_table`), once; a name that is a model's own test set with another path is
     refused before anything is written."""
-    from analysis.collect import collect
-    from analysis.werr import wer_table
+    from analysis.ledger.collect import collect
+    from analysis.significance.werr import wer_table
 
     root, sweep = finished
     uri = sweep.read_manifest().tracking_uri

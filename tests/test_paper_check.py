@@ -13,9 +13,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from analysis.collect import build_sweep
-from analysis.fetch import RunRecord
-from analysis.werr import werr_from_means, werr_table
+from analysis.ledger.collect import build_sweep
+from analysis.ledger.fetch import RunRecord
+from analysis.significance.werr import werr_from_means, werr_table
 
 TABLE = Path(__file__).parent / "fixtures" / "analysis" / "paper004_table2.csv"
 

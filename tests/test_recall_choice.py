@@ -1,6 +1,6 @@
 """The forced choice among a slot's candidates (asr_core.evaluation.scorers.slot_window: CTC likelihood of the window's
 reference with each candidate, and posterior mass over the masked span), its columns in the slot tables (older
-tables without them still read), the probe's summary and the copy plant's criteria (analysis.recall_choice)."""
+tables without them still read), the probe's summary and the copy plant's criteria (analysis.features.recall_choice)."""
 
 from __future__ import annotations
 
@@ -17,10 +17,10 @@ import pandas as pd
 import pytest
 import torch
 
-from analysis import recall as rc
-from analysis import recall_choice as ch
-from analysis.collect import build_sweep
-from analysis.fetch import RunRecord
+from analysis.features import recall as rc
+from analysis.features import recall_choice as ch
+from analysis.ledger.collect import build_sweep
+from analysis.ledger.fetch import RunRecord
 from asr_core.contract import metrics as m
 from asr_core.contract.specs import CorpusError
 from asr_core.data.corpora.base import Recording, Word
@@ -402,7 +402,7 @@ def test_the_probe_summary_and_the_copy_swap(monkeypatch: pytest.MonkeyPatch) ->
 
 def test_the_report_gives_the_copy_criteria_and_their_table(tmp_path: Path) -> None:
     """The report's positive-control section: the forced-choice text, the N1/F1-F3 lines and the choice tests' csv."""
-    from analysis.report import build_report
+    from analysis.document.report import build_report
 
     rep = build_report(build_sweep("copy", _records()), tmp_path, bootstrap_resamples=100)
     md = rep.markdown.read_text()
@@ -425,7 +425,7 @@ def test_a_slot_table_written_before_the_forced_choice_is_read(tmp_path: Path) -
 
 def test_a_sweep_with_one_context_has_no_far_test_and_a_report(tmp_path: Path) -> None:
     """Only the 10.24 s models finished (the others still training): rates, no comparison, a report all the same."""
-    from analysis.report import build_report
+    from analysis.document.report import build_report
 
     records = [r for r in _records() if not r.run_id.startswith("r82")]
     sweep = build_sweep("copy", records)

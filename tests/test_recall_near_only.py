@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from analysis import recall as rc
-from analysis.collect import build_sweep
-from analysis.fetch import RunRecord
-from analysis.report import build_report
+from analysis.features import recall as rc
+from analysis.ledger.collect import build_sweep
+from analysis.ledger.fetch import RunRecord
+from analysis.document.report import build_report
 from asr_core.contract.metrics import SLOT_COLUMNS
 
 CONTEXTS = (5.12, 10.24)

@@ -1,4 +1,4 @@
-"""The recall control in the report (analysis.recall): slot accuracy by band, distance bin and context with the
+"""The recall control in the report (analysis.features.recall): slot accuracy by band, distance bin and context with the
 ceiling and guess-rate controls, the far-band tests between context lengths (Holm), the verdict line, recall.csv,
 and no such part without the plant.
 
@@ -17,10 +17,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis import recall as rc
-from analysis.collect import build_sweep
-from analysis.fetch import RunRecord
-from analysis.report import build_report
+from analysis.features import recall as rc
+from analysis.ledger.collect import build_sweep
+from analysis.ledger.fetch import RunRecord
+from analysis.document.report import build_report
 from asr_core.contract.metrics import SLOT_COLUMNS
 
 CONTEXTS = (10.24, 81.92)

@@ -11,9 +11,9 @@ import pandas as pd
 import pytest
 
 from analysis.__main__ import main
-from analysis.collect import build_sweep
-from analysis.fetch import RunRecord
-from analysis.report import build_report
+from analysis.ledger.collect import build_sweep
+from analysis.ledger.fetch import RunRecord
+from analysis.document.report import build_report
 
 sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "analysis"))
 import synthetic_sweep as synth  # noqa: E402

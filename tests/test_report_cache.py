@@ -1,4 +1,4 @@
-"""analysis.cache: finished runs' tables kept between reports. A second report with nothing changed downloads no
+"""analysis.ledger.cache: finished runs' tables kept between reports. A second report with nothing changed downloads no
 table and writes the same files byte for byte as a report without the cache; an evaluation that adds a table, or a
 damaged entry, is downloaded again; a server that fails mid-read is exit 3 with one line and no report."""
 
@@ -13,8 +13,8 @@ from mlflow.store.artifact.local_artifact_repo import LocalArtifactRepository
 from mlflow.tracking import MlflowClient
 
 from analysis.__main__ import main
-from analysis.cache import CACHE_ENV, OFF, TableCache, default_cache_dir, entry_key
-from analysis.collect import collect
+from analysis.ledger.cache import CACHE_ENV, OFF, TableCache, default_cache_dir, entry_key
+from analysis.ledger.collect import collect
 
 sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "analysis"))
 import synthetic_sweep as synth  # noqa: E402

@@ -1,4 +1,4 @@
-"""The planted cue's section of the report (analysis.cue): pooled cue-word error rates, the tests against the shortest
+"""The planted cue's section of the report (analysis.features.cue): pooled cue-word error rates, the tests against the shortest
 and the baseline context with Holm's correction, the verdict lines, cue.csv, and no section without planted words.
 
 The sweep is small and hand-made: one family, contexts 5.12 / 10.24 / 81.92 s, two seeds, two datasets of 12
@@ -16,12 +16,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis import stats
+from analysis.significance import stats
 from analysis.__main__ import main
-from analysis.collect import build_sweep
-from analysis.cue import cue_table
-from analysis.fetch import RunRecord
-from analysis.report import build_report
+from analysis.ledger.collect import build_sweep
+from analysis.features.cue import cue_table
+from analysis.ledger.fetch import RunRecord
+from analysis.document.report import build_report
 
 sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "analysis"))
 import synthetic_sweep as synth  # noqa: E402

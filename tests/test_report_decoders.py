@@ -15,12 +15,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis import collect as col
+from analysis.ledger import collect as col
 from analysis.__main__ import main
-from analysis.collect import build_sweep, greedy_rows
-from analysis.fetch import RunRecord
-from analysis.report import build_report
-from analysis.werr import wer_table
+from analysis.ledger.collect import build_sweep, greedy_rows
+from analysis.ledger.fetch import RunRecord
+from analysis.document.report import build_report
+from analysis.significance.werr import wer_table
 from asr_core.contract.metrics import GREEDY, decoder_tag
 
 sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "analysis"))
@@ -151,7 +151,7 @@ def test_decoder_table_and_tag_problems_are_named() -> None:
     assert len(sw.wer[sw.wer["decoder"] == "beam-lm1024"]) == 4
     assert len(sw.recordings[sw.recordings["decoder"] == "beam-lm1024"]) == 3 * N_REC
     # its comparison with greedy is tested on the seed that has both tables, and says so
-    from analysis.decoders import decoder_table
+    from analysis.features.decoders import decoder_table
 
     row = decoder_table(sw, bootstrap_resamples=100).set_index(["config", "decoder"]).loc[
         ("ctx5s-rope1.5M-2L96d4h", "beam-lm1024")]
@@ -355,7 +355,7 @@ def test_heads_repr_chooses_the_representation(tmp_path: Path) -> None:
 # ---- the statistics these sections add ---------------------------------------------------------------------------
 
 def test_rank_correlation_exact_and_degenerate() -> None:
-    from analysis.stats import rank_correlation
+    from analysis.significance.stats import rank_correlation
 
     rc = rank_correlation([1, 2, 3, 4, 5], [10, 20, 30, 40, 50])
     assert rc.rho == pytest.approx(1.0) and rc.pvalue == pytest.approx(2 / 120) and rc.exact
@@ -372,7 +372,7 @@ def test_rank_correlation_exact_and_degenerate() -> None:
 def test_shared_seed_bootstrap_draws_a_seed_for_both_sides() -> None:
     """Two seeds far apart, B one error fewer than A on every recording of every seed: drawing a seed for both
     sides at once gives ΔWER = -1 point in every resample; drawing them apart (two models) does not."""
-    from analysis.stats import PairedCounts, PairingError, paired_bootstrap, paired_bootstrap_shared_seeds
+    from analysis.significance.stats import PairedCounts, PairingError, paired_bootstrap, paired_bootstrap_shared_seeds
 
     a = np.array([[10.0] * 6, [30.0] * 6])
     pc = PairedCounts(tuple(f"r{i}" for i in range(6)), np.full(6, 100.0), a, a - 1, (1, 2), (1, 2))

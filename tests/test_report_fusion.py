@@ -1,4 +1,4 @@
-"""The "Decoding method" section (analysis.fusion): WER per window fusion method and context, the context-length WERR
+"""The "Decoding method" section (analysis.features.fusion): WER per window fusion method and context, the context-length WERR
 under each method with its Holm-corrected tests, the confound verdict, methods against averaging, the report's
 section and CSVs, and that fusion decoders are not beam decoders.
 
@@ -18,11 +18,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis import decoders as dec
-from analysis import fusion as fu
-from analysis.collect import Sweep, build_sweep
-from analysis.fetch import RunRecord
-from analysis.report import build_report
+from analysis.features import decoders as dec
+from analysis.features import fusion as fu
+from analysis.ledger.collect import Sweep, build_sweep
+from analysis.ledger.fetch import RunRecord
+from analysis.document.report import build_report
 from asr_core.contract.metrics import GREEDY
 
 CONTEXTS = (5.12, 10.24, 20.48, 81.92)

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-import analysis.collect
-import analysis.report
+import analysis.ledger.collect
+import analysis.document.report
 from analysis.__main__ import main
-from analysis.fetch import RunRecord
+from analysis.ledger.fetch import RunRecord
 from analysis.memo import ReportMemo, Written, inputs_digest
 
 sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "analysis"))
@@ -43,13 +43,13 @@ class Computed:
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.calls = 0
-        original = analysis.collect.build_sweep
+        original = analysis.ledger.collect.build_sweep
 
         def counting(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
             self.calls += 1
             return original(*args, **kwargs)
 
-        monkeypatch.setattr(analysis.collect, "build_sweep", counting)
+        monkeypatch.setattr(analysis.ledger.collect, "build_sweep", counting)
 
 
 @pytest.mark.slow  # whole reports on 2 busy cores
@@ -67,7 +67,7 @@ def test_an_unchanged_report_is_copied_and_a_change_computes_it_again(ledger: st
         raise AssertionError("the report was computed again")
 
     with monkeypatch.context() as m:
-        m.setattr(analysis.report, "build_report", refused)
+        m.setattr(analysis.document.report, "build_report", refused)
         again = _report(ledger, tmp_path / "warm", cache, capsys)
     assert computed.calls == 1, "the sweep's tables were built again"
     assert again == said

@@ -1,4 +1,4 @@
-"""The tail-word part of the report (analysis.tail): pooled tail-WERs beside WER, the tests of each context against
+"""The tail-word part of the report (analysis.features.tail): pooled tail-WERs beside WER, the tests of each context against
 the baseline context with Holm's correction, the verdict lines, tail.csv and tail_tests.csv, and no part (the same
 report, byte for byte) without tail counts.
 
@@ -18,11 +18,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis import stats
-from analysis import tail as tl
-from analysis.collect import Sweep, build_sweep
-from analysis.fetch import RunRecord
-from analysis.report import build_report
+from analysis.significance import stats
+from analysis.features import tail as tl
+from analysis.ledger.collect import Sweep, build_sweep
+from analysis.ledger.fetch import RunRecord
+from analysis.document.report import build_report
 from asr_core.contract.metrics import TAIL_COLUMNS
 
 CONTEXTS = (5.12, 10.24, 81.92)

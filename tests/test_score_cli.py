@@ -149,8 +149,8 @@ def test_score_is_recorded_where_analysis_lists_it(pair: dict, mlflow_server, ca
 
     from mlflow.entities import Metric, Param
 
-    from analysis.collect import collect
-    from analysis.report import build_report
+    from analysis.ledger.collect import collect
+    from analysis.document.report import build_report
 
     sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "analysis"))
     import synthetic_sweep as synth

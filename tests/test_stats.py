@@ -1,4 +1,4 @@
-"""analysis.stats: known answers (enumeration, zero difference, constant shift) and agreement with SciPy."""
+"""analysis.significance.stats: known answers (enumeration, zero difference, constant shift) and agreement with SciPy."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from analysis import stats
+from analysis.significance import stats
 
 
 def _brute_force_sign_flip(d: np.ndarray) -> float:

@@ -1,4 +1,4 @@
-"""analysis.werr: WER/WERR tables, baselines, significance per family, and naming configurations."""
+"""analysis.significance.werr: WER/WERR tables, baselines, significance per family, and naming configurations."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from analysis import werr
-from analysis.collect import Sweep, build_sweep
-from analysis.fetch import RunRecord
-from analysis.stats import holm
+from analysis.significance import werr
+from analysis.ledger.collect import Sweep, build_sweep
+from analysis.ledger.fetch import RunRecord
+from analysis.significance.stats import holm
 
 sys.path.insert(0, str(Path(__file__).parent / "fixtures" / "analysis"))
 import synthetic_sweep as synth  # noqa: E402

@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 import torch
 
-from analysis.collect import Sweep
+from analysis.ledger.collect import Sweep
 from asr_core.config import preset
 from asr_core.contract.evaluation import EvaluationSpec
 from asr_core.contract.ledger import experiment_id

@@ -12,9 +12,9 @@ Here, per family, series, dataset and condition (greedy decoding) and per contex
   seed, and its mean, sd, min and max over seeds; the same for WER on all words, and the share of the reference
   words that are tail words;
 * a recording-level paired test of each context against the series' model at the report's baseline context (the
-  WER section's, :func:`analysis.werr.find_baseline`: nearest within 1%): the paired sign-flip permutation test of
-  :func:`analysis.stats.sign_flip_test` on per-recording tail-WERs (tail errors averaged over seeds, over the
-  recording's tail words; recordings without tail words left out), as :mod:`analysis.cue` tests the cue-word error
+  WER section's, :func:`analysis.significance.werr.find_baseline`: nearest within 1%): the paired sign-flip permutation test of
+  :func:`analysis.significance.stats.sign_flip_test` on per-recording tail-WERs (tail errors averaged over seeds, over the
+  recording's tail words; recordings without tail words left out), as :mod:`analysis.features.cue` tests the cue-word error
   rate. The p-values are Holm-corrected across every distinct comparison of the part (a comparison that belongs to
   several families counts once).
 
@@ -29,10 +29,10 @@ import math
 import numpy as np
 import pandas as pd
 
-from analysis import stats
-from analysis.collect import Sweep, greedy_rows
-from analysis.render import Section
-from analysis.werr import context_spans, family_rows, find_baseline, format_seconds, holm_once, stable_seed
+from analysis.significance import stats
+from analysis.ledger.collect import Sweep, greedy_rows
+from analysis.display.render import Section
+from analysis.significance.werr import context_spans, family_rows, find_baseline, format_seconds, holm_once, stable_seed
 from asr_core.contract.metrics import CLEAN, TAIL_TAG
 
 TITLE = "Tail words (paper 002)"

@@ -22,6 +22,8 @@ from asr_core.contract.trial import TAG_SEED
 
 SEED_PARAM = "train.seed"
 CONTEXT_PARAM = "data.context_s"
+HEAD_KEYS = ("model.heads",)  # the params that tell series apart by heads (figure 5, head similarity)
+SIZE_KEYS = ("model.layers", "model.d_model")  # ... by model size (figure 4)
 
 
 def digest(items: Mapping[str, str]) -> str:

@@ -1,4 +1,4 @@
-"""Read a sweep's runs from MLflow into :class:`RunRecord` s: what :func:`analysis.collect.build_sweep` turns into
+"""Read a sweep's runs from MLflow into :class:`RunRecord` s: what :func:`analysis.ledger.collect.build_sweep` turns into
 DataFrames.
 
 Every run of the sweep's experiment, with the per-recording tables (artifacts ``eval/*.csv``) of its finished trial
@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 from urllib.parse import urlparse
 
-from analysis.cache import TableCache, entry_key
+from analysis.ledger.cache import TableCache, entry_key
 from asr_core.contract.metrics import LM_TAG, is_lm_ppl_key, parse_decoder_tag
 from asr_core.contract.tracking import missing_ledger
 from asr_core.contract.tracking import tracking_uri as ledger_uri
@@ -119,7 +119,7 @@ def _search_all(client: Any, experiment_id: str) -> list[Any]:
 def fetch_records(experiment: str, tracking_uri: str | None = None, *, progress: bool = True,
                   lm_experiments: Iterable[str] = (), cache: TableCache | None = None) -> list[RunRecord]:
     """Every run of the experiment named ``experiment`` with its eval CSVs (downloaded to a temporary folder, or
-    read from ``cache`` where it holds them: :mod:`analysis.cache`); then the LM runs its decoders name that lie
+    read from ``cache`` where it holds them: :mod:`analysis.ledger.cache`); then the LM runs its decoders name that lie
     elsewhere, and the LM runs (those with ``lm_ppl/`` metrics) of the experiments ``lm_experiments``."""
     from mlflow.exceptions import MlflowException
 

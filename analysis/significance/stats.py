@@ -26,7 +26,7 @@ from typing import Mapping, Sequence
 import numpy as np
 from scipy import special
 
-from analysis.defaults import BOOTSTRAP_RESAMPLES
+from analysis.ledger.defaults import BOOTSTRAP_RESAMPLES
 
 
 def seed_sd(values: Sequence[float] | np.ndarray) -> float:

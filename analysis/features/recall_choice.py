@@ -1,20 +1,20 @@
-"""The forced choice of the recall and copy plants in the report (:mod:`analysis.recall`): per slot, which of its
+"""The forced choice of the recall and copy plants in the report (:mod:`analysis.features.recall`): per slot, which of its
 candidates the window's posteriors favour (:mod:`asr_core.evaluation.scorers.slot_window`; the slot table's ``choice_correct``,
 ``posterior_correct``, ``onset_correct`` and ``n_choices``), a measure of recall that does not need the model to spell
 a whole word of several pieces.
 
 Per family, configuration, dataset, condition and group (:func:`choice_rates`, columns :data:`CHOICE_RATE_COLUMNS`
-added to :func:`analysis.recall.rate_table`): forced-choice, posterior-choice and onset-match accuracy (percent) as
+added to :func:`analysis.features.recall.rate_table`): forced-choice, posterior-choice and onset-match accuracy (percent) as
 mean and sd over seeds of the per-seed pooled accuracy; chance (100/candidates); the forced choice's hits and slots
 pooled over seeds and its one-sided exact binomial p-value against chance (``choice_p``); and each model's attention
-span and receptive field (each side, seconds; NaN: dense), as :func:`analysis.fragmentation.models` finds them.
+span and receptive field (each side, seconds; NaN: dense), as :func:`analysis.features.fragmentation.models` finds them.
 
 The positive-control criteria of the copy plant (:func:`copy_verdicts`), fixed before any result, on the forced
 choice of the single-window scoring of clean audio:
 
 * N1: near band, forced choice ≥ 50% for the dense 10.24 s model and for the dense 81.92 s model;
 * F1: far band, the dense 81.92 s model ≥ 30% and ≥ 20 points above the dense 10.24 s model of its series (with the
-  recording-level far-band test's Holm p-value on the forced choice, :func:`analysis.recall.far_tests`, reported);
+  recording-level far-band test's Holm p-value on the forced choice, :func:`analysis.features.recall.far_tests`, reported);
 * F2: far band, the dense 10.24 s model within 5 points of chance;
 * F3: far band, an 81.92 s model with banded attention whose receptive field (each side) is shorter than 20 s within
   5 points of chance, while the dense 81.92 s model meets F1.
@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 from scipy.stats import binomtest
 
-from analysis.werr import format_seconds
+from analysis.significance.werr import format_seconds
 
 MEASURES = {"choice_correct": "choice", "posterior_correct": "posterior", "onset_correct": "onset"}
 MEASURE_NAMES = {"correct": "exact match", "choice": "forced choice", "posterior": "posterior choice",
@@ -104,8 +104,8 @@ def choice_rates(g_rows: pd.DataFrame, keys: Sequence[str]) -> pd.DataFrame:
 
 def model_fields(sweep) -> dict[str, tuple[float, float]]:
     """Per configuration id: (attention span, receptive field each side), seconds, NaN where attention is dense
-    (:func:`analysis.fragmentation.models`)."""
-    from analysis.fragmentation import models
+    (:func:`analysis.features.fragmentation.models`)."""
+    from analysis.features.fragmentation import models
 
     return {m.config_id: (m.span_s, m.field_s) for m in models(sweep)}
 
@@ -171,8 +171,8 @@ def _verdict(ok: bool) -> str:
 def copy_verdicts(rates: pd.DataFrame, tests: pd.DataFrame, chance: float | None = None, alpha: float = 0.05,
                   condition: str = "clean, one window per slot") -> list[str]:
     """The lines N1, F1, F2, F3 (module docstring) per dataset and series of dense models (across sub-grids), each "met" or
-    "not met" with its figures. ``rates``: :func:`analysis.recall.rate_table` (with :data:`CHOICE_RATE_COLUMNS`);
-    ``tests``: :func:`analysis.recall.far_tests` on the forced choice (``measure="choice_correct"``), for F1's
+    "not met" with its figures. ``rates``: :func:`analysis.features.recall.rate_table` (with :data:`CHOICE_RATE_COLUMNS`);
+    ``tests``: :func:`analysis.features.recall.far_tests` on the forced choice (``measure="choice_correct"``), for F1's
     p-value; ``chance`` (percent): the rates' own where None; ``condition``: the single-window scoring of clean
     audio."""
     if not has_choice(rates):

@@ -1,4 +1,4 @@
-"""The verdict of the "Context or fragmentation" section (:mod:`analysis.fragmentation`): rules fixed before any
+"""The verdict of the "Context or fragmentation" section (:mod:`analysis.features.fragmentation`): rules fixed before any
 control was trained, as pure functions of the WERs and of whether the tests the rules read hold."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable
 
-from analysis.render import fmt_num
+from analysis.display.render import fmt_num
 
 # ---- the verdict's rules ----------------------------------------------------------------------------------------
 # Fixed before any control was trained, and not to be tuned to what the controls show. G = WER(dense short) −

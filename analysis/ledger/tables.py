@@ -1,4 +1,4 @@
-"""Reading a run's evaluation tables from their CSV text (:mod:`analysis.collect` fetches them): the per-recording
+"""Reading a run's evaluation tables from their CSV text (:mod:`analysis.ledger.collect` fetches them): the per-recording
 tables ``eval/<DATASET>[.<DECODER>].csv`` (:data:`~asr_core.contract.metrics.TABLE_COLUMNS`, with the optional cue and
 tail counts) and the per-slot tables of the recall controls (:data:`~asr_core.contract.metrics.SLOT_COLUMNS`). Each
 reader returns ``(table, "")`` or ``(empty, why it is unusable)``, which collect lists as a problem of the run;

@@ -10,7 +10,7 @@ Claims 2 and 3 hold only for a positive gain: a smaller loss is not a larger gai
 
 "Gain" is the WERR of the longest context against the shortest, ``100 * (WER_short - WER_long) / WER_short``, with
 WERs the mean over seeds. Each longest-against-shortest comparison is also tested (recordings as the unit, the
-permutation test of :mod:`analysis.stats`), Holm-corrected over the comparisons the checks use. Claims 2 and 3
+permutation test of :mod:`analysis.significance.stats`), Holm-corrected over the comparisons the checks use. Claims 2 and 3
 compare two gains with each other; that difference is reported, not tested.
 """
 
@@ -22,9 +22,9 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pandas as pd
 
-from analysis import stats
-from analysis.collect import Sweep
-from analysis.werr import compare_configs, in_family, recording_index, wer_table
+from analysis.significance import stats
+from analysis.ledger.collect import Sweep
+from analysis.significance.werr import compare_configs, in_family, recording_index, wer_table
 from asr_core.contract.metrics import CLEAN
 
 

@@ -23,10 +23,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.ticker import FixedLocator, NullLocator  # noqa: E402
 
-from analysis.collect import Sweep, greedy_rows  # noqa: E402
-from analysis.heads import HEAD_KEYS, SIZE_KEYS  # noqa: E402
-from analysis.naming import describe_params  # noqa: E402
-from analysis.werr import format_seconds, in_family, varying_params  # noqa: E402
+from analysis.ledger.collect import Sweep, greedy_rows  # noqa: E402
+from analysis.ledger.naming import HEAD_KEYS, SIZE_KEYS, describe_params  # noqa: E402
+from analysis.significance.werr import format_seconds, in_family, varying_params  # noqa: E402
 from asr_core.contract.metrics import CLEAN  # noqa: E402
 
 MAX_PANELS = 4  # datasets per figure; more would be unreadable at report width
@@ -233,7 +232,7 @@ def _cut(datasets: list[str]) -> str:
 
 def draw_heads_figures(sweep: Sweep, table: pd.DataFrame, out_dir: Path, representation: str
                        ) -> tuple[list[Figure], list[Skipped]]:
-    """Per family and dataset of :func:`analysis.heads.heads_table`: summed ``representation`` similarity against
+    """Per family and dataset of :func:`analysis.features.heads.heads_table`: summed ``representation`` similarity against
     context (left) and the greedy clean WER (right), one line per configuration (series), shaded min–max over
     seeds."""
     out_dir.mkdir(parents=True, exist_ok=True)

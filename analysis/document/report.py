@@ -3,37 +3,37 @@
 ``OUT/index.html`` (self-contained: figures embedded as base64 PNG, inline CSS), ``OUT/report.md`` (figures linked
 beside it), the PNGs, and CSVs: ``wer.csv``, ``werr.csv``, ``significance.csv``, ``snr.csv``, ``problems.csv``,
 ``trials.csv``, ``external.csv`` (other systems scored by ``python -m asr_core score``, also a table beside the
-models' WER), ``errors.csv`` (substitutions, deletions and insertions of every decoder, :mod:`analysis.errors`;
+models' WER), ``errors.csv`` (substitutions, deletions and insertions of every decoder, :mod:`analysis.features.errors`;
 its section "Error types", after the WER and tail-word sections, shows greedy decoding on clean audio). Every
 comparison with a baseline is stated in one plain sentence (the two WERs and whether the difference is significant
 after Holm's correction), its numbers (intervals, p-values) in the table beside the sentences, and
 every run that was left out is listed with the reason. A configuration whose every seed is at
-:data:`~analysis.collect.NOTHING_LEARNED_WER`% WER or more on every clean test set has not learned to transcribe: it
+:data:`~analysis.ledger.collect.NOTHING_LEARNED_WER`% WER or more on every clean test set has not learned to transcribe: it
 stays in the WER table and the CSVs, but no comparison, WERR table or figure is drawn from it (a sweep of such models
 gets no figures at all, only the sentence saying why).
 
 Sections that only a sweep with the data gets (a sweep without it gets the report it always got):
 
-* beam decoders (``wer_<D>/...``): each against greedy decoding, Table 6's layout (:mod:`analysis.decoders`),
+* beam decoders (``wer_<D>/...``): each against greedy decoding, Table 6's layout (:mod:`analysis.features.decoders`),
   ``decoders.csv`` and ``decoder_settings.csv``;
 * window fusion (decoders ``fusion-<METHOD>``, paper 001): a "Decoding method" section after the decoders', WER
   per method and context, the context-length gain under each method and methods against averaging
-  (:mod:`analysis.fusion`), ``fusion.csv`` and ``fusion_tests.csv``;
+  (:mod:`analysis.features.fusion`), ``fusion.csv`` and ``fusion_tests.csv``;
 * the context-or-fragmentation controls (a banded or pause-cut model, or a decoder ``window-<W>s``): a "Context or
   fragmentation" section, each control against the dense models and a verdict by fixed rules
-  (:mod:`analysis.fragmentation`), ``fragmentation.csv`` and ``fragmentation_tests.csv``;
+  (:mod:`analysis.features.fragmentation`), ``fragmentation.csv`` and ``fragmentation_tests.csv``;
 * LM perplexity (``lm_ppl/...`` on LM runs): perplexity against LM context, ``lm_ppl.csv`` and a figure;
 * head similarity (``heads/...``): against context per heads count and model size, beside WER, and whether it
-  tracks WER (:mod:`analysis.heads`), ``heads.csv``, ``heads_tracking.csv`` and a figure per family;
+  tracks WER (:mod:`analysis.features.heads`), ``heads.csv``, ``heads_tracking.csv`` and a figure per family;
 * the planted cue (``cue_words``/``cue_errors`` in the per-recording tables): the cue-word error rate against context
   beside WER on all and on the other words, with paired tests against the shortest and the baseline context
-  (:mod:`analysis.cue`), ``cue.csv`` and a figure per family;
+  (:mod:`analysis.features.cue`), ``cue.csv`` and a figure per family;
 * the recall plant (per-slot tables ``eval/<DATASET>.slots.csv``): a "Recall control" part of the positive-control
   section, slot accuracy by band, distance and context with the ceiling and guess-rate controls, far-band tests
-  between context lengths and a verdict (:mod:`analysis.recall`), ``recall.csv`` and ``recall_tests.csv``;
+  between context lengths and a verdict (:mod:`analysis.features.recall`), ``recall.csv`` and ``recall_tests.csv``;
 * tail words (``tail_words``/``tail_errors`` in the per-recording tables of an evaluation given ``eval.tail``): a
   "Tail words (paper 002)" section after the WER section, tail-WER beside WER with paired tests against the baseline
-  context and a verdict per group (:mod:`analysis.tail`), ``tail.csv`` and ``tail_tests.csv``.
+  context and a verdict per group (:mod:`analysis.features.tail`), ``tail.csv`` and ``tail_tests.csv``.
 """
 
 from __future__ import annotations
@@ -46,16 +46,16 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis import errors as er
-from analysis import heads as hd
-from analysis import stats
-from analysis.collect import NOTHING_LEARNED_WER, Sweep
-from analysis.finding import Check, Gain, finding_checks, summary_sentence
-from analysis.plots import Figure, Skipped, draw_figures
-from analysis.render import (Section, external_pivot, fmt_num, render_html, render_markdown,
+from analysis.features import errors as er
+from analysis.features import heads as hd
+from analysis.significance import stats
+from analysis.ledger.collect import NOTHING_LEARNED_WER, Sweep
+from analysis.document.finding import Check, Gain, finding_checks, summary_sentence
+from analysis.display.plots import Figure, Skipped, draw_figures
+from analysis.display.render import (Section, external_pivot, fmt_num, render_html, render_markdown,
                              significance_display, snr_pivots, wer_pivot, werr_pivot)
-from analysis.sections import Context, build_sections
-from analysis.werr import (DEFAULT_BASELINE_CONTEXT_S, baseline_notes, evaluation_notes, format_seconds,
+from analysis.document.sections import Context, build_sections
+from analysis.significance.werr import (DEFAULT_BASELINE_CONTEXT_S, baseline_notes, evaluation_notes, format_seconds,
                            cut_notes, kernel_notes, significance_table, snr_table, wer_table, werr_table)
 from asr_core.contract.metrics import CLEAN
 

@@ -3,7 +3,7 @@
 recall control, tail words), registered in :data:`SECTIONS`.
 
 A plug-in (:class:`SectionPlugin`) names itself, says whether a sweep has its data (``present``) and builds its
-section and CSV tables from the report's :class:`Context`. :func:`analysis.report.build_report` loops over
+section and CSV tables from the report's :class:`Context`. :func:`analysis.document.report.build_report` loops over
 :data:`SECTIONS` in order: each present plug-in's section goes before "Runs left out" (or right after the WER section,
 ``after_wer``), its tables into the report's CSVs; a plug-in with ``joins`` adds its part to the section of that
 title when that section was built just before it (the recall control's part of the planted cue's positive-control
@@ -18,17 +18,17 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis import cue
-from analysis import decoders as dec
-from analysis import fragmentation as fr
-from analysis import fusion as fu
-from analysis import heads as hd
-from analysis import recall as rc
-from analysis import tail as tl
-from analysis.collect import Sweep
-from analysis.plots import choose_main_family, draw_heads_figures, draw_ppl_figure
-from analysis.render import Section, decoder_display, fmt_num, fmt_p, heads_display, settings_display
-from analysis.werr import format_seconds
+from analysis.features import cue
+from analysis.features import decoders as dec
+from analysis.features import fragmentation as fr
+from analysis.features import fusion as fu
+from analysis.features import heads as hd
+from analysis.features import recall as rc
+from analysis.features import tail as tl
+from analysis.ledger.collect import Sweep
+from analysis.display.plots import choose_main_family, draw_heads_figures, draw_ppl_figure
+from analysis.display.render import Section, fmt_num, fmt_p
+from analysis.significance.werr import format_seconds
 
 
 @dataclass(frozen=True)
@@ -91,9 +91,9 @@ def _decoder_section(sweep: Sweep, wer: pd.DataFrame, alpha: float, level: float
         if s["differs"]:
             paras.append(f"**Decoder {s['decoder']} ran with other settings on some runs** ({s['differs']} differ "
                          f"between their tags eval.decoder.{s['decoder']}); its column mixes them.")
-    tables = [("Decoders (settings from each run's tag eval.decoder.<name>)", settings_display(settings))]
+    tables = [("Decoders (settings from each run's tag eval.decoder.<name>)", dec.settings_display(settings))]
     tables += [(f"WER (%) by decoder: {title}", pv) for title, pv in dec.table6_pivots(table, settings, wer)]
-    tables.append(("Every comparison with greedy decoding", decoder_display(table)))
+    tables.append(("Every comparison with greedy decoding", dec.decoder_display(table)))
     gains = dec.context_gains(table)
     bullets = [("Short against long acoustic context with the LM", gains)] if gains else []
     section = Section("Beam search and LM decoding against greedy (paper 004 Table 6)", paras, tables, [], bullets)
@@ -124,7 +124,7 @@ def _heads_section(sweep: Sweep, out: Path, representation: str, main_family: st
         f"differ in heads or model size, else the main family). {representation} is drawn and correlated with WER; "
         f"every representation is in the tables and heads.csv.",
         hd.tracking_summary(tracking, representation, alpha)]
-    tables = heads_display(table, representation)
+    tables = hd.heads_display(table, representation)
     if not tracking.empty:
         tables.append((f"Does summed {representation} similarity track WER across context?", pd.DataFrame({
             "family": tracking["family"], "configuration": tracking["series"], "dataset": tracking["dataset"],

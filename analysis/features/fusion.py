@@ -3,17 +3,17 @@
 The trial's own greedy decoding joins its windows by averaging their posteriors at the evaluation's stride
 (``average``; 0.125 of a window, 87.5% overlap); an evaluation may also decode the same model with each method of
 :data:`asr_core.contract.metrics.FUSION_METHODS`, logged as the decoder ``fusion-<METHOD>`` (``wer_fusion-chiu/...``,
-``eval/<DATASET>.fusion-chiu.csv``; :attr:`analysis.collect.Sweep.fusion_decoders`). Here, per family, series,
+``eval/<DATASET>.fusion-chiu.csv``; :attr:`analysis.ledger.collect.Sweep.fusion_decoders`). Here, per family, series,
 dataset and condition, over the configurations that some fusion method decoded:
 
 * :func:`fusion_table`: each method's WER per context length, mean / sd / min / max over seeds of the corpus WER
-  (:func:`analysis.werr.wer_table` of the method's decoder; ``average`` is greedy);
+  (:func:`analysis.significance.werr.wer_table` of the method's decoder; ``average`` is greedy);
 * :func:`context_tests` (rows ``test = "context"``): under each method, the longest context against the series'
   model at the baseline context (the WER section's, nearest within 1%), or against the shortest context where the
   series has none or the baseline is its longest; WERR and the recording-level paired sign-flip permutation test
-  of :func:`analysis.werr.compare_configs`, Holm-corrected over the methods of the group;
+  of :func:`analysis.significance.werr.compare_configs`, Holm-corrected over the methods of the group;
 * :func:`method_tests` (rows ``test = "method"``): at each context, each fusion method against averaging, and Chiu
-  against block-wise where both exist, on the seeds both decoded (:func:`analysis.stats.compare` with shared
+  against block-wise where both exist, on the seeds both decoded (:func:`analysis.significance.stats.compare` with shared
   seeds: one trained model decoded two ways), Holm-corrected over the contexts of the group;
 * :func:`confound_lines`: per group, whether the context-length WERR's sign or Holm significance differs between
   methods (the decoding method is then a confound of the context-length gain) or not.
@@ -27,10 +27,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analysis import stats
-from analysis.collect import Sweep
-from analysis.render import Section, fmt_num, fmt_p
-from analysis.werr import (compare_configs, comparison_row, family_rows, find_baseline, format_seconds,
+from analysis.significance import stats
+from analysis.ledger.collect import Sweep
+from analysis.display.render import Section, fmt_num, fmt_p
+from analysis.significance.werr import (compare_configs, comparison_row, family_rows, find_baseline, format_seconds,
                            recording_index, stable_seed, verdict, wer_table)
 from asr_core.contract.metrics import AVERAGING, CLEAN, FUSION_METHODS, fusion_decoder, fusion_method
 

@@ -3,7 +3,7 @@
 A synthetic corpus made with ``synth --recall`` says a code word clearly and later asks for it again with its audio
 masked (:mod:`asr_core.data.synth.recall`); evaluation scores each slot (:mod:`asr_core.evaluation.scorers.slots`) into
 ``eval/<DATASET>.slots.csv`` (:data:`asr_core.contract.metrics.SLOT_COLUMNS`), read into
-:attr:`analysis.collect.Sweep.slots`. A model that uses its context recalls a masked code word when the clear
+:attr:`analysis.ledger.collect.Sweep.slots`. A model that uses its context recalls a masked code word when the clear
 mention lies inside it: the near band (1-4 s back in the recall plant) is inside every window, the far band
 (20-60 s) only inside long ones.
 
@@ -19,15 +19,15 @@ the accuracy pooled over slots (percent) for each seed, and its mean, sd, min an
 
 Tests (:func:`far_tests`): each context against the series' shortest, on far-band accuracy, recording by recording:
 per recording the far slots recalled wrong averaged over seeds, as a rate over the recording's far slots; the paired
-sign-flip permutation test of :func:`analysis.stats.sign_flip_test` on the differences (recordings without far slots
+sign-flip permutation test of :func:`analysis.significance.stats.sign_flip_test` on the differences (recordings without far slots
 left out), its p-values Holm-corrected across every comparison of the section. :func:`verdicts`: per series, dataset
 and condition, whether the longest context recalls far slots significantly better than the shortest; where there are
 near slots only (recordings under 45 s), whether near-band recall is above chance at all (:func:`near_verdict`).
 
 Where the single-window rows carry the forced choice among each slot's candidates, the rates also hold forced-choice,
 posterior-choice and onset-match accuracy with chance and a binomial test against it, and the tables show them
-beside exact match (:mod:`analysis.recall_choice`, which also holds the copy plant's criteria,
-:func:`~analysis.recall_choice.copy_verdicts`); :func:`far_tests` makes the far-band tests on the forced choice too
+beside exact match (:mod:`analysis.features.recall_choice`, which also holds the copy plant's criteria,
+:func:`~analysis.features.recall_choice.copy_verdicts`); :func:`far_tests` makes the far-band tests on the forced choice too
 (``measure="choice_correct"``).
 """
 
@@ -38,10 +38,10 @@ import math
 import numpy as np
 import pandas as pd
 
-from analysis import recall_choice as ch
-from analysis import stats
-from analysis.collect import Sweep, greedy_rows
-from analysis.werr import ContextSpan, context_spans, family_rows, format_seconds, holm_once, stable_seed
+from analysis.features import recall_choice as ch
+from analysis.significance import stats
+from analysis.ledger.collect import Sweep, greedy_rows
+from analysis.significance.werr import ContextSpan, context_spans, family_rows, format_seconds, holm_once, stable_seed
 from asr_core.contract.metrics import AVERAGE, CLEAN, WINDOW
 
 # distance bins of masked slots: (label, upper edge in seconds, exclusive); the recall plant's bands are 1-4 s and
@@ -121,7 +121,7 @@ def _sd(x: pd.Series) -> float:
 def rate_table(sweep: Sweep) -> pd.DataFrame:
     """Per family, configuration, dataset, condition and group: slot accuracy (percent) as mean / sd / min / max
     over seeds of the per-seed pooled accuracy, then the forced choice's columns
-    (:data:`~analysis.recall_choice.CHOICE_RATE_COLUMNS`, NaN without it) (:data:`RATE_COLUMNS`), in the order of
+    (:data:`~analysis.features.recall_choice.CHOICE_RATE_COLUMNS`, NaN without it) (:data:`RATE_COLUMNS`), in the order of
     :data:`GROUPS`."""
     rows = slot_rows(sweep)
     if rows.empty:
@@ -331,7 +331,7 @@ def display(rates: pd.DataFrame, tests: pd.DataFrame) -> list[tuple[str, pd.Data
 def choice_part(sweep: Sweep, rates: pd.DataFrame, alpha: float
                 ) -> tuple[list[tuple[str, pd.DataFrame]], list[str], dict[str, pd.DataFrame]]:
     """What the report adds for the forced choice: the far-band tests on it (a display table), the copy plant's
-    verdict lines (:func:`analysis.recall_choice.copy_verdicts`) and the csv ``recall_choice_tests``; nothing
+    verdict lines (:func:`analysis.features.recall_choice.copy_verdicts`) and the csv ``recall_choice_tests``; nothing
     without forced-choice rows."""
     if not ch.has_choice(rates):
         return [], [], {}

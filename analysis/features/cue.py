@@ -14,7 +14,7 @@ Here, per family, series, dataset and condition (greedy decoding) and per contex
   normalised words, and insertions (which belong to no reference word) count as errors on the other words;
 * recording-level paired tests of each context against the series' shortest context and against the report's
   baseline context (the WER section's, nearest within 1%): the paired sign-flip permutation test of
-  :func:`analysis.stats.sign_flip_test`, for the cue words on the per-recording cue-word error rates (seed-averaged
+  :func:`analysis.significance.stats.sign_flip_test`, for the cue words on the per-recording cue-word error rates (seed-averaged
   errors over cue words; recordings without cue words left out), for WER and the other words on the seed-averaged
   per-recording error counts, as the WER section tests WER. Each measure's p-values are Holm-corrected across every
   distinct comparison of the section (a comparison that is both "against the shortest" and "against the baseline"
@@ -32,10 +32,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analysis import stats
-from analysis.collect import Sweep, greedy_rows
-from analysis.plots import MAX_PANELS, Figure, context_axis, panels, save, series_labels
-from analysis.werr import context_spans, family_rows, find_baseline, format_seconds, stable_seed
+from analysis.significance import stats
+from analysis.ledger.collect import Sweep, greedy_rows
+from analysis.display.plots import MAX_PANELS, Figure, context_axis, panels, save, series_labels
+from analysis.significance.werr import context_spans, family_rows, find_baseline, format_seconds, stable_seed
 from asr_core.contract.metrics import CLEAN
 
 MEASURES = ("cue", "wer", "noncue")  # cue words; all words; the other (not planted) words

@@ -9,7 +9,7 @@ size) and context length, the means over seeds of those beside the greedy clean 
 
 Whether similarity *tracks* WER across contexts is the rank correlation (Spearman's ρ) between the summed
 similarity of the chosen representation and WER over a configuration's context lengths, with its permutation
-p-value (:func:`analysis.stats.rank_correlation`) Holm-corrected across configurations. With fewer than
+p-value (:func:`analysis.significance.stats.rank_correlation`) Holm-corrected across configurations. With fewer than
 :data:`MIN_CONTEXTS` context lengths no correlation is computed; with 4 the test cannot reach 0.05 whatever ρ is,
 and the sentence says so rather than reading a trend into it.
 """
@@ -21,14 +21,14 @@ import math
 import numpy as np
 import pandas as pd
 
-from analysis import stats
-from analysis.collect import Sweep
-from analysis.werr import format_seconds, in_family, stable_seed, varying_params, wer_table
+from analysis.significance import stats
+from analysis.ledger.collect import Sweep
+from analysis.ledger.naming import HEAD_KEYS, SIZE_KEYS  # (re-exported: analysis.features.heads.HEAD_KEYS)
+from analysis.display.render import fmt_num
+from analysis.significance.werr import format_seconds, in_family, stable_seed, varying_params, wer_table
 from asr_core.contract.metrics import CLEAN
 
 REPRESENTATIONS = ("A", "Q", "K", "V", "Y")
-HEAD_KEYS = ("model.heads",)
-SIZE_KEYS = ("model.layers", "model.d_model")
 MIN_CONTEXTS = 4  # with 3, Spearman's rho takes 4 values and no test means anything
 
 TABLE_COLUMNS = ["family", "series", "series_id", "config", "config_id", "context_s", "dataset", "representation",
@@ -160,3 +160,22 @@ def tracking_summary(tracking: pd.DataFrame, representation: str, alpha: float) 
     return (f"Summed {representation} similarity against WER across context lengths, {len(tested)} configurations "
             f"with enough lengths: it rises with WER in {same} (significantly, after Holm correction, in {pos}) and "
             f"moves against it significantly in {neg}; the rest show no evidence either way.")
+
+
+def heads_display(table: pd.DataFrame, representation: str) -> list[tuple[str, pd.DataFrame]]:
+    """Per family and dataset: WER and summed head similarity of every representation against context."""
+    out = []
+    for (fam, ds), grp in table.groupby(["family", "dataset"], sort=True):
+        sums = grp.pivot_table(index=["series", "context_s", "config"], columns="representation", values="sum_mean",
+                               aggfunc="first")
+        sums = sums[[r for r in REPRESENTATIONS if r in sums.columns]].map(lambda x: fmt_num(x, 3))
+        sums.columns = [f"Σ {r}" for r in sums.columns]
+        chosen = grp[grp["representation"] == representation].set_index(["series", "context_s", "config"])
+        sums[f"mean cos {representation}"] = chosen["similarity_mean"].map(lambda x: fmt_num(x, 3))
+        sums.insert(0, f"WER {ds} %", chosen["wer_mean"].map(fmt_num))
+        sums.insert(1, "seeds", chosen["n_seeds"])
+        view = sums.reset_index().sort_values(["series", "context_s"])
+        view["context_s"] = view["context_s"].map(format_seconds)
+        out.append((f"Family {fam}, {ds}: greedy clean WER and summed head similarity (003 eq. 6 over layers; "
+                    f"higher = heads more alike), means over seeds", view.rename(columns={"context_s": "context"})))
+    return out

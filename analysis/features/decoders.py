@@ -1,13 +1,13 @@
 """Beam decoders against greedy decoding (paper 004 Table 6), and LM perplexity against LM context (Table 5).
 
 A beam decoder ``D`` decodes a finished trial's posteriors again (``python -m orchestrate evaluate SWEEP --decode
-FILE``); its results sit in the trial's run beside the greedy ones (:mod:`analysis.collect`). Each configuration
+FILE``); its results sit in the trial's run beside the greedy ones (:mod:`analysis.ledger.collect`). Each configuration
 that has them is compared with its own greedy decoding on each dataset and condition:
 
 * WER of each decoder as the mean over seeds of the corpus WER, over the seeds that both decoders have (the greedy
   WER of seeds without the decoder would compare other models);
 * WERR against greedy, ``100 * (WER_greedy - WER_D) / WER_greedy`` (positive: the beam decoder is better);
-* the project's paired test with the recording as the unit (:func:`analysis.stats.compare`: per recording the error
+* the project's paired test with the recording as the unit (:func:`analysis.significance.stats.compare`: per recording the error
   counts averaged over those seeds, a sign-flip permutation test of ΔWER; bootstrap intervals that draw each seed
   for both decoders at once, as both decode one trained model), its p-values Holm-corrected together across the
   whole table (every configuration, dataset, condition and decoder).
@@ -15,7 +15,7 @@ that has them is compared with its own greedy decoding on each dataset and condi
 A decoder is labelled by what its tag ``eval.decoder.<D>`` says: ``LM <N> tok`` for an LM with ``lm_context`` N,
 ``beam, no LM`` without one, its name when the tag is missing; names are appended where labels would coincide.
 
-Perplexity: ``lm_ppl/<dataset>/ctx<N>`` of LM runs (:attr:`analysis.collect.Sweep.lm_ppl`), one row per LM and
+Perplexity: ``lm_ppl/<dataset>/ctx<N>`` of LM runs (:attr:`analysis.ledger.collect.Sweep.lm_ppl`), one row per LM and
 dataset, one column per LM context, with the decoders that use each LM.
 """
 
@@ -23,14 +23,16 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from analysis import stats
-from analysis.collect import Sweep, greedy_rows
-from analysis.werr import format_seconds, recording_index, stable_seed, verdict
+from analysis.significance import stats
+from analysis.ledger.collect import Sweep, greedy_rows
+from analysis.display.render import fmt_num, fmt_p
+from analysis.significance.werr import format_seconds, recording_index, stable_seed, verdict
 from asr_core.contract.metrics import CLEAN
 
 NO_LM = "none"  # the tag's lm when the beam search ran without an LM (asr_core.evaluation.decoders.beam_decoding)
@@ -182,7 +184,7 @@ def table6_pivots(table: pd.DataFrame, settings: pd.DataFrame, greedy_wer: pd.Da
     """Per dataset and condition, Table 6's layout: rows = acoustic context (and series where the decoded
     configurations span several), columns = greedy, then each decoder by its label; a decoder's cell is
     ``WER (WERR vs greedy %, sig./n.s./untested)``, or ``WER (no greedy)``. ``greedy_wer``:
-    :func:`analysis.werr.wer_table` (the greedy column is the configuration's WER over all its seeds, as in the WER
+    :func:`analysis.significance.werr.wer_table` (the greedy column is the configuration's WER over all its seeds, as in the WER
     table)."""
     if table.empty:
         return []
@@ -272,3 +274,29 @@ def ppl_sentences(sweep: Sweep) -> list[str]:
         out.append(f"{name} on {ds}: perplexity {way} from {a['ppl']:.2f} at {int(a['lm_context'])} tokens of "
                    f"context to {b['ppl']:.2f} at {int(b['lm_context'])} ({-change:+.1f}%)")
     return out
+
+
+# ---- as the report shows them ---------------------------------------------------------------------------------
+
+def decoder_display(table: pd.DataFrame) -> pd.DataFrame:
+    """Every decoder comparison with its p-values and intervals."""
+    return pd.DataFrame({
+        "dataset": table["dataset"], "condition": table["condition"], "config": table["config"],
+        "decoder": table["label"], "seeds": table["seeds"], "WER greedy": table["wer_greedy"].map(fmt_num),
+        "WER": table["wer"].map(fmt_num), "WERR %": [fmt_num(x, 1, True) for x in table["werr"]],
+        "WERR CI": [f"[{fmt_num(a, 1, True)}, {fmt_num(b, 1, True)}]" for a, b in zip(table["werr_lo"],
+                                                                                       table["werr_hi"])],
+        "ΔWER": [fmt_num(x, 2, True) for x in table["delta_wer"]],
+        "p perm": table["p_permutation"].map(fmt_p), "p Holm": table["p_holm"].map(fmt_p),
+        "verdict": table["verdict"], "note": table["note"]})
+
+
+def settings_display(settings: pd.DataFrame) -> pd.DataFrame:
+    """Each beam decoder's settings as the report shows them."""
+    return pd.DataFrame({
+        "decoder": settings["decoder"], "column": settings["label"],
+        "LM": [n or (Path(lm).parent.name + "/" + Path(lm).name if lm and lm != NO_LM else lm or "?")
+               for n, lm in zip(settings["lm_name"], settings["lm"])],
+        "LM context": [f"{int(c)}" if math.isfinite(c) else "–" for c in settings["lm_context"]],
+        "alpha": settings["alpha"], "beta": settings["beta"], "beam width": settings["beam_width"],
+        "prompt": [Path(p).name if p else "–" for p in settings["prompt"]], "runs": settings["runs"]})

@@ -1,7 +1,7 @@
-"""Many comparisons over every core: :func:`compare_all` runs :func:`analysis.stats.compare` on a list of paired
+"""Many comparisons over every core: :func:`compare_all` runs :func:`analysis.significance.stats.compare` on a list of paired
 counts, in worker processes when the list is long enough to pay for them.
 
-Each comparison carries its own seed (:func:`analysis.werr.stable_seed` of what is compared), so the results do not
+Each comparison carries its own seed (:func:`analysis.significance.werr.stable_seed` of what is compared), so the results do not
 depend on the order, the number of workers or which worker ran what: the report's tables are the same byte for byte
 with one process or several (``tests/test_compare_pool.py``).
 
@@ -22,7 +22,7 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Mapping, Sequence
 
-from analysis import stats
+from analysis.significance import stats
 
 log = logging.getLogger(__name__)
 

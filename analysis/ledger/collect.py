@@ -1,5 +1,5 @@
 """Turn a sweep's MLflow runs into tidy pandas DataFrames (docs/ARCHITECTURE.md, "MLflow ledger schema"):
-:func:`collect` reads the runs (:mod:`analysis.fetch`) and :func:`build_sweep` builds the :class:`Sweep`.
+:func:`collect` reads the runs (:mod:`analysis.ledger.fetch`) and :func:`build_sweep` builds the :class:`Sweep`.
 
 One experiment per sweep; one child run per trial (tag ``sweep.role=trial``) whose params are the flattened
 config; metrics ``wer/<DATASET>`` and ``wer/<DATASET>/snr<DB>`` in percent; artifact ``eval/<DATASET>.csv`` with
@@ -7,7 +7,7 @@ one row per recording and condition (every name as :mod:`asr_core.contract.metri
 Nothing is dropped silently: every run that is unfinished, lacks a metric, lacks its per-recording table, or whose
 table disagrees with its metric is listed in :attr:`Sweep.problems`.
 
-Identity of what is compared (:mod:`analysis.naming`):
+Identity of what is compared (:mod:`analysis.ledger.naming`):
 
 * a **configuration** is a trial's config without its seed (``config_id``: a digest of the params minus
   ``train.seed``); its display name ``config`` is the trial label without its ``-s<seed>`` suffix;
@@ -47,11 +47,11 @@ from typing import Any, Iterable
 
 import pandas as pd
 
-from analysis.cache import TableCache
-from analysis.fetch import CollectError, RunRecord, fetch_records, is_lm_run
-from analysis.naming import (CONTEXT_PARAM, SEED_PARAM, config_label, digest, name_configs, name_series, number,
+from analysis.ledger.cache import TableCache
+from analysis.ledger.fetch import CollectError, RunRecord, fetch_records, is_lm_run
+from analysis.ledger.naming import (CONTEXT_PARAM, SEED_PARAM, config_label, digest, name_configs, name_series, number,
                              science_params, seed_of)
-from analysis.tables import condition_summary, read_slot_table, read_table
+from analysis.ledger.tables import condition_summary, read_slot_table, read_table
 from asr_core.contract.metrics import (CLEAN, CUE_COLUMNS, GREEDY, SLOT_COLUMNS, TABLE_COLUMNS, TAIL_COLUMNS,
                                        condition_name, decoder_tag, fusion_method, metric_name,
                                        parse_decoder_metric_key, parse_heads_key, parse_lm_ppl_key, parse_metric_key,
@@ -466,6 +466,6 @@ def collect(experiment: str, tracking_uri: str | None = None, *, ignore_params: 
             progress: bool = True, lm_experiments: Iterable[str] = (), cache: TableCache | None = None) -> Sweep:
     """Read sweep ``experiment`` from MLflow at ``tracking_uri`` (default: MLflow's own) into a :class:`Sweep`;
     ``lm_experiments``: experiments whose LM runs' perplexities are read too (:func:`fetch_records`); ``cache``:
-    where finished runs' tables are kept between reads (:mod:`analysis.cache`)."""
+    where finished runs' tables are kept between reads (:mod:`analysis.ledger.cache`)."""
     records = fetch_records(experiment, tracking_uri, progress=progress, lm_experiments=lm_experiments, cache=cache)
     return build_sweep(experiment, records, ignore_params=ignore_params)

@@ -20,11 +20,11 @@ from typing import Any, Iterable
 import numpy as np
 import pandas as pd
 
-from analysis import stats
-from analysis.collect import Sweep, greedy_rows
-from analysis.tables import counts_by_seed
-from analysis.pool import Task, compare_all
-from analysis.defaults import DEFAULT_BASELINE_CONTEXT_S  # (re-exported: analysis.werr.DEFAULT_BASELINE_CONTEXT_S)
+from analysis.significance import stats
+from analysis.ledger.collect import Sweep, greedy_rows
+from analysis.ledger.tables import counts_by_seed
+from analysis.significance.pool import Task, compare_all
+from analysis.ledger.defaults import DEFAULT_BASELINE_CONTEXT_S  # (re-exported: analysis.significance.werr.DEFAULT_BASELINE_CONTEXT_S)
 from asr_core.contract.metrics import CLEAN, GREEDY
 from asr_core.contract.trial import FINISHED
 

@@ -21,10 +21,10 @@ import math
 import numpy as np
 import pandas as pd
 
-from analysis import stats
-from analysis.collect import Sweep
-from analysis.render import Section, fmt_num, mean_sd
-from analysis.werr import family_rows, format_seconds
+from analysis.significance import stats
+from analysis.ledger.collect import Sweep
+from analysis.display.render import Section, fmt_num, mean_sd
+from analysis.significance.werr import family_rows, format_seconds
 from asr_core.contract.metrics import CLEAN, GREEDY
 
 TITLE = "Error types"

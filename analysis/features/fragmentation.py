@@ -15,9 +15,9 @@ training cuts and fewer edges in decoding. The sweep's controls separate the two
 
 Models are matched on every other field: a group is the configurations whose params differ only in context, cut
 and attention span (sub-grid names are not read). :func:`summary_table` gives per group, dataset and condition
-the WER and its substitutions, deletions and insertions (:mod:`analysis.errors`) of every control and both dense
+the WER and its substitutions, deletions and insertions (:mod:`analysis.features.errors`) of every control and both dense
 models; :func:`test_table` tests each control against the dense models recording by recording
-(:func:`analysis.stats.compare`: per recording the errors averaged over seeds, a sign-flip permutation test, and a
+(:func:`analysis.significance.stats.compare`: per recording the errors averaged over seeds, a sign-flip permutation test, and a
 bootstrap over recordings and seeds; one model decoded two ways draws its seeds once), Holm-corrected over the
 section; :func:`decide` is the verdict, by rules fixed in this module before any control was trained.
 """
@@ -31,16 +31,17 @@ from typing import Any, Mapping
 import numpy as np
 import pandas as pd
 
-from analysis import errors, stats
-from analysis.collect import Sweep
+from analysis.features import errors
+from analysis.significance import stats
+from analysis.ledger.collect import Sweep
 # the verdict's rules: their constants and kinds are re-exported here for the section's readers
-from analysis.fragmentation_rules import (CONTEXT_BANDED_MIN, CONTEXT_PAUSES_MAX, CONTEXT_USED,  # noqa: F401
+from analysis.features.fragmentation_rules import (CONTEXT_BANDED_MIN, CONTEXT_PAUSES_MAX, CONTEXT_USED,  # noqa: F401
                                           FRAGMENTATION, FRAGMENTATION_BANDED_MAX, FRAGMENTATION_PAUSES_MIN, MIXED,
                                           NO_GAIN, OTHER_FAMILY, UNDECIDED, VERDICT_FAMILY, Evidence, Verdict,
                                           decide)
-from analysis.naming import CONTEXT_PARAM, SEED_PARAM, digest, number
-from analysis.render import Section, fragmentation_display
-from analysis.werr import SeedTables, comparison_row, recording_index, same_context, stable_seed, verdict
+from analysis.ledger.naming import CONTEXT_PARAM, SEED_PARAM, digest, number
+from analysis.display.render import Section, fragmentation_display
+from analysis.significance.werr import SeedTables, comparison_row, recording_index, same_context, stable_seed, verdict
 from asr_core.contract.metrics import CLEAN, GREEDY, window_seconds
 
 TITLE = "Context or fragmentation"

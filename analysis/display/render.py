@@ -1,6 +1,6 @@
 """How the report is written: numbers and tables as text, the tables' display layouts, and the sections as
 Markdown (``report.md``) and as one self-contained HTML page (``index.html``, figures embedded as base64 PNG, inline
-CSS). What the report says is decided in :mod:`analysis.report`; this module only lays it out.
+CSS). What the report says is decided in :mod:`analysis.document.report`; this module only lays it out.
 """
 
 from __future__ import annotations
@@ -9,16 +9,13 @@ import base64
 import html
 import math
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Iterable
 
 import pandas as pd
 
-from analysis import decoders as dec
-from analysis import heads as hd
-from analysis.collect import Sweep
-from analysis.plots import Figure
-from analysis.werr import format_seconds
+from analysis.ledger.collect import Sweep
+from analysis.display.plots import Figure
+from analysis.significance.werr import format_seconds
 from asr_core.contract.metrics import CLEAN
 
 
@@ -135,56 +132,13 @@ def significance_display(sig: pd.DataFrame) -> pd.DataFrame:
         "p Welch": sig["p_welch"].map(fmt_p), "verdict": sig["verdict"]})
 
 
-def decoder_display(table: pd.DataFrame) -> pd.DataFrame:
-    """Every decoder comparison with its p-values and intervals."""
-    return pd.DataFrame({
-        "dataset": table["dataset"], "condition": table["condition"], "config": table["config"],
-        "decoder": table["label"], "seeds": table["seeds"], "WER greedy": table["wer_greedy"].map(fmt_num),
-        "WER": table["wer"].map(fmt_num), "WERR %": [fmt_num(x, 1, True) for x in table["werr"]],
-        "WERR CI": [f"[{fmt_num(a, 1, True)}, {fmt_num(b, 1, True)}]" for a, b in zip(table["werr_lo"],
-                                                                                       table["werr_hi"])],
-        "ΔWER": [fmt_num(x, 2, True) for x in table["delta_wer"]],
-        "p perm": table["p_permutation"].map(fmt_p), "p Holm": table["p_holm"].map(fmt_p),
-        "verdict": table["verdict"], "note": table["note"]})
-
-
-def settings_display(settings: pd.DataFrame) -> pd.DataFrame:
-    """Each beam decoder's settings as the report shows them."""
-    return pd.DataFrame({
-        "decoder": settings["decoder"], "column": settings["label"],
-        "LM": [n or (Path(lm).parent.name + "/" + Path(lm).name if lm and lm != dec.NO_LM else lm or "?")
-               for n, lm in zip(settings["lm_name"], settings["lm"])],
-        "LM context": [f"{int(c)}" if math.isfinite(c) else "–" for c in settings["lm_context"]],
-        "alpha": settings["alpha"], "beta": settings["beta"], "beam width": settings["beam_width"],
-        "prompt": [Path(p).name if p else "–" for p in settings["prompt"]], "runs": settings["runs"]})
-
-
-def heads_display(table: pd.DataFrame, representation: str) -> list[tuple[str, pd.DataFrame]]:
-    """Per family and dataset: WER and summed head similarity of every representation against context."""
-    out = []
-    for (fam, ds), grp in table.groupby(["family", "dataset"], sort=True):
-        sums = grp.pivot_table(index=["series", "context_s", "config"], columns="representation", values="sum_mean",
-                               aggfunc="first")
-        sums = sums[[r for r in hd.REPRESENTATIONS if r in sums.columns]].map(lambda x: fmt_num(x, 3))
-        sums.columns = [f"Σ {r}" for r in sums.columns]
-        chosen = grp[grp["representation"] == representation].set_index(["series", "context_s", "config"])
-        sums[f"mean cos {representation}"] = chosen["similarity_mean"].map(lambda x: fmt_num(x, 3))
-        sums.insert(0, f"WER {ds} %", chosen["wer_mean"].map(fmt_num))
-        sums.insert(1, "seeds", chosen["n_seeds"])
-        view = sums.reset_index().sort_values(["series", "context_s"])
-        view["context_s"] = view["context_s"].map(format_seconds)
-        out.append((f"Family {fam}, {ds}: greedy clean WER and summed head similarity (003 eq. 6 over layers; "
-                    f"higher = heads more alike), means over seeds", view.rename(columns={"context_s": "context"})))
-    return out
-
-
 def mean_sd(mean: float, sd: float) -> str:
     """'mean ± sd' with two decimals; the mean alone where sd is not finite (one seed)."""
     return f"{fmt_num(mean)} ± {fmt_num(sd)}" if math.isfinite(sd) else fmt_num(mean)
 
 
 def fragmentation_display(summary: pd.DataFrame, tests: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
-    """The "Context or fragmentation" section's tables (:mod:`analysis.fragmentation`): per group and dataset (clean)
+    """The "Context or fragmentation" section's tables (:mod:`analysis.features.fragmentation`): per group and dataset (clean)
     the models' WER and error types, then every test."""
     out = []
     clean = summary[summary["condition"] == CLEAN]

@@ -1,0 +1,1 @@
+"""How the report shows what it found: tables as Markdown and HTML, the sections' layout (:mod:`.render`) and the figures (:mod:`.plots`)."""
