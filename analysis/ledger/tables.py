@@ -112,20 +112,21 @@ def condition_summary(table: pd.DataFrame) -> dict[str, dict]:
 
 class RecordingCounts(Mapping[str, tuple[float, float]]):
     """``recording -> (errors, ref_words)`` of one seed, held as arrays: ``names`` (R,) and ``errors``, ``words``
-    (R,) floats, with the name-to-position map shared by every seed that has the same recordings in the same order
+    (R,) floats, the names and their positions shared by every seed that has the same recordings in the same order
     (at 3,000 runs a dict of tuples per seed took three times the memory). Reads as the dict it replaces."""
 
     __slots__ = ("names", "errors", "words", "_pos")
-    _positions: dict[tuple[str, ...], dict[str, int]] = {}
+    # names -> (the one tuple of them every seed holds, name -> position)
+    _shared: dict[tuple[str, ...], tuple[tuple[str, ...], dict[str, int]]] = {}
 
     def __init__(self, names: tuple[str, ...], errors: np.ndarray, words: np.ndarray) -> None:
-        self.names, self.errors, self.words = names, errors, words
-        pos = RecordingCounts._positions.get(names)
-        if pos is None:
-            if len(RecordingCounts._positions) > 4096:  # a bound on what a long-lived process keeps
-                RecordingCounts._positions.clear()
-            pos = RecordingCounts._positions.setdefault(names, {n: i for i, n in enumerate(names)})
-        self._pos = pos
+        shared = RecordingCounts._shared.get(names)
+        if shared is None:
+            if len(RecordingCounts._shared) > 4096:  # a bound on what a long-lived process keeps
+                RecordingCounts._shared.clear()
+            shared = RecordingCounts._shared.setdefault(names, (names, {n: i for i, n in enumerate(names)}))
+        self.names, self._pos = shared
+        self.errors, self.words = errors, words
 
     def __getitem__(self, name: str) -> tuple[float, float]:
         i = self._pos[name]

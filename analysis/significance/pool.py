@@ -5,21 +5,23 @@ Each comparison carries its own seed (:func:`analysis.significance.werr.stable_s
 depend on the order, the number of workers or which worker ran what: the report's tables are the same byte for byte
 with one process or several (``tests/test_compare_pool.py``).
 
-The workers are forked from this process where the platform can fork (Linux): they compute with numpy and scipy
+The workers are forked from this process on Linux: they compute with numpy and scipy
 only, take no lock and log nothing, and a fork neither imports the caller's script again (which ``spawn`` and
 ``forkserver`` would, so a script without a ``__main__`` guard could not use them) nor pays the imports. Elsewhere
-they are spawned. They get the comparisons in chunks. The
+(macOS, where forking is unsafe, and Windows) they are spawned. They get the comparisons in chunks. The
 number of workers is the cores this process may use (``os.sched_getaffinity``), capped by
 :data:`MAX_WORKERS`; ``ANALYSIS_WORKERS=N`` in the environment sets it (1: everything in this process).
 """
 
 from __future__ import annotations
 
+import gc
 import logging
 import multiprocessing
 import os
+import pickle
+import sys
 from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Mapping, Sequence
 
 from analysis.significance import stats
@@ -68,26 +70,39 @@ def compare_all(tasks: Sequence[Task], *, workers: int | None = None,
     parallel = workers > 1 and len(tasks) >= MIN_PARALLEL
     size = max(1, -(-len(tasks) // (workers * CHUNKS_PER_WORKER))) if parallel else 16
     chunks = [tasks[i:i + size] for i in range(0, len(tasks), size)]
-    bar = _bar(len(tasks), progress)
     if parallel:
-        methods = multiprocessing.get_all_start_methods()
-        ctx = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
         try:
-            out: list[stats.Comparison] = []
-            with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-                for part in pool.map(_run, chunks):
-                    out.extend(part)
-                    bar.update(len(part))
-            bar.close()
-            return out
-        except (BrokenProcessPool, OSError) as e:
+            return _in_workers(chunks, workers, progress, len(tasks))
+        except (RuntimeError, OSError, pickle.PicklingError) as e:  # BrokenProcessPool is a RuntimeError
             log.warning("comparisons in worker processes failed (%s); making them in this process", e)
-            bar.reset()
-    out = []
+    out: list[stats.Comparison] = []
+    bar = _bar(len(tasks), progress)
     for chunk in chunks:
         out.extend(_run(chunk))
         bar.update(len(chunk))
     bar.close()
+    return out
+
+
+def _in_workers(chunks: list[Sequence[Task]], workers: int, progress: bool, total: int) -> list[stats.Comparison]:
+    """The chunks' comparisons in ``workers`` forked processes (spawned where the platform is not Linux). Objects
+    the parent holds are frozen out of the garbage collector first, so the workers' collections do not copy every
+    page they share with it; the progress bar (and its thread) starts once the workers are forked."""
+    ctx = multiprocessing.get_context("fork" if sys.platform.startswith("linux") else "spawn")
+    out: list[stats.Comparison] = []
+    gc.freeze()
+    try:
+        with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+            parts = pool.map(_run, chunks)  # submits every chunk: the workers are forked by now
+            bar = _bar(total, progress)
+            try:
+                for part in parts:
+                    out.extend(part)
+                    bar.update(len(part))
+            finally:
+                bar.close()
+    finally:
+        gc.unfreeze()
     return out
 
 

@@ -24,6 +24,7 @@ import io
 import os
 import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, Iterator
@@ -42,7 +43,7 @@ if TYPE_CHECKING:
     from asr_core.runtime.outbox import Outbox
     from asr_core.contract.trial import ProgressLog
 
-MERGE_DIR = ".merging"  # in the job's eval/: the tables being merged (merge_folder)
+MERGE_PREFIX = ".merging-"  # in the job's eval/: a folder of the tables being merged (merge_folder)
 
 
 class EvaluationInterrupted(Exception):
@@ -127,14 +128,15 @@ class _HeldBack:
 
 def remove_stale_temps(folder: Path) -> None:
     """Remove the temporary files (``.<table>.<random>.tmp``) that a job killed while writing a table left in
-    ``folder`` (its ``eval/`` or ``eval/measured/``), and the merge folder (:data:`MERGE_DIR`) of one killed in
+    ``folder`` (its ``eval/`` or ``eval/measured/``), and the merge folders (:data:`MERGE_PREFIX`) of one killed in
     :func:`publish`. Called at the job's start, under its lease: no other process
     writes into the job's folder."""
     if not folder.is_dir():
         return
-    if (folder / MERGE_DIR).is_dir():
-        shutil.rmtree(folder / MERGE_DIR, ignore_errors=True)
-        print(f"[eval] removed {MERGE_DIR}/, the merge a killed job left", file=sys.stderr, flush=True)
+    for work in sorted(folder.glob(f"{MERGE_PREFIX}*")):
+        if work.is_dir():
+            shutil.rmtree(work, ignore_errors=True)
+            print(f"[eval] removed {work.name}/, the merge a killed job left", file=sys.stderr, flush=True)
     for tmp in sorted(folder.glob(f".*{TEMP_SUFFIX}")):
         try:
             tmp.unlink()
@@ -149,12 +151,11 @@ def remove_stale_temps(folder: Path) -> None:
 
 @contextlib.contextmanager
 def merge_folder(eval_dir: Path) -> Iterator[Path]:
-    """The folder :func:`publish` merges in: :data:`MERGE_DIR` inside the job's own ``eval/`` (under its lease, no
-    other process writes there), emptied first and removed after. A job killed mid-merge leaves it in its folder,
-    where its next start removes it (:func:`remove_stale_temps`), not in the node's ``/tmp``."""
-    work = eval_dir / MERGE_DIR
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
+    """A new folder for :func:`publish` to merge in, named :data:`MERGE_PREFIX` and a random tail, inside the job's own
+    ``eval/`` (under its lease, no other process writes there), removed after. A job killed mid-merge leaves it in
+    its folder, where its next start removes it (:func:`remove_stale_temps`), not in the node's ``/tmp``."""
+    eval_dir.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=MERGE_PREFIX, dir=eval_dir))
     try:
         yield work
     finally:
