@@ -46,8 +46,9 @@ def test_the_table_says_which_goals_are_met() -> None:
 
 
 def test_the_tree_memory_counts_a_workers_memory_beside_its_parents() -> None:
-    """A parent holding 150 MiB starts a child holding 200 MiB: the tree's peak is their sum, where wait4's peak
-    RSS is only that of the largest process."""
+    """A parent holding 150 MiB starts a child holding 200 MiB: the tree's peak is their sum, more than either alone
+    (wait4's peak RSS is that of the largest process, and on Linux also counts what the process that started it
+    held when it forked, so it says nothing here)."""
     import os
 
     from analysis.bench import TreeMemory
@@ -58,7 +59,6 @@ def test_the_tree_memory_counts_a_workers_memory_beside_its_parents() -> None:
     proc = subprocess.Popen([sys.executable, "-c", code])
     tree = TreeMemory(proc.pid, every_s=0.05)
     tree.start()
-    _, _, usage = os.wait4(proc.pid, 0)
+    os.wait4(proc.pid, 0)
     tree.stop()
-    assert usage.ru_maxrss * 1024 < 300 * 2 ** 20  # the largest process alone
-    assert tree.peak > 350 * 2 ** 20
+    assert tree.peak > 340 * 2 ** 20
