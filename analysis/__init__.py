@@ -3,9 +3,12 @@ recording as the unit, noise-robustness tables and the paper's figures, written 
 
     python -m analysis report SWEEP [--tracking-uri URI] --out DIR [--baseline-context-s 10.24]
     python -m analysis compare SWEEP A B [--tracking-uri URI] [--dataset D] [--snr DB]
+    python -m analysis bench [--runs 321 --runs 3000]
 
-Modules: ``collect`` (MLflow -> tidy DataFrames), ``werr`` (tables and comparisons), ``stats`` (pure tests),
-``plots`` (figures 1-5), ``decoders`` (greedy against beam+LM decoding, perplexity against LM context), ``heads``
-(head similarity against context beside WER), ``report`` (HTML, Markdown, CSV, PNG), ``dashboard`` (the report in
-the MLflow dashboard).
+Folders, each reading only those after it: ``document`` (the report: its sections and the paper's finding checks),
+``features`` (one module per paper feature: cue, tail, recall, fusion, heads, fragmentation, decoders, error
+types), ``display`` (tables as text, Markdown and HTML; the figures), ``significance`` (the tests, the comparisons
+over every core, WER and WERR tables), ``ledger`` (MLflow -> tidy DataFrames, the tables cache, names). Beside
+them: ``memo`` (a report copied when nothing changed), ``bench`` and ``bench_ledger`` (the report timed at the
+paper's scale), ``dashboard`` (the report in the MLflow dashboard).
 """
