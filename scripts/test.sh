@@ -2,8 +2,8 @@
 # The test suite: unit tests, integration tests against a real local SLURM cluster and `mlflow server`, and the
 # quick demo study end to end, on two workers (TEST_WORKERS=N to change; tests/conftest.py keeps what shares a
 # session fixture on one worker). Installs what it needs first. Extra arguments go to pytest.
-#   ./scripts/test.sh            the whole suite (about an hour on 2 cores: docs/results/2026-11-29-suite-time.md)
-#   ./scripts/test.sh fast       the fast tier for daily work: no SLURM, browser or slow tests (about 4 minutes)
+#   ./scripts/test.sh            the whole suite (30-60 minutes on 2 cores: docs/results/2026-11-30-suite-time.md)
+#   ./scripts/test.sh fast       the fast tier for daily work: no SLURM, browser or slow tests (3-4 minutes)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
