@@ -12,7 +12,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import soundfile as sf
-from scipy import signal
 
 from asr_core.data.audio import SAMPLE_RATE
 
@@ -50,6 +49,8 @@ def espeak(text: str, speaker: Speaker) -> np.ndarray:
             from None
     data, sr = sf.read(io.BytesIO(out), dtype="float32")
     if sr != SAMPLE_RATE:
+        from scipy import signal  # here, not at the top: 0.7 s that every trainer would pay (it imports this module)
+
         g = np.gcd(sr, SAMPLE_RATE)
         data = signal.resample_poly(data, SAMPLE_RATE // g, sr // g).astype(np.float32)
     return trim(data)
@@ -75,6 +76,8 @@ def apply_room(x: np.ndarray, room: Room, rng: np.random.Generator, levels_of: n
 
     ``levels_of`` (shape (N,), default ``x``): the signal whose speech power sets the noise level and whose peak sets
     the output gain, so that an edited ``x`` gets exactly the room, noise and gain of the unedited one."""
+    from scipy import signal
+
     sr = SAMPLE_RATE
     # a room: exponentially decaying noise (decay reaches -60 dB at reverb_s), mixed behind the direct sound
     n_ir = max(1, int(room.reverb_s * sr))

@@ -43,7 +43,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import signal
 
 from asr_core.contract.metrics import RECALL_KEY_EDITS
 from asr_core.data.audio import SAMPLE_RATE
@@ -187,6 +186,8 @@ class KeyEdit:
             return np.zeros(n, dtype=np.float32)
         if other is None or len(other) == 0:
             raise ValueError("a swap needs the swap word's audio")
+        from scipy import signal  # here, not at the top: 0.7 s that every trainer would pay for the tokenizer
+
         return signal.resample(other, n).astype(np.float32) if len(other) != n else other.astype(np.float32)
 
 
