@@ -25,12 +25,14 @@ not in them; the ``tail/<DATASET>`` metrics are the same pooled rate per run.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 import numpy as np
 import pandas as pd
 
 from analysis.significance import stats
 from analysis.ledger.collect import Sweep, greedy_rows
+from analysis.ledger.tables import counts_by_seed
 from analysis.display.render import Section
 from analysis.significance.werr import context_spans, family_rows, find_baseline, format_seconds, holm_once, stable_seed
 from asr_core.contract.metrics import CLEAN, TAIL_TAG
@@ -46,7 +48,7 @@ TEST_COLUMNS = ["family", "series", "series_id", "dataset", "condition", "snr_db
                 "tail_wer", "delta_tail_wer", "wer_baseline", "wer", "p", "p_holm", "note"]
 
 # (config_id, dataset, condition) -> seed -> recording -> (tail_errors, tail_words)
-TailIndex = dict[tuple[str, str, str], dict[int, dict[str, tuple[float, float]]]]
+TailIndex = dict[tuple[str, str, str], dict[int, Mapping[str, tuple[float, float]]]]
 
 
 def tail_rows(sweep: Sweep) -> pd.DataFrame:
@@ -99,13 +101,8 @@ def rate_table(sweep: Sweep) -> pd.DataFrame:
 
 def tail_index(sweep: Sweep) -> TailIndex:
     """:data:`TailIndex` of the greedy rows with tail counts, built in one pass."""
-    rows = tail_rows(sweep)
-    out: TailIndex = {}
-    cols = [rows[c].to_numpy() for c in ("config_id", "dataset", "condition", "seed", "recording", "tail_errors",
-                                          "tail_words")]
-    for cid, ds, cond, seed, name, err, words in zip(*cols):
-        out.setdefault((cid, ds, cond), {}).setdefault(int(seed), {})[str(name)] = (float(err), float(words))
-    return out
+    return counts_by_seed(tail_rows(sweep), ["config_id", "dataset", "condition"], errors="tail_errors",
+                          words="tail_words")
 
 
 def tail_pvalue(a: stats.SeedTable, b: stats.SeedTable, *, names: tuple[str, str] = ("A", "B"), seed: int = 0
