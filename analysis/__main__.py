@@ -47,7 +47,7 @@ from asr_core.contract.options import positional, renamed
 from asr_core.contract.tracking import (DASHBOARD_HOST, DASHBOARD_PORT, DEFAULT_SWEEP_ROOT, ENV, SWEEP_ROOT_ENV,
                                         bad_uri, bound_mlflow_http, dashboard_command, default_sweep_root,
                                         missing_ledger, mlflow_http, tracking_uri)
-from asr_core.version import ShowVersion
+from asr_core.contract.command import ShowVersion
 
 if TYPE_CHECKING:  # the tables (pandas, scipy) are imported where a command runs: --help and a Tab need none
     from analysis.ledger.cache import TableCache
@@ -255,7 +255,7 @@ def _compare(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from asr_core.runtime.crash import guarded  # a bug: one line naming its log, exit 1
+    from asr_core.contract.command import guarded  # a bug: one line naming its log, exit 1
 
     return guarded("analysis", _main, argv)
 

@@ -43,7 +43,7 @@ SIGNALLED = ("trial", "train")  # commands that checkpoint on SIGUSR2/SIGTERM (a
 
 
 def main(argv: list[str] | None = None) -> int:
-    from asr_core.runtime.crash import guarded  # a bug: one line naming its log, exit 1
+    from asr_core.contract.command import guarded  # a bug: one line naming its log, exit 1
 
     return guarded("asr_core", _main, argv)
 
@@ -60,7 +60,7 @@ def _main(argv: list[str]) -> int:
         print("\n  --version print the version and the code's commit, then exit")
         return 0 if argv else 2
     if argv[0] == "--version":
-        from asr_core.version import version_line
+        from asr_core.contract.command import version_line
 
         print(version_line("python -m asr_core"))
         return 0

@@ -15,7 +15,7 @@ Exit codes are the contract with the schedulers (defined in :mod:`asr_core.contr
 * ``65`` the loss stayed non-finite for ``train.max_nonfinite_steps`` steps in a row: the run is FAILED with
   ``trial.error`` = ``diverged: …`` (the steps, the loss, the checkpoint kept), the outcome ``diverged`` counts
   against the failure budget, and the last checkpoint is left as it was (never one with non-finite weights).
-* ``73`` another live job holds the trial's lease (:mod:`asr_core.runtime.lease`): this one exited having written nothing,
+* ``73`` another live job holds the trial's lease (:mod:`asr_core.contract.folder.lease`): this one exited having written nothing,
   or, having lost the lease while training, stopped without saving.
 * ``1``  failed; the run is FAILED with the error's last line in the tag ``trial.error``.
 * ``2``  the config file is invalid; nothing ran. The run (when ``--run-id`` is given) is FAILED with
@@ -36,7 +36,7 @@ are (paper 003; :mod:`asr_core.probes.heads`) on the first evaluation dataset: m
 only it.
 
 The trial folder holds the truth, MLflow is its mirror. Order of a start: DONE or CANCELLED (read only) → the lease
-(:class:`asr_core.runtime.lease.Lease`, taken before the job touches the checkpoint, the outbox or the run; held → exit 73)
+(:class:`asr_core.contract.folder.lease.Lease`, taken before the job touches the checkpoint, the outbox or the run; held → exit 73)
 → the segment → training → evaluation → the outcome. Everything the job tells MLflow (params, tags, metrics,
 artifacts, the run's status) goes through the trial's outbox (:mod:`asr_core.runtime.outbox`), shipped by a background
 thread: nothing in the job waits for MLflow. At the end the job waits for the outbox at most
@@ -76,14 +76,14 @@ from typing import TYPE_CHECKING
 from asr_core.runtime import signals
 from asr_core.config import Config
 from asr_core.contract.atomic import stale_temps
-from asr_core.contract.trained import mark_trained, seal_trained, trained_checkpoint
+from asr_core.contract.folder.trained import mark_trained, seal_trained, trained_checkpoint
 from asr_core.config.parse import ConfigError
 from asr_core.contract.evaluation import (DEFAULT_EVALUATION, OWN_EVALUATION, EvaluationSpec, default_evaluation,
                                           describe_conditions, evaluated_record, evaluation_tag, read_evaluation)
 from asr_core.evaluation.checkpoint_read import CheckpointRefused
 from asr_core.evaluation.job import EvaluationInterrupted, run_evaluation
 from asr_core.runtime.outbox import FINAL_FLUSH_S, PREEMPT_FLUSH_S, Outbox, fail_fast_http
-from asr_core.runtime.provenance import CodeVersion, code_version, cpu_kernels, cpu_model
+from asr_core.contract.provenance import CodeVersion, code_version, cpu_kernels, cpu_model
 from asr_core.contract.trial import (
     CODE_ARTIFACT_DIR,
     ENV_JOB_ID,
@@ -123,10 +123,10 @@ from asr_core.contract.trial import (
     read_attempts,
     record_attempt,
 )
-from asr_core.contract.segments import Segment, append_segment, code_labels, kernel_levels, read_segments
+from asr_core.contract.folder.segments import Segment, append_segment, code_labels, kernel_levels, read_segments
 
 if TYPE_CHECKING:
-    from asr_core.runtime.lease import Lease
+    from asr_core.contract.folder.lease import Lease
 
 
 def _say(text: str) -> None:
@@ -136,7 +136,7 @@ def _say(text: str) -> None:
 # ---- the fence -----------------------------------------------------------------------------------------------------
 def _acquire(folder: TrialFolder, job_id: str) -> "Lease | None":
     """The trial's lease, or None (after saying who holds it) when another live job has it."""
-    from asr_core.runtime.lease import Lease, LeaseHeld
+    from asr_core.contract.folder.lease import Lease, LeaseHeld
 
     try:
         return Lease(folder.path, job_id).acquire()

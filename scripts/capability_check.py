@@ -38,7 +38,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from asr_core.runtime.provenance import X86_LEVELS, cpu_model  # noqa: E402
+from asr_core.contract.provenance import X86_LEVELS, cpu_model  # noqa: E402
 from tests.plugins.demo import QUICK_DEMO_LEARNED_WER  # noqa: E402  the bar the suite holds the quick demo to
 
 # --blas: the caps of MKL and oneDNN that match each x86 level (their own names for the instruction sets)

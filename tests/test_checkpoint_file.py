@@ -1,4 +1,4 @@
-"""The torch-free check of a checkpoint's file (``asr_core.contract.checkpoint_file``) says what the checkpoint reader
+"""The torch-free check of a checkpoint's file (``asr_core.contract.folder.checkpoint_file``) says what the checkpoint reader
 says for the same file, and it is what the commands run before they import torch."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from asr_core.contract.checkpoint_file import NOT_OURS, file_refusal
+from asr_core.contract.folder.checkpoint_file import NOT_OURS, file_refusal
 
 REPO = Path(__file__).resolve().parents[1]
 

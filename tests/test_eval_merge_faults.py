@@ -25,7 +25,7 @@ from mlflow.tracking import MlflowClient
 from asr_core.config import preset
 from asr_core.contract.evaluation import EvaluationSpec, greedy_setting
 from asr_core.contract.ledger import experiment_id
-from asr_core.contract.trained import mark_trained
+from asr_core.contract.folder.trained import mark_trained
 from asr_core.contract.trial import (EXIT_OK, TrialFolder, mark_done, mark_evaluated, read_progress, trial_command,
                                      write_config)
 from asr_core.data.synth.generate import synthesise

@@ -220,7 +220,7 @@ def test_a_spec_is_scheduled_as_evaluation_jobs_and_cancel_where_stops_only_its_
 @pytest.mark.slow
 def test_an_evaluation_job_killed_by_sigkill_is_retried_within_the_budget_and_never_writes_the_checkpoint(
         tmp_path: Path, smoke_corpus: Path, capsys: pytest.CaptureFixture) -> None:
-    from asr_core.runtime.lease import read_lease
+    from asr_core.contract.folder.lease import read_lease
     from asr_core.contract.trial import OUTCOME_KILLED, failures, read_attempts, read_progress
     from tests.test_backend import wait_until
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from asr_core.contract.segments import read_segments
+from asr_core.contract.folder.segments import read_segments
 from asr_core.contract.trial import FINISHED, KILLED, read_progress
 from orchestrate.cli.commands import main
 from orchestrate.ledger.ledger import Ledger, wait_for

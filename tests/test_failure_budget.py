@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from asr_core.config import Config
-from asr_core.runtime.lease import Lease, read_lease
+from asr_core.contract.folder.lease import Lease, read_lease
 from asr_core.contract.trial import (FAILED, FINISHED, OUTCOME_FAILED, OUTCOME_KILLED, OUTCOME_LOST,
                                      OUTCOME_PREEMPTED, OUTCOME_RESET, failures, read_attempts, read_progress,
                                      record_attempt)

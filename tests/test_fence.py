@@ -19,11 +19,11 @@ import pytest
 
 from asr_core.training.checkpoint import load_checkpoint
 from asr_core.config import preset
-from asr_core.runtime.lease import read_lease
+from asr_core.contract.folder.lease import read_lease
 from asr_core.contract.trial import (ENV_JOB_ID, EXIT_FENCED, EXIT_OK, FINISHED, SCHEDULED, TAG_ERROR, TAG_SEGMENTS,
                                      TrialFolder, failures, progress_records, read_attempts, trial_command,
                                      write_config)
-from asr_core.contract.segments import read_segments
+from asr_core.contract.folder.segments import read_segments
 from tests.plugins.mlflow_server import MlflowServer
 from tests.test_backend import smoke_corpus
 

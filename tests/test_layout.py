@@ -188,11 +188,7 @@ def test_a_decode_job_queued_by_an_earlier_version_unpickles_and_says_what_to_do
 # ---- folders ----------------------------------------------------------------------------------------------------
 MAX_MODULES = 12  # per folder, not counting __init__.py and the aliases
 # Folders over the limit today, each with why it is left as it is (issue 47 names what comes next).
-WIDE_FOLDERS = {
-    "asr_core/contract": "one module per seam between packages, each the single owner both sides import "
-                         "(docs/ARCHITECTURE.md, \"The contracts\"); grouping two seams in one module would blur "
-                         "which side owns what",
-}
+WIDE_FOLDERS: dict[str, str] = {}
 # Folder pairs that import each other today (asr_core's, issue 47 items 2 and 4); no new pair may join them.
 MUTUAL_FOLDERS = {
     ("asr_core", "asr_core/evaluation"), ("asr_core", "asr_core/probes"),
@@ -255,14 +251,8 @@ def test_analysis_reads_one_way_from_the_document_down_to_the_ledger():
 # listed here with why; a new one fails the test until it is listed (or reached through a contract instead).
 SEAM = ("asr_core.contract", "asr_core.config")
 PAST_THE_SEAM = {
-    "asr_core.runtime.outbox_folder": "status reads a trial's outbox on disk (its records, the trainer's own) without "
-                                      "MLflow",
-    "asr_core.runtime.lease": "the per-trial fence: orchestrate takes and judges the lease the trainer holds",
-    "asr_core.runtime.provenance": "the code version a submission records is the trainer's own rule",
     "asr_core.runtime.outbox": "the load-test and fake-sweep tools write records as a trainer does",
     "asr_core.runtime.shipper": "reconcile ships what a dead job's outbox left, with the trainer's shipper",
-    "asr_core.runtime.crash": "every command's crash guard (one line, a log with the traceback) is one function",
-    "asr_core.version": "every command's --version is one function",
     "asr_core.data.corpora": "plan checks a grid's corpora and the budget reads their durations, with the readers "
                              "the trainer uses",
     "asr_core.data.corpora.prepared": "the budget reads a prepared corpus's durations as the trainer would",
@@ -284,3 +274,17 @@ def test_orchestrate_reads_asr_core_through_its_seam():
                          f"or list them in PAST_THE_SEAM with why: {unlisted}"
     stale = sorted(set(PAST_THE_SEAM) - past)
     assert not stale, f"orchestrate no longer reads these: take them off PAST_THE_SEAM: {stale}"
+
+
+def test_the_contracts_import_neither_torch_nor_mlflow():
+    """Every module of ``asr_core/contract/`` (the folder's files included) loads without torch, MLflow, pandas or
+    Ray, so that a command or a tool can read a trial folder, a tag or a metric name in a fraction of a second."""
+    import subprocess
+    import sys
+
+    contracts = sorted(m for m in MODULES if m.startswith("asr_core.contract"))
+    code = (f"import importlib, sys\nfor m in {contracts!r}: importlib.import_module(m)\n"
+            "print(sorted(h for h in ('torch', 'mlflow', 'pandas', 'ray') if h in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]", f"a contract module imports {done.stdout.strip()}"

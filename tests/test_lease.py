@@ -1,4 +1,4 @@
-"""The per-trial fence (``asr_core.runtime.lease``), with real processes where it matters.
+"""The per-trial fence (``asr_core.contract.folder.lease``), with real processes where it matters.
 
 A holder is a real process (``HOLDER`` below) that takes a lease and answers ``held``/``release`` on stdin, so
 liveness is judged from a real pid (running, stopped with SIGSTOP, killed, a zombie). Staleness is reached by
@@ -20,16 +20,16 @@ from pathlib import Path
 
 import pytest
 
-from asr_core.runtime.lease import (HOST, KEEP_GENERATIONS, Lease, LeaseDirError, LeaseHeld, LeaseInfo, read_lease,
+from asr_core.contract.folder.lease import (HOST, KEEP_GENERATIONS, Lease, LeaseDirError, LeaseHeld, LeaseInfo, read_lease,
                             release_if_dead)
 from asr_core.contract.trial import TrialFolder
-from asr_core.runtime.lease_clock import proc_stat
+from asr_core.contract.folder.lease_clock import proc_stat
 
 ROOT = Path(__file__).resolve().parents[1]
 
 HOLDER = r"""
 import sys
-from asr_core.runtime.lease import Lease
+from asr_core.contract.folder.lease import Lease
 trial, job, heartbeat_s, stale_s = sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4])
 lease = Lease(trial, job, heartbeat_s=heartbeat_s, stale_s=stale_s).acquire()
 print("ACQUIRED", lease.info.generation, flush=True)
@@ -297,7 +297,7 @@ def test_a_lease_folder_that_cannot_be_written_is_an_os_error_naming_it(tmp_path
 
 
 def test_settings_come_from_the_environment_and_bad_ones_are_named(tmp_path: Path) -> None:
-    code = ("import sys; from asr_core.runtime import lease; print(lease.HEARTBEAT_S, lease.STALE_S, "
+    code = ("import sys; from asr_core.contract.folder import lease; print(lease.HEARTBEAT_S, lease.STALE_S, "
             "*(m in sys.modules for m in ('torch', 'mlflow', 'numpy')))")  # and nothing heavy is imported
     env = {**os.environ, "PYTHONPATH": str(ROOT), "ORCHESTRATE_LEASE_HEARTBEAT_S": "2.5",
            "ORCHESTRATE_LEASE_STALE_S": "40"}

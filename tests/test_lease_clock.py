@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from asr_core.runtime.lease import STALE_S, Lease, LeaseHeld, LeaseInfo, read_lease, write_lease
+from asr_core.contract.folder.lease import STALE_S, Lease, LeaseHeld, LeaseInfo, read_lease, write_lease
 
 ROOT = Path(__file__).resolve().parents[1]
 SKEW_S = STALE_S + 100  # more than the stale limit: the reader's clock alone would get every verdict wrong
 HOLDER = r"""
 import sys, time
-from asr_core.runtime.lease import Lease
+from asr_core.contract.folder.lease import Lease
 lease = Lease(sys.argv[1], "holder_1", heartbeat_s=0.5).acquire()
 print("ACQUIRED", flush=True)
 sys.stdin.read()
@@ -74,7 +74,7 @@ def test_stale_lease_stays_stale_when_reader_clock_is_behind_by_patched_time_tim
 
 def test_fs_clock_probe_leaves_no_file_and_ignores_patched_time_time(tmp_path: Path,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    from asr_core.runtime.lease_clock import fs_now
+    from asr_core.contract.folder.lease_clock import fs_now
 
     _skew_reader_clock(monkeypatch, 1000.0)
     probe_dir = tmp_path / "lease"

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from asr_core.runtime.outbox import Outbox
-from asr_core.runtime.outbox_folder import REJECTED_FILE, WATERMARK_FILE, pending
+from asr_core.contract.folder.outbox_files import REJECTED_FILE, WATERMARK_FILE, pending
 from asr_core.runtime.shipper import MAX_METRICS, ShipResult, ship_pending
 from asr_core.contract.trial import TrialFolder
 
@@ -200,7 +200,7 @@ def test_ship_pending_ships_what_a_killed_job_left(mlflow_server, run) -> None:
         "os._exit(137)\n")
     done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 137, done.stderr
-    count = subprocess.run([sys.executable, "-c", "import sys; from asr_core.runtime.outbox_folder import pending; "
+    count = subprocess.run([sys.executable, "-c", "import sys; from asr_core.contract.folder.outbox_files import pending; "
                             f"print(pending({str(trial)!r}), 'mlflow' in sys.modules)"], cwd=ROOT,
                            capture_output=True, text=True, timeout=60, check=True)
     assert count.stdout.split() == ["32", "False"]

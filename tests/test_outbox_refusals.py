@@ -22,7 +22,7 @@ import pytest
 
 from asr_core.contract.trial import TrialFolder
 from asr_core.runtime.outbox import HTTP_DEFAULTS, Outbox
-from asr_core.runtime.outbox_folder import REJECTED_FILE, kept, pending
+from asr_core.contract.folder.outbox_files import REJECTED_FILE, kept, pending
 from asr_core.runtime.shipper import ship_pending
 from orchestrate.tools.flaky_proxy import Fault, FlakyProxy
 

@@ -21,7 +21,7 @@ from mlflow.tracking import MlflowClient
 
 import asr_core
 from asr_core.config import Config, preset
-from asr_core.runtime.provenance import DIFF_DIGITS, DIRTY_SUFFIX, UNKNOWN, code_version
+from asr_core.contract.provenance import DIFF_DIGITS, DIRTY_SUFFIX, UNKNOWN, code_version
 from asr_core.contract.trial import (
     CODE_ARTIFACT_DIR,
     ENV_JOB_ID,
@@ -191,7 +191,7 @@ def _env(repo: Path, job: str, kernels: str | None = None) -> dict[str, str]:
 def _own_kernels() -> str:
     """The CPU kernel level torch picks here when nothing lowers it."""
     env = {k: v for k, v in os.environ.items() if k != "ATEN_CPU_CAPABILITY"}
-    return subprocess.run([sys.executable, "-c", "from asr_core.runtime.provenance import cpu_kernels; "
+    return subprocess.run([sys.executable, "-c", "from asr_core.contract.provenance import cpu_kernels; "
                            "print(cpu_kernels())"], env=env, capture_output=True, text=True,
                           check=True).stdout.strip()
 

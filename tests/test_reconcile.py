@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from asr_core.config import preset
-from asr_core.runtime.lease import Lease
+from asr_core.contract.folder.lease import Lease
 from asr_core.contract.trial import (FAILED, FINISHED, KILLED, OUTCOME_FAILED, OUTCOME_FINISHED,
                                      OUTCOME_KILLED, RUNNING, SCHEDULED, TAG_ERROR, TrialFolder, record_attempt)
 from orchestrate.tools.fake_sweep import fake_trials

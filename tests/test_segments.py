@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from asr_core.contract.segments import Segment, append_segment, kernel_levels, read_segments
-from asr_core.runtime.provenance import cpu_kernels, cpu_model
+from asr_core.contract.folder.segments import Segment, append_segment, kernel_levels, read_segments
+from asr_core.contract.provenance import cpu_kernels, cpu_model
 
 
 def test_a_segment_keeps_its_kernel_level_and_cpu(tmp_path: Path) -> None:
@@ -41,7 +41,7 @@ def test_the_recorded_level_is_the_one_torch_runs_with(level: str) -> None:
     if platform.machine() not in ("x86_64", "AMD64"):
         pytest.skip("the x86 kernel levels")
     env = {**os.environ, "ATEN_CPU_CAPABILITY": level}
-    out = subprocess.run([sys.executable, "-c", "from asr_core.runtime.provenance import cpu_kernels; "
+    out = subprocess.run([sys.executable, "-c", "from asr_core.contract.provenance import cpu_kernels; "
                           "print(cpu_kernels())"], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == level
 

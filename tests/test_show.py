@@ -14,7 +14,7 @@ import uuid
 from collections import Counter
 from pathlib import Path
 
-from asr_core.contract.segments import Segment, append_segment
+from asr_core.contract.folder.segments import Segment, append_segment
 from asr_core.contract.trial import OUTCOME_PREEMPTED, record_attempt
 from orchestrate.ledger.ledger import Ledger
 from orchestrate.sweep.folder import Manifest, SweepDir

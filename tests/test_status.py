@@ -4,7 +4,7 @@ status of a full-size sweep never imports mlflow (that import alone costs second
 
 Real pieces throughout: an `mlflow server` started and stopped by the test with slurm/mlflow-server.sh, the SLURM
 test cluster holding a real (held) job for a queued trial, trial folders written with the trial contract's own
-writers and a real lease (asr_core.runtime.lease) held by this process.
+writers and a real lease (asr_core.contract.folder.lease) held by this process.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from asr_core.runtime.lease import Lease
+from asr_core.contract.folder.lease import Lease
 from asr_core.contract.trial import (OUTCOME_CANCELLED, OUTCOME_FAILED, OUTCOME_FINISHED, OUTCOME_KILLED,
                                      OUTCOME_PREEMPTED, RUNNING, ProgressLog, TrialFolder, record_attempt)
 from orchestrate.tools.fake_sweep import MIX, fake_trials, make_fake_sweep

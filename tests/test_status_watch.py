@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from asr_core.contract.trial import Progress, TrialFolder, write_progress
-from asr_core.runtime.lease import Lease
+from asr_core.contract.folder.lease import Lease
 from orchestrate.sweep.progress import rate_of, trial_pace
 from orchestrate.sweep.folder import Manifest, SweepDir
 from orchestrate.tools.fake_sweep import fake_trials, make_fake_sweep

@@ -24,9 +24,9 @@ from mlflow.tracking import MlflowClient
 
 from asr_core.training.checkpoint import load_checkpoint
 from asr_core.config import preset
-from asr_core.runtime.outbox_folder import pending
+from asr_core.contract.folder.outbox_files import pending
 from asr_core.runtime.shipper import ship_pending
-from asr_core.contract.segments import read_segments
+from asr_core.contract.folder.segments import read_segments
 from asr_core.contract.trial import (EXIT_PREEMPTED, TAG_PREEMPTIONS, TrialFolder, progress_records, read_attempts)
 from tests.plugins.mlflow_server import free_port
 from tests.test_backend import smoke_corpus

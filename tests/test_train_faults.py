@@ -28,7 +28,7 @@ from mlflow.tracking import MlflowClient
 from asr_core.config import preset
 from asr_core.contract import trial as contract
 from asr_core.contract.trial import TAG_ERROR, TrialFolder, read_attempts, record_attempt
-from asr_core.runtime.lease import Lease
+from asr_core.contract.folder.lease import Lease
 from asr_core.training.checkpoint import load_checkpoint
 from tests.test_backend import smoke_corpus
 from tests.test_trial import make_trial, trial_cmd, trial_env
@@ -137,7 +137,7 @@ _FULL_DISK = """
 import resource, signal, sys
 from pathlib import Path
 from asr_core.contract import trial as c
-from asr_core.contract.trained import mark_trained
+from asr_core.contract.folder.trained import mark_trained
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG, as one on a full disk
 resource.setrlimit(resource.RLIMIT_FSIZE, (4, 4))
 d = Path(sys.argv[1])

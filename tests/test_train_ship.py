@@ -15,7 +15,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from asr_core.config import preset
-from asr_core.runtime.outbox_folder import outbox_dir, parse_record, read_lines, record_files
+from asr_core.contract.folder.outbox_files import outbox_dir, parse_record, read_lines, record_files
 from tests.test_backend import smoke_corpus
 from tests.test_tracker_outage import Server, _overrides
 

@@ -23,7 +23,7 @@ from mlflow.tracking import MlflowClient
 from asr_core.training.checkpoint import load_checkpoint
 from asr_core.config import preset
 from asr_core.data.corpora import load_corpus
-from asr_core.runtime.provenance import code_version
+from asr_core.contract.provenance import code_version
 from asr_core.scoring.score import normalise
 from asr_core.contract.trial import (ENV_JOB_ID, TAG_CODE, TAG_PREEMPTIONS, TAG_SEGMENTS, TrialFolder, read_attempts,
                                      read_progress)

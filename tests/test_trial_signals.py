@@ -20,11 +20,11 @@ from mlflow.tracking import MlflowClient
 
 from asr_core.training.checkpoint import load_checkpoint
 from asr_core.data.corpora import load_corpus
-from asr_core.runtime.outbox_folder import pending
+from asr_core.contract.folder.outbox_files import pending
 from asr_core.runtime.shipper import ship_pending
 from asr_core.contract.trial import (EXIT_CANCELLED, EXIT_FAILED, EXIT_FENCED, EXIT_PREEMPTED, TAG_ERROR,
                                      TAG_PREEMPTIONS, TrialFolder, progress_records, read_attempts)
-from asr_core.contract.segments import read_segments
+from asr_core.contract.folder.segments import read_segments
 from tests.test_trial import make_trial, trial_cmd, trial_env
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -195,7 +195,7 @@ def test_an_injected_fault_fails_the_trial_at_the_same_step_every_time(tmp_path:
 def test_a_trainer_that_lost_its_lease_stops_without_saving_and_exits_73(tmp_path: Path, corpus: Path) -> None:
     """Another job took the trial over (here: the same job id, as a requeued SLURM task does): the first trainer's
     next checkpoint save finds the lease gone, saves nothing and exits EXIT_FENCED, leaving folder and run alone."""
-    from asr_core.runtime.lease import Lease
+    from asr_core.contract.folder.lease import Lease
 
     trial_dir, uri, run_id, client = _setup(tmp_path, f"podcast:{corpus}", "train.max_steps=60")
     proc, (taker, taken), log = _act_at_step(

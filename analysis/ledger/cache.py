@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Iterable, Mapping
 
 from asr_core.contract.atomic import write_atomic
-from asr_core.runtime.crash import PROJECT
+from asr_core.contract.command import PROJECT
 
 log = logging.getLogger(__name__)
 

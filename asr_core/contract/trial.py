@@ -17,9 +17,9 @@ tags                      ``TAG_*`` below: the ledger writes the ``sweep.*`` and
                           :func:`eval_fingerprint_tag`
 trial-folder files        :class:`TrialFolder`; the markers' writers :func:`mark_done`, :func:`mark_cancelled`,
                           :func:`mark_evaluated` (atomic: :mod:`asr_core.contract.atomic`); the ``TRAINED`` record's
-                          writer and reader: :mod:`asr_core.contract.trained`
+                          writer and reader: :mod:`asr_core.contract.folder.trained`
 progress                  :class:`ProgressLog` (JSON lines) and :func:`read_progress`; never parsed from log text
-segments and outcomes     :func:`asr_core.contract.segments.read_segments` (one line per start of the job),
+segments and outcomes     :func:`asr_core.contract.folder.segments.read_segments` (one line per start of the job),
                           :func:`record_attempt` / :func:`read_attempts` / :func:`failures` / :func:`preemptions`
                           (one line per ended segment)
 ========================  ===========================================================================================

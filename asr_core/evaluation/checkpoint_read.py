@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from asr_core.contract.checkpoint_file import not_ours
-from asr_core.contract.trained import read_trained
+from asr_core.contract.folder.checkpoint_file import not_ours
+from asr_core.contract.folder.trained import read_trained
 from asr_core.contract.trial import TrialFolder
 
 if TYPE_CHECKING:

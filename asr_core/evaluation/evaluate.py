@@ -77,7 +77,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from asr_core.contract.checkpoint_file import command_refusal
+from asr_core.contract.folder.checkpoint_file import command_refusal
 from asr_core.contract.specs import parse_dataset_spec
 from asr_core.data.corpora import CorpusError, Recording, load_corpus
 from asr_core.data.corpora.fingerprint import fingerprint

@@ -33,7 +33,7 @@ from asr_core.contract.atomic import TEMP_SUFFIX, write_with
 from asr_core.contract.evaluation import (CHECKPOINT_COLUMN, MEASURED_DIR, TABLES_LOCK_FILE, EvaluationSpec,
                                           checkpoint_tags, evaluation_tag, merge_tables, read_evaluation,
                                           recorded_checkpoints)
-from asr_core.contract.trained import trained_checkpoint
+from asr_core.contract.folder.trained import trained_checkpoint
 from asr_core.contract.trial import EVAL_DIR, TrialFolder
 from asr_core.evaluation.checkpoint_read import CheckpointRead, CheckpointRefused
 from asr_core.runtime import signals

@@ -9,7 +9,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from asr_core.contract.checkpoint_file import file_refusal
+from asr_core.contract.folder.checkpoint_file import file_refusal
 from asr_core.contract.options import renamed
 
 

@@ -159,8 +159,8 @@ def _create_run(tracking_uri: str | None, experiment: str, cfg: LMTrainConfig) -
 def _open_outbox(out_dir: Path, tracking_uri: str | None, run_id: str | None, experiment: str,
                  cfg: LMTrainConfig, first: bool) -> tuple[Any, str | None]:
     from asr_core.runtime.outbox import Outbox
-    from asr_core.runtime.outbox_folder import outbox_dir
-    from asr_core.runtime.provenance import code_version
+    from asr_core.contract.folder.outbox_files import outbox_dir
+    from asr_core.contract.provenance import code_version
     from asr_core.contract.trial import RUNNING, TAG_GIT_COMMIT
 
     if run_id is None:

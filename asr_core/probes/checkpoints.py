@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from asr_core.contract.checkpoint_file import file_refusal
+from asr_core.contract.folder.checkpoint_file import file_refusal
 
 
 def refusal(prog: str, checkpoints: Sequence[Path], out: Path | None, several: str = "each gets a folder in it"

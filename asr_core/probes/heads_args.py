@@ -11,7 +11,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from asr_core.contract.checkpoint_file import command_refusal
+from asr_core.contract.folder.checkpoint_file import command_refusal
 from asr_core.contract.trial import HEADS_DIR
 from asr_core.data.corpora import CorpusError
 from asr_core.runtime.outbox import fail_fast_http

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from asr_core.contract.checkpoint_file import file_refusal
+from asr_core.contract.folder.checkpoint_file import file_refusal
 from asr_core.contract.specs import parse_dataset_spec
 from asr_core.data.corpora import CorpusError, Recording, load_corpus
 from asr_core.probes.checkpoints import out_for, refusal

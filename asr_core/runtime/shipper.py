@@ -1,7 +1,7 @@
 """Shipping an outbox's records to MLflow: :class:`Shipper` (one pass over the files past the watermark, used by
 the job's background thread in :class:`asr_core.runtime.outbox.Outbox`) and :func:`ship_pending` (the same for a
 job that is gone; ``python -m asr_core outbox``, :func:`cli`). The folder it reads is
-:mod:`asr_core.runtime.outbox_folder`.
+:mod:`asr_core.contract.folder.outbox_files`.
 
 Shipping. Consecutive params/tags/metrics records go in one ``log_batch`` call within MLflow's limits (1000 metrics,
 100 params, 100 tags, 1000 entities); a status or artifact record is sent on its own, in order, so the run's status
@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from asr_core.contract.trial import ENDED
-from asr_core.runtime.outbox_folder import (REJECTED_FILE, log, outbox_dir, parse_record, pending, read_lines,
+from asr_core.contract.folder.outbox_files import (REJECTED_FILE, log, outbox_dir, parse_record, pending, read_lines,
                                             read_run, read_watermark, record_files, write_run, write_watermark)
 
 MAX_METRICS, MAX_PARAMS, MAX_TAGS, MAX_ENTITIES = 1000, 100, 100, 1000  # MLflow's log_batch limits
@@ -361,7 +361,7 @@ def within_deadline(work: Callable[[Callable[[], bool]], object], deadline_s: fl
 def live_holder(trial_dir: Path) -> str:
     """Who holds the trial's lease while alive ("" when nobody does, or the lease cannot be read)."""
     try:
-        from asr_core.runtime.lease import read_lease
+        from asr_core.contract.folder.lease import read_lease
     except ImportError:
         return ""
     try:

@@ -22,7 +22,7 @@ import torch
 
 from asr_core.config import Config
 from asr_core.contract.atomic import write_with
-from asr_core.contract.checkpoint_file import file_refusal, not_ours
+from asr_core.contract.folder.checkpoint_file import file_refusal, not_ours
 from asr_core.model.acoustic import AcousticModel, build_model
 from asr_core.data.tokenizer import Tokenizer
 
@@ -93,7 +93,7 @@ def _check_file(path: Path) -> None:
     """A checkpoint path names a file of ``torch.save``'s format (a zip archive: every checkpoint this project
     writes is one), else :class:`CheckpointError`. Checked before torch reads it, so torch's advice on how to load
     other files (some of which would run code from the file) never reaches the user. The check and its words are
-    :func:`asr_core.contract.checkpoint_file.file_refusal`'s, which commands also run before importing torch."""
+    :func:`asr_core.contract.folder.checkpoint_file.file_refusal`'s, which commands also run before importing torch."""
     problem = file_refusal(path)
     if problem is not None:
         raise CheckpointError(problem)

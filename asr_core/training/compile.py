@@ -38,7 +38,7 @@ from asr_core.config import Config
 from asr_core.model.acoustic import AcousticModel
 from asr_core.model.attention import SelfAttention
 from asr_core.model.batchrenorm import MaskedBatchRenorm
-from asr_core.runtime.provenance import X86_LEVELS, cpu_level
+from asr_core.contract.provenance import X86_LEVELS, cpu_level
 
 
 def forced_level_problem() -> str | None:

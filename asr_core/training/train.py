@@ -78,8 +78,8 @@ from asr_core.model.acoustic import AcousticModel, build_model
 from asr_core.model.receptive import receptive_field
 from asr_core.runtime import signals
 from asr_core.runtime.outbox import FINAL_FLUSH_S, PREEMPT_FLUSH_S, Outbox, fail_fast_http
-from asr_core.runtime.outbox_folder import outbox_dir
-from asr_core.runtime.provenance import code_version
+from asr_core.contract.folder.outbox_files import outbox_dir
+from asr_core.contract.provenance import code_version
 from asr_core.contract.specs import CorpusError
 from asr_core.training.checkpoint import CheckpointError, load_checkpoint, set_rng_state, training_finished
 from asr_core.training.loop import Cursor, Diverged, Preempted, Reporting, Segment, TrainResult, run_loop

@@ -11,7 +11,7 @@ holds every segment of a trial (first start and each resume) in order.
 When the trainer has ended, :func:`trainer_ended` reads its exit code the same way for every backend's runner (the
 SLURM task, the Ray Tune trainable) and records what the trainer itself could not in ``attempts.jsonl``: a trainer
 killed by a signal (SIGKILL: out of memory, or the system) or ending with a code the trial job never uses is
-``killed``, and its lease is freed at once (:func:`asr_core.runtime.lease.release_if_dead`) so the next start need not wait
+``killed``, and its lease is freed at once (:func:`asr_core.contract.folder.lease.release_if_dead`) so the next start need not wait
 for it to go stale; a trainer that found the lease held (``EXIT_FENCED``) is ``fenced`` (not a failure: it changed
 nothing). A cancelled trial (``EXIT_CANCELLED``, or its folder holds ``CANCELLED``) is never requeued.
 """
@@ -29,11 +29,11 @@ from pathlib import Path
 from types import FrameType
 from typing import Callable
 
-from asr_core.runtime.lease import read_lease, release_if_dead
+from asr_core.contract.folder.lease import read_lease, release_if_dead
 from asr_core.contract.trial import (EXIT_CANCELLED, EXIT_DIVERGED, EXIT_FAILED, EXIT_FENCED, EXIT_OK, EXIT_PREEMPTED,
                                      EXIT_USAGE, OUTCOME_FAILED, OUTCOME_FENCED, OUTCOME_KILLED, TrialFolder,
                                      record_attempt)
-from asr_core.contract.segments import read_segments
+from asr_core.contract.folder.segments import read_segments
 
 _PR_SET_PDEATHSIG = 1
 SEGMENT_HEADER = "==== "  # starts the line the runner writes to the log at every start of the command

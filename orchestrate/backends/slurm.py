@@ -39,7 +39,7 @@ from pathlib import Path
 
 from asr_core.contract.trial import (ENV_JOB_ID, EXIT_OK, EXIT_PREEMPTED, FAILED, OUTCOME_FAILED, TAG_ERROR,
                                      TrialFolder, error_line, mark_run, record_attempt, trial_command)
-from asr_core.contract.segments import read_segments
+from asr_core.contract.folder.segments import read_segments
 from orchestrate.backends import slurm_commands
 from orchestrate.backends.base import Backend, BackendError, Job, JobEnd, OnSubmitted
 from orchestrate.plan.profile import Profile

@@ -36,7 +36,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from asr_core.contract.segments import read_segments
+from asr_core.contract.folder.segments import read_segments
 from asr_core.contract.trial import (ENV_JOB_ID, EXIT_PREEMPTED, TrialFolder, failures, read_attempts,
                                      trial_command)
 from orchestrate.backends.runner import TrialProcess, trainer_ended

@@ -44,7 +44,7 @@ from orchestrate.sweep.folder import DEFAULT_MAX_FAILURES, Manifest, SweepDir, S
 from orchestrate.sweep.trial import Trial
 
 if TYPE_CHECKING:
-    from asr_core.runtime.provenance import CodeVersion
+    from asr_core.contract.provenance import CodeVersion
     from orchestrate.dispatch.dispatch import Plan
 
 
@@ -87,7 +87,7 @@ def _plan_estimate(args: argparse.Namespace, grid: "Grid") -> int:
 
 
 def _code() -> "CodeVersion":
-    from asr_core.runtime.provenance import code_version
+    from asr_core.contract.provenance import code_version
 
     return code_version()
 
@@ -374,7 +374,7 @@ COMMANDS = {"plan": cmd_plan, "submit": cmd_submit, "status": cmd_status, "resum
 
 
 def main(argv: list[str] | None = None) -> int:
-    from asr_core.runtime.crash import guarded  # a bug: one line naming its log, exit 1
+    from asr_core.contract.command import guarded  # a bug: one line naming its log, exit 1
 
     return guarded("orchestrate", _main, argv)
 
@@ -390,7 +390,7 @@ def _main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     try:
         return COMMANDS[args.command](args)
-    except StoppedBySignal as e:  # Ctrl-C of a foreground sweep: 130, as every other command (asr_core.runtime.crash)
+    except StoppedBySignal as e:  # Ctrl-C of a foreground sweep: 130, as every other command (asr_core.contract.command)
         print(f"orchestrate {args.command}: {e}", file=sys.stderr)
         return 128 + e.signum
     except (GridError, UsageError, BackendError, LedgerError, SweepError, DecodeFileError, WhereError,

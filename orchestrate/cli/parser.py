@@ -7,7 +7,7 @@ import argparse
 
 from asr_core.contract.options import renamed
 from asr_core.contract.tracking import DEFAULT_SWEEP_ROOT, ENV, SWEEP_ROOT_ENV, default_sweep_root
-from asr_core.version import ShowVersion
+from asr_core.contract.command import ShowVersion
 from orchestrate.cli.logs import add_arguments as logs_arguments
 from orchestrate.cli.show import add_arguments as show_arguments
 from orchestrate.sweep.folder import DEFAULT_MAX_FAILURES

@@ -16,7 +16,7 @@ import time
 from dataclasses import asdict
 from typing import Any
 
-from asr_core.contract.segments import read_segments
+from asr_core.contract.folder.segments import read_segments
 from asr_core.contract.tracking import bound_mlflow_http, mlflow_http
 from asr_core.contract.trial import read_attempts
 from orchestrate.cli.checks import UsageError

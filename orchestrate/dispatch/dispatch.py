@@ -53,7 +53,7 @@ from orchestrate.ledger.reconcile import reconcile_ledger
 from orchestrate.sweep.trial_state import FolderState, failure_reason, read_folder_state, read_folder_states
 
 if TYPE_CHECKING:
-    from asr_core.runtime.provenance import CodeVersion
+    from asr_core.contract.provenance import CodeVersion
 
 RETRY_WHAT = ("failed", "cancelled")  # what `retry` may start again
 

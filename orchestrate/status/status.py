@@ -57,7 +57,7 @@ from dataclasses import asdict
 from typing import Any
 
 from asr_core.contract.trial import FAILED, KILLED, LOG_FILE, RUNNING
-from asr_core.runtime.outbox_folder import REJECTED_FILE, read_kept
+from asr_core.contract.folder.outbox_files import REJECTED_FILE, read_kept
 from orchestrate.budget.recorded import estimated_hours, read_estimate
 from orchestrate.status.monitor import fit_lines, work_left
 from orchestrate.sweep.progress import duration_text

@@ -1,5 +1,5 @@
 """The latest training loss and the WERs a trial folder holds, read from the end of its outbox (the records its job
-writes for MLflow, :mod:`asr_core.runtime.outbox_folder`): what ``status`` shows beside the trials that matter now
+writes for MLflow, :mod:`asr_core.contract.folder.outbox_files`): what ``status`` shows beside the trials that matter now
 and the best configuration so far, without MLflow and without reading a whole outbox.
 """
 
@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from asr_core.contract.metrics import CLEAN, parse_metric_key
-from asr_core.runtime.outbox_folder import outbox_dir, parse_record, record_files
+from asr_core.contract.folder.outbox_files import outbox_dir, parse_record, record_files
 
 __all__ = ["LOSS_KEY", "TAIL_BYTES", "TrialMetrics", "trial_metrics"]
 

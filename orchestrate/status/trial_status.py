@@ -16,7 +16,7 @@ from typing import Any
 
 from asr_core.contract.trial import (FAILED, FINISHED, KILLED, OUTCOME_CANCELLED, OUTCOME_FENCED, OUTCOME_FINISHED,
                                      OUTCOME_PREEMPTED, OUTCOME_RESET, RUNNING, TrialFolder)
-from asr_core.runtime.outbox_folder import kept
+from asr_core.contract.folder.outbox_files import kept
 from orchestrate.sweep.progress import phase_text, trial_pace
 from orchestrate.sweep.folder import Manifest, SweepDir
 from orchestrate.sweep.trial_state import DEFAULT_MAX_FAILURES, FolderState, failure_reason

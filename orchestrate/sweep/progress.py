@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from asr_core.contract.segments import read_segments
+from asr_core.contract.folder.segments import read_segments
 from asr_core.contract.trial import Progress, TrialFolder, progress_tail, read_progress
 
 STOPPED = ("failed", "preempted", "cancelled")  # phases of a trial whose job is no longer running (and not finished)

@@ -1,7 +1,7 @@
 """What the trial folders say, read cheaply (:mod:`orchestrate.ledger.reconcile` brings the ledger in line with them).
 
 The trial folder (``<sweep>/trials/<key>/``, :class:`asr_core.contract.trial.TrialFolder`) holds the truth about a
-trial: ``DONE``, ``TRAINED``, ``CANCELLED``, its lease (``lease/``, :mod:`asr_core.runtime.lease`), its progress records,
+trial: ``DONE``, ``TRAINED``, ``CANCELLED``, its lease (``lease/``, :mod:`asr_core.contract.folder.lease`), its progress records,
 its segments and how each ended (``attempts.jsonl``), and what the job still has to tell MLflow (``outbox/``).
 MLflow is a mirror of it that may lag.
 
@@ -22,16 +22,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
-from asr_core.runtime.lease import read_lease
+from asr_core.contract.folder.lease import read_lease
 from asr_core.contract.trial import (ATTEMPTS_FILE, CANCELLED_FILE, DONE_FILE, FAILURE_OUTCOMES, LEASE_DIR,
                                      OUTBOX_DIR, PROGRESS_FILE, SEGMENTS_FILE, TRAINED_FILE, Attempt, Progress,
                                      TrialFolder, attempt_recorded, failures, read_attempts, read_progress)
-from asr_core.contract.segments import Segment, code_labels, read_segments
+from asr_core.contract.folder.segments import Segment, code_labels, read_segments
 
 from orchestrate.sweep.folder import DEFAULT_MAX_FAILURES
 
 if TYPE_CHECKING:
-    from asr_core.runtime.lease import LeaseInfo
+    from asr_core.contract.folder.lease import LeaseInfo
     from orchestrate.sweep.folder import SweepDir
 
 __all__ = ["DEFAULT_MAX_FAILURES", "FolderState", "TrialRef", "failure_reason", "read_folder_state",
@@ -52,20 +52,20 @@ def _safe(fn: Callable[[], T], default: T) -> T:
         return default
 
 
-_OUTBOX: Any = None  # asr_core.runtime.outbox_folder, imported on first use: only folders with an outbox need it
+_OUTBOX: Any = None  # asr_core.contract.folder.outbox_files, imported on first use: only folders with an outbox need it
 
 
 def _outbox() -> Any:
     global _OUTBOX
     if _OUTBOX is None:
-        import asr_core.runtime.outbox_folder
+        import asr_core.contract.folder.outbox_files
 
-        _OUTBOX = asr_core.runtime.outbox_folder
+        _OUTBOX = asr_core.contract.folder.outbox_files
     return _OUTBOX
 
 
 def _pending(trial_dir: Path) -> int:
-    """Outbox records of the trial not yet shipped to MLflow (:func:`asr_core.runtime.outbox_folder.pending`)."""
+    """Outbox records of the trial not yet shipped to MLflow (:func:`asr_core.contract.folder.outbox_files.pending`)."""
     return _safe(lambda: int(_outbox().pending(trial_dir)), 0)
 
 
@@ -78,7 +78,7 @@ class FolderState:
     done: bool  # DONE exists
     trained: bool  # TRAINED exists
     cancelled: bool  # CANCELLED exists
-    lease: "LeaseInfo | None"  # the newest lease generation (asr_core.runtime.lease.read_lease)
+    lease: "LeaseInfo | None"  # the newest lease generation (asr_core.contract.folder.lease.read_lease)
     live: bool  # lease is not None and lease.alive()
     progress: Progress | None  # the last progress record
     attempts: tuple[Attempt, ...]  # every recorded outcome, oldest first

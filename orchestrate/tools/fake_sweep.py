@@ -5,7 +5,7 @@ It holds what a real sweep of the paper grid holds half-way through: ``sweep.jso
 submission file, and one folder per trial with the files the trial job writes (``config.json``, ``trial.log``,
 ``segments.jsonl``, ``progress.jsonl`` with a record per logged step, ``attempts.jsonl``, ``lease/``, ``outbox/``,
 ``TRAINED``, ``DONE``, ``eval/`` tables, ``CANCELLED``), each written by the writer that owns its format
-(:mod:`asr_core.contract.trial`, :mod:`asr_core.contract.segments`, :mod:`asr_core.runtime.lease`,
+(:mod:`asr_core.contract.trial`, :mod:`asr_core.contract.folder.segments`, :mod:`asr_core.contract.folder.lease`,
 :mod:`asr_core.runtime.outbox`), in a realistic mix: most finished, some running (a lease whose holder
 heartbeats on a compute node), preempted, failed or killed by the system (some past the failure budget),
 cancelled, lost (a segment that ended without a word), and not started yet. No job runs and no MLflow is involved:
@@ -20,12 +20,12 @@ import random
 import time
 from pathlib import Path
 
-from asr_core.contract.segments import Segment, append_segment
-from asr_core.contract.trained import mark_trained
+from asr_core.contract.folder.segments import Segment, append_segment
+from asr_core.contract.folder.trained import mark_trained
 from asr_core.contract.trial import (OUTCOME_CANCELLED, OUTCOME_FAILED, OUTCOME_FINISHED, OUTCOME_KILLED,
                                      OUTCOME_PREEMPTED, Attempt, Progress, TrialFolder, mark_cancelled, mark_done,
                                      write_attempts, write_config, write_progress)
-from asr_core.runtime.lease import LeaseInfo, write_lease
+from asr_core.contract.folder.lease import LeaseInfo, write_lease
 from orchestrate.assets import grids_dir
 from orchestrate.sweep.folder import Manifest, SweepDir
 from orchestrate.sweep.trial import Trial
@@ -77,7 +77,7 @@ def _outbox(folder: TrialFolder, state: str, segment: int, step: int, every: int
     per logged step; all of it shipped (the watermark at the end of each file) except, for a running trial, the
     last few steps its job has not shipped yet."""
     from asr_core.runtime.outbox import Outbox
-    from asr_core.runtime.outbox_folder import write_watermark
+    from asr_core.contract.folder.outbox_files import write_watermark
 
     box = Outbox(folder.path, segment=segment, run_id=None)
     try:

@@ -310,7 +310,7 @@ def outbox_trainer(index: int, uri: str, proxy_uri: str, auth: tuple[str, str] |
     """One trainer of the fault phase: a run made on the server itself, then RUNNING, a metrics record per step and
     FINISHED through an outbox shipping to ``proxy_uri``, as the trial job does; puts its OutboxReport on ``out``."""
     from asr_core.runtime.outbox import Outbox, fail_fast_http
-    from asr_core.runtime.outbox_folder import kept, pending
+    from asr_core.contract.folder.outbox_files import kept, pending
 
     fail_fast_http()  # as the trial job: one call fails fast, the outbox retries
     os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")  # no run links amid the table

@@ -13,7 +13,7 @@ from asr_core.data.synth.cues import WINDOWS_S, CueConfig, containment, corpus_s
 from asr_core.data.synth.generate import DOMAINS, SHIFTS, SPLITS, domain_voices, synthesise
 from asr_core.data.synth.args import parser
 from asr_core.data.synth.pool import Interrupted
-from asr_core.runtime.crash import EXIT_INTERRUPTED
+from asr_core.contract.command import EXIT_INTERRUPTED
 
 
 def cli(argv: list[str]) -> int:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from asr_core.contract.atomic import write_atomic
-from asr_core.contract.checkpoint_file import file_sha256
+from asr_core.contract.folder.checkpoint_file import file_sha256
 from asr_core.contract.trial import TrialFolder
 
 

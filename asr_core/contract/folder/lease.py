@@ -15,7 +15,7 @@ Heartbeat
     The file's mtime: a daemon thread sets it (``os.utime`` with no time, so the filesystem stamps it) every
     :data:`HEARTBEAT_S` seconds while the lease is held, and stops on release or when the lease is lost. A lease
     whose heartbeat is older than :data:`STALE_S` is stale, its age read on the filesystem's clock
-    (:func:`asr_core.runtime.lease_clock.fs_now`: a probe file touched in the lease folder), not the reader's: a
+    (:func:`asr_core.contract.folder.lease_clock.fs_now`: a probe file touched in the lease folder), not the reader's: a
     skew between nodes changes no verdict. Release rewrites the file (write a temporary file, ``os.replace`` it over
     the generation) with ``released: true``. Readers on other nodes see an mtime or a new generation after their
     NFS attribute cache expires (at most a minute by default), which is why :data:`STALE_S` is minutes, not
@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from asr_core.contract.trial import TrialFolder
-from asr_core.runtime.lease_clock import fs_now, pid_alive, pid_start
+from asr_core.contract.folder.lease_clock import fs_now, pid_alive, pid_start
 
 ENV_HEARTBEAT_S = "ORCHESTRATE_LEASE_HEARTBEAT_S"
 ENV_STALE_S = "ORCHESTRATE_LEASE_STALE_S"

@@ -4,9 +4,9 @@
     {"segment": 2, "time": 1718000000.123, "code": "1a2b3c4d5e6f", "commit": "1a2b3c4d5e6f…", "dirty": false,
      "host": "gpu-node-07", "job_id": "9000_3", "kernels": "avx512", "cpu": "AMD EPYC 7763 64-Core Processor"}
 
-``code``, ``commit`` and ``dirty`` are the code version that ran it (:class:`asr_core.runtime.provenance.CodeVersion`),
+``code``, ``commit`` and ``dirty`` are the code version that ran it (:class:`asr_core.contract.provenance.CodeVersion`),
 ``job_id`` the scheduler's (:data:`~asr_core.contract.trial.ENV_JOB_ID`; null outside a scheduler), ``kernels`` and
-``cpu`` the CPU kernel level PyTorch ran with and the CPU's model (:mod:`asr_core.runtime.provenance`; a model's
+``cpu`` the CPU kernel level PyTorch ran with and the CPU's model (:mod:`asr_core.contract.provenance`; a model's
 weights depend on the kernel level, so figures say which produced them; "" in records written before they were). The job appends
 it (:func:`append_segment`); the job and ``orchestrate`` read it (:func:`read_segments`) as :class:`Segment` records:
 how often the job started, which code versions ran the trial, which job ran its newest segment.

@@ -6,7 +6,7 @@ that is not a zip archive is refused unread. The checkpoint reader (:mod:`asr_co
 raises its words as a ``CheckpointError`` (``not a checkpoint of this project: …``), so a command says the same
 whichever refuses first. A zip archive passes here and is checked by torch's restricted
 reader as before. :func:`file_sha256` is the hash sealed into a finished model's ``TRAINED`` record
-(:func:`asr_core.contract.trained.seal_trained`): what every evaluation of the model checks the file it reads
+(:func:`asr_core.contract.folder.trained.seal_trained`): what every evaluation of the model checks the file it reads
 against.
 """
 
