@@ -253,11 +253,9 @@ SEAM = ("asr_core.contract", "asr_core.config")
 PAST_THE_SEAM = {
     "asr_core.runtime.outbox": "the load-test and fake-sweep tools write records as a trainer does",
     "asr_core.runtime.shipper": "reconcile ships what a dead job's outbox left, with the trainer's shipper",
-    "asr_core.data.corpora": "plan checks a grid's corpora and the budget reads their durations, with the readers "
-                             "the trainer uses",
-    "asr_core.data.corpora.prepared": "the budget reads a prepared corpus's durations as the trainer would",
-    "asr_core.data.step_plan": "the budget replays the trainer's own plan of steps (windows per step, warmup)",
-    "asr_core.data.chunking": "the budget cuts recordings into windows as the trainer does",
+    "asr_core.data.corpora": "plan checks a grid's corpora with the readers the trainer uses",
+    "asr_core.data.step_plan": "the budget replays the trainer's own plan of steps (its order, stream, windows per "
+                               "step, warmup) over a corpus's durations",
     "asr_core.model.cost": "the budget scales a calibration by the model's arithmetic",
     "asr_core.training.checkpoint": "a decode file's LM and acoustic checkpoints are checked before any job is queued",
     "asr_core.decoding.beam": "a decode file's beam settings are checked against the beam search's own",

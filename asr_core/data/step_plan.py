@@ -4,17 +4,65 @@ the recordings' durations alone (no audio or words read), for cost estimates (:m
 :func:`step_lengths` replays the stream's own order, groups, sequence-length warmup and make-up
 (``data.batching``), vectorised over the groups of an interleaved epoch, and sums per window length the steps,
 windows, audio and padded audio (:class:`StepLengths`): the same steps the trainer takes, counted.
+
+The trainer's own rules for what it trains on live here too, so that the trainer and the budget apply one copy:
+:func:`trainer_order` (the order of a corpus's recordings), :func:`training_stream` (the stream of a config) and
+:func:`corpus_durations` (a corpus on disk as the planner sees it, in that order, no audio read).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
 from asr_core.data.chunking import MIN_TAIL_S, WindowStream, duration_timed, group_size, window_bounds
+from asr_core.data.corpora.base import Recording
+
+if TYPE_CHECKING:
+    from asr_core.config import Config
+
+REPEAT = 1 << 30  # epochs of a stream that train.max_steps ends: the data repeats, a fresh order each time
+
+
+def trainer_order(recordings: Sequence[Recording]) -> Sequence[Recording]:
+    """``recordings`` in the order the trainer reads them: by id, so that the order does not depend on how a reader
+    lists files; a prepared corpus as it is (it is stored in id order, and is not built recording by recording to
+    sort it)."""
+    from asr_core.data.corpora.prepared import PreparedCorpus
+
+    return recordings if isinstance(recordings, PreparedCorpus) else sorted(recordings, key=lambda r: r.id)
+
+
+def training_stream(recordings: Sequence[Recording], cfg: "Config") -> WindowStream:
+    """The stream the trainer trains ``cfg`` on over ``recordings`` (in :func:`trainer_order`): the first
+    ``data.max_recordings`` of them, in ``train.seed``'s order, for ``train.epochs``, or repeated until
+    ``train.max_steps`` where that is set."""
+    t = cfg.train
+    if cfg.data.max_recordings:
+        recordings = recordings[: cfg.data.max_recordings]
+    return WindowStream(recordings, cfg.data, t.seed, t.epochs if not t.max_steps else REPEAT)
+
+
+def corpus_durations(fmt: str, path: Path) -> tuple[np.ndarray, np.ndarray, str]:
+    """(durations in s, every word timed, where they came from) of the corpus ``fmt:path``, in :func:`trainer_order`,
+    with no audio read: a prepared corpus's arrays, another corpus's transcripts (a recording lasts until its last
+    word). Raises :class:`~asr_core.contract.specs.CorpusError` as the corpus readers do."""
+    if fmt == "prepared":
+        from asr_core.data.corpora.prepared import PreparedCorpus
+
+        corpus = PreparedCorpus(path)
+        pairs = [corpus.duration_timed(i) for i in range(len(corpus))]
+        how = "a prepared corpus's arrays"
+    else:
+        from asr_core.data.corpora import load_corpus
+
+        pairs = [(r.duration, r.timed) for r in trainer_order(load_corpus(f"{fmt}:{path}", audio=False))]
+        how = "transcripts (a recording lasts until its last word)"
+    return (np.array([p[0] for p in pairs], dtype=np.float64), np.array([p[1] for p in pairs], dtype=bool), how)
 
 
 @dataclass

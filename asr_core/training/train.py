@@ -69,8 +69,9 @@ from asr_core.contract.metrics import SPEECH_LOST, WORDS_LOST
 from asr_core.contract.trial import (CHECKPOINT_FILE, EXIT_DIVERGED, EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, EXIT_USAGE,
                                      FINISHED, RUNNING, TAG_CHECKPOINT, TAG_DATA_FINGERPRINT, TAG_GIT_COMMIT,
                                      TAG_RECEPTIVE_FIELD, TOKENIZER_FILE, ProgressLog)
-from asr_core.data.chunking import Position, WindowStream, duration_timed, lost_to_cuts
+from asr_core.data.chunking import Position, duration_timed, lost_to_cuts
 from asr_core.data.corpora.base import Recording
+from asr_core.data.step_plan import trainer_order, training_stream
 from asr_core.data.tokenizer import Tokenizer
 from asr_core.device import DeviceError, resolve_device, use_bf16
 from asr_core.contract.identity import science
@@ -167,11 +168,7 @@ def _recordings(cfg: Config, recordings: Sequence[Recording] | None) -> Sequence
         from asr_core.data.corpora import load_corpus
 
         recordings = load_corpus(cfg.data.train)
-    from asr_core.data.corpora.prepared import PreparedCorpus
-
-    # Data order must not depend on how a reader lists files; a prepared corpus is stored in id order (and is not
-    # built, recording by recording, to sort it).
-    recs = recordings if isinstance(recordings, PreparedCorpus) else sorted(recordings, key=lambda r: r.id)
+    recs = trainer_order(recordings)  # the order must not depend on how a reader lists files
     if cfg.data.max_recordings:
         recs = recs[: cfg.data.max_recordings]
     if not recs:
@@ -302,7 +299,7 @@ def _train(cfg: Config, out_dir: Path, tracking_uri: str | None, run_id: str | N
         torch.manual_seed(t.seed)
         opt = build_optimizer(model, t)
         # with train.max_steps the data repeats (a fresh order per epoch) until the steps are done
-        stream = WindowStream(recs, cfg.data, t.seed, t.epochs if not t.max_steps else 1 << 30)
+        stream = training_stream(recs, cfg)
         at = Cursor()
         if state is not None:
             model.load_state_dict(state["model"])

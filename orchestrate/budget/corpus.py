@@ -18,8 +18,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from asr_core.config import Config
-from asr_core.data.chunking import WindowStream
-from asr_core.data.step_plan import StepLengths, step_lengths
+from asr_core.data.step_plan import StepLengths, corpus_durations, step_lengths, training_stream
 from orchestrate.budget.calibration import EstimateError
 
 # The paper's training corpus when it is not on disk (../shared/REFERENCE.md: ~58k hours, ~105k podcasts).
@@ -89,11 +88,10 @@ _corpora: dict[str, Corpus] = {}
 
 
 def training_corpus(spec: str, workdir: Path | None = None) -> Corpus:
-    """The durations of ``data.train``: a prepared corpus's arrays, another corpus's transcripts (``load_corpus(spec,
-    audio=False)``: a recording lasts until its last word), or, when the path is not here, the paper's corpus as
-    assumed (:data:`PAPER_CORPUS_ASSUMPTION`). Read once per process."""
-    from asr_core.contract.specs import split_named_spec, split_spec
-    from asr_core.data.corpora import CorpusError, load_corpus
+    """The durations of ``data.train`` in the trainer's order (:func:`~asr_core.data.step_plan.corpus_durations`: a
+    prepared corpus's arrays, another corpus's transcripts, where a recording lasts until its last word), or, when
+    the path is not here, the paper's corpus as assumed (:data:`PAPER_CORPUS_ASSUMPTION`). Read once per process."""
+    from asr_core.contract.specs import CorpusError, split_named_spec, split_spec
 
     try:
         fmt, path = split_spec(split_named_spec(spec)[1])
@@ -109,20 +107,11 @@ def training_corpus(spec: str, workdir: Path | None = None) -> Corpus:
         return _corpora[key]
     key = f"{fmt}:{path.resolve()}"
     if key not in _corpora:
-        try:
-            if fmt == "prepared":
-                from asr_core.data.corpora.prepared import PreparedCorpus
-
-                corpus = PreparedCorpus(path)
-                pairs = [corpus.duration_timed(i) for i in range(len(corpus))]
-                how = "a prepared corpus's arrays"
-            else:  # the trainer orders recordings by id
-                recs = sorted(load_corpus(f"{fmt}:{path}", audio=False), key=lambda r: r.id)
-                pairs = [(r.duration, r.timed) for r in recs]
-                how = "transcripts (a recording lasts until its last word)"
+        try:  # in the trainer's order
+            durations, timed, how = corpus_durations(fmt, path)
         except CorpusError as e:
             raise EstimateError(f"data.train {spec!r}: {e}") from None
-        d = Durations(np.array([p[0] for p in pairs]), np.array([p[1] for p in pairs]))
+        d = Durations(durations, timed)
         _corpora[key] = Corpus(key, d, f"{path}: {len(d):,} recordings, {d.hours:,.1f} h, durations from {how}",
                                False)
     return _corpora[key]
@@ -145,10 +134,5 @@ def trial_steps(cfg: Config, corpus: Corpus) -> dict[float, StepLengths]:
     stream ``asr_core.training.train`` builds (``train.max_steps`` repeats the data until that many steps)."""
     key = plan_key(cfg, corpus)
     if key not in _plans:
-        recs: Durations = corpus.durations
-        if cfg.data.max_recordings:
-            recs = recs[: cfg.data.max_recordings]
-        t = cfg.train
-        stream = WindowStream(recs, cfg.data, t.seed, t.epochs if not t.max_steps else 1 << 30)
-        _plans[key] = step_lengths(stream, t.max_steps)
+        _plans[key] = step_lengths(training_stream(corpus.durations, cfg), cfg.train.max_steps)
     return _plans[key]
