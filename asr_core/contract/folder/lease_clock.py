@@ -1,5 +1,5 @@
-"""What a lease's liveness is judged by (:mod:`asr_core.runtime.lease`): the shared filesystem's clock, and the
-processes of this host.
+"""What a lease's liveness is judged by (:mod:`asr_core.contract.folder.lease`): the shared filesystem's clock, and
+the processes of this host.
 
 One clock
     A lease's heartbeat is its file's mtime, stamped by the filesystem (``os.utime(path)`` with no time: NFS sets
