@@ -1,7 +1,8 @@
-"""The trial's outbox (asr_core/runtime/outbox.py and shipper.py, asr_core/contract/folder/outbox_files.py) against
-a real ``mlflow server``: records reach the run in order and in batches within MLflow's limits, the watermark survives the process, a re-sent
-batch changes nothing (the server keeps one point per identical metric), a refused record never blocks the ones
-behind it, an unreachable server never blocks the writer, and :func:`ship_pending` ships what a dead job left."""
+"""The trial's outbox (asr_core/runtime/outbox.py and shipper.py, asr_core/contract/folder/outbox_files.py) against a
+real ``mlflow server``: records reach the run in order and in batches within MLflow's limits, the watermark survives
+the process, a re-sent batch changes nothing (the server keeps one point per identical metric), a refused record
+never blocks the ones behind it, an unreachable server never blocks the writer, and :func:`ship_pending` ships what a
+dead job left."""
 
 from __future__ import annotations
 
