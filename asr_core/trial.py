@@ -15,8 +15,8 @@ Exit codes are the contract with the schedulers (defined in :mod:`asr_core.contr
 * ``65`` the loss stayed non-finite for ``train.max_nonfinite_steps`` steps in a row: the run is FAILED with
   ``trial.error`` = ``diverged: …`` (the steps, the loss, the checkpoint kept), the outcome ``diverged`` counts
   against the failure budget, and the last checkpoint is left as it was (never one with non-finite weights).
-* ``73`` another live job holds the trial's lease (:mod:`asr_core.contract.folder.lease`): this one exited having written nothing,
-  or, having lost the lease while training, stopped without saving.
+* ``73`` another live job holds the trial's lease (:mod:`asr_core.contract.folder.lease`): this one exited having
+  written nothing, or, having lost the lease while training, stopped without saving.
 * ``1``  failed; the run is FAILED with the error's last line in the tag ``trial.error``.
 * ``2``  the config file is invalid; nothing ran. The run (when ``--run-id`` is given) is FAILED with
   ``trial.error`` = ``config <path> invalid: <reason>``, so ``orchestrate status`` names the reason instead of
@@ -36,8 +36,8 @@ are (paper 003; :mod:`asr_core.probes.heads`) on the first evaluation dataset: m
 only it.
 
 The trial folder holds the truth, MLflow is its mirror. Order of a start: DONE or CANCELLED (read only) → the lease
-(:class:`asr_core.contract.folder.lease.Lease`, taken before the job touches the checkpoint, the outbox or the run; held → exit 73)
-→ the segment → training → evaluation → the outcome. Everything the job tells MLflow (params, tags, metrics,
+(:class:`asr_core.contract.folder.lease.Lease`, taken before the job touches the checkpoint, the outbox or the run; held
+→ exit 73) → the segment → training → evaluation → the outcome. Everything the job tells MLflow (params, tags, metrics,
 artifacts, the run's status) goes through the trial's outbox (:mod:`asr_core.runtime.outbox`), shipped by a background
 thread: nothing in the job waits for MLflow. At the end the job waits for the outbox at most
 ``ASR_CORE_FINAL_FLUSH_S`` (60 s) after finishing or failing and ``ASR_CORE_PREEMPT_FLUSH_S`` (5 s) after a stop

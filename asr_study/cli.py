@@ -25,8 +25,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from asr_core.contract.command import DEBUG_FLAG
-from asr_core.contract.command import ShowVersion
+from asr_core.contract.command import DEBUG_FLAG, ShowVersion
 
 PROG = "asr-study"
 # group -> (the module whose main(argv) runs it, its line in --help)

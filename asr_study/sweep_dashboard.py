@@ -35,9 +35,8 @@ from typing import NoReturn
 from asr_core.contract.ledger import view_link
 from asr_core.contract.tracking import (DASHBOARD_HOST, DASHBOARD_PORT, SWEEP_MANIFEST, SWEEP_ROOT_ENV,
                                         default_sweep_root, missing_ledger, sqlite_file)
-from asr_core.contract.command import guarded
+from asr_core.contract.command import ShowVersion, guarded
 from asr_core.runtime.signals import stop_group
-from asr_core.contract.command import ShowVersion
 
 PROG = "asr-study dashboard"
 EXIT_USAGE = 2

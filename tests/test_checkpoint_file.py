@@ -1,5 +1,5 @@
-"""The torch-free check of a checkpoint's file (``asr_core.contract.folder.checkpoint_file``) says what the checkpoint reader
-says for the same file, and it is what the commands run before they import torch."""
+"""The torch-free check of a checkpoint's file (``asr_core.contract.folder.checkpoint_file``) says what the checkpoint
+reader says for the same file, and it is what the commands run before they import torch."""
 
 from __future__ import annotations
 

@@ -30,6 +30,22 @@ def test_version_names_the_package_version_and_the_checkout_commit(capsys: pytes
     assert str(ROOT) in out
 
 
+def test_a_checkout_never_installed_reads_its_version_from_pyproject(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without an installed distribution the version comes from the checkout's ``pyproject.toml``, found from the
+    module's own place in the checkout."""
+    import tomllib
+    from importlib import metadata
+
+    from asr_core.contract import command
+
+    def missing(name: str) -> str:
+        raise metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(command.metadata, "version", missing)
+    expected = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert command.package_version() == expected != command.UNKNOWN
+
+
 @pytest.mark.parametrize("group, prog", [("core", "python -m asr_core"), ("orchestrate", "orchestrate"),
                                          ("analysis", "python -m analysis"),
                                          ("dashboard", "asr-study dashboard")])

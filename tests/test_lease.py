@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from asr_core.contract.folder.lease import (HOST, KEEP_GENERATIONS, Lease, LeaseDirError, LeaseHeld, LeaseInfo, read_lease,
-                            release_if_dead)
+from asr_core.contract.folder.lease import (HOST, KEEP_GENERATIONS, Lease, LeaseDirError, LeaseHeld, LeaseInfo,
+                                            read_lease, release_if_dead)
 from asr_core.contract.trial import TrialFolder
 from asr_core.contract.folder.lease_clock import proc_stat
 

@@ -84,9 +84,10 @@ def calibrate(cfg: Config, contexts: Sequence[float], steps: int = 5, warmup: in
         folder = Path(tmp)
         if data:
             from asr_core.data.corpora import load_corpus
+            from asr_core.data.step_plan import trainer_order
 
             say(f"[calibrate] corpus {data}")
-            recordings: Sequence[Recording] = sorted(load_corpus(data), key=lambda r: r.id)
+            recordings: Sequence[Recording] = trainer_order(load_corpus(data))
             base = max(recordings, key=lambda r: r.duration)
         else:
             if speech:

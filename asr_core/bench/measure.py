@@ -119,11 +119,12 @@ def time_steps(cfg: Config, recordings: Sequence[Recording], tok: Any, model: to
     from asr_core.data.batching import BatchMaker, StepLoader
     from asr_core.data.chunking import Position, WindowStream
     from asr_core.data.features import FeatureExtractor
+    from asr_core.data.step_plan import REPEAT
     from asr_core.training.loss import step_frames
     from asr_core.training.step import accumulate_gradients
 
     t = cfg.train
-    stream = WindowStream(recordings, cfg.data, seed, 1 << 30)
+    stream = WindowStream(recordings, cfg.data, seed, REPEAT)
     maker = BatchMaker(recordings, FeatureExtractor(cfg.data.features), tok,
                        windows=cfg.data.batching == "interleaved")
     planned = []

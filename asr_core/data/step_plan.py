@@ -38,9 +38,10 @@ def trainer_order(recordings: Sequence[Recording]) -> Sequence[Recording]:
 
 
 def training_stream(recordings: Sequence[Recording], cfg: "Config") -> WindowStream:
-    """The stream the trainer trains ``cfg`` on over ``recordings`` (in :func:`trainer_order`): the first
-    ``data.max_recordings`` of them, in ``train.seed``'s order, for ``train.epochs``, or repeated until
-    ``train.max_steps`` where that is set."""
+    """The stream the trainer trains ``cfg`` on over ``recordings``, which must already be in :func:`trainer_order`:
+    the first ``data.max_recordings`` of them (the trainer cuts them once before, to check and tokenise them; a second
+    cut changes nothing), in ``train.seed``'s order, for ``train.epochs``, or repeated until ``train.max_steps`` where
+    that is set."""
     t = cfg.train
     if cfg.data.max_recordings:
         recordings = recordings[: cfg.data.max_recordings]

@@ -1,8 +1,8 @@
 """The trial's outbox, the job's side: everything the job tells MLflow is appended to the trial folder first
 (:class:`Outbox`) and shipped to MLflow by a background thread, so training never waits for the tracking server.
 
-The folder and its records: :mod:`asr_core.contract.folder.outbox_files`; a shipping pass and the shipping of a job that is
-gone: :mod:`asr_core.runtime.shipper`.
+The folder and its records: :mod:`asr_core.contract.folder.outbox_files`; a shipping pass and the shipping of a job
+that is gone: :mod:`asr_core.runtime.shipper`.
 
 When it ships. The background thread sends what has accumulated when the trainer asks (every ``train.log_every``
 steps), at most once a second, and at least every :data:`SHIP_INTERVAL_S` seconds; a status, artifact, params or tags
@@ -31,7 +31,7 @@ from typing import Any
 from asr_core.contract.tracking import bound_mlflow_http, mlflow_http
 from asr_core.contract.trial import MAX_TAG_CHARS, STATES
 from asr_core.contract.folder.outbox_files import (file_name, log, outbox_dir, parse_record, pending, read_lines,
-                                            record_files, write_run)
+                                                   record_files, write_run)
 from asr_core.runtime.shipper import MAX_METRICS, MAX_PARAMS, MAX_TAGS, Outage, Shipper
 
 BACKOFF_MIN_S, BACKOFF_MAX_S = 1.0, 30.0

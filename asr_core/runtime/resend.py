@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from asr_core.contract.folder.outbox_files import (REJECTED_FILE, outbox_dir, parse_record, pending, read_kept, read_lines,
-                                            read_run, record_files, rewrite_kept)
+from asr_core.contract.folder.outbox_files import (REJECTED_FILE, outbox_dir, parse_record, pending, read_kept,
+                                                   read_lines, read_run, record_files, rewrite_kept)
 from asr_core.runtime.outbox import fail_fast_http
 from asr_core.runtime.shipper import Shipper, live_holder, ship_pending, within_deadline
 

@@ -37,7 +37,7 @@ from typing import Any
 
 from asr_core.contract.trial import ENDED
 from asr_core.contract.folder.outbox_files import (REJECTED_FILE, log, outbox_dir, parse_record, pending, read_lines,
-                                            read_run, read_watermark, record_files, write_run, write_watermark)
+                                                   read_run, read_watermark, record_files, write_run, write_watermark)
 
 MAX_METRICS, MAX_PARAMS, MAX_TAGS, MAX_ENTITIES = 1000, 100, 100, 1000  # MLflow's log_batch limits
 ARTIFACT_ATTEMPTS = 3  # an artifact the store refuses (not an outage) this often is given up (it stays in the folder)

@@ -11,9 +11,9 @@ holds every segment of a trial (first start and each resume) in order.
 When the trainer has ended, :func:`trainer_ended` reads its exit code the same way for every backend's runner (the
 SLURM task, the Ray Tune trainable) and records what the trainer itself could not in ``attempts.jsonl``: a trainer
 killed by a signal (SIGKILL: out of memory, or the system) or ending with a code the trial job never uses is
-``killed``, and its lease is freed at once (:func:`asr_core.contract.folder.lease.release_if_dead`) so the next start need not wait
-for it to go stale; a trainer that found the lease held (``EXIT_FENCED``) is ``fenced`` (not a failure: it changed
-nothing). A cancelled trial (``EXIT_CANCELLED``, or its folder holds ``CANCELLED``) is never requeued.
+``killed``, and its lease is freed at once (:func:`asr_core.contract.folder.lease.release_if_dead`) so the next start
+need not wait for it to go stale; a trainer that found the lease held (``EXIT_FENCED``) is ``fenced`` (not a failure: it
+changed nothing). A cancelled trial (``EXIT_CANCELLED``, or its folder holds ``CANCELLED``) is never requeued.
 """
 
 from __future__ import annotations

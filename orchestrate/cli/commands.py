@@ -390,7 +390,7 @@ def _main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     try:
         return COMMANDS[args.command](args)
-    except StoppedBySignal as e:  # Ctrl-C of a foreground sweep: 130, as every other command (asr_core.contract.command)
+    except StoppedBySignal as e:  # Ctrl-C of a foreground sweep: 130, as every command (asr_core.contract.command)
         print(f"orchestrate {args.command}: {e}", file=sys.stderr)
         return 128 + e.signum
     except (GridError, UsageError, BackendError, LedgerError, SweepError, DecodeFileError, WhereError,

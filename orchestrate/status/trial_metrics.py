@@ -1,6 +1,6 @@
 """The latest training loss and the WERs a trial folder holds, read from the end of its outbox (the records its job
-writes for MLflow, :mod:`asr_core.contract.folder.outbox_files`): what ``status`` shows beside the trials that matter now
-and the best configuration so far, without MLflow and without reading a whole outbox.
+writes for MLflow, :mod:`asr_core.contract.folder.outbox_files`): what ``status`` shows beside the trials that matter
+now and the best configuration so far, without MLflow and without reading a whole outbox.
 """
 
 from __future__ import annotations

@@ -107,7 +107,7 @@ class Manifest:
     created: float = 0.0
     workdir: str = ""  # where `submit` ran: trials run there, so relative data paths mean the same thing
     sweep_id: str = ""  # written once when the folder is created; the MLflow experiment carries it (ownership)
-    code: tuple[str, ...] = ()  # code versions (asr_core.contract.provenance labels) that submitted or resumed it, in order
+    code: tuple[str, ...] = ()  # code versions (contract.provenance labels) that submitted or resumed it, in order
     max_failures: int = DEFAULT_MAX_FAILURES  # failures (attempts.jsonl) after which a trial stays FAILED
     allow_sqlite: bool = False  # a cluster backend may use a sqlite ledger (`submit --allow-sqlite`): jobs share a host
 

@@ -1,8 +1,9 @@
 """What the trial folders say, read cheaply (:mod:`orchestrate.ledger.reconcile` brings the ledger in line with them).
 
 The trial folder (``<sweep>/trials/<key>/``, :class:`asr_core.contract.trial.TrialFolder`) holds the truth about a
-trial: ``DONE``, ``TRAINED``, ``CANCELLED``, its lease (``lease/``, :mod:`asr_core.contract.folder.lease`), its progress records,
-its segments and how each ended (``attempts.jsonl``), and what the job still has to tell MLflow (``outbox/``).
+trial: ``DONE``, ``TRAINED``, ``CANCELLED``, its lease (``lease/``, :mod:`asr_core.contract.folder.lease`), its
+progress records, its segments and how each ended (``attempts.jsonl``), and what the job still has to tell MLflow
+(``outbox/``).
 MLflow is a mirror of it that may lag.
 
 * :func:`read_folder_state` / :func:`read_folder_states`: one :class:`FolderState` per trial, from a handful of

@@ -50,8 +50,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from asr_core.contract.trial import TrialFolder
 from asr_core.contract.folder.lease_clock import fs_now, pid_alive, pid_start
+from asr_core.contract.trial import TrialFolder
 
 ENV_HEARTBEAT_S = "ORCHESTRATE_LEASE_HEARTBEAT_S"
 ENV_STALE_S = "ORCHESTRATE_LEASE_STALE_S"

@@ -5,9 +5,9 @@ watermark and how its records are read. The writer is :class:`asr_core.runtime.o
 Layout:
 
 * ``NNNNNN.jsonl``: the records of one segment of the job (``N`` = the segment number of
-  :func:`~asr_core.contract.folder.segments.read_segments`), append-only JSON lines in the order the job wrote them, each with
-  a sequence number ``seq`` (1, 2, ... within the file). A start of the job that opens no segment (the trial is
-  already DONE or CANCELLED, or its config is invalid) appends to the newest file (``000000.jsonl`` when there is
+  :func:`~asr_core.contract.folder.segments.read_segments`), append-only JSON lines in the order the job wrote them,
+  each with a sequence number ``seq`` (1, 2, ... within the file). A start of the job that opens no segment (the trial
+  is already DONE or CANCELLED, or its config is invalid) appends to the newest file (``000000.jsonl`` when there is
   none). Only the holder of the trial's lease writes, so a file has one writer.
 * ``shipped.json``: the watermark, per file the byte ``offset`` and ``seq`` of the last record MLflow has
   acknowledged; replaced atomically after every call that succeeded.

@@ -49,7 +49,7 @@ def espeak(text: str, speaker: Speaker) -> np.ndarray:
             from None
     data, sr = sf.read(io.BytesIO(out), dtype="float32")
     if sr != SAMPLE_RATE:
-        from scipy import signal  # here, not at the top: 0.7 s that every trainer would pay (it imports this module)
+        from scipy import signal  # here, not at the top: 0.3-0.4 s every trainer would pay (it imports this module)
 
         g = np.gcd(sr, SAMPLE_RATE)
         data = signal.resample_poly(data, SAMPLE_RATE // g, sr // g).astype(np.float32)
@@ -76,7 +76,7 @@ def apply_room(x: np.ndarray, room: Room, rng: np.random.Generator, levels_of: n
 
     ``levels_of`` (shape (N,), default ``x``): the signal whose speech power sets the noise level and whose peak sets
     the output gain, so that an edited ``x`` gets exactly the room, noise and gain of the unedited one."""
-    from scipy import signal
+    from scipy import signal  # here, not at the top (see espeak)
 
     sr = SAMPLE_RATE
     # a room: exponentially decaying noise (decay reaches -60 dB at reverb_s), mixed behind the direct sound

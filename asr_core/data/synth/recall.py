@@ -186,7 +186,7 @@ class KeyEdit:
             return np.zeros(n, dtype=np.float32)
         if other is None or len(other) == 0:
             raise ValueError("a swap needs the swap word's audio")
-        from scipy import signal  # here, not at the top: 0.7 s that every trainer would pay for the tokenizer
+        from scipy import signal  # here, not at the top: 0.3-0.4 s that every trainer would pay for the tokenizer
 
         return signal.resample(other, n).astype(np.float32) if len(other) != n else other.astype(np.float32)
 
