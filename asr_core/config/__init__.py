@@ -24,7 +24,7 @@ from typing import Any, Mapping
 from asr_core.config.parse import (ConfigError, build_dataclass, coerce_value, deep_copy, field_types, merge,
                                    parse_override, set_path)
 from asr_core.contract.specs import CORPUS_FORMATS, corpus_spec_problem, dataset_name
-from asr_core.contract.identity import BASELINE, NAMED, field_defaults, trial_key
+from asr_core.contract.identity import BASELINE, KEY_DIGITS, NAMED, field_defaults, trial_key
 from asr_core.config.yaml_input import YamlInputError, load_yaml_file
 
 POSITIONAL_ENCODINGS = ("rotary", "learnable-fourier", "sinusoidal", "fourier", "none")
@@ -200,6 +200,11 @@ class TrainConfig:
     # code: the authors seed the initial weights with 12345 in every run, so seeds differ only in their data order
     # (exp/train.py); null: the weights from train.seed too, so that the seed spread covers initialisation
     init_seed: int | None = 12345
+    # a curriculum (this project's option, not the papers'): the model key of a trial of the same sweep whose trained
+    # weights and tokenizer this one starts from (the trial folder beside this one, trials/KEY, which must have
+    # finished training); the optimiser, the step count, the schedule and the data order start afresh. null: the
+    # random weights of init_seed
+    init_from: str | None = None
     optimizer: str = "madgrad"  # one of OPTIMIZERS
     lr: float = 3e-3
     warmup_steps: int = 5000  # code: 5000 for the main, 9L-768, 12L-768, 18L-1024 and 3L-2048 families, 1500 else
@@ -240,6 +245,10 @@ class TrainConfig:
         _require(self.init_seed is None or (isinstance(self.init_seed, int) and not isinstance(self.init_seed, bool)
                                             and self.init_seed >= 0),
                  "train.init_seed", self.init_seed, "a non-negative integer, or null for train.seed")
+        _require(self.init_from is None or (isinstance(self.init_from, str) and len(self.init_from) == KEY_DIGITS
+                                            and all(c in "0123456789abcdef" for c in self.init_from)),
+                 "train.init_from", self.init_from, f"the {KEY_DIGITS}-digit model key of a trial of the same sweep "
+                 "(orchestrate plan and status print them), or null")
         _choice("train.optimizer", self.optimizer, OPTIMIZERS)
         _choice("train.loss_norm", self.loss_norm, LOSS_NORMS)
         _choice("train.lr_decay_over", self.lr_decay_over, LR_DECAY_OVER)

@@ -106,6 +106,7 @@ BASELINE: dict[str, Any] = {
     "data.features.variant": "paper",
     "train.seed": 0,
     "train.init_seed": None,  # the weights came from train.seed before the field existed
+    "train.init_from": None,  # every trial started from random weights before the field existed
     "train.lr_decay_over": "steps",  # the cosine decayed over optimiser steps before the field existed
     "train.optimizer": "madgrad",
     "train.lr": 0.003,

@@ -194,6 +194,28 @@ def _log_cut_losses(cfg: Config, recs: Sequence[Recording], outbox: Outbox) -> N
     outbox.metrics(0, {WORDS_LOST: lost["words_lost_pct"], SPEECH_LOST: lost["speech_lost_pct"]})
 
 
+def _initial_state(cfg: Config, out_dir: Path) -> dict[str, Any] | None:
+    """The checkpoint of the trial ``train.init_from`` names (the folder beside ``out_dir`` with that key), which must
+    have finished training; None without ``train.init_from``. Raises :class:`TrainError` saying what to do."""
+    key = cfg.train.init_from
+    if key is None:
+        return None
+    from asr_core.contract.folder.trained import read_trained
+
+    source = out_dir.parent / key
+    record = read_trained(source, warn=True)
+    if record is None:
+        raise TrainError(f"train.init_from={key}: the trial in {source} has not finished training (no TRAINED record "
+                         "there); train that trial first, in the same sweep, then start this one")
+    try:
+        state = load_checkpoint(record.checkpoint)
+    except CheckpointError as e:
+        raise TrainError(f"train.init_from={key}: {e}") from None
+    print(f"[train] initial weights and tokenizer from trial {key} ({record.checkpoint}, step {state['step']})",
+          flush=True)
+    return state
+
+
 def _tokenizer(cfg: Config, recs: Sequence[Recording], out_dir: Path, state: dict[str, Any] | None) -> Tokenizer:
     if state is not None:
         return Tokenizer.from_bytes(state["tokenizer"])
@@ -281,7 +303,12 @@ def _train(cfg: Config, out_dir: Path, tracking_uri: str | None, run_id: str | N
             step = int(state["step"])
             print(f"[train] {ckpt_path} is trained to the end (step {step}); nothing to train", flush=True)
             return TrainResult(ckpt_path, run_id, step, float(state["schedule"].get("last_loss", math.nan)))
-        tok = _tokenizer(cfg, recs, out_dir, state)
+        init = _initial_state(cfg, out_dir) if state is None else None  # a resume has weights of its own
+        if init is not None:  # the tokenizer its weights were trained with
+            tok = Tokenizer.from_bytes(init["tokenizer"])
+            (out_dir / TOKENIZER_FILE).write_bytes(tok.to_bytes())
+        else:
+            tok = _tokenizer(cfg, recs, out_dir, state)
         device, bf16 = train_device(cfg)
         precision = "bf16" if bf16 else "fp32"
         if state is not None and state.get("precision", precision) != precision:
@@ -296,6 +323,13 @@ def _train(cfg: Config, out_dir: Path, tracking_uri: str | None, run_id: str | N
         torch.manual_seed(t.seed if t.init_seed is None else t.init_seed)
         feats = cfg.data.features
         model: AcousticModel = build_model(cfg.model, feats.n_mels, feats.frames_per_second).to(device)
+        if init is not None:
+            try:
+                model.load_state_dict(init["model"])
+            except RuntimeError as e:
+                raise TrainError(f"train.init_from={t.init_from}: that trial's weights do not fit this model "
+                                 f"({str(e).splitlines()[0]}); start from a trial with the same model.* settings") \
+                    from None
         torch.manual_seed(t.seed)
         opt = build_optimizer(model, t)
         # with train.max_steps the data repeats (a fresh order per epoch) until the steps are done
