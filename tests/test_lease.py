@@ -36,6 +36,8 @@ print("ACQUIRED", lease.info.generation, flush=True)
 for line in sys.stdin:
     if line.strip() == "held":
         print("HELD", lease.held(), flush=True)
+    elif line.strip() == "lost":  # whether its heartbeat has found the lease lost (and said so)
+        print("LOST", lease.lost_to is not None, flush=True)
     elif line.strip() == "release":
         lease.release()
         print("RELEASED", flush=True)
@@ -140,6 +142,10 @@ def test_a_stale_lease_is_taken_over_recorded_and_its_old_holder_knows(tmp_path:
 
         os.kill(h.pid, signal.SIGCONT)  # the hung holder wakes up: the lease is no longer its own
         assert h.ask("held") == "HELD False"
+        deadline = time.monotonic() + 30  # its heartbeat thread notices at its next beat (0.1 s; longer under load)
+        while h.ask("lost") != "LOST True":
+            assert time.monotonic() < deadline, "the woken holder's heartbeat did not find the lease lost in 30 s"
+            time.sleep(0.05)
         assert new.held()
     finally:
         new.release()

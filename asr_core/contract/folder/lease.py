@@ -410,11 +410,12 @@ class Lease:
             return True
 
     def _lose(self, newer: LeaseInfo | None) -> None:
-        self.lost_to = newer or LeaseInfo(generation=0, job_id="", host="", pid=0, token="", acquired=0.0,
-                                          heartbeat=0.0, released=False, took_over=None)
         by = newer.describe() if newer is not None else "nobody (its file is gone)"
+        # said before it is recorded: whoever sees lost_to set (the trainer, a test) finds the line already written
         print(f"[lease] {self.trial_dir}: lost the lease (generation {self.info.generation}) to {by}; this trainer "
               "must stop writing the checkpoint and the run", file=sys.stderr, flush=True)
+        self.lost_to = newer or LeaseInfo(generation=0, job_id="", host="", pid=0, token="", acquired=0.0,
+                                          heartbeat=0.0, released=False, took_over=None)
         if self.on_lost is not None:
             try:
                 self.on_lost(newer)
