@@ -258,3 +258,17 @@ def test_an_evaluation_job_reads_an_unreadable_trained_marker_as_absent(tmp_path
     del state["optimizer"]  # what the model's job does once training finished
     save_checkpoint(spec.checkpoint, state)
     assert check_model(spec) == spec.checkpoint
+
+
+@pytest.mark.parametrize("fault", ["sleep-in-eval:300", "sleep-in-merge:300", "kill-after-shards:1"])
+def test_a_fault_of_another_stage_leaves_training_alone(tmp_path: Path, fault: str,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """One environment reaches every job of a submission: a model trained beside evaluation jobs held by their
+    fault trains as usual (it used to fail at once, naming the evaluation's fault as no fault of its own)."""
+    from asr_core.training.train import train
+    from tests.test_train import make_corpus, tiny_cfg
+
+    monkeypatch.setenv("ASR_CORE_FAULT", fault)
+    cfg = tiny_cfg(**{"train.max_steps": 1, "train.warmup_steps": 1, "model.vocab_size": 32})
+    result = train(cfg, tmp_path / "run", recordings=make_corpus(tmp_path / "corpus", 3))
+    assert result.steps == 1

@@ -48,6 +48,9 @@ Fault injection (for tests of the orchestration; never set in production), envir
 * ``raise-at-step:N``: raise ``RuntimeError("fault injected at step N")`` when the trainer is about to train step
   ``N`` (1-based; after step ``N-1`` and its checkpoint, if one is due), every time, also on resume;
 * ``sleep-at-step:N:S``: sleep ``S`` seconds at that point (so a test can kill the trainer mid-training).
+
+A fault of another stage (:data:`OTHER_STAGES`: an evaluation job's ``sleep-in-eval:S``, a corpus preparation's
+``kill-after-shards:N``) leaves training alone: one environment reaches every job of a submission.
 """
 
 from __future__ import annotations
@@ -98,12 +101,14 @@ class TrainError(RuntimeError):
 
 # ---- fault injection (tests) ----------------------------------------------------------------------------------
 FAULT_ENV = "ASR_CORE_FAULT"
+# faults that other stages read from the same variable (asr_core.evaluation.job, asr_core.data.prepare)
+OTHER_STAGES = ("sleep-in-eval:", "sleep-in-merge:", "kill-after-shards:")
 
 
 def _fault() -> Callable[[int], None]:
     """The hook the loop calls before training each step (see the module docstring); a no-op unless set."""
     spec = os.environ.get(FAULT_ENV, "").strip()
-    if not spec:
+    if not spec or spec.startswith(OTHER_STAGES):
         return lambda step: None
     kind, _, rest = spec.partition(":")
     try:
